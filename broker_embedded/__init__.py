@@ -1,0 +1,33 @@
+"""A durable, RocketMQ-style message broker in pure Python, in-process or over TCP."""
+
+from .api import BrokerAPI, BrokerStats, ParkedTransaction, TopicInfo, TransactionChecker
+from .errors import BrokerError
+from .message import (
+    DELAY_LEVELS_S,
+    CheckRequest,
+    EndTransactionResult,
+    Message,
+    ReceivedMessage,
+    Resolution,
+    SendResult,
+    StoredMessage,
+    TransactionState,
+)
+
+__all__ = [
+    "DELAY_LEVELS_S",
+    "BrokerAPI",
+    "BrokerError",
+    "BrokerStats",
+    "CheckRequest",
+    "EndTransactionResult",
+    "Message",
+    "ParkedTransaction",
+    "ReceivedMessage",
+    "Resolution",
+    "SendResult",
+    "StoredMessage",
+    "TopicInfo",
+    "TransactionChecker",
+    "TransactionState",
+]

@@ -1,0 +1,197 @@
+"""The broker's API: one interface, served in-process and over TCP.
+
+``EmbeddedBroker(data_dir)`` implements it in-process; ``BrokerClient("tcp://host:port")``
+implements it remotely; ``broker_embedded.connect(url)`` returns either. Code written
+against :class:`BrokerAPI` runs unchanged on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .message import (
+    CheckRequest,
+    EndTransactionResult,
+    Message,
+    ReceivedMessage,
+    Resolution,
+    SendResult,
+    StoredMessage,
+    TransactionState,
+)
+
+#: Called by the broker for each check-back routed to a connected producer of the group.
+CheckCallback = Callable[[CheckRequest], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic, its queue count, and the number of messages per queue."""
+
+    name: str
+    queues: int
+    depth: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedTransaction:
+    """A transaction parked in ``TRANS_CHECK_MAX_TIME_TOPIC`` after ``check_max`` checks."""
+
+    transaction_id: str
+    producer_group: str
+    message_ids: tuple[str, ...]
+    check_times: int
+    born_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStats:
+    """A snapshot for the admin CLI: depths, backlogs, and the transaction counters."""
+
+    topics: tuple[TopicInfo, ...]
+    pending_half: int
+    parked: int
+    outstanding_checks: int
+    consumer_lag: dict[str, dict[str, int]] = field(default_factory=dict)
+    dlq_depth: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class TransactionChecker(Protocol):
+    """Where the broker's check service sends check-backs.
+
+    ``request_check`` must not block: it hands the request on (to a connected producer,
+    or as a Celery task) and returns True, or returns False when nobody can take it now,
+    in which case the broker tries again at the next check interval without counting it.
+    The answer comes back through ``BrokerAPI.end_transaction(..., from_check=True)``.
+    """
+
+    def request_check(self, request: CheckRequest) -> bool: ...
+
+
+class BrokerAPI(Protocol):
+    """What a producer, a consumer, a checker and an admin can ask of a broker."""
+
+    # -- topics ---------------------------------------------------------------------------
+    def create_topic(self, topic: str, queues: int = 4) -> TopicInfo:
+        """Create a topic (idempotent: an existing topic is returned as it is)."""
+        ...
+
+    def list_topics(self) -> list[TopicInfo]:
+        """All user topics."""
+        ...
+
+    # -- producing ------------------------------------------------------------------------
+    def send(self, message: Message) -> SendResult:
+        """Store a normal (or delayed) message; returns once it is durable per flush mode."""
+        ...
+
+    def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
+        """Store a half message, invisible until its transaction commits.
+
+        Several half messages may share one ``transaction_id``; they end together.
+        """
+        ...
+
+    def end_transaction(
+        self,
+        transaction_id: str,
+        resolution: Resolution,
+        *,
+        producer_group: str,
+        from_check: bool = False,
+    ) -> EndTransactionResult:
+        """COMMIT or ROLLBACK every half message of the transaction.
+
+        A repeat of the recorded resolution is a no-op (``applied=False``); the opposite
+        resolution raises ``TransactionConflictError``; an unknown id raises
+        ``UnknownTransactionError``. ``Resolution.UNKNOWN`` records nothing and leaves
+        the transaction to the check service.
+        """
+        ...
+
+    def transaction_state(self, transaction_id: str) -> TransactionState:
+        """The broker's record of a transaction (raises ``UnknownTransactionError``)."""
+        ...
+
+    def register_producer(self, producer_group: str, on_check: CheckCallback) -> None:
+        """Offer this connection to answer check-backs of ``producer_group``."""
+        ...
+
+    def unregister_producer(self, producer_group: str, on_check: CheckCallback) -> None:
+        """Withdraw a callback given to ``register_producer``."""
+        ...
+
+    # -- consuming ------------------------------------------------------------------------
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        *,
+        max_messages: int = 32,
+        invisible_duration_s: float = 30.0,
+        wait_s: float = 0.0,
+    ) -> list[ReceivedMessage]:
+        """Receive up to ``max_messages`` for a consumer group, long-polling up to ``wait_s``.
+
+        Received messages are invisible to the group for ``invisible_duration_s``; a message
+        not acked by then comes back with ``delivery_attempt + 1`` after a growing back-off,
+        and after ``max_delivery_attempts`` it moves to ``%DLQ%<group>``.
+        """
+        ...
+
+    def ack(self, group: str, receipt_handle: str) -> None:
+        """Acknowledge a received message (``UnknownReceiptError`` if unknown or expired)."""
+        ...
+
+    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
+        """Extend or shorten a receipt's invisibility; returns the new receipt handle."""
+        ...
+
+    # -- reading, admin -------------------------------------------------------------------
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[StoredMessage]:
+        """Read a queue from ``offset`` (replay); does not affect consumer groups."""
+        ...
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose store time is >= ``timestamp_ms``."""
+        ...
+
+    def query_by_id(self, message_id: str) -> StoredMessage | None:
+        """Find a message by its id (the newest copy in a user topic)."""
+        ...
+
+    def query_by_key(self, topic: str, key: str, max_messages: int = 64) -> list[StoredMessage]:
+        """Find messages of a topic by one of their keys."""
+        ...
+
+    def list_parked(self) -> list[ParkedTransaction]:
+        """Transactions parked after ``check_max`` unanswered checks."""
+        ...
+
+    def resolve_parked(self, transaction_id: str, resolution: Resolution) -> EndTransactionResult:
+        """Resolve a parked transaction by hand (admin)."""
+        ...
+
+    def recheck_parked(self, transaction_id: str) -> None:
+        """Put a parked transaction back under check with a fresh check count (admin)."""
+        ...
+
+    def list_dlq(self, group: str, max_messages: int = 64) -> list[StoredMessage]:
+        """Messages dead-lettered for a consumer group."""
+        ...
+
+    def resend_dlq(self, group: str, message_id: str) -> SendResult:
+        """Send a dead-lettered message to its original topic again, for that group only."""
+        ...
+
+    def stats(self) -> BrokerStats:
+        """Depths, backlogs, pending half messages, parked and DLQ counts."""
+        ...
+
+    def close(self) -> None:
+        """Release the broker or the connection."""
+        ...

@@ -1,0 +1,128 @@
+"""Typed errors of the broker. Every error has a stable ``code`` so it survives the wire."""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    """Base class of every error the broker or its clients raise."""
+
+    code = "BROKER_ERROR"
+
+
+class InvalidTopicError(BrokerError):
+    """The topic name is empty, too long, or has characters outside ``[A-Za-z0-9_.%-]``."""
+
+    code = "INVALID_TOPIC"
+
+
+class ReservedTopicError(InvalidTopicError):
+    """The topic is a system topic (``RMQ_SYS_*``, ``%DLQ%*``, ``%RETRY%*``, ...)."""
+
+    code = "RESERVED_TOPIC"
+
+
+class UnknownTopicError(BrokerError):
+    """The topic does not exist and auto-creation is off."""
+
+    code = "UNKNOWN_TOPIC"
+
+
+class MessageTooLargeError(BrokerError):
+    """The body is larger than ``max_body_size``."""
+
+    code = "MESSAGE_TOO_LARGE"
+
+
+class InvalidMessageError(BrokerError):
+    """A field of the message is out of range (delay level, property names, ...)."""
+
+    code = "INVALID_MESSAGE"
+
+
+class UnknownTransactionError(BrokerError):
+    """END_TRANSACTION names a transaction id the broker never stored a half message for."""
+
+    code = "UNKNOWN_TRANSACTION"
+
+
+class TransactionConflictError(BrokerError):
+    """END_TRANSACTION contradicts the resolution the broker already recorded."""
+
+    code = "TRANSACTION_CONFLICT"
+
+
+class UnknownReceiptError(BrokerError):
+    """ACK or CHANGE_INVISIBLE_DURATION with a receipt handle that is unknown or expired."""
+
+    code = "UNKNOWN_RECEIPT"
+
+
+class MalformedFrameError(BrokerError):
+    """A protocol frame could not be decoded."""
+
+    code = "MALFORMED_FRAME"
+
+
+class UnknownRequestCodeError(BrokerError):
+    """A protocol frame names a request code the server does not know."""
+
+    code = "UNKNOWN_REQUEST_CODE"
+
+
+class StoreFullError(BrokerError):
+    """The disk is full; the send was refused and nothing already stored was touched."""
+
+    code = "STORE_FULL"
+
+
+class CorruptLogError(BrokerError):
+    """A commit log record failed its CRC or magic check somewhere other than the torn tail."""
+
+    code = "CORRUPT_LOG"
+
+
+class DataDirLockedError(BrokerError):
+    """Another broker holds the lock on this data directory."""
+
+    code = "DATA_DIR_LOCKED"
+
+
+class AuthenticationError(BrokerError):
+    """The access key or signature was missing or wrong."""
+
+    code = "AUTHENTICATION_FAILED"
+
+
+class BrokerClosedError(BrokerError):
+    """The broker (or the client) was closed."""
+
+    code = "BROKER_CLOSED"
+
+
+class BrokerUnavailableError(BrokerError):
+    """The client could not reach the broker (connection refused, reset, or closed)."""
+
+    code = "BROKER_UNAVAILABLE"
+
+
+class RequestTimeoutError(BrokerUnavailableError):
+    """The broker did not answer within the request timeout; the outcome is unknown."""
+
+    code = "REQUEST_TIMEOUT"
+
+
+def _all_subclasses(cls: type[BrokerError]) -> list[type[BrokerError]]:
+    found: list[type[BrokerError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+def error_for_code(code: str, message: str) -> BrokerError:
+    """Rebuild the typed error named by ``code`` (used by clients decoding a server reply)."""
+    candidates: list[type[BrokerError]] = [BrokerError, *_all_subclasses(BrokerError)]
+    for cls in candidates:
+        if cls.code == code:
+            return cls(message)
+    return BrokerError(f"{code}: {message}")

@@ -1,0 +1,1 @@
+"""halfmoon: example_shop."""

@@ -1,0 +1,1 @@
+"""Transactional messages for Python web apps, RocketMQ style."""

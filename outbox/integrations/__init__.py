@@ -1,0 +1,1 @@
+"""halfmoon: outbox/integrations."""

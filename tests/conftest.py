@@ -1,0 +1,112 @@
+"""Shared fixtures: service-backed resources that skip locally but are required in CI.
+
+Set ``HALFMOON_REQUIRE_SERVICES=1`` (``.ci/run`` does) to turn a missing PostgreSQL,
+Redis or Java into a test failure instead of a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "HALFMOON_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("HALFMOON_TEST_REDIS", "redis://127.0.0.1:6379/0")
+POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+
+
+def services_required() -> bool:
+    """True in CI, where a missing service is a failure, not a skip."""
+    return os.environ.get("HALFMOON_REQUIRE_SERVICES") == "1"
+
+
+def unavailable(reason: str) -> None:
+    """Fail in CI, skip elsewhere."""
+    if services_required():
+        pytest.fail(f"required service unavailable: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _port_answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _with_database(url: str, database: str) -> str:
+    return url.rsplit("/", 1)[0] + "/" + database
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test (SQLAlchemy URL, psycopg 3)."""
+    if not _port_answers("127.0.0.1", 5432):
+        unavailable("PostgreSQL is not answering on 127.0.0.1:5432")
+    import psycopg
+
+    name = f"hm_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(POSTGRES_ADMIN_URL, name).replace(
+            "postgresql://", "postgresql+psycopg://", 1
+        )
+    finally:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A Redis URL on a database number this test empties before and after use."""
+    if not _port_answers("127.0.0.1", 6379):
+        unavailable("Redis is not answering on 127.0.0.1:6379")
+    import redis
+
+    url = REDIS_URL.rsplit("/", 1)[0] + "/9"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A SQLAlchemy URL of a fresh SQLite file."""
+    return f"sqlite:///{tmp_path / 'test.sqlite3'}"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession shared by the whole run (Spark takes seconds to start)."""
+    if shutil.which("java") is None:
+        unavailable("Java is not installed; Spark needs Java 17")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("halfmoon-tests")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if POSTGRES_JDBC_JAR.exists():
+        builder = builder.config("spark.jars", str(POSTGRES_JDBC_JAR))
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
