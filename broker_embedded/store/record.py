@@ -1,0 +1,39 @@
+"""The unit the store keeps: one record of the commit log.
+
+The store knows topics, queues, offsets, flags, timestamps, properties and a body, and
+nothing of transactions, delays or consumers: the broker core encodes those as
+properties (RocketMQ's way) and as system topics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A commit log record.
+
+    On ``MessageStore.put`` the caller fills ``topic``, ``queue_id``, ``flags``,
+    ``born_timestamp_ms``, ``properties`` and ``body``; the store assigns
+    ``queue_offset``, ``commit_log_offset``, ``store_timestamp_ms`` and ``size`` and
+    returns the completed record.
+    """
+
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: Mapping[str, str] = field(default_factory=dict)
+    flags: int = 0
+    born_timestamp_ms: int = 0
+    store_timestamp_ms: int = 0
+    queue_offset: int = -1
+    commit_log_offset: int = -1
+    size: int = 0
+
+
+#: Property names the store itself reads when it dispatches a record to the index.
+PROPERTY_MESSAGE_ID = "UNIQ_KEY"
+PROPERTY_KEYS = "KEYS"  # space-separated, as in RocketMQ
+PROPERTY_TAG = "TAGS"
