@@ -1,0 +1,120 @@
+"""The commit log's record format: encode, decode and verify one record.
+
+Layout (big-endian), RocketMQ's fields in a compact order::
+
+    total_length u32   length of the whole record, this field included
+    magic        u32   RECORD_MAGIC, or BLANK_MAGIC for the filler at a segment's end
+    crc          u32   crc32c of every byte after this field
+    queue_id     u32
+    flags        u32
+    queue_offset u64
+    born_ms      u64
+    store_ms     u64
+    topic_len    u16   then the topic, UTF-8
+    props_len    u32   then the properties, msgpack map of str -> str
+    body_len     u32   then the body
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+
+import crc32c
+import msgspec
+
+from .record import StoredRecord
+
+RECORD_MAGIC = 0xDAA320A7
+BLANK_MAGIC = 0xCBD43194
+_HEAD = struct.Struct(">III")  # total_length, magic, crc
+_FIXED = struct.Struct(">IIQQQH")  # queue_id, flags, queue_offset, born, store, topic_len
+_U32 = struct.Struct(">I")
+HEAD_SIZE = _HEAD.size
+MIN_RECORD_SIZE = _HEAD.size + _FIXED.size + 2 * _U32.size
+
+_encode_props = msgspec.msgpack.Encoder().encode
+_decode_props = msgspec.msgpack.Decoder(dict[str, str]).decode
+
+
+class RecordError(ValueError):
+    """The bytes at an offset are not a complete, intact record."""
+
+
+def encode(
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    flags: int,
+    born_ms: int,
+    store_ms: int,
+    properties: Mapping[str, str],
+    body: bytes,
+) -> bytes:
+    """The bytes of one record."""
+    topic_bytes = topic.encode()
+    props = _encode_props(dict(properties)) if properties else b""
+    rest = b"".join(
+        (
+            _FIXED.pack(queue_id, flags, queue_offset, born_ms, store_ms, len(topic_bytes)),
+            topic_bytes,
+            _U32.pack(len(props)),
+            props,
+            _U32.pack(len(body)),
+            body,
+        )
+    )
+    return _HEAD.pack(HEAD_SIZE + len(rest), RECORD_MAGIC, crc32c.crc32c(rest)) + rest
+
+
+def encode_blank(length: int) -> bytes:
+    """Filler that closes a segment whose remaining space cannot hold the next record."""
+    if length < HEAD_SIZE:
+        return b"\0" * length
+    return _HEAD.pack(length, BLANK_MAGIC, 0) + b"\0" * (length - HEAD_SIZE)
+
+
+def peek_length(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """``(total_length, magic)`` of the record at ``pos``; (0, 0) when fewer bytes remain."""
+    if len(buf) - pos < HEAD_SIZE:
+        return 0, 0
+    total, magic, _ = _HEAD.unpack_from(buf, pos)
+    return total, magic
+
+
+def decode(buf: bytes | memoryview, pos: int, commit_log_offset: int) -> StoredRecord:
+    """Decode and verify the record at ``pos`` of ``buf``; ``RecordError`` if torn or corrupt."""
+    if len(buf) - pos < MIN_RECORD_SIZE:
+        raise RecordError("truncated header")
+    total, magic, crc = _HEAD.unpack_from(buf, pos)
+    if magic != RECORD_MAGIC:
+        raise RecordError(f"bad magic {magic:#x}")
+    if total < MIN_RECORD_SIZE or pos + total > len(buf):
+        raise RecordError(f"bad length {total}")
+    rest = bytes(buf[pos + HEAD_SIZE : pos + total])
+    if crc32c.crc32c(rest) != crc:
+        raise RecordError("crc mismatch")
+    queue_id, flags, queue_offset, born, store, topic_len = _FIXED.unpack_from(rest, 0)
+    cursor = _FIXED.size
+    topic = rest[cursor : cursor + topic_len].decode()
+    cursor += topic_len
+    (props_len,) = _U32.unpack_from(rest, cursor)
+    cursor += 4
+    properties = _decode_props(rest[cursor : cursor + props_len]) if props_len else {}
+    cursor += props_len
+    (body_len,) = _U32.unpack_from(rest, cursor)
+    cursor += 4
+    if cursor + body_len != len(rest):
+        raise RecordError("inconsistent field lengths")
+    return StoredRecord(
+        topic=topic,
+        queue_id=queue_id,
+        body=rest[cursor : cursor + body_len],
+        properties=properties,
+        flags=flags,
+        born_timestamp_ms=born,
+        store_timestamp_ms=store,
+        queue_offset=queue_offset,
+        commit_log_offset=commit_log_offset,
+        size=total,
+    )

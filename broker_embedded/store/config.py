@@ -1,0 +1,23 @@
+"""Settings of the message store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """How the store lays out, flushes and keeps its files.
+
+    ``flush_mode="sync"`` acknowledges a put only after fsync (group commit);
+    ``"async"`` fsyncs every ``async_flush_interval_s``.
+    """
+
+    segment_size: int = 64 * 1024 * 1024
+    flush_mode: Literal["sync", "async"] = "sync"
+    async_flush_interval_s: float = 0.2
+    checkpoint_interval_s: float = 2.0
+    max_record_size: int = 4 * 1024 * 1024 + 64 * 1024
+    retention_hours: float = 72.0
+    min_free_disk_bytes: int = 0

@@ -1,0 +1,386 @@
+"""``MessageStore``: the commit log, its consume queues and index, flush, checkpoint, recovery.
+
+Data directory layout::
+
+    lock                      held with flock by the open store
+    commitlog/<offset:020d>   segment files
+    consumequeue/<topic>/<queue_id>
+    index/index.log
+    checkpoint                JSON: the commit log offset up to which everything is verified
+                              and durable (commit log, consume queues, index)
+
+Writes: ``put`` appends under one lock. In ``sync`` flush mode it then waits for an fsync
+that covers its record; concurrent callers share fsyncs (group commit: whoever holds the
+flush lock fsyncs everything written so far, and the others find their record covered).
+A record is dispatched to its consume queue and the index only once durable, so a
+consumer can never read a record that a crash could take back. In ``async`` mode a
+background thread fsyncs every ``async_flush_interval_s`` and records are dispatched at
+once.
+
+Recovery (on open): records from the checkpoint on are verified; a torn tail in the last
+segment is truncated; consume queue and index entries past the end are dropped and the
+missing ones rebuilt; a deleted ``consumequeue/`` or ``index/`` is rebuilt from offset 0.
+Dispatch listeners are told of records dispatched after the store is open, not of those
+replayed during recovery (the broker core rebuilds its state by reading its system topics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import (
+    BrokerClosedError,
+    DataDirLockedError,
+    MessageTooLargeError,
+    StoreFullError,
+)
+from . import codec
+from .commitlog import CommitLog
+from .config import StoreConfig
+from .consume_queue import ConsumeQueue
+from .index import MessageIndex
+from .interface import DispatchListener
+from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
+
+log = logging.getLogger("broker_embedded.store")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MessageStore:
+    """A durable store in ``data_dir`` (see the module docstring for the design)."""
+
+    def __init__(self, data_dir: Path | str, config: StoreConfig | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = self._acquire_directory_lock()
+        self.config = self._pin_segment_size(config or StoreConfig())
+        self._write_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._pending: list[StoredRecord] = []
+        self._next_offset: dict[tuple[str, int], int] = {}
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._listeners: list[DispatchListener] = []
+        self._closed = False
+        started = time.monotonic()
+        self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
+        self.index = MessageIndex(self.data_dir / "index" / "index.log")
+        self._recover()
+        self._flushed = self.commitlog.write_offset
+        self._dispatched_end = self.commitlog.write_offset
+        self.recovery_seconds = time.monotonic() - started
+        self._stop = threading.Event()
+        self._background = threading.Thread(
+            target=self._run_background, name="store-flush-checkpoint", daemon=True
+        )
+        self._background.start()
+
+    # -- opening --------------------------------------------------------------------------
+    def _acquire_directory_lock(self) -> int:
+        fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirLockedError(
+                f"data directory {self.data_dir} is in use by another broker"
+            ) from None
+        return fd
+
+    def _pin_segment_size(self, config: StoreConfig) -> StoreConfig:
+        """Segments keep the size they were created with, whatever a later config says."""
+        meta = self.data_dir / "store.json"
+        if meta.exists():
+            size = int(json.loads(meta.read_text())["segment_size"])
+            if size != config.segment_size:
+                log.info("using the data directory's segment size %d", size)
+                return dataclasses.replace(config, segment_size=size)
+            return config
+        meta.write_text(json.dumps({"segment_size": config.segment_size}))
+        return config
+
+    def _checkpoint_path(self) -> Path:
+        return self.data_dir / "checkpoint"
+
+    def _read_checkpoint(self) -> int:
+        try:
+            return int(json.loads(self._checkpoint_path().read_text())["verified"])
+        except (FileNotFoundError, ValueError, KeyError):
+            return 0
+
+    def _recover(self) -> None:
+        verified = self._read_checkpoint()
+        queue_dir = self.data_dir / "consumequeue"
+        rebuild_queues = not queue_dir.exists()
+        rebuild_index = self.index.max_indexed < 0
+        for topic_dir in sorted(queue_dir.iterdir()) if queue_dir.exists() else []:
+            for queue_file in sorted(topic_dir.iterdir()):
+                if queue_file.name.isdigit():
+                    self._queue(topic_dir.name, int(queue_file.name))
+        replay_from = 0 if (rebuild_queues or rebuild_index) else verified
+        if replay_from < verified:
+            for record in self.commitlog.scan(replay_from, verified):
+                self._dispatch(record, notify=False)
+        for record in self.commitlog.recover(verified):
+            self._dispatch(record, notify=False)
+        end = self.commitlog.write_offset
+        for queue in self._queues.values():
+            queue.truncate_beyond(end)
+        self.index.drop_beyond(end)
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = ConsumeQueue(self.data_dir / "consumequeue" / topic / str(queue_id))
+            self._queues[key] = queue
+        return queue
+
+    # -- writing --------------------------------------------------------------------------
+    def put(self, record: StoredRecord) -> StoredRecord:
+        """Append one record; returns it completed, once durable per flush mode."""
+        return self.put_batch([record])[0]
+
+    def put_batch(self, records: list[StoredRecord]) -> list[StoredRecord]:
+        """Append records in order, covered by one fsync in sync mode."""
+        for record in records:
+            if len(record.body) > self.config.max_record_size:
+                raise MessageTooLargeError(
+                    f"body of {len(record.body)} bytes exceeds {self.config.max_record_size}"
+                )
+        stored: list[StoredRecord] = []
+        with self._write_lock:
+            if self._closed:
+                raise BrokerClosedError("the message store is closed")
+            self._check_free_space()
+            for record in records:
+                stored.append(self._append(record))
+            end = self.commitlog.write_offset
+            if self.config.flush_mode == "async":
+                self._dispatch_all(self._take_pending())
+        if self.config.flush_mode == "sync":
+            self._sync_to(end)
+        return stored
+
+    def _append(self, record: StoredRecord) -> StoredRecord:
+        key = (record.topic, record.queue_id)
+        queue_offset = self._next_offset.get(key)
+        if queue_offset is None:
+            queue_offset = self._queue(*key).max_offset
+        store_ms = now_ms()
+        born_ms = record.born_timestamp_ms or store_ms
+        data = codec.encode(
+            record.topic, record.queue_id, queue_offset, record.flags, born_ms, store_ms,
+            record.properties, record.body,
+        )
+        offset = self.commitlog.append(data)
+        self._next_offset[key] = queue_offset + 1
+        done = dataclasses.replace(
+            record,
+            queue_offset=queue_offset,
+            commit_log_offset=offset,
+            store_timestamp_ms=store_ms,
+            born_timestamp_ms=born_ms,
+            size=len(data),
+        )
+        self._pending.append(done)
+        return done
+
+    def _check_free_space(self) -> None:
+        if self.config.min_free_disk_bytes <= 0:
+            return
+        stats = os.statvfs(self.data_dir)
+        if stats.f_bavail * stats.f_frsize < self.config.min_free_disk_bytes:
+            raise StoreFullError(
+                f"free disk space under {self.config.min_free_disk_bytes} bytes in {self.data_dir}"
+            )
+
+    def _take_pending(self) -> list[StoredRecord]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _sync_to(self, end: int) -> None:
+        with self._flush_lock:
+            if self._flushed >= end:
+                return
+            with self._write_lock:
+                target = self.commitlog.write_offset
+                dirty = self.commitlog.take_dirty()
+                pending = self._take_pending()
+            for segment in dirty:
+                os.fsync(segment.fd)
+            self._flushed = target
+            self._dispatch_all(pending)
+
+    def _dispatch_all(self, records: list[StoredRecord]) -> None:
+        for record in records:
+            self._dispatch(record, notify=True)
+
+    def _dispatch(self, record: StoredRecord, notify: bool) -> None:
+        self._queue(record.topic, record.queue_id).append(
+            record.queue_offset, record.commit_log_offset, record.size,
+            record.properties.get(PROPERTY_TAG, ""),
+        )
+        keys = record.properties.get(PROPERTY_KEYS, "")
+        self.index.add(
+            record.topic, record.properties.get(PROPERTY_MESSAGE_ID),
+            keys.split() if keys else [], record.commit_log_offset,
+        )
+        self._dispatched_end = record.commit_log_offset + record.size
+        if notify:
+            for listener in self._listeners:
+                try:
+                    listener(record)
+                except Exception:
+                    log.exception("dispatch listener failed for offset %d", record.commit_log_offset)
+
+    def add_dispatch_listener(self, listener: DispatchListener) -> None:
+        """Be told of every record once it is durable and dispatched."""
+        self._listeners.append(listener)
+
+    def flush(self) -> None:
+        """fsync everything written so far and dispatch it."""
+        with self._write_lock:
+            end = self.commitlog.write_offset
+        self._sync_to(end)
+        with self._flush_lock:
+            with self._write_lock:
+                self.commitlog.flush()
+
+    def checkpoint(self) -> None:
+        """Make consume queues and index durable, then record how far everything is."""
+        self.flush()
+        with self._flush_lock:
+            verified = self._dispatched_end
+            for queue in list(self._queues.values()):
+                queue.flush()
+            self.index.flush()
+            path = self._checkpoint_path()
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"verified": verified, "written_ms": now_ms()}))
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+
+    def _run_background(self) -> None:
+        interval = (
+            self.config.async_flush_interval_s
+            if self.config.flush_mode == "async"
+            else self.config.checkpoint_interval_s
+        )
+        last_checkpoint = time.monotonic()
+        while not self._stop.wait(interval):
+            try:
+                if self.config.flush_mode == "async":
+                    self.flush()
+                if time.monotonic() - last_checkpoint >= self.config.checkpoint_interval_s:
+                    self.checkpoint()
+                    last_checkpoint = time.monotonic()
+            except Exception:
+                log.exception("background flush/checkpoint failed")
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, commit_log_offset: int) -> StoredRecord:
+        """Read one record by its commit log offset."""
+        return self.commitlog.read_at(commit_log_offset)
+
+    def read_queue(self, topic: str, queue_id: int, offset: int, max_records: int) -> list[StoredRecord]:
+        """Records of a consume queue from ``offset`` (empty past the end)."""
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            return []
+        offset = max(offset, queue.min_offset)
+        end = min(queue.max_offset, offset + max_records)
+        return [self.commitlog.read(*queue.entry(n)) for n in range(offset, end)]
+
+    def queue_max_offset(self, topic: str, queue_id: int) -> int:
+        queue = self._queues.get((topic, queue_id))
+        return queue.max_offset if queue else 0
+
+    def queue_min_offset(self, topic: str, queue_id: int) -> int:
+        queue = self._queues.get((topic, queue_id))
+        return queue.min_offset if queue else 0
+
+    def queues(self) -> dict[str, int]:
+        """Every topic that has records, with its number of queues (max queue id + 1)."""
+        found: dict[str, int] = {}
+        for topic, queue_id in list(self._queues):
+            if self._queues[(topic, queue_id)].max_offset:
+                found[topic] = max(found.get(topic, 0), queue_id + 1)
+        return found
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset with store time >= ``timestamp_ms`` (binary search)."""
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            return 0
+        low, high = queue.min_offset, queue.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            if self.commitlog.read(*queue.entry(middle)).store_timestamp_ms < timestamp_ms:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def lookup_message_id(self, message_id: str) -> list[int]:
+        return list(self.index.by_id.get(message_id, ()))
+
+    def lookup_key(self, topic: str, key: str) -> list[int]:
+        return list(self.index.by_key.get((topic, key), ()))
+
+    def scan(self, from_commit_log_offset: int = 0) -> Iterator[StoredRecord]:
+        """Every durable record from an offset, in commit log order."""
+        start = max(from_commit_log_offset, self.commitlog.min_offset)
+        return self.commitlog.scan(start, self._dispatched_end)
+
+    # -- retention ------------------------------------------------------------------------
+    def delete_expired_segments(self, guard_offset: int | None = None, now: int | None = None) -> int:
+        """Delete commit log segments older than ``retention_hours`` and wholly below
+        ``guard_offset`` (the oldest offset still needed); raise queue minimums to match."""
+        limit = self._dispatched_end if guard_offset is None else min(guard_offset, self._dispatched_end)
+        cutoff = (now or now_ms()) - int(self.config.retention_hours * 3_600_000)
+        with self._flush_lock, self._write_lock:
+            deleted = self.commitlog.delete_segments_before(limit, cutoff)
+            if deleted:
+                first = self.commitlog.min_offset
+                for queue in self._queues.values():
+                    while queue.min_offset < queue.max_offset and queue.offsets[queue.min_offset] < first:
+                        queue.min_offset += 1
+        return deleted
+
+    # -- closing --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush, write the checkpoint, release the data directory."""
+        if self._closed:
+            return
+        self._stop.set()
+        self._background.join(timeout=5)
+        self.checkpoint()
+        with self._flush_lock, self._write_lock:
+            self._closed = True
+            self.commitlog.close()
+            for queue in self._queues.values():
+                queue.close()
+            self.index.close()
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            os.close(self._lock_file)
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,227 @@
+"""The message store: round trips, rollover, recovery, rebuild, locking, group commit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker_embedded.errors import CorruptLogError, DataDirLockedError, StoreFullError
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import StoredRecord
+
+SMALL = StoreConfig(segment_size=4096, checkpoint_interval_s=3600)
+
+
+def record(topic: str = "orders", queue_id: int = 0, body: bytes = b"x" * 100, **props: str) -> StoredRecord:
+    return StoredRecord(topic=topic, queue_id=queue_id, body=body, properties=props)
+
+
+def test_put_then_read_back_by_queue_offset_and_commit_offset(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        first = store.put(record(body=b"one", UNIQ_KEY="m1", KEYS="k1 k2"))
+        second = store.put(record(body=b"two", UNIQ_KEY="m2"))
+        assert (first.queue_offset, second.queue_offset) == (0, 1)
+        assert [r.body for r in store.read_queue("orders", 0, 0, 10)] == [b"one", b"two"]
+        assert store.get(second.commit_log_offset).body == b"two"
+        assert store.lookup_message_id("m1") == [first.commit_log_offset]
+        assert store.lookup_key("orders", "k2") == [first.commit_log_offset]
+        assert store.queue_max_offset("orders", 0) == 2
+        assert store.queues() == {"orders": 1}
+
+
+def test_records_roll_over_segments_and_survive_restart(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        for n in range(100):
+            store.put(record(queue_id=n % 3, body=f"body-{n}".encode() * 10))
+    assert len(list((tmp_path / "commitlog").iterdir())) >= 3
+    with MessageStore(tmp_path, SMALL) as store:
+        bodies = sorted(r.body for q in range(3) for r in store.read_queue("orders", q, 0, 1000))
+        assert bodies == sorted(f"body-{n}".encode() * 10 for n in range(100))
+        assert store.put(record(queue_id=0)).queue_offset == 34
+
+
+def _last_segment(tmp_path: Path) -> Path:
+    return sorted((tmp_path / "commitlog").iterdir())[-1]
+
+
+@pytest.mark.parametrize("cut", [1, 7, 20, 60, 120])
+def test_a_torn_tail_is_truncated_and_never_resurrected(tmp_path: Path, cut: int) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        for n in range(5):
+            store.put(record(body=f"keep-{n}".encode()))
+        last = store.put(record(body=b"torn" * 30))
+    os.remove(tmp_path / "checkpoint")  # as after a crash between checkpoints
+    segment = _last_segment(tmp_path)
+    with segment.open("r+b") as f:
+        f.truncate(last.commit_log_offset - int(segment.name) + cut)
+    with MessageStore(tmp_path, SMALL) as store:
+        assert [r.body for r in store.read_queue("orders", 0, 0, 100)] == [
+            f"keep-{n}".encode() for n in range(5)
+        ]
+        again = store.put(record(body=b"after"))
+        assert again.queue_offset == 5
+        assert again.commit_log_offset == last.commit_log_offset
+    with MessageStore(tmp_path, SMALL) as store:
+        assert store.read_queue("orders", 0, 5, 1)[0].body == b"after"
+
+
+def test_garbage_after_the_last_record_is_truncated(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        store.put(record(body=b"keep"))
+    with _last_segment(tmp_path).open("ab") as f:
+        f.write(os.urandom(50))
+    with MessageStore(tmp_path, StoreConfig(segment_size=4096)) as store:
+        assert [r.body for r in store.read_queue("orders", 0, 0, 10)] == [b"keep"]
+
+
+def test_corruption_in_a_closed_segment_is_an_error(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        for _ in range(100):
+            store.put(record())
+    os.remove(tmp_path / "checkpoint")
+    first = sorted((tmp_path / "commitlog").iterdir())[0]
+    with first.open("r+b") as f:
+        f.seek(200)
+        f.write(b"\xff\xff\xff")
+    with pytest.raises(CorruptLogError, match="closed segment"):
+        MessageStore(tmp_path, SMALL)
+
+
+def test_deleted_consume_queues_and_index_are_rebuilt_identically(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        for n in range(60):
+            store.put(record(topic=f"t{n % 2}", queue_id=n % 4, UNIQ_KEY=f"id{n}", KEYS=f"k{n % 5}"))
+    originals = {
+        p.relative_to(tmp_path): p.read_bytes()
+        for p in (tmp_path / "consumequeue").rglob("*") if p.is_file()
+    }
+    index_lines = sorted((tmp_path / "index" / "index.log").read_text().splitlines())
+    subprocess.run(["rm", "-rf", str(tmp_path / "consumequeue"), str(tmp_path / "index")], check=True)
+    with MessageStore(tmp_path, SMALL) as store:
+        assert store.lookup_key("t1", "k3") and store.lookup_message_id("id59")
+    rebuilt = {
+        p.relative_to(tmp_path): p.read_bytes()
+        for p in (tmp_path / "consumequeue").rglob("*") if p.is_file()
+    }
+    assert rebuilt == originals
+    assert sorted((tmp_path / "index" / "index.log").read_text().splitlines()) == index_lines
+
+
+def test_a_second_store_on_the_same_directory_is_refused(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL):
+        with pytest.raises(DataDirLockedError):
+            MessageStore(tmp_path, SMALL)
+        probe = subprocess.run(
+            [sys.executable, "-c",
+             "import sys; from broker_embedded.store.message_store import MessageStore\n"
+             "try:\n MessageStore(sys.argv[1])\nexcept Exception as e: print(type(e).__name__)",
+             str(tmp_path)],
+            capture_output=True, text=True, check=True,
+        )
+        assert probe.stdout.strip() == "DataDirLockedError"
+
+
+def test_concurrent_sync_puts_share_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        nonlocal calls
+        calls += 1
+        real_fsync(fd)
+
+    store = MessageStore(tmp_path, StoreConfig(checkpoint_interval_s=3600))
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def producer(worker: int) -> None:
+        for n in range(50):
+            stored = store.put(record(queue_id=worker, body=f"{worker}:{n}".encode()))
+            with lock:
+                results.append(stored.commit_log_offset)
+
+    threads = [threading.Thread(target=producer, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert len(set(results)) == 400
+    assert calls < 400
+    for worker in range(8):
+        assert [r.body for r in store.read_queue("orders", worker, 0, 100)] == [
+            f"{worker}:{n}".encode() for n in range(50)
+        ]
+    store.close()
+
+
+def test_free_space_floor_refuses_writes_and_keeps_the_log_intact(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        store.put(record(body=b"before"))
+    with MessageStore(tmp_path, StoreConfig(segment_size=4096, min_free_disk_bytes=1 << 62)) as store:
+        with pytest.raises(StoreFullError):
+            store.put(record(body=b"refused"))
+    with MessageStore(tmp_path, SMALL) as store:
+        assert [r.body for r in store.read_queue("orders", 0, 0, 10)] == [b"before"]
+        assert store.put(record(body=b"after")).queue_offset == 1
+
+
+def test_retention_deletes_old_segments_below_the_guard_only(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        stored = [store.put(record()) for _ in range(100)]
+        guard = stored[50].commit_log_offset
+        deleted = store.delete_expired_segments(guard_offset=guard, now=2**62)
+        assert deleted > 0
+        assert store.commitlog.min_offset <= guard
+        remaining = store.read_queue("orders", 0, 0, 1000)
+        assert remaining[0].queue_offset == store.queue_min_offset("orders", 0) > 0
+        assert remaining[-1].queue_offset == 99
+
+
+CHILD = r"""
+import sys, threading
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import StoredRecord
+store = MessageStore(sys.argv[1], StoreConfig(segment_size=64 * 1024, checkpoint_interval_s=0.3))
+out = threading.Lock()
+def work(w):
+    for n in range(100000):
+        r = store.put(StoredRecord(topic="load", queue_id=w, body=f"{w}:{n}".encode() * 8,
+                                   properties={"UNIQ_KEY": f"{w}-{n}"}))
+        with out:
+            print(f"{w} {r.queue_offset} {w}-{n}", flush=True)
+for w in range(4):
+    threading.Thread(target=work, args=(w,), daemon=True).start()
+threading.Event().wait()
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_during_sync_load_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    acknowledged: list[str] = []
+    assert child.stdout is not None
+    for line in child.stdout:
+        acknowledged.append(line)
+        if len(acknowledged) >= 3000:
+            break
+    child.kill()
+    acknowledged.extend(child.stdout.read().splitlines())
+    child.wait()
+    with MessageStore(tmp_path) as store:
+        for w in range(4):
+            seen = [r.properties["UNIQ_KEY"] for r in store.read_queue("load", w, 0, 10**6)]
+            assert len(seen) == len(set(seen)), "a record is there twice"
+            assert [int(k.split("-")[1]) for k in seen] == list(range(len(seen))), "torn or reordered"
+            acked = [line.split()[2] for line in acknowledged if line.startswith(f"{w} ")]
+            assert seen[: len(acked)] == acked
