@@ -1,6 +1,8 @@
 """A durable, RocketMQ-style message broker in pure Python, in-process or over TCP."""
 
 from .api import BrokerAPI, BrokerStats, ParkedTransaction, TopicInfo, TransactionChecker
+from .broker import EmbeddedBroker
+from .config import BrokerConfig
 from .errors import BrokerError
 from .message import (
     DELAY_LEVELS_S,
@@ -17,6 +19,8 @@ from .message import (
 __all__ = [
     "DELAY_LEVELS_S",
     "BrokerAPI",
+    "BrokerConfig",
+    "EmbeddedBroker",
     "BrokerError",
     "BrokerStats",
     "CheckRequest",

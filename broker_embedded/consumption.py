@@ -1,0 +1,317 @@
+"""Consumer groups, RocketMQ 5 style: receive a batch, ack each message, retry, dead-letter.
+
+Progress is kept per (consumer group, subscribed topic, stored topic, queue): a *floor*
+below which every message is done, the messages read past it (``pending``: delivered or
+waiting), and the done ones above the floor. A message received and not acked within
+its invisible duration comes back, after a growing back-off, with ``delivery_attempt``
++ 1; once ``max_delivery_attempts`` deliveries went un-acked it moves to
+``%DLQ%<group>``. Messages sharing a ``message_group`` are delivered one at a time in
+queue order (FIFO). A new group starts at the beginning of the topic.
+
+Durability: every delivery, ack and dead-lettering is an event record in
+``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
+counts and delivery statistics. A message in flight at a restart is visible again at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from . import codec
+from .errors import UnknownReceiptError
+from .message import ReceivedMessage
+from .store.record import StoredRecord
+from .topics import CONSUMER_STATE_TOPIC, retry_topic
+
+EVENT_DELIVERED = "d"
+EVENT_ACKED = "a"
+EVENT_DEAD = "x"
+
+
+class Event(msgspec.Struct):
+    """One progress event (``e``: d/a/x) of group ``g`` on topic ``s`` (subscribed),
+    stored topic ``t``, queue ``q``, offset ``o``, attempt ``n``, message id ``m``."""
+
+    e: str
+    g: str
+    s: str
+    t: str
+    q: int
+    o: int
+    n: int
+    m: str
+    ts: int
+
+
+encode_events = msgspec.msgpack.Encoder().encode
+decode_events = msgspec.msgpack.Decoder(list[Event]).decode
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Delivery:
+    """A message read past the floor and not yet done."""
+
+    record: StoredRecord
+    attempt: int = 0
+    visible_at_ms: int = 0
+    receipt: str = ""
+
+
+@dataclass
+class QueueProgress:
+    """One group's progress through one stored queue."""
+
+    floor: int = 0
+    next_offset: int = 0
+    pending: dict[int, Delivery] = field(default_factory=dict)
+    done_above: set[int] = field(default_factory=set)
+    attempts: dict[int, int] = field(default_factory=dict)
+
+    def mark_done(self, offset: int) -> None:
+        self.pending.pop(offset, None)
+        self.attempts.pop(offset, None)
+        if offset >= self.floor:
+            self.done_above.add(offset)
+        while self.floor in self.done_above:
+            self.done_above.discard(self.floor)
+            self.floor += 1
+        self.next_offset = max(self.next_offset, self.floor)
+
+
+@dataclass
+class DeliveryStats:
+    """Per group and message: what the export reports."""
+
+    topic: str
+    attempts: int = 0
+    first_delivered_ms: int = 0
+    acked_ms: int | None = None
+    dead_lettered: bool = False
+
+
+ProgressKey = tuple[str, str, str, int]  # group, subscribed topic, stored topic, queue id
+
+
+class ConsumerGroups:
+    """All consumer groups' progress; the broker calls it under no lock of its own."""
+
+    def __init__(
+        self,
+        read_queue: Callable[[str, int, int, int], list[StoredRecord]],
+        queue_max_offset: Callable[[str, int], int],
+        queue_count: Callable[[str], int],
+        write: Callable[[list[StoredRecord]], object],
+        max_delivery_attempts: int,
+        retry_backoff_s: tuple[float, ...],
+        max_inflight_per_queue: int,
+    ) -> None:
+        self._read_queue = read_queue
+        self._queue_max_offset = queue_max_offset
+        self._queue_count = queue_count
+        self._write = write
+        self.max_delivery_attempts = max_delivery_attempts
+        self.retry_backoff_ms = tuple(int(s * 1000) for s in retry_backoff_s) or (0,)
+        self.max_inflight = max_inflight_per_queue
+        self.lock = threading.RLock()
+        self.arrived = threading.Condition(self.lock)
+        self.progress: dict[ProgressKey, QueueProgress] = {}
+        self.stats: dict[tuple[str, str], DeliveryStats] = {}
+
+    # -- replay ---------------------------------------------------------------------------
+    def replay(self, events: Iterable[Event]) -> None:
+        """Apply stored events (on start)."""
+        with self.lock:
+            for event in events:
+                progress = self._progress((event.g, event.s, event.t, event.q))
+                self._record_stats(event)
+                if event.e == EVENT_DELIVERED:
+                    if event.o >= progress.floor and event.o not in progress.done_above:
+                        progress.attempts[event.o] = max(progress.attempts.get(event.o, 0), event.n)
+                else:
+                    progress.mark_done(event.o)
+            for progress in self.progress.values():
+                progress.next_offset = progress.floor
+
+    def _record_stats(self, event: Event) -> None:
+        stats = self.stats.setdefault((event.g, event.m), DeliveryStats(event.s))
+        if event.e == EVENT_DELIVERED:
+            stats.attempts = max(stats.attempts, event.n)
+            stats.first_delivered_ms = stats.first_delivered_ms or event.ts
+        elif event.e == EVENT_ACKED:
+            stats.acked_ms = stats.acked_ms or event.ts
+        else:
+            stats.dead_lettered = True
+
+    def _progress(self, key: ProgressKey) -> QueueProgress:
+        progress = self.progress.get(key)
+        if progress is None:
+            progress = self.progress[key] = QueueProgress()
+        return progress
+
+    # -- receiving ------------------------------------------------------------------------
+    def notify(self) -> None:
+        """Wake long-polling receivers (a message arrived or became deliverable)."""
+        with self.arrived:
+            self.arrived.notify_all()
+
+    def receive(
+        self, group: str, topic: str, max_messages: int, invisible_ms: int, wait_s: float,
+        dead_letter: Callable[[str, StoredRecord, int], StoredRecord],
+    ) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` deliverable messages, long-polling up to ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.lock:
+                delivered, dead = self._collect(group, topic, max_messages, invisible_ms)
+            events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
+            for key, delivery in dead:
+                dead_letter(group, delivery.record, delivery.attempt)
+                events.append(self._event(EVENT_DEAD, group, topic, key, delivery))
+            if events:
+                self._persist(events)
+            if delivered:
+                return [self._received(key, d) for key, d in delivered]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            with self.arrived:
+                self.arrived.wait(min(remaining, 0.05))
+
+    def _sources(self, group: str, topic: str) -> list[tuple[str, int]]:
+        queues = [(topic, q) for q in range(self._queue_count(topic))]
+        return queues + [(retry_topic(group), 0)]
+
+    def _collect(
+        self, group: str, topic: str, max_messages: int, invisible_ms: int
+    ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]]]:
+        now = now_ms()
+        delivered: list[tuple[ProgressKey, Delivery]] = []
+        dead: list[tuple[ProgressKey, Delivery]] = []
+        for stored_topic, queue_id in self._sources(group, topic):
+            key = (group, topic, stored_topic, queue_id)
+            progress = self._progress(key)
+            self._top_up(key, progress)
+            busy_groups: set[str] = set()
+            for offset, delivery in list(progress.pending.items()):
+                if len(delivered) >= max_messages:
+                    break
+                message_group = delivery.record.properties.get(codec.MESSAGE_GROUP)
+                if message_group:
+                    if message_group in busy_groups:
+                        continue
+                    busy_groups.add(message_group)
+                if delivery.visible_at_ms > now:
+                    continue
+                if delivery.attempt >= self.max_delivery_attempts:
+                    progress.mark_done(offset)
+                    dead.append((key, delivery))
+                    if message_group:
+                        busy_groups.discard(message_group)
+                    continue
+                delivery.attempt += 1
+                delivery.receipt = uuid.uuid4().hex[:16]
+                backoff = self.retry_backoff_ms[min(delivery.attempt - 1, len(self.retry_backoff_ms) - 1)]
+                delivery.visible_at_ms = now + invisible_ms + backoff
+                delivered.append((key, delivery))
+            if len(delivered) >= max_messages:
+                break
+        return delivered, dead
+
+    def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
+        group, topic, stored_topic, queue_id = key
+        end = self._queue_max_offset(stored_topic, queue_id)
+        while progress.next_offset < end and len(progress.pending) < self.max_inflight:
+            batch = self._read_queue(stored_topic, queue_id, progress.next_offset, 64)
+            if not batch:
+                break
+            for record in batch:
+                offset = record.queue_offset
+                progress.next_offset = offset + 1
+                if offset < progress.floor or offset in progress.done_above:
+                    continue
+                if stored_topic != topic and record.properties.get(codec.REAL_TOPIC) != topic:
+                    progress.mark_done(offset)  # a resend meant for another subscription
+                    continue
+                progress.pending[offset] = Delivery(record, progress.attempts.pop(offset, 0))
+
+    def _event(self, kind: str, group: str, topic: str, key: ProgressKey, d: Delivery) -> Event:
+        return Event(
+            kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt,
+            d.record.properties.get("UNIQ_KEY", ""), now_ms(),
+        )
+
+    def _received(self, key: ProgressKey, delivery: Delivery) -> ReceivedMessage:
+        record = delivery.record
+        handle = "|".join((key[1], key[2], str(key[3]), str(record.queue_offset), delivery.receipt))
+        return ReceivedMessage(
+            message=codec.message_of(record, key[1]),
+            receipt_handle=handle,
+            delivery_attempt=delivery.attempt,
+            queue_id=record.queue_id,
+            queue_offset=record.queue_offset,
+            born_timestamp_ms=record.born_timestamp_ms,
+            store_timestamp_ms=record.store_timestamp_ms,
+            transaction_id=record.properties.get(codec.TRANSACTION_ID),
+        )
+
+    def _persist(self, events: list[Event]) -> None:
+        for event in events:
+            with self.lock:
+                self._record_stats(event)
+        self._write(
+            [StoredRecord(topic=CONSUMER_STATE_TOPIC, queue_id=0, body=encode_events(events))]
+        )
+
+    # -- acking ---------------------------------------------------------------------------
+    def _lookup(self, group: str, handle: str) -> tuple[ProgressKey, QueueProgress, Delivery]:
+        try:
+            topic, stored_topic, queue_id, offset, receipt = handle.split("|")
+            key = (group, topic, stored_topic, int(queue_id))
+            progress = self.progress[key]
+            delivery = progress.pending[int(offset)]
+        except (ValueError, KeyError):
+            raise UnknownReceiptError(f"unknown receipt handle {handle!r} for group {group!r}") from None
+        if delivery.receipt != receipt:
+            raise UnknownReceiptError(
+                f"stale receipt handle {handle!r}: the message was delivered again since"
+            )
+        return key, progress, delivery
+
+    def ack(self, group: str, handle: str) -> None:
+        """Mark a delivered message done for the group (durable before returning)."""
+        with self.lock:
+            key, progress, delivery = self._lookup(group, handle)
+            progress.mark_done(delivery.record.queue_offset)
+            event = self._event(EVENT_ACKED, group, key[1], key, delivery)
+        self._persist([event])
+        self.notify()  # the next message of a FIFO group may be deliverable now
+
+    def change_invisible_duration(self, group: str, handle: str, invisible_ms: int) -> str:
+        """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle."""
+        with self.lock:
+            key, _, delivery = self._lookup(group, handle)
+            delivery.receipt = uuid.uuid4().hex[:16]
+            delivery.visible_at_ms = now_ms() + invisible_ms
+            return self._received(key, delivery).receipt_handle
+
+    # -- admin ----------------------------------------------------------------------------
+    def lag(self) -> dict[str, dict[str, int]]:
+        """Messages not yet done, per group and subscribed topic."""
+        result: dict[str, dict[str, int]] = {}
+        with self.lock:
+            for (group, topic, stored_topic, queue_id), progress in self.progress.items():
+                remaining = self._queue_max_offset(stored_topic, queue_id) - progress.floor
+                remaining -= len(progress.done_above)
+                per_group = result.setdefault(group, {})
+                per_group[topic] = per_group.get(topic, 0) + max(remaining, 0)
+        return result
