@@ -223,11 +223,10 @@ class CheckService:
                 log.info("no checker route for transaction %s (group %s)",
                          tx.transaction_id, tx.producer_group)
                 return
-            if tx.state is not TransactionState.PENDING:
-                return
-            op = Op(tx.transaction_id, OP_CHECK, request.check_times, now_ms())
-            self.write_op(op)
-            self.book.apply(op)
+            if tx.state is TransactionState.PENDING:  # the answer may already be in
+                op = Op(tx.transaction_id, OP_CHECK, request.check_times, now_ms())
+                self.write_op(op)
+                self.book.apply(op)
         self.checks_sent += 1
         log.info(
             "check-back %d/%d sent for transaction %s (group %s)",

@@ -1,0 +1,55 @@
+"""Bad input gets a typed error and loses nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_embedded import Message
+from broker_embedded.errors import (
+    InvalidMessageError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    ReservedTopicError,
+    UnknownTopicError,
+)
+
+
+@pytest.mark.parametrize(
+    "topic,error",
+    [
+        ("", InvalidTopicError),
+        ("has space", InvalidTopicError),
+        ("x" * 200, InvalidTopicError),
+        ("RMQ_SYS_TRANS_HALF_TOPIC", ReservedTopicError),
+        ("%DLQ%group", ReservedTopicError),
+        ("SCHEDULE_TOPIC_XXXX", ReservedTopicError),
+        ("TRANS_CHECK_MAX_TIME_TOPIC", ReservedTopicError),
+    ],
+)
+def test_bad_topics_are_refused(broker_factory, topic, error) -> None:
+    broker = broker_factory()
+    with pytest.raises(error):
+        broker.send(Message(topic, b"x"))
+    with pytest.raises(error):
+        broker.send_half(Message(topic, b"x"), producer_group="pg", transaction_id="t")
+
+
+def test_oversize_body_and_bad_delay_are_refused_and_nothing_is_lost(broker_factory) -> None:
+    broker = broker_factory(max_body_size=1024)
+    kept = broker.send(Message("orders", b"ok"))
+    with pytest.raises(MessageTooLargeError):
+        broker.send(Message("orders", b"x" * 1025))
+    with pytest.raises(InvalidMessageError):
+        broker.send(Message("orders", b"x", delay_level=19))
+    with pytest.raises(InvalidMessageError):
+        broker.send(Message("orders", b"x", delay_level=1, deliver_at_ms=1))
+    got = broker.receive("g", "orders", max_messages=10)
+    assert [r.message.message_id for r in got] == [kept.message_id]
+
+
+def test_unknown_topic_when_auto_create_is_off(broker_factory) -> None:
+    broker = broker_factory(auto_create_topics=False)
+    with pytest.raises(UnknownTopicError):
+        broker.send(Message("orders", b"x"))
+    broker.create_topic("orders", queues=2)
+    assert broker.send(Message("orders", b"x")).queue_id in (0, 1)

@@ -1,0 +1,160 @@
+"""Receive/ack, invisibility and retry, DLQ, FIFO groups, long polling, durability."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from broker_embedded import Message, Resolution
+from broker_embedded.errors import UnknownReceiptError
+
+from .conftest import eventually
+
+
+def test_each_group_gets_every_message_once_when_it_acks(broker_factory) -> None:
+    broker = broker_factory()
+    for n in range(20):
+        broker.send(Message("orders", f"m{n}".encode()))
+    for group in ("billing", "points"):
+        got = []
+        while batch := broker.receive(group, "orders", max_messages=7):
+            for received in batch:
+                got.append(received.message.body)
+                broker.ack(group, received.receipt_handle)
+        assert sorted(got) == sorted(f"m{n}".encode() for n in range(20))
+    assert broker.stats().consumer_lag == {"billing": {"orders": 0}, "points": {"orders": 0}}
+
+
+def test_unacked_message_returns_with_attempt_plus_one_then_goes_to_dlq(broker_factory) -> None:
+    broker = broker_factory()
+    sent = broker.send(Message("orders", b"poison"))
+    attempts = []
+    for _ in range(3):
+        batch = broker.receive("g", "orders", invisible_duration_s=0.1, wait_s=2)
+        attempts.append(batch[0].delivery_attempt)
+    assert attempts == [1, 2, 3]
+    assert broker.receive("g", "orders", invisible_duration_s=0.1, wait_s=0.5) == []
+    dead = broker.list_dlq("g")
+    assert [d.message.message_id for d in dead] == [sent.message_id]
+    assert dead[0].message.topic == "orders"
+    assert broker.stats().dlq_depth == {"g": 1}
+    broker.resend_dlq("g", sent.message_id)
+    again = broker.receive("g", "orders", wait_s=2)
+    assert [r.message.message_id for r in again] == [sent.message_id]
+    assert broker.receive("other", "orders", wait_s=0.2)[0].message.body == b"poison"
+
+
+def test_stale_and_unknown_receipts_are_refused(broker_factory) -> None:
+    broker = broker_factory()
+    broker.send(Message("orders", b"x"))
+    first = broker.receive("g", "orders", invisible_duration_s=0.05)[0]
+    time.sleep(0.1)
+    second = broker.receive("g", "orders", wait_s=1)[0]
+    with pytest.raises(UnknownReceiptError):
+        broker.ack("g", first.receipt_handle)
+    with pytest.raises(UnknownReceiptError):
+        broker.ack("g", "garbage")
+    with pytest.raises(UnknownReceiptError):
+        broker.ack("another-group", second.receipt_handle)
+    broker.ack("g", second.receipt_handle)
+    with pytest.raises(UnknownReceiptError):
+        broker.ack("g", second.receipt_handle)
+
+
+def test_change_invisible_duration_returns_a_new_handle(broker_factory) -> None:
+    broker = broker_factory()
+    broker.send(Message("orders", b"x"))
+    received = broker.receive("g", "orders", invisible_duration_s=0.1)[0]
+    handle = broker.change_invisible_duration("g", received.receipt_handle, 5)
+    time.sleep(0.3)
+    assert broker.receive("g", "orders") == []  # still invisible thanks to the extension
+    with pytest.raises(UnknownReceiptError):
+        broker.ack("g", received.receipt_handle)
+    broker.ack("g", handle)
+
+
+def test_fifo_group_is_delivered_in_order_one_at_a_time(broker_factory) -> None:
+    broker = broker_factory()
+    for n in range(3):
+        broker.send(Message("orders", f"a{n}".encode(), message_group="alice"))
+        broker.send(Message("orders", f"b{n}".encode(), message_group="bob"))
+    order: dict[str, list[bytes]] = {"alice": [], "bob": []}
+    while True:
+        batch = broker.receive("g", "orders", max_messages=10, wait_s=0.3)
+        if not batch:
+            break
+        assert len({r.message.message_group for r in batch}) == len(batch), "two of one group at once"
+        for received in batch:
+            order[received.message.message_group or ""].append(received.message.body)
+            broker.ack("g", received.receipt_handle)
+    assert order == {"alice": [b"a0", b"a1", b"a2"], "bob": [b"b0", b"b1", b"b2"]}
+
+
+def test_long_polling_returns_as_soon_as_a_message_arrives(broker_factory) -> None:
+    broker = broker_factory()
+    broker.create_topic("orders")
+    threading.Timer(0.3, lambda: broker.send(Message("orders", b"late"))).start()
+    started = time.monotonic()
+    batch = broker.receive("g", "orders", wait_s=10)
+    assert [r.message.body for r in batch] == [b"late"]
+    assert time.monotonic() - started < 5
+
+
+def test_acks_and_in_flight_messages_survive_restart(broker_factory) -> None:
+    broker = broker_factory()
+    for n in range(4):
+        broker.send(Message("orders", f"m{n}".encode()))
+    batch = broker.receive("g", "orders", max_messages=4)
+    acked = {r.message.body for r in batch[:2]}
+    for received in batch[:2]:
+        broker.ack("g", received.receipt_handle)
+    broker.close()
+    broker = broker_factory()
+    again = broker.receive("g", "orders", max_messages=10, wait_s=1)
+    assert {r.message.body for r in again} == {r.message.body for r in batch[2:]}
+    assert not acked & {r.message.body for r in again}
+    assert all(r.delivery_attempt == 2 for r in again)
+
+
+def test_delay_level_and_exact_time(broker_factory) -> None:
+    broker = broker_factory()
+    broker.create_topic("orders")
+    sent_at = time.monotonic()
+    broker.send(Message("orders", b"level1", delay_level=1))
+    broker.send(Message("orders", b"at", deliver_at_ms=time.time_ns() // 1_000_000 + 600))
+    assert broker.receive("g", "orders") == []
+    got = []
+    eventually(lambda: got.extend(broker.receive("g", "orders", wait_s=0.1)) or len(got) == 2, 10)
+    assert time.monotonic() - sent_at >= 0.55
+    assert sorted(r.message.body for r in got) == [b"at", b"level1"]
+
+
+def test_delayed_message_survives_restart(broker_factory) -> None:
+    broker = broker_factory()
+    broker.send(Message("orders", b"later", delay_level=1))
+    broker.close()
+    broker = broker_factory()
+    got = []
+    eventually(lambda: got.extend(broker.receive("g", "orders", wait_s=0.1)) or got, 10)
+    assert [r.message.body for r in got] == [b"later"]
+    time.sleep(1.2)
+    assert broker.receive("g2", "orders", max_messages=10) and broker.stats().topics[0].depth.count(1) == 1
+
+
+def test_delay_on_a_transactional_message_applies_after_commit(broker_factory) -> None:
+    """RocketMQ 4.5.2 (#1540) lost these: the committed message came back as a half."""
+    broker = broker_factory()
+    broker.create_topic("orders")
+    broker.send_half(Message("orders", b"delayed-tx", delay_level=1), producer_group="pg", transaction_id="t")
+    time.sleep(1.2)  # longer than the delay: a half message must not be delivered
+    assert broker.receive("g", "orders") == []
+    committed_at = time.monotonic()
+    broker.end_transaction("t", Resolution.COMMIT, producer_group="pg")
+    assert broker.receive("g", "orders", wait_s=0.5) == []  # the delay starts at commit
+    got = []
+    eventually(lambda: got.extend(broker.receive("g", "orders", wait_s=0.1)) or got, 10)
+    assert time.monotonic() - committed_at >= 0.9
+    assert [r.message.body for r in got] == [b"delayed-tx"]
+    assert broker.stats().pending_half == 0 and broker.checks.checks_sent == 0
