@@ -2,6 +2,7 @@
 
 from .api import BrokerAPI, BrokerStats, ParkedTransaction, TopicInfo, TransactionChecker
 from .broker import EmbeddedBroker
+from .client import BrokerClient
 from .config import BrokerConfig
 from .errors import BrokerError
 from .message import (
@@ -15,10 +16,12 @@ from .message import (
     StoredMessage,
     TransactionState,
 )
+from .urls import connect
 
 __all__ = [
     "DELAY_LEVELS_S",
     "BrokerAPI",
+    "BrokerClient",
     "BrokerConfig",
     "EmbeddedBroker",
     "BrokerError",
@@ -34,4 +37,5 @@ __all__ = [
     "TopicInfo",
     "TransactionChecker",
     "TransactionState",
+    "connect",
 ]

@@ -120,7 +120,8 @@ class EmbeddedBroker:
             return {str(k): int(v) for k, v in json.loads(self._topics_path.read_text()).items()}
         return {}
 
-    def _read_all(self, topic: str, queue_id: int = 0) -> list[StoredRecord]:
+    def read_all(self, topic: str, queue_id: int = 0) -> list[StoredRecord]:
+        """Every record of a queue (system topics included), oldest first."""
         records: list[StoredRecord] = []
         offset = self.store.queue_min_offset(topic, queue_id)
         while True:
@@ -131,19 +132,19 @@ class EmbeddedBroker:
             offset = batch[-1].queue_offset + 1
 
     def _rebuild(self) -> None:
-        for record in self._read_all(HALF_TOPIC):
+        for record in self.read_all(HALF_TOPIC):
             self.book.add_half(record)
-        for record in self._read_all(OP_HALF_TOPIC):
+        for record in self.read_all(OP_HALF_TOPIC):
             self.book.apply(decode_op(record.body))
         for tx in list(self.book.unresolved()):
             if self._commit_already_written(tx):
                 log.info("transaction %s was committed before a crash; recording it", tx.transaction_id)
                 self._apply_op(Op(tx.transaction_id, OP_COMMIT, tx.check_times, now_ms()))
         self.consumers.replay(
-            event for record in self._read_all(CONSUMER_STATE_TOPIC) for event in decode_events(record.body)
+            event for record in self.read_all(CONSUMER_STATE_TOPIC) for event in decode_events(record.body)
         )
         for queue_id in range(self.store.queues().get(SCHEDULE_TOPIC, 0)):
-            for record in self._read_all(SCHEDULE_TOPIC, queue_id):
+            for record in self.read_all(SCHEDULE_TOPIC, queue_id):
                 if not self._written_to_real_topic(record):
                     self.schedule.add(int(record.properties[DUE_AT]), record.commit_log_offset)
 
@@ -425,7 +426,7 @@ class EmbeddedBroker:
 
     def list_dlq(self, group: str, max_messages: int = 64) -> list[StoredMessage]:
         validate_group(group)
-        records = self._read_all(dlq_topic(group))[-max_messages:]
+        records = self.read_all(dlq_topic(group))[-max_messages:]
         return [
             codec.stored_message_of(StoredRecord(
                 r.properties.get(codec.REAL_TOPIC, r.topic), r.queue_id, r.body, r.properties, r.flags,
@@ -436,7 +437,7 @@ class EmbeddedBroker:
 
     def resend_dlq(self, group: str, message_id: str) -> SendResult:
         validate_group(group)
-        for record in reversed(self._read_all(dlq_topic(group))):
+        for record in reversed(self.read_all(dlq_topic(group))):
             if record.properties.get(PROPERTY_MESSAGE_ID) == message_id:
                 props = codec.without(record.properties, codec.DELIVERY_ATTEMPTS)
                 stored = self.store.put(StoredRecord(retry_topic(group), 0, record.body, props))

@@ -1,0 +1,312 @@
+"""``BrokerClient``: the ``BrokerAPI`` over TCP, synchronous and thread-safe.
+
+One connection, pipelined: any number of threads may have requests in flight; a reader
+thread matches answers to waiting callers by request id. A dropped connection fails the
+requests in flight with ``BrokerUnavailableError`` and is re-opened by the next call
+(producer registrations are renewed then). Check-backs pushed by the server run the
+registered callbacks on a worker thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+from urllib.parse import urlparse
+
+import msgspec
+
+from .api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo
+from .errors import (
+    BrokerClosedError,
+    BrokerUnavailableError,
+    MalformedFrameError,
+    RequestTimeoutError,
+    error_for_code,
+)
+from .message import (
+    CheckRequest,
+    EndTransactionResult,
+    Message,
+    ReceivedMessage,
+    Resolution,
+    SendResult,
+    StoredMessage,
+    TransactionState,
+)
+from .protocol import (
+    CODES,
+    LENGTH,
+    MAX_FRAME_BYTES,
+    Kind,
+    RequestCode,
+    convert_result,
+    decode_frame,
+    encode_frame,
+    sign,
+    to_wire,
+)
+
+log = logging.getLogger("broker_embedded.client")
+
+
+def parse_tcp_url(url: str) -> tuple[str, int]:
+    """``(host, port)`` of ``tcp://host:port``."""
+    parsed = urlparse(url)
+    if parsed.scheme != "tcp" or not parsed.hostname or not parsed.port:
+        raise ValueError(f"expected tcp://host:port, got {url!r}")
+    return parsed.hostname, parsed.port
+
+
+class BrokerClient:
+    """A remote broker at ``tcp://host:port``; implements ``BrokerAPI``."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+    ) -> None:
+        self.url = url
+        self.host, self.port = parse_tcp_url(url)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._pending: dict[int, Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._producers: dict[str, list[CheckCallback]] = {}
+        self._callbacks = ThreadPoolExecutor(max_workers=4, thread_name_prefix="check-callback")
+        self._closed = False
+
+    # -- connection -----------------------------------------------------------------------
+    def _connection(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise BrokerClosedError("the client is closed")
+            if self._sock is not None:
+                return self._sock
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
+            except OSError as exc:
+                raise BrokerUnavailableError(f"cannot connect to {self.url}: {exc}") from None
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+            threading.Thread(target=self._read_loop, args=(sock,), daemon=True,
+                             name=f"broker-client-{self.port}").start()
+        if self.access_key and self.secret_key:
+            stamp, nonce = int(time.time() * 1000), secrets.token_hex(8)
+            self._request(RequestCode.AUTHENTICATE, {
+                "access_key": self.access_key, "timestamp_ms": stamp, "nonce": nonce,
+                "signature": sign(self.secret_key, self.access_key, stamp, nonce),
+            })
+        for group in list(self._producers):
+            self._request(RequestCode.HEART_BEAT, {"producer_group": group})
+        return sock
+
+    def _drop(self, sock: socket.socket, reason: str) -> None:
+        with self._lock:
+            if self._sock is sock:
+                self._sock = None
+            pending, self._pending = self._pending, {}
+        try:
+            sock.close()
+        except OSError:
+            pass
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(BrokerUnavailableError(f"connection to {self.url} lost: {reason}"))
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        reader = sock.makefile("rb")
+        try:
+            while True:
+                head = reader.read(LENGTH.size)
+                if len(head) < LENGTH.size:
+                    raise ConnectionError("closed by the broker")
+                (length,) = LENGTH.unpack(head)
+                if length > MAX_FRAME_BYTES:
+                    raise MalformedFrameError(f"frame of {length} bytes from the broker")
+                payload = reader.read(length)
+                if len(payload) < length:
+                    raise ConnectionError("closed by the broker mid-frame")
+                code, request_id, kind, body = decode_frame(payload)
+                if kind is Kind.PUSH:
+                    self._on_push(code, body)
+                    continue
+                with self._lock:
+                    future = self._pending.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(body)
+        except (OSError, ConnectionError, MalformedFrameError, ValueError) as exc:
+            self._drop(sock, str(exc))
+
+    def _on_push(self, code: int, body: Any) -> None:
+        if code != RequestCode.CHECK_TRANSACTION_STATE:
+            return
+        request = msgspec.convert(body, CheckRequest)
+        callbacks = self._producers.get(request.producer_group)
+        if callbacks:
+            self._callbacks.submit(self._run_callback, callbacks[0], request)
+
+    @staticmethod
+    def _run_callback(callback: CheckCallback, request: CheckRequest) -> None:
+        try:
+            callback(request)
+        except Exception:
+            log.exception("check callback failed for transaction %s", request.transaction_id)
+
+    # -- requests -------------------------------------------------------------------------
+    def _request(self, code: RequestCode, arguments: dict[str, Any], extra_wait_s: float = 0.0) -> Any:
+        sock = self._connection()
+        request_id = next(self._ids)
+        future: Future[Any] = Future()
+        with self._lock:
+            self._pending[request_id] = future
+        try:
+            with self._send_lock:
+                sock.sendall(encode_frame(code, request_id, Kind.REQUEST, arguments))
+        except OSError as exc:
+            self._drop(sock, str(exc))
+            raise BrokerUnavailableError(f"cannot send to {self.url}: {exc}") from None
+        try:
+            body = future.result(self.timeout_s + extra_wait_s)
+        except FutureTimeout:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise RequestTimeoutError(
+                f"{code.name} got no answer from {self.url} within {self.timeout_s + extra_wait_s:.1f}s"
+            ) from None
+        if "error" in body:
+            error_code, message = body["error"]
+            raise error_for_code(error_code, message)
+        return body.get("ok")
+
+    def _call(self, method: str, extra_wait_s: float = 0.0, **arguments: Any) -> Any:
+        raw = self._request(CODES[method], {k: to_wire(v) for k, v in arguments.items()}, extra_wait_s)
+        return convert_result(method, raw)
+
+    # -- BrokerAPI ------------------------------------------------------------------------
+    def create_topic(self, topic: str, queues: int = 4) -> TopicInfo:
+        return self._call("create_topic", topic=topic, queues=queues)  # type: ignore[no-any-return]
+
+    def list_topics(self) -> list[TopicInfo]:
+        return self._call("list_topics")  # type: ignore[no-any-return]
+
+    def send(self, message: Message) -> SendResult:
+        return self._call("send", message=message)  # type: ignore[no-any-return]
+
+    def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
+        return self._call(  # type: ignore[no-any-return]
+            "send_half", message=message, producer_group=producer_group, transaction_id=transaction_id
+        )
+
+    def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
+                        from_check: bool = False) -> EndTransactionResult:
+        return self._call(  # type: ignore[no-any-return]
+            "end_transaction", transaction_id=transaction_id, resolution=resolution,
+            producer_group=producer_group, from_check=from_check,
+        )
+
+    def transaction_state(self, transaction_id: str) -> TransactionState:
+        return self._call("transaction_state", transaction_id=transaction_id)  # type: ignore[no-any-return]
+
+    def register_producer(self, producer_group: str, on_check: CheckCallback) -> None:
+        first = producer_group not in self._producers
+        self._producers.setdefault(producer_group, []).append(on_check)
+        if first:
+            self._request(RequestCode.HEART_BEAT, {"producer_group": producer_group})
+
+    def unregister_producer(self, producer_group: str, on_check: CheckCallback) -> None:
+        callbacks = self._producers.get(producer_group, [])
+        if on_check in callbacks:
+            callbacks.remove(on_check)
+        if not callbacks and producer_group in self._producers:
+            del self._producers[producer_group]
+            self._request(RequestCode.UNREGISTER_CLIENT, {"producer_group": producer_group})
+
+    def receive(self, group: str, topic: str, *, max_messages: int = 32,
+                invisible_duration_s: float = 30.0, wait_s: float = 0.0) -> list[ReceivedMessage]:
+        return self._call(  # type: ignore[no-any-return]
+            "receive", extra_wait_s=wait_s, group=group, topic=topic, max_messages=max_messages,
+            invisible_duration_s=invisible_duration_s, wait_s=wait_s,
+        )
+
+    def ack(self, group: str, receipt_handle: str) -> None:
+        self._call("ack", group=group, receipt_handle=receipt_handle)
+
+    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
+        return self._call(  # type: ignore[no-any-return]
+            "change_invisible_duration", group=group, receipt_handle=receipt_handle,
+            invisible_duration_s=invisible_duration_s,
+        )
+
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[StoredMessage]:
+        return self._call(  # type: ignore[no-any-return]
+            "read", topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages
+        )
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return self._call(  # type: ignore[no-any-return]
+            "offset_for_timestamp", topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms
+        )
+
+    def query_by_id(self, message_id: str) -> StoredMessage | None:
+        return self._call("query_by_id", message_id=message_id)  # type: ignore[no-any-return]
+
+    def query_by_key(self, topic: str, key: str, max_messages: int = 64) -> list[StoredMessage]:
+        return self._call(  # type: ignore[no-any-return]
+            "query_by_key", topic=topic, key=key, max_messages=max_messages
+        )
+
+    def list_parked(self) -> list[ParkedTransaction]:
+        return self._call("list_parked")  # type: ignore[no-any-return]
+
+    def resolve_parked(self, transaction_id: str, resolution: Resolution) -> EndTransactionResult:
+        return self._call(  # type: ignore[no-any-return]
+            "resolve_parked", transaction_id=transaction_id, resolution=resolution
+        )
+
+    def recheck_parked(self, transaction_id: str) -> None:
+        self._call("recheck_parked", transaction_id=transaction_id)
+
+    def list_dlq(self, group: str, max_messages: int = 64) -> list[StoredMessage]:
+        return self._call("list_dlq", group=group, max_messages=max_messages)  # type: ignore[no-any-return]
+
+    def resend_dlq(self, group: str, message_id: str) -> SendResult:
+        return self._call("resend_dlq", group=group, message_id=message_id)  # type: ignore[no-any-return]
+
+    def stats(self) -> BrokerStats:
+        return self._call("stats")  # type: ignore[no-any-return]
+
+    def export(self, out_dir: str, fmt: str = "parquet") -> dict[str, int]:
+        """Have the server export its messages to ``out_dir`` on the server's machine."""
+        result = self._request(RequestCode.EXPORT_MESSAGES, {"out_dir": out_dir, "fmt": fmt}, 600)
+        return {str(k): int(v) for k, v in result.items()}
+
+    def close(self) -> None:
+        """Close the connection; later calls raise ``BrokerClosedError``."""
+        with self._lock:
+            self._closed = True
+            sock = self._sock
+        if sock is not None:
+            self._drop(sock, "client closed")
+        self._callbacks.shutdown(wait=False)
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

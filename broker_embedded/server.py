@@ -1,0 +1,228 @@
+"""The asyncio TCP server: serves any ``BrokerAPI`` (normally an ``EmbeddedBroker``).
+
+Each connection reads frames in a loop and runs every request as its own task, so requests
+are pipelined and answered as they finish; broker calls run in a thread pool, which lets
+concurrent sync-flush sends from many connections share fsyncs (group commit) and keeps
+long-polling receives from blocking anything else. A producer connection that sends
+HEART_BEAT for a group gets that group's check-backs pushed to it as
+CHECK_TRANSACTION_STATE until it disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .api import BrokerAPI
+from .errors import (
+    AuthenticationError,
+    BrokerError,
+    InvalidMessageError,
+    MalformedFrameError,
+    UnknownRequestCodeError,
+)
+from .message import CheckRequest
+from .protocol import (
+    LENGTH,
+    MAX_FRAME_BYTES,
+    METHODS,
+    Kind,
+    RequestCode,
+    convert_arguments,
+    decode_frame,
+    encode_frame,
+    sign,
+    to_wire,
+)
+
+log = logging.getLogger("broker_embedded.server")
+
+AUTH_MAX_SKEW_MS = 5 * 60 * 1000
+
+
+class _Connection:
+    """One client connection: its writer, identity and the producer groups it answers for."""
+
+    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop,
+                 authenticated: bool) -> None:
+        self.writer = writer
+        self.loop = loop
+        self.authenticated = authenticated
+        self.peer = writer.get_extra_info("peername")
+        self.producer_callbacks: list[tuple[str, Any]] = []
+
+    def send(self, frame: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(frame)
+
+    def push_check(self, request: CheckRequest) -> None:
+        """Called from a broker thread: push a check-back to this producer."""
+        if self.writer.is_closing():
+            raise ConnectionError(f"producer connection {self.peer} is closed")
+        frame = encode_frame(RequestCode.CHECK_TRANSACTION_STATE, 0, Kind.PUSH, to_wire(request))
+        self.loop.call_soon_threadsafe(self.send, frame)
+
+
+class BrokerServer:
+    """Serve ``broker`` on ``host:port`` (port 0 picks a free one; see ``port`` after start)."""
+
+    def __init__(
+        self,
+        broker: BrokerAPI,
+        host: str = "127.0.0.1",
+        port: int = 9876,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        max_workers: int = 64,
+    ) -> None:
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="broker-call")
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("broker server listening on %s:%d", self.host, self.port)
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        async with self._server:
+            await self._server.serve_forever()
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish, close connections."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+        for connection in list(self._connections):
+            connection.writer.close()
+        self.executor.shutdown(wait=True, cancel_futures=False)
+        log.info("broker server stopped")
+
+    # -- connections ----------------------------------------------------------------------
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(writer, asyncio.get_running_loop(), self.access_key is None)
+        self._connections.add(connection)
+        log.debug("connection from %s", connection.peer)
+        try:
+            while True:
+                (length,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+                if length > MAX_FRAME_BYTES:
+                    self._reply_error(connection, 0, 0, MalformedFrameError(
+                        f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}"))
+                    break  # the stream cannot be trusted past an absurd length
+                payload = await reader.readexactly(length)
+                try:
+                    code, request_id, kind, body = decode_frame(payload)
+                except MalformedFrameError as exc:
+                    self._reply_error(connection, 0, 0, exc)
+                    continue
+                if kind is not Kind.REQUEST:
+                    self._reply_error(connection, code, request_id, MalformedFrameError("expected a request"))
+                    continue
+                if not connection.authenticated and code != RequestCode.AUTHENTICATE:
+                    self._reply_error(connection, code, request_id,
+                                      AuthenticationError("authenticate first"))
+                    break
+                task = asyncio.create_task(self._dispatch(connection, code, request_id, body))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            for group, callback in connection.producer_callbacks:
+                self.broker.unregister_producer(group, callback)
+            self._connections.discard(connection)
+            writer.close()
+            log.debug("connection from %s closed", connection.peer)
+
+    def _reply(self, connection: _Connection, code: int, request_id: int, result: Any) -> None:
+        connection.send(encode_frame(code, request_id, Kind.RESPONSE, {"ok": to_wire(result)}))
+
+    def _reply_error(self, connection: _Connection, code: int, request_id: int, error: BrokerError) -> None:
+        connection.send(encode_frame(code, request_id, Kind.RESPONSE, {"error": [error.code, str(error)]}))
+
+    async def _dispatch(self, connection: _Connection, code: int, request_id: int, body: Any) -> None:
+        try:
+            result = await self._execute(connection, code, body)
+            self._reply(connection, code, request_id, result)
+        except BrokerError as exc:
+            self._reply_error(connection, code, request_id, exc)
+        except (ValueError, TypeError) as exc:
+            self._reply_error(connection, code, request_id, InvalidMessageError(str(exc)))
+        except Exception as exc:
+            log.exception("request %s failed", code)
+            self._reply_error(connection, code, request_id, BrokerError(f"internal error: {exc}"))
+
+    async def _execute(self, connection: _Connection, code: int, body: Any) -> Any:
+        if code == RequestCode.AUTHENTICATE:
+            self._authenticate(connection, body)
+            return None
+        if code == RequestCode.HEART_BEAT:
+            group = str(body["producer_group"])
+            self.broker.register_producer(group, connection.push_check)
+            connection.producer_callbacks.append((group, connection.push_check))
+            log.info("producer %s registered for check-backs of group %s", connection.peer, group)
+            return None
+        if code == RequestCode.UNREGISTER_CLIENT:
+            group = str(body["producer_group"])
+            self.broker.unregister_producer(group, connection.push_check)
+            connection.producer_callbacks = [p for p in connection.producer_callbacks if p[0] != group]
+            return None
+        if code == RequestCode.EXPORT_MESSAGES:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.executor, self._export, str(body["out_dir"]), str(body.get("fmt", "parquet"))
+            )
+        try:
+            method = METHODS[RequestCode(code)]
+        except (ValueError, KeyError):
+            raise UnknownRequestCodeError(f"unknown request code {code}") from None
+        arguments = convert_arguments(method, body)
+        call = functools.partial(getattr(self.broker, method), **arguments)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
+    def _export(self, out_dir: str, fmt: str) -> dict[str, int]:
+        from .broker import EmbeddedBroker
+        from .export import export_messages
+
+        if not isinstance(self.broker, EmbeddedBroker):
+            raise UnknownRequestCodeError("this server's broker cannot export")
+        return export_messages(self.broker, out_dir, fmt)  # type: ignore[arg-type]
+
+    def _authenticate(self, connection: _Connection, body: Any) -> None:
+        if self.access_key is None or self.secret_key is None:
+            connection.authenticated = True
+            return
+        try:
+            access_key, timestamp_ms, nonce, signature = (
+                str(body["access_key"]), int(body["timestamp_ms"]), str(body["nonce"]), str(body["signature"])
+            )
+        except (KeyError, TypeError, ValueError):
+            raise AuthenticationError("malformed credentials") from None
+        expected = sign(self.secret_key, self.access_key, timestamp_ms, nonce)
+        fresh = abs(time.time() * 1000 - timestamp_ms) <= AUTH_MAX_SKEW_MS
+        if access_key != self.access_key or not fresh or not hmac.compare_digest(signature, expected):
+            log.warning("authentication failed from %s", connection.peer)
+            raise AuthenticationError("access key or signature is wrong")
+        connection.authenticated = True
+
+
+async def run_server(server: BrokerServer, stop: asyncio.Event) -> None:
+    """Start ``server`` and run it until ``stop`` is set."""
+    await server.start()
+    await stop.wait()
+    await server.stop()
