@@ -1,0 +1,213 @@
+"""The broker over TCP: the API, check-back push, pipelining, auth, bad frames, restarts."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from broker_embedded import BrokerClient, Message, Resolution, TransactionState, connect
+from broker_embedded.errors import (
+    AuthenticationError,
+    BrokerUnavailableError,
+    MalformedFrameError,
+    ReservedTopicError,
+    TransactionConflictError,
+    UnknownReceiptError,
+    UnknownRequestCodeError,
+)
+from broker_embedded.protocol import Kind, decode_frame, encode_frame
+
+
+def test_round_trip_of_the_api_over_tcp(server_factory) -> None:
+    server = server_factory()
+    with connect(server.url) as client:
+        assert isinstance(client, BrokerClient)
+        client.create_topic("orders", 2)
+        sent = client.send(Message("orders", b"hello", keys=("k1",), properties={"p": "v"}))
+        client.send_half(Message("orders", b"tx"), producer_group="pg", transaction_id="t1")
+        assert client.transaction_state("t1") is TransactionState.PENDING
+        assert client.end_transaction("t1", Resolution.COMMIT, producer_group="pg").applied
+        with pytest.raises(TransactionConflictError):
+            client.end_transaction("t1", Resolution.ROLLBACK, producer_group="pg")
+        received = client.receive("g", "orders", max_messages=10, wait_s=2)
+        assert sorted(r.message.body for r in received) == [b"hello", b"tx"]
+        for r in received:
+            client.ack("g", r.receipt_handle)
+        with pytest.raises(UnknownReceiptError):
+            client.ack("g", received[0].receipt_handle)
+        found = client.query_by_id(sent.message_id)
+        assert found is not None and found.message.properties == {"p": "v"}
+        assert [m.message.message_id for m in client.query_by_key("orders", "k1")] == [sent.message_id]
+        assert client.read("orders", sent.queue_id, 0, 10)[0].message.body == b"hello"
+        assert client.stats().topics[0].name == "orders"
+        with pytest.raises(ReservedTopicError):
+            client.send(Message("RMQ_SYS_TRANS_HALF_TOPIC", b"x"))
+
+
+def test_check_back_is_pushed_to_the_producers_connection(server_factory) -> None:
+    server = server_factory("--transaction-timeout", "0.3", "--check-interval", "0.3")
+    producer = BrokerClient(server.url)
+    checks: list[str] = []
+
+    def on_check(request) -> None:
+        checks.append(request.transaction_id)
+        producer.end_transaction(request.transaction_id, Resolution.COMMIT,
+                                 producer_group=request.producer_group, from_check=True)
+
+    producer.register_producer("pg", on_check)
+    producer.send_half(Message("orders", b"forgotten"), producer_group="pg", transaction_id="t9")
+    with BrokerClient(server.url) as consumer:
+        got = consumer.receive("g", "orders", wait_s=10)
+    assert [r.message.body for r in got] == [b"forgotten"]
+    assert checks == ["t9"]
+    producer.close()
+
+
+def test_many_threads_pipeline_on_one_connection(server_factory) -> None:
+    server = server_factory()
+    client = BrokerClient(server.url)
+    offsets: list[int] = []
+    lock = threading.Lock()
+
+    def work(n: int) -> None:
+        for i in range(50):
+            result = client.send(Message("load", f"{n}-{i}".encode()))
+            with lock:
+                offsets.append(result.commit_log_offset)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(offsets)) == 400
+    assert sum(client.stats().topics[0].depth) == 400
+    client.close()
+
+
+def test_authentication(server_factory) -> None:
+    server = server_factory("--access-key", "ak", "--secret-key", "sk")
+    with BrokerClient(server.url, access_key="ak", secret_key="sk") as good:
+        good.send(Message("orders", b"x"))
+    with pytest.raises((AuthenticationError, BrokerUnavailableError)):
+        with BrokerClient(server.url, access_key="ak", secret_key="wrong") as bad:
+            bad.send(Message("orders", b"x"))
+    with pytest.raises((AuthenticationError, BrokerUnavailableError)):
+        with BrokerClient(server.url) as anonymous:
+            anonymous.send(Message("orders", b"x"))
+
+
+def _raw_request(sock: socket.socket, frame: bytes) -> tuple[int, int, Kind, object]:
+    sock.sendall(frame)
+    (length,) = struct.unpack(">I", sock.recv(4))
+    data = b""
+    while len(data) < length:
+        data += sock.recv(length - len(data))
+    return decode_frame(data)
+
+
+def test_bad_frames_get_typed_errors_and_harm_nothing(server_factory) -> None:
+    server = server_factory()
+    with BrokerClient(server.url) as client:
+        kept = client.send(Message("orders", b"kept"))
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        _, _, _, body = _raw_request(sock, struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1")
+        assert body["error"][0] == MalformedFrameError.code
+        _, _, _, body = _raw_request(sock, encode_frame(424242, 7, Kind.REQUEST, {}))
+        assert body["error"][0] == UnknownRequestCodeError.code
+        _, _, _, body = _raw_request(sock, encode_frame(10, 8, Kind.REQUEST, {"message": "nonsense"}))
+        assert body["error"][0] == MalformedFrameError.code
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(struct.pack(">I", 1 << 30))  # an absurd length: error, then close
+        assert sock.recv(4)
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(struct.pack(">I", 100) + b"truncated")  # then hang up mid-frame
+    with BrokerClient(server.url) as client:
+        assert client.query_by_id(kept.message_id) is not None
+
+
+def test_client_reconnects_after_a_server_restart(server_factory) -> None:
+    server = server_factory()
+    client = BrokerClient(server.url, timeout_s=5)
+    client.send(Message("orders", b"before"))
+    server.kill()
+    with pytest.raises(BrokerUnavailableError):
+        client.send(Message("orders", b"while down"))
+    server.start()
+    client.send(Message("orders", b"after"))
+    bodies = [r.message.body for r in client.receive("g", "orders", max_messages=10, wait_s=1)]
+    assert sorted(bodies) == [b"after", b"before"]
+    client.close()
+
+
+def test_sigterm_shuts_down_cleanly(server_factory) -> None:
+    server = server_factory()
+    with BrokerClient(server.url) as client:
+        client.send(Message("orders", b"x"))
+    assert server.stop() == 0
+    assert "broker server stopped" in server.log.read_text()
+
+
+def test_cli_admin_commands(server_factory) -> None:
+    server = server_factory()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "broker_embedded", *args, "--url", server.url],
+                              capture_output=True, text=True, timeout=60)
+
+    assert cli("topics", "create", "orders").returncode == 0
+    assert '"queue_offset": 0' in cli("send", "orders", "hi", "--key", "k").stdout
+    assert '"body": "hi"' in cli("receive", "g", "orders").stdout
+    assert '"orders"' in cli("stats").stdout
+    failed = cli("tx", "state", "missing")
+    assert failed.returncode == 2 and "UnknownTransactionError" in failed.stderr
+
+
+CLIENT_LOAD = r"""
+import sys
+from broker_embedded import BrokerClient, Message
+client = BrokerClient(sys.argv[1], timeout_s=5)
+worker = sys.argv[2]
+for n in range(1_000_000):
+    try:
+        client.send(Message("load", f"{worker}-{n}".encode(), message_id=f"{worker}-{n}"))
+    except Exception:
+        break
+    print(f"{worker}-{n}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_under_sync_load_loses_no_acknowledged_message(server_factory, tmp_path) -> None:
+    server = server_factory()
+    BrokerClient(server.url).create_topic("load", 4)
+    clients = [
+        subprocess.Popen([sys.executable, "-c", CLIENT_LOAD, server.url, f"w{n}"],
+                         stdout=subprocess.PIPE, text=True)
+        for n in range(3)
+    ]
+    time.sleep(2.0)
+    server.kill()
+    acknowledged: set[str] = set()
+    for proc in clients:
+        out, _ = proc.communicate(timeout=60)
+        acknowledged.update(out.split())
+    assert len(acknowledged) > 100
+    server.start()
+    with BrokerClient(server.url) as client:
+        stored = [m.message.message_id for q in range(4) for m in client.read("load", q, 0, 100_000)]
+        assert len(stored) == len(set(stored)), "a message is stored twice"
+        assert acknowledged <= set(stored), "an acknowledged message was lost"
+        client.send(Message("load", b"after-restart", message_id="after"))
+        consumed: list[str] = []
+        while batch := client.receive("g", "load", max_messages=256, wait_s=0.5):
+            consumed.extend(r.message.message_id for r in batch)
+            for r in batch:
+                client.ack("g", r.receipt_handle)
+        assert sorted(consumed) == sorted([*stored, "after"])
