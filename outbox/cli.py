@@ -1,0 +1,103 @@
+"""The ``outbox`` command.
+
+    outbox consume --group G --topic T --handler module:function [--broker-url URL]
+    outbox check TRANSACTION_ID --group G [--database-url URL] [--broker-url URL] [--send]
+    outbox migrate [--database-url URL]
+    outbox reconcile ...          (the PySpark reconciliation job; see its --help)
+
+``--handler`` names a callable taking a ``ReceivedMessage`` (e.g. one wrapped by
+``@idempotent_consumer``); settings default to the ``OUTBOX_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy import create_engine
+
+from broker_embedded import Resolution, connect
+
+from .consumer import run_consumer, stop_on_signals
+from .settings import OutboxSettings
+from .transaction_log import check_transaction
+
+
+def _import(spec: str) -> object:
+    module, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    stop = threading.Event()
+    stop_on_signals(stop)
+    broker = connect(args.broker_url or settings.broker_url)
+    try:
+        run_consumer(broker, args.group, args.topic, _import(args.handler), stop,  # type: ignore[arg-type]
+                     batch_size=args.batch, wait_s=1.0)
+    finally:
+        broker.close()
+    return 0
+
+
+def check(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    engine = create_engine(args.database_url or settings.database_for(args.group))
+    resolution = check_transaction(engine, args.transaction_id, args.group, settings.check_lock_timeout_ms)
+    print(resolution.value)
+    if args.send and resolution is not Resolution.UNKNOWN:
+        broker = connect(args.broker_url or settings.broker_url)
+        try:
+            broker.end_transaction(args.transaction_id, resolution, producer_group=args.group, from_check=True)
+        finally:
+            broker.close()
+    return 0
+
+
+def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    from alembic import command
+    from alembic.config import Config
+
+    root = Path(__file__).resolve().parent.parent
+    config = Config(str(root / "alembic.ini"))
+    config.set_main_option("script_location", str(root / "migrations"))
+    config.set_main_option("sqlalchemy.url", args.database_url or settings.database_url)
+    command.upgrade(config, "head")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["reconcile"]:
+        from .reconcile.cli import main as reconcile_main  # type: ignore[import-not-found,unused-ignore]
+
+        return int(reconcile_main(argv[1:]))
+    parser = argparse.ArgumentParser(prog="outbox", description="halfmoon's transactional outbox")
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("consume", help="run an idempotent consumer")
+    c.add_argument("--group", required=True)
+    c.add_argument("--topic", required=True)
+    c.add_argument("--handler", required=True, help="module:function taking a ReceivedMessage")
+    c.add_argument("--broker-url")
+    c.add_argument("--batch", type=int, default=16)
+    k = sub.add_parser("check", help="answer one check-back by the fencing rule")
+    k.add_argument("transaction_id")
+    k.add_argument("--group", required=True)
+    k.add_argument("--database-url")
+    k.add_argument("--broker-url")
+    k.add_argument("--send", action="store_true", help="also send the answer to the broker")
+    m = sub.add_parser("migrate", help="create or upgrade the framework tables (Alembic)")
+    m.add_argument("--database-url")
+    sub.add_parser("reconcile", help="the PySpark reconciliation report")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = OutboxSettings.from_env()
+    return {"consume": consume, "check": check, "migrate": migrate}[args.command](args, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

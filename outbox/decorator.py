@@ -1,0 +1,84 @@
+"""``@transactional_message``: one call does half send -> DB transaction -> COMMIT/ROLLBACK.
+
+    @transactional_message(producer, Session, topic="order.paid",
+                           body=lambda order_id, amount: {"order_id": order_id, "amount": amount})
+    def pay(session, order_id, amount):
+        ...  # business writes in ``session``
+
+    pay("o-1", 100)   # the wrapper opens the session and its transaction
+
+The body is built before anything is sent (an unserialisable body raises
+``BodyNotSerializableError`` and nothing happens). Then the half message is sent (broker
+down: the function does not run), the transaction opens with the transaction_log insert
+as its first statement, the function runs, and the commit is followed by COMMIT; an
+exception rolls back, sends ROLLBACK and is re-raised. More messages can join the same
+transaction with ``outbox.send(session, message)`` inside the function.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+from sqlalchemy.orm import Session
+
+from broker_embedded import Message
+
+from .integrations.sqlalchemy.session import install, send
+from .messages import to_json_bytes
+from .producer import Producer
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _default_body(function: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(function)
+    parameters = list(signature.parameters)[1:]  # without the session
+
+    def body(*args: Any, **kwargs: Any) -> Any:
+        bound = dict(zip(parameters, args, strict=False))
+        bound.update(kwargs)
+        return bound
+
+    return body
+
+
+def transactional_message(
+    producer: Producer,
+    session_factory: Callable[[], Session],
+    topic: str,
+    body: Callable[..., Any] | None = None,
+    keys: Callable[..., Sequence[str]] | None = None,
+    tag: str = "",
+    message_group: Callable[..., str] | None = None,
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Wrap ``function(session, *args, **kwargs)`` so each call is a transactional message.
+
+    ``body``, ``keys`` and ``message_group`` are called with the function's arguments
+    (without the session); the default body is those arguments by name, as JSON.
+    """
+
+    def decorate(function: Callable[..., R]) -> Callable[..., R]:
+        make_body = body or _default_body(function)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> R:
+            message = Message(
+                topic,
+                to_json_bytes(make_body(*args, **kwargs)),
+                keys=tuple(keys(*args, **kwargs)) if keys else (),
+                tag=tag,
+                message_group=message_group(*args, **kwargs) if message_group else None,
+            )
+            with session_factory() as session:
+                install(session, producer)
+                with session.begin():
+                    send(session, message)
+                    return function(session, *args, **kwargs)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,25 @@
+"""Typed errors of the framework (broker errors come from ``broker_embedded.errors``)."""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of the framework's own errors."""
+
+
+class BodyNotSerializableError(OutboxError, TypeError):
+    """The message body could not be serialised; nothing was sent."""
+
+
+class TransactionFencedError(OutboxError):
+    """A checker fenced this transaction id before the local transaction recorded it: the
+    broker was told ROLLBACK, so this transaction must not commit (it was rolled back)."""
+
+
+class SavepointError(OutboxError):
+    """The first message of a transaction was sent inside a SAVEPOINT; send it at the
+    outermost level so a rolled-back savepoint cannot remove the transaction_log row."""
+
+
+class ConfigurationError(OutboxError):
+    """A setting is missing or invalid."""

@@ -1,0 +1,100 @@
+"""The SQLAlchemy session hook: messages that follow the session's transaction.
+
+``install(session_class_or_factory, producer)`` registers the events once. Then
+``send(session, message)`` inside a transaction sends a half message; the first call of
+a transaction also generates its id and inserts the transaction_log row (COMMITTED),
+so the row is written after the half message and before the commit. The
+``after_commit`` event sends COMMIT; ``after_rollback`` sends ROLLBACK.
+
+Savepoints: messages belong to the outermost transaction. A message sent inside a
+SAVEPOINT that is rolled back is still committed with the outer transaction (send it
+after the savepoint if that matters). The first message of a transaction must be sent
+outside any SAVEPOINT (``SavepointError``), because rolling that savepoint back would
+remove the transaction_log row while the outer transaction commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from broker_embedded import Message, Resolution
+
+from ...errors import ConfigurationError, SavepointError
+from ...producer import Producer, new_transaction_id
+from ...transaction_log import record_committed
+
+log = logging.getLogger("outbox.sqlalchemy")
+
+_STATE_KEY = "halfmoon.outbox"
+_PRODUCER_KEY = "halfmoon.producer"
+
+
+@dataclass
+class PendingTransaction:
+    """What a session's current transaction has sent."""
+
+    transaction_id: str
+    producer: Producer
+    message_ids: list[str] = field(default_factory=list)
+
+
+def install(target: Any, producer: Producer) -> None:
+    """Make sessions of ``target`` (a ``sessionmaker``, a ``Session`` subclass or a session)
+    send COMMIT/ROLLBACK with ``producer`` when their transaction ends."""
+    if isinstance(target, Session):
+        target.info[_PRODUCER_KEY] = producer
+    else:
+        info = getattr(target, "kw", {}).setdefault("info", {}) if hasattr(target, "kw") else None
+        if info is None:
+            raise ConfigurationError("install() takes a sessionmaker or a Session")
+        info[_PRODUCER_KEY] = producer
+    if not event.contains(Session, "after_commit", _after_commit):
+        event.listen(Session, "after_commit", _after_commit)
+        event.listen(Session, "after_rollback", _after_rollback)
+
+
+def send(session: Session, message: Message) -> str:
+    """Send ``message`` as part of the session's transaction; returns the transaction id."""
+    pending: PendingTransaction | None = session.info.get(_STATE_KEY)
+    if pending is None:
+        producer: Producer | None = session.info.get(_PRODUCER_KEY)
+        if producer is None:
+            raise ConfigurationError("call outbox.integrations.sqlalchemy.install(...) for this session first")
+        transaction = session.get_transaction()
+        if transaction is not None and transaction.nested:
+            raise SavepointError("send the first message of a transaction outside any SAVEPOINT")
+        pending = PendingTransaction(new_transaction_id(), producer)
+        producer.send_half(message, pending.transaction_id)
+        session.info[_STATE_KEY] = pending
+        record_committed(session, pending.transaction_id, producer.producer_group)
+    else:
+        pending.producer.send_half(message, pending.transaction_id)
+    pending.message_ids.append(message.message_id)
+    return pending.transaction_id
+
+
+def current_transaction_id(session: Session) -> str | None:
+    """The transaction id of the session's messages so far, if any."""
+    pending: PendingTransaction | None = session.info.get(_STATE_KEY)
+    return pending.transaction_id if pending else None
+
+
+def _finish(session: Session, resolution: Resolution) -> None:
+    pending: PendingTransaction | None = session.info.pop(_STATE_KEY, None)
+    if pending is not None:
+        pending.producer.end_transaction(pending.transaction_id, resolution)
+
+
+def _after_commit(session: Session) -> None:
+    _finish(session, Resolution.COMMIT)
+
+
+def _after_rollback(session: Session) -> None:
+    _finish(session, Resolution.ROLLBACK)
+
+

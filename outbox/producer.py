@@ -1,0 +1,97 @@
+"""The producer: normal sends, the half/end protocol, and RocketMQ's listener style.
+
+``end_transaction`` never raises for a broker failure after the local transaction has
+finished: the database already decided, and the broker's check-back will ask the
+transaction_log. It logs a warning and returns False instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Protocol
+
+from broker_embedded import (
+    BrokerAPI,
+    BrokerError,
+    CheckRequest,
+    Message,
+    Resolution,
+    SendResult,
+    connect,
+)
+
+log = logging.getLogger("outbox.producer")
+
+
+def new_transaction_id() -> str:
+    """A unique transaction id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+class TransactionListener(Protocol):
+    """RocketMQ's ``TransactionListener``: run the local transaction, answer check-backs."""
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> Resolution: ...
+
+    def check_local_transaction(self, message: Message) -> Resolution: ...
+
+
+class Producer:
+    """Sends for one producer group, to a ``BrokerAPI`` or a broker URL."""
+
+    def __init__(self, broker: BrokerAPI | str, producer_group: str) -> None:
+        self.broker: BrokerAPI = connect(broker) if isinstance(broker, str) else broker
+        self.producer_group = producer_group
+
+    def send(self, message: Message) -> SendResult:
+        """A normal message, visible at once (after its delay, if any)."""
+        return self.broker.send(message)
+
+    def send_half(self, message: Message, transaction_id: str) -> SendResult:
+        """A half message of ``transaction_id``: stored, invisible until COMMIT."""
+        return self.broker.send_half(message, producer_group=self.producer_group, transaction_id=transaction_id)
+
+    def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False) -> bool:
+        """Tell the broker how the transaction ended; False (and a warning) if it could not."""
+        try:
+            self.broker.end_transaction(
+                transaction_id, resolution, producer_group=self.producer_group, from_check=from_check
+            )
+            return True
+        except BrokerError as exc:
+            log.warning(
+                "END_TRANSACTION %s for %s not delivered (%s: %s); check-back will resolve it",
+                resolution.value, transaction_id, type(exc).__name__, exc,
+            )
+            return False
+
+    def send_message_in_transaction(self, message: Message, arg: Any, listener: TransactionListener) -> Resolution:
+        """RocketMQ's flow: half message, ``listener.execute_local_transaction``, then END.
+
+        An exception from the listener ends the transaction with ROLLBACK and is re-raised.
+        """
+        transaction_id = new_transaction_id()
+        self.send_half(message, transaction_id)
+        try:
+            resolution = listener.execute_local_transaction(message, arg)
+        except BaseException:
+            self.end_transaction(transaction_id, Resolution.ROLLBACK)
+            raise
+        self.end_transaction(transaction_id, resolution)
+        return resolution
+
+    def register_check_listener(self, listener: TransactionListener) -> None:
+        """Answer this group's check-backs with ``listener.check_local_transaction``
+        over this producer's own connection (RocketMQ's way; the Celery checker is the
+        alternative that needs no live producer)."""
+
+        def on_check(request: CheckRequest) -> None:
+            resolution = listener.check_local_transaction(request.message)
+            if resolution is not Resolution.UNKNOWN:
+                self.end_transaction(request.transaction_id, resolution, from_check=True)
+
+        self.broker.register_producer(self.producer_group, on_check)
+
+    def close(self) -> None:
+        self.broker.close()
