@@ -71,8 +71,10 @@ def check_transaction(
     dialect = engine.dialect.name
     try:
         with engine.connect() as conn:
-            if dialect == "sqlite":
-                conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(lock_timeout_ms)}")
+            if dialect == "sqlite":  # on the raw connection: no transaction may begin yet
+                conn.connection.dbapi_connection.execute(  # type: ignore[union-attr]
+                    f"PRAGMA busy_timeout = {int(lock_timeout_ms)}"
+                )
             with conn.begin():
                 if dialect == "postgresql":
                     conn.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout_ms)}ms'"))

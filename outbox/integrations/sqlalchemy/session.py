@@ -65,8 +65,7 @@ def send(session: Session, message: Message) -> str:
         producer: Producer | None = session.info.get(_PRODUCER_KEY)
         if producer is None:
             raise ConfigurationError("call outbox.integrations.sqlalchemy.install(...) for this session first")
-        transaction = session.get_transaction()
-        if transaction is not None and transaction.nested:
+        if session.get_nested_transaction() is not None:
             raise SavepointError("send the first message of a transaction outside any SAVEPOINT")
         pending = PendingTransaction(new_transaction_id(), producer)
         producer.send_half(message, pending.transaction_id)
@@ -85,6 +84,8 @@ def current_transaction_id(session: Session) -> str | None:
 
 
 def _finish(session: Session, resolution: Resolution) -> None:
+    if session.in_nested_transaction():
+        return  # a SAVEPOINT ended; the messages follow the outermost transaction
     pending: PendingTransaction | None = session.info.pop(_STATE_KEY, None)
     if pending is not None:
         pending.producer.end_transaction(pending.transaction_id, resolution)

@@ -1,0 +1,68 @@
+"""The idempotent consumer: a redelivered message has no second effect."""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, select
+from sqlalchemy.orm import sessionmaker
+
+from broker_embedded import Message
+from outbox import idempotent_consumer, message_json, run_consumer
+from outbox.integrations.sqlalchemy.tables import consumed_message
+
+member = MetaData()
+points = Table("points", member, Column("order_id", String(32)), Column("points", Integer))
+
+
+def test_redelivery_has_no_second_effect(engine, broker) -> None:
+    member.create_all(engine)
+    factory = sessionmaker(engine)
+    calls = []
+
+    @idempotent_consumer("points", factory)
+    def award(session, received) -> None:
+        calls.append(received.message.message_id)
+        body = message_json(received.message)
+        session.execute(points.insert().values(order_id=body["order"], points=body["amount"]))
+
+    broker.send(Message("order.paid", b'{"order": "o1", "amount": 100}', message_id="m1"))
+    first = broker.receive("points", "order.paid", invisible_duration_s=0.05, wait_s=1)[0]
+    assert award(first) is True
+    # Not acked (say the consumer died before the ack): the broker delivers it again.
+    second = broker.receive("points", "order.paid", wait_s=2)[0]
+    assert second.delivery_attempt == 2
+    assert award(second) is False
+    broker.ack("points", second.receipt_handle)
+    with factory() as session:
+        assert session.execute(select(points.c.points)).scalars().all() == [100]
+        assert session.execute(select(consumed_message.c.message_id)).scalars().all() == ["m1"]
+    assert calls == ["m1"]  # the duplicate row is found first: the handler does not run again
+
+
+def test_failing_handler_is_retried_then_dead_lettered(engine, broker) -> None:
+    factory = sessionmaker(engine)
+
+    @idempotent_consumer("points", factory)
+    def broken(session, received) -> None:
+        raise RuntimeError("bug")
+
+    broker.send(Message("order.paid", b"{}", message_id="poison"))
+    stop = threading.Event()
+    config = broker.consumers
+    config.max_delivery_attempts = 2
+    config.retry_backoff_ms = (0,)
+    thread = threading.Thread(target=run_consumer, args=(broker, "points", "order.paid", broken, stop),
+                              kwargs={"invisible_duration_s": 0.05, "wait_s": 0.1})
+    thread.start()
+    try:
+        for _ in range(100):
+            if broker.list_dlq("points"):
+                break
+            threading.Event().wait(0.05)
+    finally:
+        stop.set()
+        thread.join()
+    assert [m.message.message_id for m in broker.list_dlq("points")] == ["poison"]
+    with factory() as session:
+        assert session.execute(select(consumed_message)).all() == []

@@ -1,0 +1,180 @@
+"""The decorator and the session hook against a real broker, and the failure rules."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker_embedded import BrokerClient, Message, TransactionState
+from broker_embedded.errors import BrokerUnavailableError
+from outbox import (
+    BodyNotSerializableError,
+    Producer,
+    SavepointError,
+    install,
+    json_message,
+    message_json,
+    send,
+    transactional_message,
+)
+from outbox.integrations.sqlalchemy.tables import transaction_log
+
+shop = MetaData()
+orders = Table("orders", shop, Column("id", String(32), primary_key=True), Column("amount", Integer))
+
+
+@pytest.fixture
+def factory(engine):
+    shop.create_all(engine)
+    return sessionmaker(engine)
+
+
+def _states(broker) -> dict[str, TransactionState]:
+    return {tx: t.state for tx, t in broker.book.by_id.items()}
+
+
+def test_decorator_commits_the_message_with_the_transaction(factory, broker) -> None:
+    producer = Producer(broker, "shop")
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def pay(session: Session, order_id: str, amount: int) -> str:
+        session.execute(orders.insert().values(id=order_id, amount=amount))
+        return order_id
+
+    assert pay("o1", amount=100) == "o1"
+    received = broker.receive("points", "order.paid", wait_s=2)
+    assert [message_json(r.message) for r in received] == [{"order_id": "o1", "amount": 100}]
+    with factory() as session:
+        assert session.execute(select(transaction_log.c.state)).scalars().all() == ["COMMITTED"]
+        assert received[0].transaction_id == session.execute(select(transaction_log.c.transaction_id)).scalar()
+
+
+def test_business_failure_rolls_back_and_sends_rollback(factory, broker) -> None:
+    producer = Producer(broker, "shop")
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def pay(session: Session, order_id: str) -> None:
+        session.execute(orders.insert().values(id=order_id, amount=1))
+        raise ValueError("insufficient balance")
+
+    with pytest.raises(ValueError, match="insufficient"):
+        pay("o1")
+    assert list(_states(broker).values()) == [TransactionState.ROLLED_BACK]
+    assert broker.receive("points", "order.paid", wait_s=0.3) == []
+    with factory() as session:
+        assert session.execute(select(orders)).all() == []
+        assert session.execute(select(transaction_log)).all() == []
+
+
+def test_database_failure_sends_rollback_and_raises(factory, broker) -> None:
+    producer = Producer(broker, "shop")
+    with factory.begin() as session:
+        session.execute(orders.insert().values(id="dup", amount=1))
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def pay(session: Session, order_id: str) -> None:
+        session.execute(orders.insert().values(id=order_id, amount=1))
+
+    with pytest.raises(IntegrityError):
+        pay("dup")
+    assert list(_states(broker).values()) == [TransactionState.ROLLED_BACK]
+
+
+def test_unserialisable_body_fails_before_anything_is_sent(factory, broker) -> None:
+    producer = Producer(broker, "shop")
+    ran = []
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def pay(session: Session, when: object) -> None:
+        ran.append(when)
+
+    with pytest.raises(BodyNotSerializableError):
+        pay(object())
+    assert ran == [] and broker.book.by_id == {}
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_broker_down_at_half_send_means_the_function_does_not_run(factory) -> None:
+    producer = Producer(BrokerClient(f"tcp://127.0.0.1:{_closed_port()}", connect_timeout_s=1), "shop")
+    ran = []
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def pay(session: Session, order_id: str) -> None:
+        ran.append(order_id)
+
+    with pytest.raises(BrokerUnavailableError):
+        pay("o1")
+    assert ran == []
+    with factory() as session:
+        assert session.execute(select(transaction_log)).all() == []
+
+
+def test_broker_down_at_end_transaction_still_succeeds_and_warns(factory, broker, caplog) -> None:
+    class FailingEnd:
+        """The real broker, whose END_TRANSACTION link drops (the network, not the broker)."""
+
+        def __getattr__(self, name):
+            return getattr(broker, name)
+
+        def end_transaction(self, *args, **kwargs):
+            raise BrokerUnavailableError("connection reset")
+
+    producer = Producer(FailingEnd(), "shop")  # type: ignore[arg-type]
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def pay(session: Session, order_id: str) -> str:
+        session.execute(orders.insert().values(id=order_id, amount=5))
+        return order_id
+
+    with caplog.at_level(logging.WARNING, logger="outbox.producer"):
+        assert pay("o1") == "o1"
+    assert "check-back will resolve it" in caplog.text
+    assert list(_states(broker).values()) == [TransactionState.PENDING]
+
+
+def test_session_hook_sends_several_messages_in_one_transaction(factory, broker) -> None:
+    producer = Producer(broker, "shop")
+    install(factory, producer)
+    with factory() as session, session.begin():
+        tx_a = send(session, json_message("order.paid", {"n": 1}))
+        tx_b = send(session, json_message("order.shipped", {"n": 1}))
+        assert tx_a == tx_b
+    assert list(_states(broker).values()) == [TransactionState.COMMITTED]
+    assert len(broker.receive("g", "order.paid", wait_s=1)) == 1
+    assert len(broker.receive("g", "order.shipped", wait_s=1)) == 1
+
+
+def test_session_rollback_sends_rollback(factory, broker) -> None:
+    install(factory, Producer(broker, "shop"))
+    with factory() as session:
+        session.begin()
+        send(session, Message("order.paid", b"x"))
+        session.rollback()
+    assert list(_states(broker).values()) == [TransactionState.ROLLED_BACK]
+
+
+def test_savepoint_rules(factory, broker) -> None:
+    install(factory, Producer(broker, "shop"))
+    with factory() as session, session.begin():
+        savepoint = session.begin_nested()
+        with pytest.raises(SavepointError):
+            send(session, Message("order.paid", b"first inside a savepoint"))
+        savepoint.rollback()
+        send(session, Message("order.paid", b"outer"))
+        inner = session.begin_nested()
+        send(session, Message("order.paid", b"inner, savepoint rolled back"))
+        inner.rollback()
+    bodies = sorted(r.message.body for r in broker.receive("g", "order.paid", max_messages=10, wait_s=1))
+    assert bodies == [b"inner, savepoint rolled back", b"outer"]
+    with factory() as session:
+        assert session.execute(select(transaction_log.c.state)).scalars().all() == ["COMMITTED"]
