@@ -46,10 +46,12 @@ def make_app(settings: OutboxSettings) -> Celery:
         folder = settings.celery_data_dir.resolve()
         (folder / "queue").mkdir(parents=True, exist_ok=True)
         (folder / "processed").mkdir(parents=True, exist_ok=True)
+        (folder / "control").mkdir(parents=True, exist_ok=True)
         conf["broker_transport_options"] = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
     celery.conf.update(conf)
