@@ -30,6 +30,10 @@ log = logging.getLogger("outbox.consumer")
 Handler = Callable[[ReceivedMessage], bool]
 
 
+class AlreadyConsumed(Exception):
+    """Raised inside the handler's transaction to roll it back when the message is a duplicate."""
+
+
 def idempotent_consumer(
     group: str, session_factory: Callable[[], Session]
 ) -> Callable[[Callable[[Session, ReceivedMessage], Any]], Handler]:
@@ -41,15 +45,18 @@ def idempotent_consumer(
             with session_factory() as session:
                 try:
                     with session.begin():
-                        session.execute(consumed_message.insert().values(
-                            consumer_group=group,
-                            message_id=received.message.message_id,
-                            topic=received.message.topic,
-                            transaction_id=received.transaction_id,
-                            consumed_at=datetime.now(UTC),
-                        ))
+                        try:
+                            session.execute(consumed_message.insert().values(
+                                consumer_group=group,
+                                message_id=received.message.message_id,
+                                topic=received.message.topic,
+                                transaction_id=received.transaction_id,
+                                consumed_at=datetime.now(UTC),
+                            ))
+                        except IntegrityError:
+                            raise AlreadyConsumed from None
                         handler(session, received)
-                except IntegrityError:
+                except AlreadyConsumed:
                     log.info("message %s already consumed by %s; skipped",
                              received.message.message_id, group)
                     return False

@@ -1,0 +1,64 @@
+"""``settings.OUTBOX``: the app's settings, with defaults.
+
+    OUTBOX = {
+        "BROKER_URL": "tcp://127.0.0.1:9876",    # or "embedded:///path/to/dir"
+        "PRODUCER_GROUP": "default",
+        "CHECK_LOCK_TIMEOUT_MS": 2000,
+    }
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import URL
+
+from ...producer import Producer
+
+
+@dataclass(frozen=True)
+class DjangoOutboxSettings:
+    broker_url: str
+    producer_group: str
+    check_lock_timeout_ms: int
+
+
+def outbox_settings() -> DjangoOutboxSettings:
+    """``settings.OUTBOX`` checked and completed with defaults."""
+    raw: dict[str, Any] = dict(getattr(settings, "OUTBOX", {}))
+    unknown = set(raw) - {"BROKER_URL", "PRODUCER_GROUP", "CHECK_LOCK_TIMEOUT_MS"}
+    if unknown:
+        raise ImproperlyConfigured(f"unknown OUTBOX settings: {sorted(unknown)}")
+    timeout = raw.get("CHECK_LOCK_TIMEOUT_MS", 2000)
+    if not isinstance(timeout, int) or timeout <= 0:
+        raise ImproperlyConfigured("OUTBOX['CHECK_LOCK_TIMEOUT_MS'] must be a positive integer")
+    group = raw.get("PRODUCER_GROUP", "default")
+    if not isinstance(group, str) or not group:
+        raise ImproperlyConfigured("OUTBOX['PRODUCER_GROUP'] must be a non-empty string")
+    return DjangoOutboxSettings(str(raw.get("BROKER_URL", "tcp://127.0.0.1:9876")), group, timeout)
+
+
+@functools.cache
+def producer() -> Producer:
+    """This process's producer for ``OUTBOX['PRODUCER_GROUP']``."""
+    conf = outbox_settings()
+    return Producer(conf.broker_url, conf.producer_group)
+
+
+def sqlalchemy_engine(using: str = "default") -> Engine:
+    """An engine on the same database as Django's alias ``using`` (for the fencing check)."""
+    db = settings.DATABASES[using]
+    engine = db["ENGINE"]
+    if engine.endswith("sqlite3"):
+        return create_engine(f"sqlite:///{db['NAME']}")
+    if engine.endswith("postgresql"):
+        url = URL.create("postgresql+psycopg", username=db.get("USER") or None, password=db.get("PASSWORD") or None,
+                         host=db.get("HOST") or None, port=int(db["PORT"]) if db.get("PORT") else None,
+                         database=db["NAME"])
+        return create_engine(url)
+    raise ImproperlyConfigured(f"the outbox check supports SQLite and PostgreSQL, not {engine}")

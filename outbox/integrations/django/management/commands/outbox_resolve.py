@@ -1,0 +1,28 @@
+"""``manage.py outbox_resolve TRANSACTION_ID``: resolve a parked transaction by the fencing rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from broker_embedded import BrokerError
+
+from ...checks import resolve_parked
+
+
+class Command(BaseCommand):
+    help = "Resolve a parked transaction as its transaction_log says (fencing it if absent)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("transaction_id")
+        parser.add_argument("--database", default="default")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            result = resolve_parked(options["transaction_id"], options["database"])
+        except BrokerError as exc:
+            raise CommandError(str(exc)) from exc
+        if result is None:
+            raise CommandError("the transaction is still running (lock timeout); try again")
+        self.stdout.write(result.state.value)

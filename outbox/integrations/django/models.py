@@ -1,0 +1,56 @@
+"""The framework's tables as Django models (same table and column names as everywhere)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class TransactionLog(models.Model):
+    """One row per transaction id: COMMITTED by the producer, or ROLLED_BACK by a fence."""
+
+    COMMITTED = "COMMITTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    STATES = [(COMMITTED, "committed"), (ROLLED_BACK, "rolled back (fenced)")]
+
+    transaction_id = models.CharField(max_length=64, primary_key=True)
+    producer_group = models.CharField(max_length=128)
+    state = models.CharField(max_length=16, choices=STATES)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "outbox_transaction_log"
+        verbose_name = "transaction log entry"
+        verbose_name_plural = "transaction log"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.transaction_id} {self.state}"
+
+
+class ConsumedMessage(models.Model):
+    """A message a consumer group handled, written with the handler's own writes."""
+
+    consumer_group = models.CharField(max_length=128)
+    message_id = models.CharField(max_length=64)
+    topic = models.CharField(max_length=255)
+    transaction_id = models.CharField(max_length=64, null=True, blank=True)
+    consumed_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "outbox_consumed_message"
+        constraints = [
+            models.UniqueConstraint(fields=["consumer_group", "message_id"], name="uniq_outbox_consumed_message")
+        ]
+        ordering = ["-consumed_at"]
+
+    def __str__(self) -> str:
+        return f"{self.consumer_group}:{self.message_id}"
+
+
+class PendingTransaction(TransactionLog):
+    """Admin-only view of the broker's pending and parked transactions."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "pending or parked transaction"
+        verbose_name_plural = "pending and parked transactions"

@@ -1,0 +1,189 @@
+"""The Django app: decorator, nesting, fencing, consumer, admin, commands, migrations."""
+
+from __future__ import annotations
+
+import io
+import threading
+import uuid
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.db.models import F
+from django.test import Client
+
+from broker_embedded import Message, Resolution, TransactionState
+from outbox import BodyNotSerializableError, TransactionFencedError, message_json
+from outbox.integrations.django.checks import fenced_answer
+from outbox.integrations.django.conf import producer
+from outbox.integrations.django.consumer import idempotent_consumer
+from outbox.integrations.django.models import ConsumedMessage, TransactionLog
+from outbox.integrations.django.transactional import (
+    current_transaction_id,
+    send,
+    transactional_message,
+)
+from tests.django.shop.models import Account, Points
+
+
+def broker():
+    return producer().broker
+
+
+def drain(group: str, topic: str) -> list:
+    got = []
+    while batch := broker().receive(group, topic, max_messages=32, wait_s=0.3):
+        got.extend(batch)
+        for received in batch:
+            broker().ack(group, received.receipt_handle)
+    return got
+
+
+def make_pay(alias: str, topic: str = "order.paid"):
+    @transactional_message(topic=topic, body=lambda name, amount, **_: {"name": name, "amount": amount},
+                           using=alias)
+    def pay(name: str, amount: int, fail: bool = False) -> str:
+        updated = Account.objects.using(alias).filter(name=name, balance__gte=amount).update(
+            balance=F("balance") - amount)
+        if fail or not updated:
+            raise ValueError("insufficient balance")
+        return current_transaction_id() or ""
+
+    return pay
+
+
+def test_decorator_commits_with_the_transaction(alias) -> None:
+    topic = f"paid.{uuid.uuid4().hex}"
+    tx = make_pay(alias, topic)("alice", 100)
+    assert broker().transaction_state(tx) is TransactionState.COMMITTED
+    assert TransactionLog.objects.using(alias).get(pk=tx).state == TransactionLog.COMMITTED
+    got = drain("points", topic)
+    assert [message_json(r.message) for r in got] == [{"name": "alice", "amount": 100}]
+    assert got[0].transaction_id == tx
+
+
+def test_failure_rolls_back_and_sends_rollback(alias) -> None:
+    pay = make_pay(alias)
+    with pytest.raises(ValueError):
+        pay("alice", 10_000)
+    assert Account.objects.using(alias).get(name="alice").balance == 500
+    assert not TransactionLog.objects.using(alias).exists()
+    states = {t.state for t in broker().book.by_id.values()}  # type: ignore[attr-defined]
+    assert TransactionState.ROLLED_BACK in states
+
+
+def test_unserialisable_body_sends_nothing(alias) -> None:
+    @transactional_message(topic="order.paid", using=alias)
+    def pay(when: object) -> None:
+        raise AssertionError("must not run")
+
+    before = len(broker().book.by_id)  # type: ignore[attr-defined]
+    with pytest.raises(BodyNotSerializableError):
+        pay(object())
+    assert len(broker().book.by_id) == before  # type: ignore[attr-defined]
+
+
+def test_commit_waits_for_the_outermost_atomic(alias) -> None:
+    pay = make_pay(alias)
+    with transaction.atomic(using=alias):
+        tx = pay("alice", 50)
+        assert broker().transaction_state(tx) is TransactionState.PENDING
+    assert broker().transaction_state(tx) is TransactionState.COMMITTED
+
+
+def test_outer_rollback_is_resolved_by_check_back_as_rollback(alias) -> None:
+    pay = make_pay(alias)
+    with pytest.raises(RuntimeError):
+        with transaction.atomic(using=alias):
+            tx = pay("alice", 50)
+            raise RuntimeError("the outer transaction fails after the call")
+    assert broker().transaction_state(tx) is TransactionState.PENDING
+    assert fenced_answer(tx, alias) is Resolution.ROLLBACK
+    assert Account.objects.using(alias).get(name="alice").balance == 500
+
+
+def test_several_messages_share_one_transaction(alias) -> None:
+    @transactional_message(topic="order.paid", using=alias)
+    def pay(name: str) -> str:
+        send(Message("order.shipped", b"{}"))
+        return current_transaction_id() or ""
+
+    tx = pay("alice")
+    tx_state = broker().book.by_id[tx]  # type: ignore[attr-defined]
+    assert len(tx_state.halves) == 2 and tx_state.state is TransactionState.COMMITTED
+
+
+def test_a_fenced_transaction_cannot_commit(alias, monkeypatch) -> None:
+    fixed = "fenced-" + alias
+    monkeypatch.setattr("outbox.integrations.django.transactional.new_transaction_id", lambda: fixed)
+    assert fenced_answer(fixed, alias) is Resolution.ROLLBACK  # the checker came first
+    with pytest.raises(TransactionFencedError):
+        make_pay(alias)("alice", 10)
+    assert Account.objects.using(alias).get(name="alice").balance == 500
+
+
+def test_check_during_a_running_transaction_waits_for_its_commit(alias) -> None:
+    answers: list[Resolution] = []
+    started = threading.Event()
+
+    @transactional_message(topic="order.paid", using=alias)
+    def slow(name: str) -> str:
+        tx = current_transaction_id() or ""
+        threading.Thread(target=lambda: (started.set(), answers.append(fenced_answer(tx, alias)))).start()
+        started.wait()
+        threading.Event().wait(0.5)
+        assert not answers, "the check must wait for this transaction"
+        return tx
+
+    slow("alice")
+    for _ in range(100):
+        if answers:
+            break
+        threading.Event().wait(0.1)
+    assert answers == [Resolution.COMMIT]
+
+
+def test_idempotent_consumer_awards_points_once(alias) -> None:
+    group, topic = "member", f"paid.{uuid.uuid4().hex}"
+
+    @idempotent_consumer(group, using=alias)
+    def award(received) -> None:
+        body = message_json(received.message)
+        Points.objects.using(alias).create(account=body["name"], points=body["amount"])
+
+    make_pay(alias, topic)("alice", 70)
+    first = broker().receive(group, topic, max_messages=1, invisible_duration_s=0.05, wait_s=2)[0]
+    assert award(first) is True  # ...and the consumer dies before acking
+    second = broker().receive(group, topic, max_messages=1, wait_s=2)[0]
+    assert second.delivery_attempt == 2 and award(second) is False
+    broker().ack(group, second.receipt_handle)
+    assert list(Points.objects.using(alias).values_list("points", flat=True)) == [70]
+    assert ConsumedMessage.objects.using(alias).count() == 1
+
+
+def test_makemigrations_finds_nothing() -> None:
+    call_command("makemigrations", "halfmoon_outbox", "--check", "--dry-run", verbosity=0)
+
+
+def test_admin_pages_render(alias) -> None:
+    from django.contrib.auth.models import User
+
+    make_pay(alias)("alice", 1)
+    User.objects.filter(username="admin").delete()
+    User.objects.create_superuser("admin", "a@example.com", "pw")
+    client = Client()
+    assert client.login(username="admin", password="pw")
+    for url in ("/admin/halfmoon_outbox/transactionlog/", "/admin/halfmoon_outbox/consumedmessage/",
+                "/admin/halfmoon_outbox/pendingtransaction/"):
+        response = client.get(url)
+        assert response.status_code == 200, url
+    assert b"Pending and parked transactions" in client.get("/admin/halfmoon_outbox/pendingtransaction/").content
+
+
+def test_management_commands(alias) -> None:
+    out = io.StringIO()
+    call_command("outbox_parked", stdout=out)
+    assert "parked" in out.getvalue()
+    out = io.StringIO()
+    call_command("outbox_check", "never-started", "--database", alias, stdout=out)
+    assert out.getvalue().strip() == "rollback"
