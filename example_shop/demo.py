@@ -1,0 +1,292 @@
+"""The shop demo: every piece as a real process, a few hundred orders, injected faults.
+
+Processes: the broker (``python -m broker_embedded serve`` with the Celery checker), a
+``celery worker`` answering check-backs from the account database, the account service
+(Django) and the member service (SQLAlchemy consumer). Orders go over HTTP while the
+scenarios below strike; then the demo waits until every transaction is resolved and
+every message consumed, and checks the books of both services against each other.
+
+Scenarios (``--scenario`` picks some; all by default):
+
+* ``crash-after-commit``: the account process dies after the DB commit, before COMMIT
+  reaches the broker; check-back through Celery delivers the message;
+* ``crash-before-commit``: it dies after the half message, before the DB commit; the
+  fence answers ROLLBACK and nothing is delivered;
+* ``insufficient-balance``: orders beyond a balance fail and roll back (ROLLBACK sent);
+* ``broker-restart``: the broker is SIGKILLed mid-run and restarted;
+* ``consumer-crash``: the member service dies in the middle of a handler;
+* ``duplicate-delivery``: already-delivered messages are delivered again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from broker_embedded import BrokerClient, Message
+from broker_embedded.errors import BrokerError
+
+from .ledger import LedgerReport, read_ledger
+from .processes import Supervisor, free_port, port_answers, python_module, wait_until
+
+log = logging.getLogger("example_shop.demo")
+
+SCENARIOS = (
+    "crash-after-commit", "crash-before-commit", "insufficient-balance",
+    "broker-restart", "consumer-crash", "duplicate-delivery",
+)
+PRODUCER_GROUP = "account-service"
+MEMBER_GROUP = "member-service"
+
+
+@dataclass
+class DemoOptions:
+    """What to run; ``database_url``/``redis_url`` switch from SQLite/filesystem to servers."""
+
+    orders: int = 300
+    customers: int = 10
+    balance: int = 2000
+    concurrency: int = 4
+    work_dir: Path = Path("demo-work")
+    database_url: str | None = None
+    redis_url: str | None = None
+    scenarios: frozenset[str] = frozenset(SCENARIOS)
+    seed: int = 7
+    settle_timeout_s: float = 240.0
+
+
+@dataclass
+class Tally:
+    """What the HTTP side saw."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, outcome: str) -> None:
+        with self.lock:
+            self.outcomes[outcome] += 1
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+class ShopDemo:
+    """One run of the demo (see the module docstring)."""
+
+    def __init__(self, options: DemoOptions) -> None:
+        self.options = options
+        self.work = options.work_dir.resolve()
+        self.random = random.Random(options.seed)
+        self.tally = Tally()
+        self._account_restart = threading.Lock()
+        self._stopping = threading.Event()
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _databases(self) -> tuple[str, str]:
+        if not self.options.database_url:
+            return (f"sqlite:///{self.work / 'account.sqlite3'}", f"sqlite:///{self.work / 'member.sqlite3'}")
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        base = make_url(self.options.database_url)
+        admin = base.set(drivername="postgresql").render_as_string(hide_password=False)
+        urls = []
+        with psycopg.connect(admin, autocommit=True) as conn:
+            for service in ("account", "member"):
+                name = f"{base.database}_shop_{service}"
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                conn.execute(f'CREATE DATABASE "{name}"')
+                urls.append(base.set(drivername="postgresql+psycopg", database=name)
+                            .render_as_string(hide_password=False))
+        return urls[0], urls[1]
+
+    def _start(self, supervisor: Supervisor, account_db: str, member_db: str) -> dict[str, str]:
+        broker_port, account_port, member_port = free_port(), free_port(), free_port()
+        broker_url = f"tcp://127.0.0.1:{broker_port}"
+        env = {
+            "SHOP_WORK_DIR": str(self.work),
+            "SHOP_ACCOUNT_DATABASE_URL": account_db,
+            "SHOP_MEMBER_DATABASE_URL": member_db,
+            "SHOP_PRODUCER_GROUP": PRODUCER_GROUP,
+            "OUTBOX_BROKER_URL": broker_url,
+            "OUTBOX_DATABASE_URL": account_db,
+            "OUTBOX_CELERY_BROKER_URL": self.options.redis_url or "filesystem://",
+            "OUTBOX_CELERY_DATA_DIR": str(self.work / "celery"),
+            "DJANGO_SETTINGS_MODULE": "example_shop.account.settings",
+        }
+        if "consumer-crash" in self.options.scenarios:
+            env["SHOP_MEMBER_CRASH_AT"] = "7"
+        supervisor.add("broker", python_module(
+            "broker_embedded", "serve", "--data-dir", str(self.work / "broker"), "--port", str(broker_port),
+            "--transaction-timeout", "2", "--check-interval", "2",
+            "--checker", "outbox.integrations.celery.checker:make_checker",
+        ), env, ready=lambda: port_answers(broker_port)).start()
+        _say(f"  broker        {broker_url} (data in {self.work / 'broker'})")
+        supervisor.add("celery-worker", python_module(
+            "celery", "-A", "outbox.integrations.celery.app", "worker", "-Q", f"outbox.check.{PRODUCER_GROUP}",
+            "--pool", "threads", "-c", "4", "--loglevel", "INFO",
+        ), env).start()
+        _say(f"  celery worker queue outbox.check.{PRODUCER_GROUP} on {env['OUTBOX_CELERY_BROKER_URL']}")
+        migrate = supervisor.add("account-migrate", python_module("example_shop.account", "migrate"), env)
+        migrate.start()
+        if migrate.wait_exit(120) != 0:
+            raise RuntimeError(f"account migrations failed; see {migrate.log_path}")
+        supervisor.add("account", python_module("example_shop.account", "serve", "--port", str(account_port)),
+                       env, ready=lambda: port_answers(account_port)).start()
+        _say(f"  account       http://127.0.0.1:{account_port}/ (Django, {account_db.split(':')[0]})")
+        supervisor.add("member", python_module("example_shop.member", "--port", str(member_port)),
+                       env, ready=lambda: port_answers(member_port)).start()
+        _say(f"  member        http://127.0.0.1:{member_port}/points (SQLAlchemy consumer)")
+        return {"broker": broker_url, "account": f"http://127.0.0.1:{account_port}",
+                "member": f"http://127.0.0.1:{member_port}"}
+
+    # -- orders ---------------------------------------------------------------------------
+    def _fault_for(self, index: int) -> str | None:
+        scenarios = self.options.scenarios
+        if "crash-after-commit" in scenarios and index % 37 == 5:
+            return "crash-after-commit"
+        if "crash-before-commit" in scenarios and index % 43 == 11:
+            return "crash-before-commit"
+        return None
+
+    def _ensure_account(self, supervisor: Supervisor) -> None:
+        with self._account_restart:
+            account = supervisor["account"]
+            if not account.alive and not self._stopping.is_set():
+                account.start()
+                self.tally.faults["account restarts"] += 1
+
+    def _place(self, supervisor: Supervisor, client: httpx.Client, index: int, customer: str, amount: int) -> None:
+        order_id = f"o{index:05d}-{uuid.uuid4().hex[:6]}"
+        fault = self._fault_for(index)
+        headers = {"X-Shop-Fault": fault} if fault else {}
+        for _attempt in range(30):
+            try:
+                response = client.post("/orders", json={"order_id": order_id, "customer": customer,
+                                                        "amount": amount}, headers=headers)
+            except httpx.ConnectError:  # never reached the service: safe to send again
+                self._ensure_account(supervisor)
+                continue
+            except httpx.TransportError:  # reached it, outcome unknown: the books will tell
+                if fault:
+                    self.tally.faults[fault] += 1
+                self.tally.count("account crashed mid-request")
+                self._ensure_account(supervisor)
+                return
+            if response.status_code == 503:  # broker restarting: the order was not taken
+                time.sleep(0.5)
+                continue
+            self.tally.count({201: "paid", 409: "rejected: insufficient balance"}.get(
+                response.status_code, f"HTTP {response.status_code}"))
+            return
+        self.tally.count("gave up: broker unavailable")
+
+    def _place_orders(self, supervisor: Supervisor, urls: dict[str, str], customers: list[str]) -> None:
+        total = self.options.orders
+        plan = [(i, self.random.choice(customers), self.random.randint(20, 400)) for i in range(total)]
+        restart_at = total // 2 if "broker-restart" in self.options.scenarios else -1
+        # No keep-alive: a connection pooled before an account crash would fail uncertainly.
+        limits = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=urls["account"], timeout=60, limits=limits) as client, \
+                ThreadPoolExecutor(self.options.concurrency) as pool:
+            for start in range(0, total, 50):
+                chunk = plan[start:start + 50]
+                list(pool.map(lambda order: self._place(supervisor, client, *order), chunk))
+                self._ensure_account(supervisor)
+                _say(f"  orders {start + len(chunk):4d}/{total}  {dict(self.tally.outcomes)}")
+                if start <= restart_at < start + 50:
+                    _say("  fault: SIGKILL the broker mid-run, then restart it")
+                    supervisor["broker"].restart()
+                    self.tally.faults["broker restarts"] += 1
+
+    # -- settling -------------------------------------------------------------------------
+    def _watch_member(self, supervisor: Supervisor) -> None:
+        while not self._stopping.wait(0.5):
+            member = supervisor["member"]
+            if not member.alive:
+                _say("  fault: the member service died mid-handler; restarting it")
+                self.tally.faults["consumer restarts"] += 1
+                member.start()
+
+    def _settled(self, client: BrokerClient) -> bool:
+        try:
+            stats = client.stats()
+        except BrokerError:
+            return False
+        lag = stats.consumer_lag.get(MEMBER_GROUP, {}).get("order.paid", 1)
+        return stats.pending_half == 0 and lag == 0
+
+    def _duplicate_deliveries(self, client: BrokerClient, count: int = 3) -> int:
+        delivered = [m for q in range(4) for m in client.read("order.paid", q, 0, 5)][:count]
+        for stored in delivered:
+            client.send(Message("order.paid", stored.message.body, keys=stored.message.keys,
+                                message_id=stored.message.message_id))
+        return len(delivered)
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self) -> int:
+        options = self.options
+        shutil.rmtree(self.work, ignore_errors=True)
+        (self.work / "logs").mkdir(parents=True)
+        _say(f"halfmoon example shop: {options.orders} orders, scenarios: {', '.join(sorted(options.scenarios))}")
+        account_db, member_db = self._databases()
+        with Supervisor(self.work / "logs") as supervisor:
+            try:
+                urls = self._start(supervisor, account_db, member_db)
+                customers = [f"customer{n:02d}" for n in range(options.customers)]
+                with httpx.Client(base_url=urls["account"], timeout=30) as http:
+                    for name in customers:
+                        http.post("/api/customers", json={"name": name, "balance": options.balance}).raise_for_status()
+                watcher = threading.Thread(target=self._watch_member, args=(supervisor,), daemon=True)
+                watcher.start()
+                self._place_orders(supervisor, urls, customers)
+                with BrokerClient(urls["broker"], timeout_s=10) as client:
+                    _say("  waiting for check-backs and consumers to settle ...")
+                    wait_until(lambda: self._settled(client), options.settle_timeout_s, "the shop to settle", 1.0)
+                    if "duplicate-delivery" in options.scenarios:
+                        injected = self._duplicate_deliveries(client)
+                        self.tally.faults["duplicate deliveries"] += injected
+                        _say(f"  fault: delivered {injected} already-consumed messages again")
+                        wait_until(lambda: self._settled(client), options.settle_timeout_s, "duplicates", 1.0)
+                    report = read_ledger(account_db, member_db, options.customers * options.balance)
+                    export_dir = self.work / "broker-export"
+                    client.export(str(export_dir))
+            finally:
+                self._stopping.set()
+        self._print(report, export_dir)
+        return 0 if report.ok else 1
+
+    def _print(self, report: LedgerReport, export_dir: Path) -> None:
+        _say("")
+        _say("  requests".ljust(36) + "count")
+        for outcome, count in sorted(self.tally.outcomes.items()):
+            _say(f"  {outcome:<34}{count}")
+        for fault, count in sorted(self.tally.faults.items()):
+            _say(f"  fault: {fault:<27}{count}")
+        _say("")
+        _say("  books".ljust(36) + "value")
+        for name, value in report.rows():
+            _say(f"  {name:<34}{value}")
+        _say("")
+        _say(f"  broker export: {export_dir}")
+        _say(f"  logs: {self.work / 'logs'}")
+        _say("  RESULT: " + ("OK: nothing lost, nothing phantom, nothing twice" if report.ok else "FAILED"))
+
+
+def run_demo(options: DemoOptions) -> int:
+    """Run the demo; exit status 0 when the books agree."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return ShopDemo(options).run()

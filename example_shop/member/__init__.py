@@ -1,0 +1,1 @@
+"""The member service: a SQLAlchemy app that consumes ``order.paid`` and awards points."""
