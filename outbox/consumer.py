@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from broker_embedded import BrokerAPI, ReceivedMessage
+from broker_embedded.errors import BrokerUnavailableError, UnknownReceiptError
 
 from .integrations.sqlalchemy.tables import consumed_message
 
@@ -81,15 +82,25 @@ def run_consumer(
     handled = 0
     log.info("consumer %s on %s started", group, topic)
     while not stop.is_set():
-        for received in broker.receive(group, topic, max_messages=batch_size,
-                                       invisible_duration_s=invisible_duration_s, wait_s=wait_s):
+        try:
+            batch = broker.receive(group, topic, max_messages=batch_size,
+                                   invisible_duration_s=invisible_duration_s, wait_s=wait_s)
+        except BrokerUnavailableError as exc:
+            log.warning("broker unavailable (%s); retrying", exc)
+            stop.wait(0.5)
+            continue
+        for received in batch:
             try:
                 handler(received)
             except Exception:
                 log.exception("handler failed for message %s (attempt %d); it will be retried",
                               received.message.message_id, received.delivery_attempt)
                 continue
-            broker.ack(group, received.receipt_handle)
+            try:
+                broker.ack(group, received.receipt_handle)
+            except (BrokerUnavailableError, UnknownReceiptError) as exc:
+                # Handled but not acked: it comes back and the duplicate check skips it.
+                log.warning("ack of %s failed (%s)", received.message.message_id, exc)
             handled += 1
     log.info("consumer %s on %s stopped after %d messages", group, topic, handled)
     return handled
