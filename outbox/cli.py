@@ -73,7 +73,7 @@ def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["reconcile"]:
-        from .reconcile.cli import main as reconcile_main  # type: ignore[import-not-found,unused-ignore]
+        from .reconcile.cli import main as reconcile_main
 
         return int(reconcile_main(argv[1:]))
     parser = argparse.ArgumentParser(prog="outbox", description="halfmoon's transactional outbox")

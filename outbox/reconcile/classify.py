@@ -1,0 +1,141 @@
+"""Classify every transaction: one row per transaction id with independent flags and latencies.
+
+Flags:
+
+* ``committed`` / ``rolled_back``: the producer's transaction_log says so (a rollback may
+  also be known only to the broker, when the fence row is absent);
+* ``half_pending`` / ``parked``: the broker still holds the half message(s);
+* ``delivered`` / ``consumed``: how many deliveries (message x consumer group) and
+  consumed_message rows there are;
+* ``phantom``: committed at the broker or consumed, but not committed locally;
+* ``lost``: committed locally before the grace period, and never consumed (or, without
+  consumer databases, never delivered);
+* ``duplicate_delivery``: the broker wrote the message more than once, or a group received
+  it more than once;
+* ``duplicate_effect``: a consumer group recorded more consumptions of the transaction
+  than it has messages.
+
+Latencies (ms): local commit (transaction_log.created_at) -> broker commit (commit_ms)
+-> consumed (first consumed_at).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+FLAGS = ("committed", "rolled_back", "half_pending", "parked", "phantom", "lost",
+         "duplicate_delivery", "duplicate_effect")
+ANOMALIES = ("phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked", "clock_skew")
+KNOWN_LOCAL_STATES = ("COMMITTED", "ROLLED_BACK")
+KNOWN_BROKER_STATES = ("normal", "half", "committed", "rolled_back", "parked")
+
+
+def _millis(column: str) -> Column:
+    return F.unix_millis(F.col(column).cast("timestamp"))
+
+
+def classify(
+    transaction_log: DataFrame,
+    messages: DataFrame,
+    deliveries: DataFrame,
+    consumed: DataFrame,
+    now_ms: int,
+    grace_ms: int,
+    has_consumers: bool,
+) -> DataFrame:
+    """The per-transaction table (see the module docstring)."""
+    local = (
+        transaction_log.where(F.col("transaction_id").isNotNull())
+        .groupBy("transaction_id")
+        .agg(
+            F.first("state").alias("local_state"),
+            F.countDistinct("state").alias("local_states"),
+            F.count(F.lit(1)).alias("local_rows"),
+            F.min(_millis("created_at")).alias("local_ms"),
+            F.first("producer_group").alias("local_group"),
+        )
+    )
+    tx_messages = messages.where(F.col("transaction_id").isNotNull())
+    broker = tx_messages.groupBy("transaction_id").agg(
+        F.first("state").alias("broker_state"),
+        F.count(F.lit(1)).alias("message_count"),
+        F.max("commit_ms").alias("commit_ms"),
+        F.min("store_ms").alias("store_ms"),
+        F.first("topic").alias("topic"),
+        F.max("copies").alias("max_copies"),
+    )
+    delivered = (
+        deliveries.join(tx_messages.select("message_id", "transaction_id"), "message_id")
+        .groupBy("transaction_id")
+        .agg(
+            F.sum(F.when(F.col("delivery_attempts") > 0, 1).otherwise(0)).alias("delivered"),
+            F.max("delivery_attempts").alias("max_attempts"),
+        )
+    )
+    per_group = (
+        consumed.where(F.col("transaction_id").isNotNull())
+        .groupBy("transaction_id", "consumer_group")
+        .agg(F.count(F.lit(1)).alias("n"), F.min(_millis("consumed_at")).alias("first_ms"),
+             F.first("topic").alias("consumed_topic"))
+    )
+    consumption = per_group.groupBy("transaction_id").agg(
+        F.sum("n").alias("consumed"),
+        F.max("n").alias("max_per_group"),
+        F.min("first_ms").alias("consumed_ms"),
+        F.first("consumed_topic").alias("consumed_topic"),
+    )
+    joined = (
+        local.join(broker, "transaction_id", "full_outer")
+        .join(delivered, "transaction_id", "left")
+        .join(consumption, "transaction_id", "left")
+        .fillna(0, ["delivered", "consumed", "max_per_group", "max_attempts", "max_copies"])
+    )
+    committed = F.col("local_state") == "COMMITTED"
+    not_committed = F.coalesce(F.col("local_state"), F.lit("")) != "COMMITTED"
+    settled_before = F.coalesce(F.col("local_ms"), F.col("store_ms")) < F.lit(now_ms - grace_ms)
+    unreached = (F.col("consumed") == 0) if has_consumers else (F.col("delivered") == 0)
+    commit_latency = F.col("commit_ms") - F.col("local_ms")
+    consume_latency = F.col("consumed_ms") - F.col("commit_ms")
+    event_ms = F.coalesce(F.col("local_ms"), F.col("store_ms"), F.col("commit_ms"))
+    return joined.select(
+        "transaction_id",
+        F.coalesce("topic", "consumed_topic", F.lit("?")).alias("topic"),
+        "local_state", "broker_state", "local_rows", "local_states", "message_count",
+        "local_ms", "commit_ms", "consumed_ms",
+        F.date_trunc("hour", F.timestamp_millis(event_ms)).alias("hour"),
+        event_ms.alias("event_ms"),
+        committed.alias("committed"),
+        ((F.col("local_state") == "ROLLED_BACK")
+         | (F.col("local_state").isNull() & (F.col("broker_state") == "rolled_back"))).alias("rolled_back"),
+        F.coalesce(F.col("broker_state") == "half", F.lit(False)).alias("half_pending"),
+        F.coalesce(F.col("broker_state") == "parked", F.lit(False)).alias("parked"),
+        F.col("delivered").cast("int").alias("delivered"),
+        F.col("consumed").cast("int").alias("consumed"),
+        (((F.coalesce(F.col("broker_state"), F.lit("")) == "committed") | (F.col("consumed") > 0))
+         & not_committed).alias("phantom"),
+        (committed & settled_before & unreached).alias("lost"),
+        ((F.col("max_copies") > 1) | (F.col("max_attempts") > 1)).alias("duplicate_delivery"),
+        (F.col("max_per_group") > F.coalesce(F.col("message_count"), F.lit(1))).alias("duplicate_effect"),
+        commit_latency.alias("commit_latency_ms"),
+        consume_latency.alias("consume_latency_ms"),
+        (F.col("consumed_ms") - F.col("local_ms")).alias("end_to_end_ms"),
+        (F.coalesce(commit_latency < 0, F.lit(False)) | F.coalesce(consume_latency < 0, F.lit(False)))
+        .alias("clock_skew"),
+    )
+
+
+def sanity(transaction_log: DataFrame, messages: DataFrame, consumed: DataFrame,
+           classified: DataFrame) -> dict[str, int]:
+    """Input problems worth a line in the report, counted (never fatal)."""
+    return {
+        "transaction_log_null_ids": transaction_log.where(F.col("transaction_id").isNull()).count(),
+        "transaction_ids_in_several_producer_rows": classified.where(F.col("local_rows") > 1).count(),
+        "transaction_ids_with_conflicting_local_states": classified.where(F.col("local_states") > 1).count(),
+        "unknown_local_states": transaction_log.where(~F.col("state").isin(*KNOWN_LOCAL_STATES)).count(),
+        "messages_null_ids": messages.where(F.col("message_id").isNull()).count(),
+        "unknown_broker_states": messages.where(~F.col("state").isin(*KNOWN_BROKER_STATES)).count(),
+        "consumed_duplicate_keys": consumed.groupBy("consumer_group", "message_id").count()
+        .where(F.col("count") > 1).count(),
+        "clock_skew": classified.where(F.col("clock_skew")).count(),
+    }

@@ -1,0 +1,106 @@
+"""Reading the three inputs into DataFrames.
+
+Databases are given as SQLAlchemy URLs (or ``parquet:///path`` for a table already exported). PostgreSQL is read through JDBC with the Debian
+driver (``/usr/share/java/postgresql.jar``), partitioned over a numeric column
+(``partitionColumn`` with bounds from a min/max query, ``numPartitions``, ``fetchsize``);
+SQLite is read through SQLAlchemy into Arrow. The broker export is Parquet or JSON lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+
+from ..integrations.sqlalchemy.tables import consumed_message, transaction_log
+
+TRANSACTION_LOG = "outbox_transaction_log"
+CONSUMED_MESSAGE = "outbox_consumed_message"
+
+TRANSACTION_LOG_SCHEMA = "transaction_id string, producer_group string, state string, created_at timestamp"
+CONSUMED_SCHEMA = ("consumer_group string, message_id string, topic string, transaction_id string, "
+                   "consumed_at timestamp")
+
+
+def _jdbc_url(url: str) -> tuple[str, dict[str, str]]:
+    parsed = make_url(url)
+    jdbc = f"jdbc:postgresql://{parsed.host or '127.0.0.1'}:{parsed.port or 5432}/{parsed.database}"
+    props = {"user": parsed.username or "postgres", "driver": "org.postgresql.Driver", "fetchsize": "10000"}
+    if parsed.password:
+        props["password"] = parsed.password
+    return jdbc, props
+
+
+def _read_postgres(spark: SparkSession, url: str, table: str, partitions: int) -> DataFrame:
+    """JDBC, partitioned on the epoch of the table's timestamp column."""
+    time_column = "created_at" if table == TRANSACTION_LOG else "consumed_at"
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        low, high = conn.execute(text(
+            f"SELECT coalesce(min(extract(epoch from {time_column}))::bigint, 0), "
+            f"coalesce(max(extract(epoch from {time_column}))::bigint, 0) FROM {table}"
+        )).one()
+    engine.dispose()
+    jdbc, props = _jdbc_url(url)
+    query = f"(SELECT t.*, extract(epoch from {time_column})::bigint AS _part FROM {table} t) AS src"
+    frame = spark.read.jdbc(
+        jdbc, query, column="_part", lowerBound=int(low), upperBound=int(high) + 1,
+        numPartitions=max(1, partitions), properties=props,
+    )
+    return frame.drop("_part")
+
+
+def _read_sqlalchemy(spark: SparkSession, url: str, table: str, schema: str) -> DataFrame:
+    """Any SQLAlchemy database (SQLite): the known columns, through pandas into Spark."""
+    source = {TRANSACTION_LOG: transaction_log, CONSUMED_MESSAGE: consumed_message}[table]
+    names = [field.split()[0] for field in schema.split(", ")]
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(select(*[source.c[name] for name in names])).all()
+    engine.dispose()
+    if not rows:
+        return spark.createDataFrame([], schema)
+    return spark.createDataFrame(pd.DataFrame([tuple(r) for r in rows], columns=names), schema)
+
+
+def read_table(spark: SparkSession, url: str, table: str, partitions: int = 4) -> DataFrame:
+    """One framework table from a database URL, tagged with its source."""
+    schema = TRANSACTION_LOG_SCHEMA if table == TRANSACTION_LOG else CONSUMED_SCHEMA
+    if url.startswith("parquet://"):  # a table exported to Parquet (large runs, benchmarks)
+        return spark.read.parquet(url[len("parquet://"):]).withColumn("source_db", F.lit(url))
+    if make_url(url).get_backend_name() == "postgresql":
+        frame = _read_postgres(spark, url, table, partitions)
+    else:
+        frame = _read_sqlalchemy(spark, url, table, schema)
+    return frame.withColumn("source_db", F.lit(make_url(url).render_as_string(hide_password=True)))
+
+
+def union_tables(spark: SparkSession, urls: list[str], table: str, partitions: int = 4) -> DataFrame:
+    """The same table from several databases, as one DataFrame."""
+    schema = TRANSACTION_LOG_SCHEMA if table == TRANSACTION_LOG else CONSUMED_SCHEMA
+    frames = [read_table(spark, url, table, partitions) for url in urls]
+    if not frames:
+        return spark.createDataFrame([], schema + ", source_db string")
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
+def read_export(spark: SparkSession, export_dir: str | Path) -> tuple[DataFrame, DataFrame]:
+    """``messages`` and ``deliveries`` from the broker's export directory."""
+    folder = Path(export_dir)
+    tables = []
+    for name in ("messages", "deliveries"):
+        parquet, jsonl = folder / f"{name}.parquet", folder / f"{name}.jsonl"
+        if parquet.exists():
+            tables.append(spark.read.parquet(str(parquet)))
+        elif jsonl.exists():
+            tables.append(spark.read.json(str(jsonl)))
+        else:
+            raise FileNotFoundError(f"no {name}.parquet or {name}.jsonl in {folder}")
+    return tables[0], tables[1]

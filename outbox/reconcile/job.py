@@ -1,0 +1,175 @@
+"""The reconciliation job: read, classify, summarise, write the outputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .classify import ANOMALIES, FLAGS, classify, sanity
+from .inputs import CONSUMED_MESSAGE, TRANSACTION_LOG, read_export, union_tables
+from .report import write_html
+
+HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
+#: Latency histogram bucket edges (ms), roughly logarithmic.
+BUCKETS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
+DEFAULT_THRESHOLDS = {"lost": 0, "phantom": 0, "duplicate_effect": 0}
+
+
+@dataclass
+class ReconcileInputs:
+    """Where the data is: database URLs (SQLAlchemy form) and the broker export directory."""
+
+    producer_databases: list[str]
+    consumer_databases: list[str]
+    broker_export: str
+
+
+@dataclass
+class ReconcileOptions:
+    """Output directory, time window (epoch ms), grace period and pass/fail thresholds."""
+
+    out_dir: str
+    since_ms: int | None = None
+    until_ms: int | None = None
+    grace_s: float = 60.0
+    now_ms: int | None = None
+    thresholds: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
+    jdbc_partitions: int = 4
+
+
+@dataclass
+class ReconcileResult:
+    """The summary (also in summary.json) and where the outputs are."""
+
+    summary: dict[str, Any]
+    passed: bool
+    out_dir: Path
+
+
+def _progress(message: str) -> None:
+    print(f"[reconcile] {message}", file=sys.stderr, flush=True)
+
+
+def _percentiles(frame: DataFrame, by: str | None = None) -> list[dict[str, Any]]:
+    aggregates = []
+    for hop in HOPS:
+        aggregates += [
+            F.percentile_approx(hop, [0.5, 0.9, 0.99], 1000).alias(f"{hop}_p"),
+            F.max(hop).alias(f"{hop}_max"),
+        ]
+    grouped = frame.groupBy(by) if by else frame.groupBy()
+    rows = grouped.agg(F.count(F.lit(1)).alias("transactions"), *aggregates).collect()
+    result = []
+    for row in rows:
+        entry: dict[str, Any] = {"transactions": row["transactions"]}
+        if by:
+            entry[by] = str(row[by])
+        for hop in HOPS:
+            p = row[f"{hop}_p"] or [None, None, None]
+            entry[hop] = {"p50": p[0], "p90": p[1], "p99": p[2], "max": row[f"{hop}_max"]}
+        result.append(entry)
+    return sorted(result, key=lambda e: str(e.get(by or "", "")))
+
+
+def _histograms(frame: DataFrame) -> dict[str, list[int]]:
+    edges = list(BUCKETS_MS)
+    expressions = []
+    for hop in HOPS:
+        bucket = F.lit(len(edges) - 1)
+        for index in range(len(edges) - 1, 0, -1):
+            bucket = F.when(F.col(hop) < edges[index], F.lit(index - 1)).otherwise(bucket)
+        # Negative latencies are clock skew (counted apart), not a bucket.
+        expressions.append(F.when(F.col(hop) >= 0, bucket).alias(hop))
+    counts = {hop: [0] * len(edges) for hop in HOPS}
+    bucketed = frame.select(*expressions)
+    for hop in HOPS:
+        for row in bucketed.where(F.col(hop).isNotNull()).groupBy(hop).count().collect():
+            counts[hop][int(row[hop])] = int(row["count"])
+    return counts
+
+
+def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions) -> ReconcileResult:
+    """Run the job; writes summary.json, anomalies/<category>/ (Parquet) and report.html."""
+    started = time.monotonic()
+    out = Path(options.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    now_ms = options.now_ms or int(time.time() * 1000)
+    _progress("reading producer databases, consumer databases and the broker export")
+    transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions)
+    consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions)
+    messages, deliveries = read_export(spark, inputs.broker_export)
+    _progress("classifying transactions")
+    classified = classify(transaction_log, messages, deliveries, consumed, now_ms,
+                          int(options.grace_s * 1000), bool(inputs.consumer_databases))
+    if options.since_ms is not None:
+        classified = classified.where(F.col("event_ms") >= options.since_ms)
+    if options.until_ms is not None:
+        classified = classified.where(F.col("event_ms") < options.until_ms)
+    classified = classified.cache()
+    counts_row = classified.agg(
+        F.count(F.lit(1)).alias("transactions"),
+        *[F.sum(F.col(flag).cast("int")).alias(flag) for flag in (*FLAGS, "clock_skew")],
+        F.sum("delivered").alias("deliveries"),
+        F.sum("consumed").alias("consumptions"),
+    ).collect()[0]
+    counts = {k: int(v or 0) for k, v in counts_row.asDict().items()}
+    total = max(counts["transactions"], 1)
+    _progress(f"{counts['transactions']} transactions classified; computing latencies")
+    latency = _percentiles(classified.where(F.col("committed")))
+    per_topic = _percentiles(classified.where(F.col("committed")), "topic")
+    per_hour = _percentiles(classified.where(F.col("committed")), "hour")
+    topic_counts = [
+        row.asDict() for row in classified.groupBy("topic").agg(
+            F.count(F.lit(1)).alias("transactions"),
+            *[F.sum(F.col(a).cast("int")).alias(a) for a in ANOMALIES],
+        ).orderBy("topic").collect()
+    ]
+    timeline = [
+        {"hour": str(row["hour"]), "transactions": row["transactions"], "anomalies": row["anomalies"]}
+        for row in classified.groupBy("hour").agg(
+            F.count(F.lit(1)).alias("transactions"),
+            F.sum(sum((F.col(a).cast("int") for a in ANOMALIES), F.lit(0))).alias("anomalies"),
+        ).orderBy("hour").collect()
+    ]
+    histograms = _histograms(classified.where(F.col("committed")))
+    _progress("writing anomalies")
+    anomaly_counts = {}
+    for category in ANOMALIES:
+        rows = classified.where(F.col(category))
+        anomaly_counts[category] = counts[category]
+        rows.write.mode("overwrite").parquet(str(out / "anomalies" / category))
+    checks = sanity(transaction_log, messages, consumed, classified)
+    breached = {name: counts.get(name, 0) for name, limit in options.thresholds.items()
+                if counts.get(name, 0) > limit}
+    summary: dict[str, Any] = {
+        "generated_at_ms": now_ms,
+        "inputs": asdict(inputs),
+        "window": {"since_ms": options.since_ms, "until_ms": options.until_ms, "grace_s": options.grace_s},
+        "counts": counts,
+        "rates": {flag: counts[flag] / total for flag in (*FLAGS, "clock_skew")},
+        "anomalies": anomaly_counts,
+        "thresholds": options.thresholds,
+        "breached": breached,
+        "passed": not breached,
+        "latency_ms": latency[0] if latency else {},
+        "per_topic": per_topic,
+        "per_topic_counts": topic_counts,
+        "per_hour": per_hour,
+        "timeline": timeline,
+        "histogram_buckets_ms": list(BUCKETS_MS),
+        "histograms": histograms,
+        "sanity": checks,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_html(summary, out / "report.html")
+    classified.unpersist()
+    _progress(f"done in {summary['seconds']}s: {'PASS' if summary['passed'] else 'FAIL ' + str(breached)}")
+    return ReconcileResult(summary, not breached, out)

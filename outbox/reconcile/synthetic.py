@@ -1,0 +1,135 @@
+"""Synthetic inputs with known anomalies of every kind, for tests and the benchmark.
+
+``generate(n, each)`` makes ``n`` clean transactions plus ``each`` of every anomaly kind
+and returns the four tables and the counts the job must find. Writers put them in SQLite
+databases (through SQLAlchemy) or Parquet, next to the broker export files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import create_engine
+
+from ..integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
+
+KINDS = ("rolled_back", "phantom", "lost", "half_pending", "parked", "duplicate_delivery",
+         "duplicate_effect", "in_flight", "clock_skew")
+GROUP = "points"
+
+
+@dataclass
+class Synthetic:
+    """The generated tables and what the job must count."""
+
+    transaction_log: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    deliveries: list[dict[str, Any]] = field(default_factory=list)
+    consumed: list[dict[str, Any]] = field(default_factory=list)
+    expected: dict[str, int] = field(default_factory=dict)
+
+
+def _ts(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def generate(n: int, each: int, now_ms: int, grace_ms: int = 60_000, topics: int = 3) -> Synthetic:
+    """``n`` clean transactions and ``each`` of every kind in ``KINDS``."""
+    data = Synthetic()
+    old = now_ms - 10 * grace_ms
+
+    def add(i: int, kind: str) -> None:
+        tx = f"tx{i:09d}"
+        mid = f"m{i:09d}"
+        topic = f"topic{i % topics}"
+        local_ms = old - (i % 3600) * 1000 if kind != "in_flight" else now_ms - 1000
+        commit_ms = local_ms + 3 + i % 7 if kind != "clock_skew" else local_ms - 50
+        consumed_ms = commit_ms + 5 + i % 11
+        local_state: str | None = "COMMITTED"
+        broker_state = "committed"
+        copies, attempts, consumptions = 1, 1, 1
+        if kind == "rolled_back":
+            local_state, broker_state, attempts, consumptions = "ROLLED_BACK", "rolled_back", 0, 0
+        elif kind == "phantom":
+            local_state = None
+        elif kind == "lost":
+            attempts, consumptions = 0, 0
+        elif kind in ("half_pending", "parked"):
+            local_state, attempts, consumptions = None, 0, 0
+            broker_state = "half" if kind == "half_pending" else "parked"
+        elif kind == "duplicate_delivery":
+            copies = 2
+        elif kind == "duplicate_effect":
+            consumptions = 2
+        elif kind == "in_flight":
+            attempts, consumptions = 0, 0
+        if local_state:
+            data.transaction_log.append({"transaction_id": tx, "producer_group": "shop", "state": local_state,
+                                         "created_at": _ts(local_ms)})
+        data.messages.append({
+            "message_id": mid, "transaction_id": tx, "producer_group": "shop", "topic": topic, "queue_id": i % 4,
+            "keys": "", "tag": "", "state": broker_state, "born_ms": local_ms - 2, "store_ms": local_ms - 1,
+            "commit_ms": commit_ms if broker_state == "committed" else None, "copies": copies,
+        })
+        if attempts:
+            data.deliveries.append({"message_id": mid, "consumer_group": GROUP, "topic": topic,
+                                    "delivery_attempts": attempts, "first_delivered_ms": consumed_ms - 1,
+                                    "acked_ms": consumed_ms + 1, "dead_lettered": False})
+        for c in range(consumptions):
+            data.consumed.append({"consumer_group": GROUP, "message_id": mid if c == 0 else f"{mid}-again",
+                                  "topic": topic, "transaction_id": tx, "consumed_at": _ts(consumed_ms + c)})
+
+    index = 0
+    for _ in range(n):
+        add(index, "clean")
+        index += 1
+    for kind in KINDS:
+        for _ in range(each):
+            add(index, kind)
+            index += 1
+    data.expected = {
+        "transactions": n + each * len(KINDS),
+        "committed": n + each * (len(KINDS) - 4),  # all but rolled_back, phantom, half, parked
+        "rolled_back": each,
+        "phantom": each,
+        "lost": each,
+        "half_pending": each,
+        "parked": each,
+        "duplicate_delivery": each,
+        "duplicate_effect": each,
+        "clock_skew": each,
+    }
+    return data
+
+
+def write_sqlite(data: Synthetic, producer_url: str, consumer_url: str) -> None:
+    """The framework tables in two databases."""
+    for url, table, rows in ((producer_url, transaction_log, data.transaction_log),
+                             (consumer_url, consumed_message, data.consumed)):
+        engine = create_engine(url)
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            if rows:
+                conn.execute(table.insert(), rows)
+        engine.dispose()
+
+
+def write_export(data: Synthetic, export_dir: Path) -> None:
+    """The broker export (messages.parquet, deliveries.parquet)."""
+    export_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(data.messages), export_dir / "messages.parquet")
+    pq.write_table(pa.Table.from_pylist(data.deliveries), export_dir / "deliveries.parquet")
+
+
+def write_parquet_tables(data: Synthetic, folder: Path) -> tuple[str, str]:
+    """The framework tables as Parquet; returns ``parquet://`` URLs for the job."""
+    folder.mkdir(parents=True, exist_ok=True)
+    producer, consumer = folder / "transaction_log.parquet", folder / "consumed_message.parquet"
+    pq.write_table(pa.Table.from_pylist(data.transaction_log), producer)
+    pq.write_table(pa.Table.from_pylist(data.consumed), consumer)
+    return f"parquet://{producer}", f"parquet://{consumer}"
