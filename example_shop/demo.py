@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -64,6 +65,7 @@ class DemoOptions:
     scenarios: frozenset[str] = frozenset(SCENARIOS)
     seed: int = 7
     settle_timeout_s: float = 240.0
+    reconcile: bool = True
 
 
 @dataclass
@@ -267,7 +269,26 @@ class ShopDemo:
             finally:
                 self._stopping.set()
         self._print(report, export_dir)
-        return 0 if report.ok else 1
+        reconciled = self._reconcile(account_db, member_db, export_dir) if options.reconcile else True
+        return 0 if report.ok and reconciled else 1
+
+    def _reconcile(self, account_db: str, member_db: str, export_dir: Path) -> bool:
+        """Run the Spark reconciliation over both databases and the broker export."""
+        if shutil.which("java") is None:
+            _say("  reconciliation skipped: Spark needs Java 17 (java is not on PATH)")
+            return True
+        out = self.work / "reconciliation"
+        _say("  running the Spark reconciliation report ...")
+        result = subprocess.run(
+            [sys.executable, "-m", "outbox.reconcile", "--producer-db", account_db, "--consumer-db", member_db,
+             "--broker-export", str(export_dir), "--out", str(out), "--grace-seconds", "0",
+             "--master", "local[2]"],
+            capture_output=True, text=True,
+        )
+        (self.work / "logs" / "reconcile.log").write_text(result.stdout + result.stderr)
+        verdict = {0: "clean", 1: "ANOMALIES FOUND"}.get(result.returncode, "FAILED to run")
+        _say(f"  reconciliation: {verdict}; report {out / 'report.html'}")
+        return result.returncode == 0
 
     def _print(self, report: LedgerReport, export_dir: Path) -> None:
         _say("")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import create_engine, text
 
+from outbox.reconcile import ReconcileInputs, ReconcileOptions, reconcile
 from tests.conftest import POSTGRES_ADMIN_URL
 
 
@@ -38,18 +41,46 @@ def assert_books(out: str) -> None:
 
 
 @pytest.mark.slow
-def test_demo_on_sqlite_and_the_filesystem_transport(tmp_path: Path) -> None:
+@pytest.mark.spark
+def test_demo_on_sqlite_and_the_filesystem_transport(tmp_path: Path, spark) -> None:
     out = run_demo(tmp_path / "shop")
     assert_books(out)
     assert "fault: crash-after-commit" in out and "fault: broker restarts" in out
-    assert (tmp_path / "shop" / "broker-export" / "messages.parquet").exists()
+    assert "reconciliation: clean" in out
+    assert_tampered_copy_is_caught(spark, tmp_path / "shop", tmp_path / "tampered")
+
+
+def assert_tampered_copy_is_caught(spark, shop: Path, copy: Path) -> None:
+    """Delete a consumption (lost), consume a rolled-back transaction (phantom) and
+    consume one message twice under another id (duplicate effect): all three are found."""
+    shutil.copytree(shop, copy, ignore=shutil.ignore_patterns("broker", "celery", "logs"))
+    messages = pq.read_table(copy / "broker-export" / "messages.parquet").to_pylist()
+    rolled_back = next(m for m in messages if m["state"] == "rolled_back")
+    member = create_engine(f"sqlite:///{copy / 'member.sqlite3'}")
+    with member.begin() as conn:
+        rows = conn.execute(text("SELECT consumer_group, message_id, topic, transaction_id, consumed_at "
+                                 "FROM outbox_consumed_message ORDER BY message_id")).all()
+        deleted, doubled = rows[0], rows[1]
+        conn.execute(text("DELETE FROM outbox_consumed_message WHERE message_id = :m"), {"m": deleted[1]})
+        insert = text("INSERT INTO outbox_consumed_message VALUES (:g, :m, :t, :x, :c)")
+        conn.execute(insert, {"g": doubled[0], "m": doubled[1] + "-again", "t": doubled[2], "x": doubled[3],
+                              "c": doubled[4]})
+        conn.execute(insert, {"g": doubled[0], "m": rolled_back["message_id"], "t": "order.paid",
+                              "x": rolled_back["transaction_id"], "c": doubled[4]})
+    member.dispose()
+    result = reconcile(spark, ReconcileInputs(
+        [f"sqlite:///{copy / 'account.sqlite3'}"], [f"sqlite:///{copy / 'member.sqlite3'}"],
+        str(copy / "broker-export"),
+    ), ReconcileOptions(str(copy / "report"), grace_s=0))
+    assert not result.passed
+    assert result.summary["breached"] == {"lost": 1, "phantom": 1, "duplicate_effect": 1}
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.redis
 def test_demo_on_postgresql_and_redis(tmp_path: Path, postgres_url: str, redis_url: str) -> None:
-    out = run_demo(tmp_path / "shop", "--database-url", postgres_url, "--redis-url", redis_url)
+    out = run_demo(tmp_path / "shop", "--database-url", postgres_url, "--redis-url", redis_url, "--no-report")
     assert_books(out)
     base = postgres_url.rsplit("/", 1)[1]
     admin = create_engine(POSTGRES_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://"),
