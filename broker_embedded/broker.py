@@ -26,6 +26,7 @@ from .consumption import ConsumerGroups, decode_events
 from .delay import DUE_AT, DelaySchedule, due_at_ms, validate_delay
 from .errors import (
     BrokerClosedError,
+    BrokerError,
     MessageTooLargeError,
     TransactionConflictError,
     UnknownTopicError,
@@ -55,6 +56,7 @@ from .topics import (
 )
 from .transactions import (
     OP_COMMIT,
+    OP_PARK,
     OP_RECHECK,
     RESOLUTION_OPS,
     CheckService,
@@ -101,7 +103,8 @@ class EmbeddedBroker:
         self.schedule = DelaySchedule()
         self.consumers = ConsumerGroups(
             self.store.read_queue, self.store.queue_max_offset, self._queue_count,
-            self.store.put_batch, self.config.max_delivery_attempts,
+            lambda records: self.store.put_batch(records, wait_for_flush=False),
+            self.config.max_delivery_attempts,
             self.config.retry_backoff_s, self.config.max_inflight_per_queue,
         )
         self._rebuild()
@@ -232,6 +235,28 @@ class EmbeddedBroker:
                                                   bytes(message.body), now_ms()))
         return self._send_result(message, stored)
 
+    def send_batch(self, messages: list[Message]) -> list[SendResult | BrokerError]:
+        """Send many messages with one append and one fsync; per message a result or the
+        typed error that refused it (the others are still sent). The server uses it to
+        group concurrent sends."""
+        outcomes: list[SendResult | BrokerError | None] = []
+        records: list[StoredRecord] = []
+        accepted: list[tuple[int, Message]] = []
+        now = now_ms()
+        for message in messages:
+            try:
+                queue_id = self._validate(message)
+            except BrokerError as exc:
+                outcomes.append(exc)
+                continue
+            accepted.append((len(outcomes), message))
+            outcomes.append(None)  # filled in once stored
+            records.append(self._real_record(message.topic, queue_id, codec.message_properties(message),
+                                             bytes(message.body), now))
+        for (index, message), stored in zip(accepted, self.store.put_batch(records), strict=True):
+            outcomes[index] = self._send_result(message, stored)
+        return [outcome for outcome in outcomes if outcome is not None]
+
     def _real_record(self, topic: str, queue_id: int, props: dict[str, str], body: bytes,
                      delay_from_ms: int, born_ms: int = 0) -> StoredRecord:
         """The record for a message bound to ``topic``: there, or via the delay topic."""
@@ -291,6 +316,8 @@ class EmbeddedBroker:
                 )
             if from_check:
                 self.checks.answered(tx)
+                log.info("transaction %s: check-back answer %s (state %s)",
+                         transaction_id, resolution.value, tx.state.value)
             source = "check-back answer" if from_check else "producer"
             if resolution is Resolution.UNKNOWN:
                 log.info("transaction %s: %s UNKNOWN; it stays pending", transaction_id, source)
@@ -328,7 +355,19 @@ class EmbeddedBroker:
         return StoredRecord(OP_HALF_TOPIC, 0, encode_op(op), {"TAGS": "d"})
 
     def _write_op(self, op: Op) -> None:
-        self.store.put(self._op_record(op))
+        """Store an op record; parking also copies the half messages to ``CHECK_MAX_TOPIC``
+        (one batch, so the copies and the op are durable together)."""
+        records = self._parked_records(op) if op.op == OP_PARK else []
+        self.store.put_batch([*records, self._op_record(op)])
+
+    def _parked_records(self, op: Op) -> list[StoredRecord]:
+        tx = self.book.by_id[op.tx]
+        return [
+            StoredRecord(CHECK_MAX_TOPIC, 0, half.body,
+                         {**half.properties, codec.CHECK_TIMES: str(op.n)},
+                         born_timestamp_ms=half.born_timestamp_ms)
+            for half in tx.halves
+        ]
 
     def _apply_op(self, op: Op) -> None:
         self._write_op(op)

@@ -11,6 +11,10 @@ queue order (FIFO). A new group starts at the beginning of the topic.
 Durability: every delivery, ack and dead-lettering is an event record in
 ``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
 counts and delivery statistics. A message in flight at a restart is visible again at once.
+Like RocketMQ's periodic consumer-offset persistence, these events are written without
+waiting for their fsync (they are durable within the store's flush interval): a crash
+can forget the last acks, which only means one more delivery of those messages, and the
+idempotent consumer absorbs it. Dead-lettered messages themselves are written durably.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Delivery:
     record: StoredRecord
     attempt: int = 0
     visible_at_ms: int = 0
+    expires_at_ms: int = 0  # the current receipt is valid until then
     receipt: str = ""
 
 
@@ -185,7 +190,7 @@ class ConsumerGroups:
             if remaining <= 0:
                 return []
             with self.arrived:
-                self.arrived.wait(min(remaining, 0.05))
+                self.arrived.wait(min(remaining, 0.2))
 
     def _sources(self, group: str, topic: str) -> list[tuple[str, int]]:
         queues = [(topic, q) for q in range(self._queue_count(topic))]
@@ -222,6 +227,7 @@ class ConsumerGroups:
                 delivery.receipt = uuid.uuid4().hex[:16]
                 backoff = self.retry_backoff_ms[min(delivery.attempt - 1, len(self.retry_backoff_ms) - 1)]
                 delivery.visible_at_ms = now + invisible_ms + backoff
+                delivery.expires_at_ms = now + invisible_ms
                 delivered.append((key, delivery))
             if len(delivered) >= max_messages:
                 break
@@ -285,6 +291,10 @@ class ConsumerGroups:
             raise UnknownReceiptError(
                 f"stale receipt handle {handle!r}: the message was delivered again since"
             )
+        if now_ms() > delivery.expires_at_ms:
+            raise UnknownReceiptError(
+                f"expired receipt handle {handle!r}: its invisible duration is over"
+            )
         return key, progress, delivery
 
     def ack(self, group: str, handle: str) -> None:
@@ -301,7 +311,7 @@ class ConsumerGroups:
         with self.lock:
             key, _, delivery = self._lookup(group, handle)
             delivery.receipt = uuid.uuid4().hex[:16]
-            delivery.visible_at_ms = now_ms() + invisible_ms
+            delivery.visible_at_ms = delivery.expires_at_ms = now_ms() + invisible_ms
             return self._received(key, delivery).receipt_handle
 
     # -- admin ----------------------------------------------------------------------------

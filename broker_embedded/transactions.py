@@ -203,13 +203,20 @@ class CheckService:
         )
 
     def _check(self, tx: Transaction) -> None:
+        with self.book.lock:
+            if tx.state is not TransactionState.PENDING:
+                return  # resolved since the round started: never check it again
+            tx.check_deadline = time.monotonic() + self.check_interval_ms / 1000
         request = CheckRequest(
             producer_group=tx.producer_group,
             transaction_id=tx.transaction_id,
             message=codec.message_of(tx.halves[0]),
             check_times=tx.check_times + 1,
         )
-        tx.check_deadline = time.monotonic() + self.check_interval_ms / 1000
+        log.info(
+            "check-back %d/%d for transaction %s (group %s)",
+            request.check_times, self.check_max, tx.transaction_id, tx.producer_group,
+        )
         try:
             routed = self.checker().request_check(request)
         except Exception:
@@ -228,7 +235,3 @@ class CheckService:
                 self.write_op(op)
                 self.book.apply(op)
         self.checks_sent += 1
-        log.info(
-            "check-back %d/%d sent for transaction %s (group %s)",
-            request.check_times, self.check_max, tx.transaction_id, tx.producer_group,
-        )
