@@ -27,6 +27,7 @@ from .delay import DUE_AT, DelaySchedule, due_at_ms, validate_delay
 from .errors import (
     BrokerClosedError,
     BrokerError,
+    InvalidMessageError,
     MessageTooLargeError,
     TransactionConflictError,
     UnknownTopicError,
@@ -47,11 +48,13 @@ from .topics import (
     CHECK_MAX_TOPIC,
     CONSUMER_STATE_TOPIC,
     HALF_TOPIC,
+    MAX_ID_LENGTH,
     OP_HALF_TOPIC,
     SCHEDULE_TOPIC,
     dlq_topic,
     retry_topic,
     validate_group,
+    validate_identifiers,
     validate_user_topic,
 )
 from .transactions import (
@@ -222,6 +225,7 @@ class EmbeddedBroker:
                 f"body of {len(message.body)} bytes exceeds the limit of {self.config.max_body_size}"
             )
         validate_delay(message)
+        validate_identifiers(message)
         return self._select_queue(message, self._ensure_topic(message.topic))
 
     def _check_open(self) -> None:
@@ -284,8 +288,8 @@ class EmbeddedBroker:
     def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
         queue_id = self._validate(message)
         validate_group(producer_group)
-        if not transaction_id:
-            raise UnknownTransactionError("a half message needs a transaction id")
+        if not transaction_id or len(transaction_id) > MAX_ID_LENGTH or not transaction_id.isprintable():
+            raise InvalidMessageError(f"a transaction id has 1 to {MAX_ID_LENGTH} printable characters")
         with self.book.lock:
             tx = self.book.by_id.get(transaction_id)
             if tx is not None and tx.state is not TransactionState.PENDING:
@@ -514,13 +518,17 @@ class EmbeddedBroker:
             self.consumers.notify()
 
     def _deliver_due(self) -> None:
-        for offset in self.schedule.pop_due():
+        for due_ms, offset in self.schedule.pop_due():
             record = self.store.get(offset)
             props = codec.without(record.properties, codec.REAL_TOPIC, codec.REAL_QUEUE_ID, DUE_AT,
                                   codec.DELAY_LEVEL, codec.DELIVER_AT)
-            self.store.put(StoredRecord(record.properties[codec.REAL_TOPIC],
-                                        int(record.properties[codec.REAL_QUEUE_ID]), record.body, props,
-                                        born_timestamp_ms=record.born_timestamp_ms))
+            try:
+                self.store.put(StoredRecord(record.properties[codec.REAL_TOPIC],
+                                            int(record.properties[codec.REAL_QUEUE_ID]), record.body, props,
+                                            born_timestamp_ms=record.born_timestamp_ms))
+            except Exception:
+                self.schedule.add(due_ms, offset)  # try again next tick
+                raise
 
     def _run_services(self) -> None:
         last_check = 0.0
@@ -535,15 +543,22 @@ class EmbeddedBroker:
                     self.checks.run_once()
                 if time.monotonic() - last_retention >= 600:
                     last_retention = time.monotonic()
-                    self.store.delete_expired_segments(guard_offset=self._retention_guard())
+                    self.apply_retention()
             except BrokerClosedError:
                 return
             except Exception:
                 log.exception("broker service round failed")
 
-    def _retention_guard(self) -> int:
-        guards = [self.book.oldest_unresolved_offset(), self.schedule.oldest_offset()]
-        return min((g for g in guards if g is not None), default=self.store.commitlog.write_offset)
+    def apply_retention(self, now_ms: int | None = None) -> int:
+        """Delete expired commit log segments, keeping every segment from the oldest
+        unresolved half message or waiting delayed message on; returns how many went."""
+        with self.book.lock:
+            guards = [self.book.oldest_unresolved_offset(), self.schedule.oldest_offset()]
+        guard = min((g for g in guards if g is not None), default=None)
+        deleted = self.store.delete_expired_segments(guard_offset=guard, now=now_ms)
+        if deleted:
+            log.info("retention deleted %d commit log segments (guard offset %s)", deleted, guard)
+        return deleted
 
     def close(self) -> None:
         """Stop the services and close the store (idempotent)."""

@@ -92,6 +92,15 @@ class QueueProgress:
             self.floor += 1
         self.next_offset = max(self.next_offset, self.floor)
 
+    def skip_to(self, offset: int) -> None:
+        """Messages below ``offset`` are gone (retention deleted them): nothing to do there."""
+        if offset <= self.floor:
+            return
+        self.floor = offset
+        self.done_above = {o for o in self.done_above if o >= offset}
+        self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
+        self.mark_done(offset - 1)  # advances the floor over done offsets just above it
+
 
 @dataclass
 class DeliveryStats:
@@ -240,6 +249,8 @@ class ConsumerGroups:
             batch = self._read_queue(stored_topic, queue_id, progress.next_offset, 64)
             if not batch:
                 break
+            if batch[0].queue_offset > progress.next_offset:
+                progress.skip_to(batch[0].queue_offset)
             for record in batch:
                 offset = record.queue_offset
                 progress.next_offset = offset + 1

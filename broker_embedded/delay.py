@@ -53,13 +53,13 @@ class DelaySchedule:
         with self._lock:
             heapq.heappush(self._heap, (due_ms, commit_log_offset))
 
-    def pop_due(self, now_ms: int | None = None) -> list[int]:
-        """Commit log offsets of the delayed messages due by now, in due order."""
+    def pop_due(self, now_ms: int | None = None) -> list[tuple[int, int]]:
+        """(due time, commit log offset) of the delayed messages due by now, in due order."""
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        due: list[int] = []
+        due: list[tuple[int, int]] = []
         with self._lock:
             while self._heap and self._heap[0][0] <= now:
-                due.append(heapq.heappop(self._heap)[1])
+                due.append(heapq.heappop(self._heap))
         return due
 
     def oldest_offset(self) -> int | None:

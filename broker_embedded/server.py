@@ -26,7 +26,7 @@ from .errors import (
     MalformedFrameError,
     UnknownRequestCodeError,
 )
-from .message import CheckRequest
+from .message import CheckRequest, Message
 from .protocol import (
     LENGTH,
     MAX_FRAME_BYTES,
@@ -68,6 +68,44 @@ class _Connection:
         self.loop.call_soon_threadsafe(self.send, frame)
 
 
+class _SendBatcher:
+    """Groups the sends that arrive while a batch is being stored into the next batch:
+    one executor hop, one append and one fsync for all of them (group commit)."""
+
+    def __init__(self, broker: Any, executor: ThreadPoolExecutor) -> None:
+        self.broker = broker
+        self.executor = executor
+        self.waiting: list[tuple[Message, asyncio.Future[Any]]] = []
+        self.draining = False
+
+    async def send(self, message: Message) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self.waiting.append((message, future))
+        if not self.draining:
+            self.draining = True
+            loop.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting, []
+                try:
+                    outcomes = await loop.run_in_executor(
+                        self.executor, self.broker.send_batch, [message for message, _ in batch])
+                except Exception as exc:  # the whole batch failed (e.g. the disk is full)
+                    outcomes = [exc] * len(batch)
+                for (_, future), outcome in zip(batch, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+        finally:
+            self.draining = False
+
+
 class BrokerServer:
     """Serve ``broker`` on ``host:port`` (port 0 picks a free one; see ``port`` after start)."""
 
@@ -89,6 +127,7 @@ class BrokerServer:
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sends = _SendBatcher(broker, self.executor) if hasattr(broker, "send_batch") else None
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
@@ -192,6 +231,8 @@ class BrokerServer:
         except (ValueError, KeyError):
             raise UnknownRequestCodeError(f"unknown request code {code}") from None
         arguments = convert_arguments(method, body)
+        if method == "send" and self._sends is not None:
+            return await self._sends.send(arguments["message"])
         call = functools.partial(getattr(self.broker, method), **arguments)
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
 

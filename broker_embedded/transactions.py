@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -114,6 +114,8 @@ class TransactionBook:
         if op.op in _FINAL_OPS:
             tx.state = _FINAL_OPS[op.op]
             tx.resolved_ms = op.ts
+            # a resolved transaction needs its halves' properties, not their bodies
+            tx.halves = [replace(h, body=b"") for h in tx.halves]
         elif op.op == OP_CHECK:
             tx.check_times = max(tx.check_times, op.n)
         elif op.op == OP_PARK and tx.state is TransactionState.PENDING:

@@ -24,12 +24,25 @@ class MessageIndex:
         self.by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
         self.max_indexed = -1
         if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                parts = line[1:].split(SEP)
-                if len(parts) != 3 or not parts[2].isdigit():
-                    continue  # a torn last line
-                self._remember(line[0], parts[0], parts[1], int(parts[2]))
+            self._load(path.read_text(encoding="utf-8"))
         self._file = path.open("a", encoding="utf-8")
+
+    def _load(self, text: str) -> None:
+        """Read the index file (the hot part of a restart: kept to plain dict work)."""
+        by_id, by_key = self.by_id, self.by_key
+        highest = -1
+        for line in text.splitlines():
+            try:
+                topic, key, raw_offset = line[1:].split(SEP)
+                offset = int(raw_offset)
+            except ValueError:
+                continue  # a torn last line
+            target = by_id[key] if line[0] == "i" else by_key[(topic, key)]
+            if not target or target[-1] != offset:
+                target.append(offset)
+            if offset > highest:
+                highest = offset
+        self.max_indexed = highest
 
     def _remember(self, kind: str, topic: str, key: str, offset: int) -> None:
         target = self.by_id[key] if kind == "i" else self.by_key[(topic, key)]

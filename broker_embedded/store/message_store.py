@@ -151,8 +151,12 @@ class MessageStore:
         """Append one record; returns it completed, once durable per flush mode."""
         return self.put_batch([record])[0]
 
-    def put_batch(self, records: list[StoredRecord]) -> list[StoredRecord]:
-        """Append records in order, covered by one fsync in sync mode."""
+    def put_batch(self, records: list[StoredRecord], wait_for_flush: bool = True) -> list[StoredRecord]:
+        """Append records in order, covered by one fsync in sync mode.
+
+        ``wait_for_flush=False`` returns before the fsync: the records become durable (and
+        dispatched) with the next flush, at most ``async_flush_interval_s`` later. For
+        bookkeeping whose loss in a crash is harmless (consumer progress)."""
         for record in records:
             if len(record.body) > self.config.max_record_size:
                 raise MessageTooLargeError(
@@ -168,7 +172,7 @@ class MessageStore:
             end = self.commitlog.write_offset
             if self.config.flush_mode == "async":
                 self._dispatch_all(self._take_pending())
-        if self.config.flush_mode == "sync":
+        if self.config.flush_mode == "sync" and wait_for_flush:
             self._sync_to(end)
         return stored
 
@@ -276,15 +280,10 @@ class MessageStore:
             os.replace(tmp, path)
 
     def _run_background(self) -> None:
-        interval = (
-            self.config.async_flush_interval_s
-            if self.config.flush_mode == "async"
-            else self.config.checkpoint_interval_s
-        )
         last_checkpoint = time.monotonic()
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self.config.async_flush_interval_s):
             try:
-                if self.config.flush_mode == "async":
+                if self.config.flush_mode == "async" or self._pending:
                     self.flush()
                 if time.monotonic() - last_checkpoint >= self.config.checkpoint_interval_s:
                     self.checkpoint()
