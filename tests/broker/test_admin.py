@@ -13,6 +13,7 @@ from broker_embedded.checkers import ProducerCallbackChecker
 from broker_embedded.errors import UnknownReceiptError, UnknownTransactionError
 from broker_embedded.export import export_messages
 from broker_embedded.message import CheckRequest
+from broker_embedded.store.config import StoreConfig
 from broker_embedded.topics import CHECK_MAX_TOPIC
 
 from .conftest import AnsweringChecker, eventually
@@ -163,3 +164,24 @@ def test_export_schema(broker_factory, tmp_path, fmt) -> None:
     assert rows[by_tx["tc"]["message_id"]]["acked_ms"] is None
     assert all(d["consumer_group"] == "g" and d["delivery_attempts"] == 1 and not d["dead_lettered"]
                for d in deliveries)
+
+
+def test_retention_keeps_unresolved_half_messages_and_consumers_skip_deleted_ones(broker_factory) -> None:
+    store = StoreConfig(segment_size=16 * 1024, checkpoint_interval_s=0.5)
+    broker = broker_factory(store=store, default_queues=1, transaction_timeout_s=600)
+    broker.send_half(Message("orders", b"half"), producer_group="pg", transaction_id="t")
+    for n in range(40):
+        broker.send(Message("orders", bytes([n]) * 1024))
+    far_future = time.time_ns() // 1_000_000 + 365 * 86_400_000
+    assert broker.apply_retention(far_future) == 0  # the half message's segment is guarded
+    broker.end_transaction("t", Resolution.COMMIT, producer_group="pg")
+    assert broker.apply_retention(far_future) > 0
+    kept = broker.store.queue_min_offset("orders", 0)
+    assert kept > 0
+    got: list[bytes] = []
+    while batch := broker.receive("g", "orders", max_messages=64, wait_s=0.5):
+        for received in batch:
+            got.append(received.message.body)
+            broker.ack("g", received.receipt_handle)
+    assert got[-1] == b"half" and len(got) == 41 - kept
+    assert broker.stats().consumer_lag == {"g": {"orders": 0}}

@@ -53,3 +53,32 @@ def test_unknown_topic_when_auto_create_is_off(broker_factory) -> None:
         broker.send(Message("orders", b"x"))
     broker.create_topic("orders", queues=2)
     assert broker.send(Message("orders", b"x")).queue_id in (0, 1)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message("orders", b"x", message_id=""),
+        Message("orders", b"x", message_id="m" * 65),
+        Message("orders", b"x", message_id="has space"),
+        Message("orders", b"x", keys=("two words",)),
+        Message("orders", b"x", keys=("",)),
+        Message("orders", b"x", tag="a tag"),
+    ],
+)
+def test_bad_ids_keys_and_tags_are_refused(broker_factory, message) -> None:
+    broker = broker_factory()
+    with pytest.raises(InvalidMessageError):
+        broker.send(message)
+    with pytest.raises(InvalidMessageError):
+        broker.send_half(message, producer_group="pg", transaction_id="t")
+    assert broker.stats().pending_half == 0
+
+
+@pytest.mark.parametrize("transaction_id", ["", "t" * 65, "bad\nid"])
+def test_bad_transaction_ids_are_refused(broker_factory, transaction_id) -> None:
+    broker = broker_factory()
+    with pytest.raises(InvalidMessageError):
+        broker.send_half(Message("orders", b"x"), producer_group="pg", transaction_id=transaction_id)
+    with pytest.raises(InvalidTopicError):
+        broker.send_half(Message("orders", b"x"), producer_group="bad group", transaction_id="t")
