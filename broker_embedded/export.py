@@ -22,6 +22,7 @@ from . import codec
 from .broker import EmbeddedBroker
 from .message import TransactionState
 from .store.record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
+from .topics import SCHEDULE_TOPIC
 
 _STATES = {
     TransactionState.PENDING: "half",
@@ -61,6 +62,11 @@ def collect(broker: EmbeddedBroker) -> tuple[list[dict[str, Any]], list[dict[str
                 copies[message_id] += 1
                 if codec.TRANSACTION_ID not in record.properties and message_id not in rows:
                     rows[message_id] = _row(record, "normal", None, None, None)
+    for queue_id in range(broker.store.queues().get(SCHEDULE_TOPIC, 0)):
+        for record in broker.read_all(SCHEDULE_TOPIC, queue_id):  # delayed, maybe not yet due
+            message_id = record.properties.get(PROPERTY_MESSAGE_ID, "")
+            if codec.TRANSACTION_ID not in record.properties and message_id not in rows:
+                rows[message_id] = _row(record, "normal", None, None, None)
     with broker.book.lock:
         transactions = list(broker.book.by_id.values())
     for tx in transactions:

@@ -130,6 +130,7 @@ def test_read_offsets_queries_and_stats(broker_factory) -> None:
 def test_export_schema(broker_factory, tmp_path, fmt) -> None:
     broker = broker_factory(default_queues=1, transaction_timeout_s=60)
     plain = broker.send(Message("orders", b"n", keys=("a", "b"), tag="t"))
+    delayed = broker.send(Message("orders", b"d", delay_level=18))
     broker.send_half(Message("orders", b"c"), producer_group="pg", transaction_id="tc")
     broker.send_half(Message("orders", b"r"), producer_group="pg", transaction_id="tr")
     pending = broker.send_half(Message("orders", b"h"), producer_group="pg", transaction_id="th")
@@ -139,7 +140,7 @@ def test_export_schema(broker_factory, tmp_path, fmt) -> None:
         if received.message.message_id == plain.message_id:
             broker.ack("g", received.receipt_handle)
     counts = export_messages(broker, tmp_path / "out", fmt)
-    assert counts == {"messages": 4, "deliveries": 2}
+    assert counts == {"messages": 5, "deliveries": 2}
     if fmt == "jsonl":
         messages = [json.loads(line) for line in (tmp_path / "out/messages.jsonl").read_text().splitlines()]
         deliveries = [json.loads(line) for line in (tmp_path / "out/deliveries.jsonl").read_text().splitlines()]
@@ -152,6 +153,9 @@ def test_export_schema(broker_factory, tmp_path, fmt) -> None:
         assert str(table.schema.field("commit_ms").type) == "int64"
         messages = table.to_pylist()
         deliveries = pq.read_table(tmp_path / "out/deliveries.parquet").to_pylist()
+    waiting = next(m for m in messages if m["message_id"] == delayed.message_id)
+    assert waiting["state"] == "normal" and waiting["copies"] == 0 and waiting["topic"] == "orders"
+    messages.remove(waiting)
     by_tx = {m["transaction_id"]: m for m in messages}
     assert by_tx[None]["state"] == "normal" and by_tx[None]["keys"] == "a b" and by_tx[None]["copies"] == 1
     assert by_tx["tc"]["state"] == "committed" and by_tx["tc"]["commit_ms"] >= by_tx["tc"]["store_ms"]
