@@ -314,30 +314,29 @@ class EmbeddedBroker:
         self._check_open()
         with self.book.lock:
             tx = self.book.by_id.get(transaction_id)
-            if tx is None or tx.producer_group != producer_group:
-                raise UnknownTransactionError(
-                    f"no transaction {transaction_id!r} for producer group {producer_group!r}"
-                )
-            if from_check:
-                self.checks.answered(tx)
-                log.info("transaction %s: check-back answer %s (state %s)",
-                         transaction_id, resolution.value, tx.state.value)
-            source = "check-back answer" if from_check else "producer"
-            if resolution is Resolution.UNKNOWN:
-                log.info("transaction %s: %s UNKNOWN; it stays pending", transaction_id, source)
-                return EndTransactionResult(transaction_id, tx.state, False, tx.message_ids)
-            wanted = TransactionState.COMMITTED if resolution is Resolution.COMMIT else TransactionState.ROLLED_BACK
+        if tx is None or tx.producer_group != producer_group:
+            raise UnknownTransactionError(
+                f"no transaction {transaction_id!r} for producer group {producer_group!r}"
+            )
+        if from_check:
+            self.checks.answered(tx)
+        source = "check-back answer" if from_check else "producer"
+        if resolution is Resolution.UNKNOWN:
+            log.info("transaction %s: %s UNKNOWN; it stays pending", transaction_id, source)
+            return EndTransactionResult(transaction_id, tx.state, False, tx.message_ids)
+        wanted = TransactionState.COMMITTED if resolution is Resolution.COMMIT else TransactionState.ROLLED_BACK
+        with tx.lock:  # this transaction only: other transactions resolve meanwhile
             if tx.state is wanted:
                 return EndTransactionResult(transaction_id, tx.state, False, tx.message_ids)
             if tx.state in (TransactionState.COMMITTED, TransactionState.ROLLED_BACK):
                 raise TransactionConflictError(
-                    f"transaction {transaction_id} is already {tx.state.value}; "
-                    f"{resolution.value} refused"
+                    f"transaction {transaction_id} is already {tx.state.value}; {resolution.value} refused"
                 )
             op = Op(transaction_id, RESOLUTION_OPS[resolution], tx.check_times, now_ms())
             records = self._commit_records(tx) if resolution is Resolution.COMMIT else []
             stored = self.store.put_batch([*records, self._op_record(op)])
-            self.book.apply(op)
+            with self.book.lock:
+                self.book.apply(op)
         for record in stored[:-1]:
             if record.topic == SCHEDULE_TOPIC:
                 self.schedule.add(int(record.properties[DUE_AT]), record.commit_log_offset)

@@ -64,6 +64,8 @@ class Transaction:
     next_check_ms: int = 0
     check_deadline: float = 0.0  # monotonic time until which a check is outstanding
     resolved_ms: int | None = None
+    #: Serialises the resolution of this transaction only (held across its fsync).
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def born_ms(self) -> int:

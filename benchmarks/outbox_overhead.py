@@ -1,0 +1,189 @@
+"""What ``@transactional_message`` costs on PostgreSQL, and how fast its messages arrive.
+
+    ./dev bench outbox_overhead [--seconds 5] [--postgres postgresql+psycopg://postgres@127.0.0.1/test]
+
+In one run, on a fresh database and a broker server process:
+
+* throughput: a bare local transaction (one insert + commit) against the same with
+  ``@transactional_message``, with 1 and 8 concurrent clients;
+* latency from the DB commit to the consumer's handler: ours (half message, COMMIT right
+  after the commit) against a polling outbox relay in the style of django-outbox-pattern
+  (outbox row in the transaction; a relay polls every 100 ms, publishes, deletes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine, event, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker_embedded import BrokerClient, Message
+from outbox import Producer, message_json, transactional_message
+from outbox.integrations.sqlalchemy.tables import metadata as outbox_metadata
+
+app = MetaData()
+orders = Table("bench_orders", app, Column("id", String(40), primary_key=True), Column("amount", Integer))
+relay_outbox = Table("bench_relay_outbox", app, Column("id", Integer, primary_key=True, autoincrement=True),
+                     Column("order_id", String(40)), Column("committed_at", Float))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_clients(clients: int, seconds: float, call: Callable[[], None]) -> float:
+    counts = [0] * clients
+    stop = time.perf_counter() + seconds
+
+    def work(i: int) -> None:
+        while time.perf_counter() < stop:
+            call()
+            counts[i] += 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--latency-samples", type=int, default=300)
+    args = parser.parse_args()
+    database = f"hm_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(args.postgres, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    url = args.postgres.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + database
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="hm-outbox-bench-"))
+    server = subprocess.Popen([sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(work / "b"),
+                               "--port", str(port), "--log-level", "WARNING"])
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        engine = create_engine(url, pool_size=20)
+        app.create_all(engine)
+        outbox_metadata.create_all(engine)
+        factory = sessionmaker(engine)
+        producer = Producer(BrokerClient(f"tcp://127.0.0.1:{port}"), "bench")
+
+        def bare() -> None:
+            with factory.begin() as session:
+                session.execute(orders.insert().values(id=uuid.uuid4().hex, amount=1))
+
+        @transactional_message(producer, factory, topic="bench.paid", body=lambda order_id: {"id": order_id})
+        def paid(session: Session, order_id: str) -> None:
+            session.execute(orders.insert().values(id=order_id, amount=1))
+
+        rows = []
+        for clients in (1, 8):
+            run_clients(clients, 1.0, bare)  # warm-up
+            bare_rate = run_clients(clients, args.seconds, bare)
+            ours_rate = run_clients(clients, args.seconds, lambda: paid(uuid.uuid4().hex))
+            rows.append((clients, bare_rate, ours_rate))
+        print(f"{'clients':>8}{'bare tx/s':>14}{'@transactional_message tx/s':>30}{'ratio':>8}{'added ms/call':>15}")
+        for clients, bare_rate, ours_rate in rows:
+            added = (clients / ours_rate - clients / bare_rate) * 1000
+            print(f"{clients:>8}{bare_rate:>14,.0f}{ours_rate:>30,.0f}{ours_rate / bare_rate:>8.0%}{added:>15.3f}")
+
+        # -- latency: DB commit -> consumer handler --------------------------------------
+        committed: dict[str, float] = {}
+        latencies: dict[str, list[float]] = {"halfmoon": [], "polling relay (100 ms)": []}
+
+        def consume(topic: str, kind: str, stop: threading.Event) -> None:
+            client = BrokerClient(f"tcp://127.0.0.1:{port}")
+            while not stop.is_set():
+                for received in client.receive("lat", topic, max_messages=32, wait_s=0.5):
+                    now = time.time()
+                    order_id = message_json(received.message)["id"]
+                    if order_id in committed:
+                        latencies[kind].append((now - committed[order_id]) * 1000)
+                    client.ack("lat", received.receipt_handle)
+            client.close()
+
+        @event.listens_for(Session, "after_commit")
+        def stamp(session: Session) -> None:
+            order_id = session.info.pop("bench_order", None)
+            if order_id:
+                committed[order_id] = time.time()
+
+        @transactional_message(producer, factory, topic="bench.latency", body=lambda order_id: {"id": order_id})
+        def timed_paid(session: Session, order_id: str) -> None:
+            session.info["bench_order"] = order_id
+            session.execute(orders.insert().values(id=order_id, amount=1))
+
+        def relay(stop: threading.Event) -> None:
+            client = BrokerClient(f"tcp://127.0.0.1:{port}")
+            while not stop.wait(0.1):
+                with factory.begin() as session:
+                    pending = session.execute(select(relay_outbox).with_for_update(skip_locked=True).limit(100)).all()
+                    for row in pending:
+                        client.send(Message("bench.relay", f'{{"id": "{row.order_id}"}}'.encode()))
+                    if pending:
+                        session.execute(relay_outbox.delete().where(relay_outbox.c.id.in_([r.id for r in pending])))
+            client.close()
+
+        def relay_paid(order_id: str) -> None:
+            with factory() as session, session.begin():
+                session.info["bench_order"] = order_id
+                session.execute(orders.insert().values(id=order_id, amount=1))
+                session.execute(relay_outbox.insert().values(order_id=order_id, committed_at=time.time()))
+
+        stop = threading.Event()
+        threads = [threading.Thread(target=consume, args=("bench.latency", "halfmoon", stop)),
+                   threading.Thread(target=consume, args=("bench.relay", "polling relay (100 ms)", stop)),
+                   threading.Thread(target=relay, args=(stop,))]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        for _ in range(args.latency_samples):
+            timed_paid(uuid.uuid4().hex)
+            relay_paid(uuid.uuid4().hex)
+            time.sleep(0.01)
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join()
+        print()
+        print(f"{'commit -> handler latency':<28}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
+        for kind, values in latencies.items():
+            print(f"{kind:<28}{len(values):>6}{percentile(values, 0.5):>10.2f}{percentile(values, 0.99):>10.2f}"
+                  f"{statistics.fmean(values) if values else float('nan'):>10.2f}")
+        engine.dispose()
+    finally:
+        server.terminate()
+        server.wait()
+        with psycopg.connect(args.postgres, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
