@@ -106,7 +106,7 @@ class EmbeddedBroker:
         self.schedule = DelaySchedule()
         self.consumers = ConsumerGroups(
             self.store.read_queue, self.store.queue_max_offset, self._queue_count,
-            lambda records: self.store.put_batch(records, wait_for_flush=False),
+            lambda records: self.store.put_batch(records, wait_for_flush=self.config.sync_consumer_progress),
             self.config.max_delivery_attempts,
             self.config.retry_backoff_s, self.config.max_inflight_per_queue,
         )
@@ -290,18 +290,24 @@ class EmbeddedBroker:
         validate_group(producer_group)
         if not transaction_id or len(transaction_id) > MAX_ID_LENGTH or not transaction_id.isprintable():
             raise InvalidMessageError(f"a transaction id has 1 to {MAX_ID_LENGTH} printable characters")
-        with self.book.lock:
-            tx = self.book.by_id.get(transaction_id)
-            if tx is not None and tx.state is not TransactionState.PENDING:
-                raise TransactionConflictError(
-                    f"transaction {transaction_id} already ended ({tx.state.value})"
-                )
         props = codec.message_properties(message)
         props.update({
             codec.REAL_TOPIC: message.topic, codec.REAL_QUEUE_ID: str(queue_id),
             codec.TRANSACTION_ID: transaction_id, codec.PRODUCER_GROUP: producer_group,
         })
-        stored = self.store.put(StoredRecord(HALF_TOPIC, 0, bytes(message.body), props))
+        record = StoredRecord(HALF_TOPIC, 0, bytes(message.body), props)
+        with self.book.lock:
+            tx = self.book.by_id.get(transaction_id)
+        if tx is None:
+            stored = self.store.put(record)
+        else:
+            with tx.lock:  # a half message joins a transaction only while it is pending
+                if tx.state is not TransactionState.PENDING or tx.producer_group != producer_group:
+                    raise TransactionConflictError(
+                        f"transaction {transaction_id} already ended ({tx.state.value}) "
+                        f"or belongs to producer group {tx.producer_group!r}"
+                    )
+                stored = self.store.put(record)
         with self.book.lock:
             self.book.add_half(stored)
         return SendResult(message.message_id, message.topic, queue_id, -1,
@@ -320,6 +326,7 @@ class EmbeddedBroker:
             )
         if from_check:
             self.checks.answered(tx)
+            log.info("transaction %s: check-back answer %s", transaction_id, resolution.value)
         source = "check-back answer" if from_check else "producer"
         if resolution is Resolution.UNKNOWN:
             log.info("transaction %s: %s UNKNOWN; it stays pending", transaction_id, source)

@@ -27,3 +27,7 @@ class BrokerConfig:
     retry_backoff_s: tuple[float, ...] = DEFAULT_RETRY_BACKOFF_S
     max_inflight_per_queue: int = 2048
     service_tick_s: float = 0.1
+    #: True: every receive/ack event is fsync'd before the call returns. False (default,
+    #: RocketMQ's periodic offset persistence): durable within the store's flush interval,
+    #: so a crash may deliver the last acked messages once more.
+    sync_consumer_progress: bool = False

@@ -309,7 +309,7 @@ class ConsumerGroups:
         return key, progress, delivery
 
     def ack(self, group: str, handle: str) -> None:
-        """Mark a delivered message done for the group (durable before returning)."""
+        """Mark a delivered message done for the group (durable per ``sync_consumer_progress``)."""
         with self.lock:
             key, progress, delivery = self._lookup(group, handle)
             progress.mark_done(delivery.record.queue_offset)

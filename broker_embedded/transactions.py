@@ -195,12 +195,13 @@ class CheckService:
             outstanding += 1
 
     def _park(self, tx: Transaction) -> None:
-        with self.book.lock:
+        with tx.lock:  # not while END_TRANSACTION of this transaction is being written
             if tx.state is not TransactionState.PENDING:
                 return
             op = Op(tx.transaction_id, OP_PARK, tx.check_times, now_ms())
             self.write_op(op)
-            self.book.apply(op)
+            with self.book.lock:
+                self.book.apply(op)
         log.warning(
             "transaction %s parked in %s after %d unanswered checks",
             tx.transaction_id, "TRANS_CHECK_MAX_TIME_TOPIC", tx.check_times,
@@ -226,16 +227,16 @@ class CheckService:
         except Exception:
             log.exception("checker failed for transaction %s", tx.transaction_id)
             routed = False
-        with self.book.lock:
-            tx.next_check_ms = now_ms() + self.check_interval_ms
-            if not routed:
-                # No route: this round does not count; try again next interval.
-                tx.check_deadline = 0.0
-                log.info("no checker route for transaction %s (group %s)",
-                         tx.transaction_id, tx.producer_group)
-                return
+        tx.next_check_ms = now_ms() + self.check_interval_ms
+        if not routed:
+            # No route: this round does not count; try again next interval.
+            tx.check_deadline = 0.0
+            log.info("no checker route for transaction %s (group %s)", tx.transaction_id, tx.producer_group)
+            return
+        with tx.lock:
             if tx.state is TransactionState.PENDING:  # the answer may already be in
                 op = Op(tx.transaction_id, OP_CHECK, request.check_times, now_ms())
                 self.write_op(op)
-                self.book.apply(op)
+                with self.book.lock:
+                    self.book.apply(op)
         self.checks_sent += 1
