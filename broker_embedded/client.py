@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import secrets
 import socket
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -23,12 +21,13 @@ from urllib.parse import urlparse
 import msgspec
 
 from .api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo
+from .auth import credentials
 from .errors import (
     BrokerClosedError,
+    BrokerError,
     BrokerUnavailableError,
     MalformedFrameError,
     RequestTimeoutError,
-    error_for_code,
 )
 from .message import (
     CheckRequest,
@@ -49,8 +48,8 @@ from .protocol import (
     convert_result,
     decode_frame,
     encode_frame,
-    sign,
     to_wire,
+    unwrap_response,
 )
 
 log = logging.getLogger("broker_embedded.client")
@@ -62,6 +61,31 @@ def parse_tcp_url(url: str) -> tuple[str, int]:
     if parsed.scheme != "tcp" or not parsed.hostname or not parsed.port:
         raise ValueError(f"expected tcp://host:port, got {url!r}")
     return parsed.hostname, parsed.port
+
+
+class _Link:
+    """One TCP connection and the requests waiting for an answer on it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.send_lock = threading.Lock()
+        self.pending: dict[int, Future[Any]] = {}
+        self.failure: str | None = None
+
+    def fail(self, reason: str) -> None:
+        """Mark the link dead and fail everything waiting on it."""
+        with self.lock:
+            if self.failure is None:
+                self.failure = reason
+            pending, self.pending = self.pending, {}
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(BrokerUnavailableError(reason))
 
 
 class BrokerClient:
@@ -81,56 +105,47 @@ class BrokerClient:
         self.connect_timeout_s = connect_timeout_s
         self.access_key = access_key
         self.secret_key = secret_key
-        self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._pending: dict[int, Future[Any]] = {}
+        self._connect_lock = threading.Lock()
+        self._link: _Link | None = None
         self._ids = itertools.count(1)
         self._producers: dict[str, list[CheckCallback]] = {}
         self._callbacks = ThreadPoolExecutor(max_workers=4, thread_name_prefix="check-callback")
         self._closed = False
 
     # -- connection -----------------------------------------------------------------------
-    def _connection(self) -> socket.socket:
-        with self._lock:
+    def _connection(self) -> _Link:
+        """The live link, opening (and authenticating, re-registering) a new one if needed."""
+        link = self._link
+        if link is not None and link.failure is None:
+            return link
+        with self._connect_lock:
             if self._closed:
                 raise BrokerClosedError("the client is closed")
-            if self._sock is not None:
-                return self._sock
+            link = self._link
+            if link is not None and link.failure is None:
+                return link
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
             except OSError as exc:
                 raise BrokerUnavailableError(f"cannot connect to {self.url}: {exc}") from None
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock = sock
-            threading.Thread(target=self._read_loop, args=(sock,), daemon=True,
+            link = _Link(sock)
+            threading.Thread(target=self._read_loop, args=(link,), daemon=True,
                              name=f"broker-client-{self.port}").start()
-        if self.access_key and self.secret_key:
-            stamp, nonce = int(time.time() * 1000), secrets.token_hex(8)
-            self._request(RequestCode.AUTHENTICATE, {
-                "access_key": self.access_key, "timestamp_ms": stamp, "nonce": nonce,
-                "signature": sign(self.secret_key, self.access_key, stamp, nonce),
-            })
-        for group in list(self._producers):
-            self._request(RequestCode.HEART_BEAT, {"producer_group": group})
-        return sock
+            try:
+                if self.access_key and self.secret_key:
+                    self._exchange(link, RequestCode.AUTHENTICATE, credentials(self.access_key, self.secret_key))
+                for group in list(self._producers):
+                    self._exchange(link, RequestCode.HEART_BEAT, {"producer_group": group})
+            except BrokerError as exc:
+                link.fail(f"handshake with {self.url} failed: {exc}")
+                raise
+            self._link = link
+            return link
 
-    def _drop(self, sock: socket.socket, reason: str) -> None:
-        with self._lock:
-            if self._sock is sock:
-                self._sock = None
-            pending, self._pending = self._pending, {}
-        try:
-            sock.close()
-        except OSError:
-            pass
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(BrokerUnavailableError(f"connection to {self.url} lost: {reason}"))
-
-    def _read_loop(self, sock: socket.socket) -> None:
-        reader = sock.makefile("rb")
+    def _read_loop(self, link: _Link) -> None:
+        reader = link.sock.makefile("rb")
         try:
             while True:
                 head = reader.read(LENGTH.size)
@@ -146,12 +161,12 @@ class BrokerClient:
                 if kind is Kind.PUSH:
                     self._on_push(code, body)
                     continue
-                with self._lock:
-                    future = self._pending.pop(request_id, None)
+                with link.lock:
+                    future = link.pending.pop(request_id, None)
                 if future is not None and not future.done():
                     future.set_result(body)
         except (OSError, ConnectionError, MalformedFrameError, ValueError) as exc:
-            self._drop(sock, str(exc))
+            link.fail(f"connection to {self.url} lost: {exc}")
 
     def _on_push(self, code: int, body: Any) -> None:
         if code != RequestCode.CHECK_TRANSACTION_STATE:
@@ -169,30 +184,31 @@ class BrokerClient:
             log.exception("check callback failed for transaction %s", request.transaction_id)
 
     # -- requests -------------------------------------------------------------------------
-    def _request(self, code: RequestCode, arguments: dict[str, Any], extra_wait_s: float = 0.0) -> Any:
-        sock = self._connection()
+    def _exchange(self, link: _Link, code: RequestCode, arguments: dict[str, Any], extra_wait_s: float = 0.0) -> Any:
+        """Send one request on ``link`` and wait for its answer (the ``ok`` value)."""
         request_id = next(self._ids)
         future: Future[Any] = Future()
-        with self._lock:
-            self._pending[request_id] = future
+        with link.lock:
+            if link.failure is not None:
+                raise BrokerUnavailableError(link.failure)
+            link.pending[request_id] = future
         try:
-            with self._send_lock:
-                sock.sendall(encode_frame(code, request_id, Kind.REQUEST, arguments))
+            with link.send_lock:
+                link.sock.sendall(encode_frame(code, request_id, Kind.REQUEST, arguments))
         except OSError as exc:
-            self._drop(sock, str(exc))
-            raise BrokerUnavailableError(f"cannot send to {self.url}: {exc}") from None
+            link.fail(f"cannot send to {self.url}: {exc}")
         try:
             body = future.result(self.timeout_s + extra_wait_s)
         except FutureTimeout:
-            with self._lock:
-                self._pending.pop(request_id, None)
+            with link.lock:
+                link.pending.pop(request_id, None)
             raise RequestTimeoutError(
                 f"{code.name} got no answer from {self.url} within {self.timeout_s + extra_wait_s:.1f}s"
             ) from None
-        if "error" in body:
-            error_code, message = body["error"]
-            raise error_for_code(error_code, message)
-        return body.get("ok")
+        return unwrap_response(body)
+
+    def _request(self, code: RequestCode, arguments: dict[str, Any], extra_wait_s: float = 0.0) -> Any:
+        return self._exchange(self._connection(), code, arguments, extra_wait_s)
 
     def _call(self, method: str, extra_wait_s: float = 0.0, **arguments: Any) -> Any:
         raw = self._request(CODES[method], {k: to_wire(v) for k, v in arguments.items()}, extra_wait_s)
@@ -298,11 +314,11 @@ class BrokerClient:
 
     def close(self) -> None:
         """Close the connection; later calls raise ``BrokerClosedError``."""
-        with self._lock:
+        with self._connect_lock:
             self._closed = True
-            sock = self._sock
-        if sock is not None:
-            self._drop(sock, "client closed")
+            link, self._link = self._link, None
+        if link is not None:
+            link.fail("client closed")
         self._callbacks.shutdown(wait=False)
 
     def __enter__(self) -> BrokerClient:

@@ -17,8 +17,6 @@ construction.
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import struct
 import typing
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from typing import Any
 import msgspec
 
 from .api import BrokerAPI
-from .errors import MalformedFrameError
+from .errors import MalformedFrameError, error_for_code
 
 LENGTH = struct.Struct(">I")
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -151,7 +149,11 @@ def to_wire(value: Any) -> Any:
     return msgspec.to_builtins(value)
 
 
-def sign(secret_key: str, access_key: str, timestamp_ms: int, nonce: str) -> str:
-    """HMAC-SHA256 signature of an AUTHENTICATE request (RocketMQ ACL style)."""
-    message = f"{access_key}:{timestamp_ms}:{nonce}".encode()
-    return hmac.new(secret_key.encode(), message, hashlib.sha256).hexdigest()
+def unwrap_response(body: Any) -> Any:
+    """The ``ok`` value of a response body, or its typed error raised."""
+    if not isinstance(body, dict):
+        raise MalformedFrameError("a response body must be a map")
+    if "error" in body:
+        error_code, message = body["error"]
+        raise error_for_code(str(error_code), str(message))
+    return body.get("ok")

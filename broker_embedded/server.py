@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .api import BrokerAPI
+from .auth import Authenticator
 from .errors import (
     AuthenticationError,
+    BrokerClosedError,
     BrokerError,
     InvalidMessageError,
     MalformedFrameError,
@@ -36,14 +36,12 @@ from .protocol import (
     convert_arguments,
     decode_frame,
     encode_frame,
-    sign,
     to_wire,
 )
 
 log = logging.getLogger("broker_embedded.server")
 
-AUTH_MAX_SKEW_MS = 5 * 60 * 1000
-
+STOP_GRACE_S = 10.0
 
 class _Connection:
     """One client connection: its writer, identity and the producer groups it answers for."""
@@ -121,12 +119,16 @@ class BrokerServer:
         self.broker = broker
         self.host = host
         self.port = port
-        self.access_key = access_key
-        self.secret_key = secret_key
+        if (access_key is None) != (secret_key is None):
+            raise ValueError("give both access_key and secret_key, or neither")
+        self._authenticator = (
+            Authenticator(access_key, secret_key) if access_key is not None and secret_key is not None else None
+        )
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="broker-call")
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._sends = _SendBatcher(broker, self.executor) if hasattr(broker, "send_batch") else None
 
     async def start(self) -> None:
@@ -141,19 +143,25 @@ class BrokerServer:
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish, close connections."""
+        self._stopping = True
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+            log.info("finishing %d requests in flight", len(self._tasks))
+            await asyncio.wait(list(self._tasks), timeout=STOP_GRACE_S)
         for connection in list(self._connections):
             connection.writer.close()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), STOP_GRACE_S)
+            except TimeoutError:
+                log.warning("connections still open after %.0fs; stopping anyway", STOP_GRACE_S)
         self.executor.shutdown(wait=True, cancel_futures=False)
         log.info("broker server stopped")
 
     # -- connections ----------------------------------------------------------------------
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = _Connection(writer, asyncio.get_running_loop(), self.access_key is None)
+        connection = _Connection(writer, asyncio.get_running_loop(), self._authenticator is None)
         self._connections.add(connection)
         log.debug("connection from %s", connection.peer)
         try:
@@ -172,7 +180,14 @@ class BrokerServer:
                 if kind is not Kind.REQUEST:
                     self._reply_error(connection, code, request_id, MalformedFrameError("expected a request"))
                     continue
-                if not connection.authenticated and code != RequestCode.AUTHENTICATE:
+                if code == RequestCode.AUTHENTICATE:
+                    if not self._authenticate(connection, code, request_id, body):
+                        break  # a wrong key gets its answer and then the door
+                    continue
+                if self._stopping:
+                    self._reply_error(connection, code, request_id, BrokerClosedError("the broker is stopping"))
+                    continue
+                if not connection.authenticated:
                     self._reply_error(connection, code, request_id,
                                       AuthenticationError("authenticate first"))
                     break
@@ -208,9 +223,6 @@ class BrokerServer:
             self._reply_error(connection, code, request_id, BrokerError(f"internal error: {exc}"))
 
     async def _execute(self, connection: _Connection, code: int, body: Any) -> Any:
-        if code == RequestCode.AUTHENTICATE:
-            self._authenticate(connection, body)
-            return None
         if code == RequestCode.HEART_BEAT:
             group = str(body["producer_group"])
             self.broker.register_producer(group, connection.push_check)
@@ -244,22 +256,18 @@ class BrokerServer:
             raise UnknownRequestCodeError("this server's broker cannot export")
         return export_messages(self.broker, out_dir, fmt)  # type: ignore[arg-type]
 
-    def _authenticate(self, connection: _Connection, body: Any) -> None:
-        if self.access_key is None or self.secret_key is None:
-            connection.authenticated = True
-            return
-        try:
-            access_key, timestamp_ms, nonce, signature = (
-                str(body["access_key"]), int(body["timestamp_ms"]), str(body["nonce"]), str(body["signature"])
-            )
-        except (KeyError, TypeError, ValueError):
-            raise AuthenticationError("malformed credentials") from None
-        expected = sign(self.secret_key, self.access_key, timestamp_ms, nonce)
-        fresh = abs(time.time() * 1000 - timestamp_ms) <= AUTH_MAX_SKEW_MS
-        if access_key != self.access_key or not fresh or not hmac.compare_digest(signature, expected):
-            log.warning("authentication failed from %s", connection.peer)
-            raise AuthenticationError("access key or signature is wrong")
+    def _authenticate(self, connection: _Connection, code: int, request_id: int, body: Any) -> bool:
+        """Answer an AUTHENTICATE request; False if the credentials are wrong."""
+        if self._authenticator is not None:
+            try:
+                self._authenticator.verify(body)
+            except AuthenticationError as exc:
+                log.warning("authentication failed from %s: %s", connection.peer, exc)
+                self._reply_error(connection, code, request_id, exc)
+                return False
         connection.authenticated = True
+        self._reply(connection, code, request_id, None)
+        return True
 
 
 async def run_server(server: BrokerServer, stop: asyncio.Event) -> None:
