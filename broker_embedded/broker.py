@@ -18,6 +18,8 @@ import time
 import zlib
 from pathlib import Path
 
+import msgspec
+
 from . import codec
 from .api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo, TransactionChecker
 from .checkers import ProducerCallbackChecker
@@ -94,6 +96,7 @@ class EmbeddedBroker:
         self.producers = ProducerCallbackChecker()
         self._checker: TransactionChecker = checker or self.producers
         self._topics_path = self.data_dir / "topics.json"
+        self._consumer_snapshot_path = self.data_dir / "consumer_state.snapshot"
         self._topics: dict[str, int] = self._load_topics()
         self._topics_lock = threading.Lock()
         self._round_robin = itertools.count()
@@ -126,10 +129,10 @@ class EmbeddedBroker:
             return {str(k): int(v) for k, v in json.loads(self._topics_path.read_text()).items()}
         return {}
 
-    def read_all(self, topic: str, queue_id: int = 0) -> list[StoredRecord]:
-        """Every record of a queue (system topics included), oldest first."""
+    def read_all(self, topic: str, queue_id: int = 0, start: int = 0) -> list[StoredRecord]:
+        """Every record of a queue (system topics included) from ``start``, oldest first."""
         records: list[StoredRecord] = []
-        offset = self.store.queue_min_offset(topic, queue_id)
+        offset = max(start, self.store.queue_min_offset(topic, queue_id))
         while True:
             batch = self.store.read_queue(topic, queue_id, offset, 1024)
             if not batch:
@@ -146,13 +149,43 @@ class EmbeddedBroker:
             if self._commit_already_written(tx):
                 log.info("transaction %s was committed before a crash; recording it", tx.transaction_id)
                 self._apply_op(Op(tx.transaction_id, OP_COMMIT, tx.check_times, now_ms()))
+        events_from = self._restore_consumer_snapshot()
         self.consumers.replay(
-            event for record in self.read_all(CONSUMER_STATE_TOPIC) for event in decode_events(record.body)
+            event
+            for record in self.read_all(CONSUMER_STATE_TOPIC, 0, events_from)
+            for event in decode_events(record.body)
         )
         for queue_id in range(self.store.queues().get(SCHEDULE_TOPIC, 0)):
             for record in self.read_all(SCHEDULE_TOPIC, queue_id):
                 if not self._written_to_real_topic(record):
                     self.schedule.add(int(record.properties[DUE_AT]), record.commit_log_offset)
+
+    def _restore_consumer_snapshot(self) -> int:
+        """Load the consumer snapshot if there is one; the event offset to replay from."""
+        if not self._consumer_snapshot_path.exists():
+            return 0
+        try:
+            return self.consumers.restore(self._consumer_snapshot_path.read_bytes())
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("unreadable %s: replaying every consumer event", self._consumer_snapshot_path)
+            self.consumers.progress.clear()
+            self.consumers.stats.clear()
+            return 0
+
+    def write_consumer_snapshot(self) -> None:
+        """Save every group's progress (fsync'd, atomic) so a start replays only newer events."""
+        data = self.consumers.snapshot(lambda: self.store.queue_max_offset(CONSUMER_STATE_TOPIC, 0))
+        tmp = self._consumer_snapshot_path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._consumer_snapshot_path)
+        directory = os.open(self.data_dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
     def _written_to_real_topic(self, record: StoredRecord) -> bool:
         """True if the message of a half or delayed record already sits in its real topic."""
@@ -538,7 +571,7 @@ class EmbeddedBroker:
 
     def _run_services(self) -> None:
         last_check = 0.0
-        last_retention = time.monotonic()
+        last_retention = last_snapshot = time.monotonic()
         tick = self.config.service_tick_s
         check_every = min(self.config.check_interval_s, 1.0)
         while not self._closed.wait(tick):
@@ -547,6 +580,9 @@ class EmbeddedBroker:
                 if time.monotonic() - last_check >= check_every:
                     last_check = time.monotonic()
                     self.checks.run_once()
+                if time.monotonic() - last_snapshot >= self.config.consumer_snapshot_interval_s:
+                    last_snapshot = time.monotonic()
+                    self.write_consumer_snapshot()
                 if time.monotonic() - last_retention >= 600:
                     last_retention = time.monotonic()
                     self.apply_retention()
@@ -572,6 +608,10 @@ class EmbeddedBroker:
             return
         self._closed.set()
         self._service.join(timeout=10)
+        try:
+            self.write_consumer_snapshot()
+        except OSError:
+            log.exception("could not save the consumer snapshot; the next start replays more events")
         self.store.close()
         log.info("broker on %s closed", self.data_dir)
 

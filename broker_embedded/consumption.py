@@ -11,6 +11,7 @@ queue order (FIFO). A new group starts at the beginning of the topic.
 Durability: every delivery, ack and dead-lettering is an event record in
 ``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
 counts and delivery statistics. A message in flight at a restart is visible again at once.
+A periodic snapshot (``snapshot``/``restore``) bounds the replay to the events after it.
 Like RocketMQ's periodic consumer-offset persistence, these events are written without
 waiting for their fsync (they are durable within the store's flush interval): a crash
 can forget the last acks, which only means one more delivery of those messages, and the
@@ -55,6 +56,35 @@ class Event(msgspec.Struct):
 
 encode_events = msgspec.msgpack.Encoder().encode
 decode_events = msgspec.msgpack.Decoder(list[Event]).decode
+
+
+class _SavedProgress(msgspec.Struct, array_like=True):
+    key: tuple[str, str, str, int]
+    floor: int
+    done_above: list[int]
+    attempts: dict[int, int]
+
+
+class _SavedStats(msgspec.Struct, array_like=True):
+    group: str
+    message_id: str
+    topic: str
+    attempts: int
+    first_delivered_ms: int
+    acked_ms: int | None
+    dead_lettered: bool
+
+
+class Snapshot(msgspec.Struct):
+    """All groups' progress as of the first ``upto`` records of ``RMQ_SYS_CONSUMER_STATE``."""
+
+    upto: int
+    progress: list[_SavedProgress]
+    stats: list[_SavedStats]
+
+
+encode_snapshot = msgspec.msgpack.Encoder().encode
+decode_snapshot = msgspec.msgpack.Decoder(Snapshot).decode
 
 
 def now_ms() -> int:
@@ -155,6 +185,39 @@ class ConsumerGroups:
                     progress.mark_done(event.o)
             for progress in self.progress.values():
                 progress.next_offset = progress.floor
+
+    def snapshot(self, events_stored: Callable[[], int]) -> bytes:
+        """The progress of every group, with ``upto`` = ``events_stored()`` read under the
+        lock: every event record below it was applied before it was written, and
+        replaying later ones again is harmless (events are idempotent)."""
+        with self.lock:
+            return encode_snapshot(Snapshot(
+                upto=events_stored(),
+                progress=[
+                    _SavedProgress(key, p.floor, sorted(p.done_above), dict(p.attempts))
+                    for key, p in self.progress.items()
+                ],
+                stats=[
+                    _SavedStats(group, message_id, s.topic, s.attempts, s.first_delivered_ms,
+                                s.acked_ms, s.dead_lettered)
+                    for (group, message_id), s in self.stats.items()
+                ],
+            ))
+
+    def restore(self, data: bytes) -> int:
+        """Load a snapshot (on start, before ``replay``); returns the event offset to replay from."""
+        snapshot = decode_snapshot(data)
+        with self.lock:
+            for saved in snapshot.progress:
+                progress = self._progress(saved.key)
+                progress.floor = progress.next_offset = saved.floor
+                progress.done_above = set(saved.done_above)
+                progress.attempts = dict(saved.attempts)
+            for st in snapshot.stats:
+                self.stats[(st.group, st.message_id)] = DeliveryStats(
+                    st.topic, st.attempts, st.first_delivered_ms, st.acked_ms, st.dead_lettered,
+                )
+        return snapshot.upto
 
     def _record_stats(self, event: Event) -> None:
         stats = self.stats.setdefault((event.g, event.m), DeliveryStats(event.s))

@@ -158,3 +158,27 @@ def test_delay_on_a_transactional_message_applies_after_commit(broker_factory) -
     assert time.monotonic() - committed_at >= 0.9
     assert [r.message.body for r in got] == [b"delayed-tx"]
     assert broker.stats().pending_half == 0 and broker.checks.checks_sent == 0
+
+
+def test_restart_from_an_older_consumer_snapshot_replays_the_events_after_it(broker_factory, tmp_path) -> None:
+    broker = broker_factory(default_queues=1)
+    for n in range(6):
+        broker.send(Message("orders", f"m{n}".encode()))
+    batch = broker.receive("g", "orders", max_messages=6)
+    for received in batch[:2]:
+        broker.ack("g", received.receipt_handle)
+    broker.write_consumer_snapshot()
+    snapshot = broker.data_dir / "consumer_state.snapshot"
+    older = snapshot.read_bytes()
+    broker.ack("g", batch[2].receipt_handle)  # only in the events after the snapshot
+    broker.close()
+    snapshot.write_bytes(older)  # as if the broker died before its next snapshot
+    broker = broker_factory(default_queues=1)
+    again = broker.receive("g", "orders", max_messages=10, wait_s=1)
+    assert [r.message.body for r in again] == [b"m3", b"m4", b"m5"]
+    assert all(r.delivery_attempt == 2 for r in again)
+    broker.close()
+    snapshot.write_bytes(b"torn")  # an unreadable snapshot: every event is replayed instead
+    broker = broker_factory(default_queues=1)
+    assert [r.message.body for r in broker.receive("g", "orders", max_messages=10, wait_s=1)] == [
+        b"m3", b"m4", b"m5"]
