@@ -150,3 +150,30 @@ def test_per_message_transaction_timeout_delays_the_first_check(broker_factory) 
     broker.send_half(Message("orders", b"b"), producer_group="pg", transaction_id="fast")
     eventually(lambda: broker.transaction_state("fast") is TransactionState.COMMITTED)
     assert broker.transaction_state("slow") is TransactionState.PENDING
+
+
+def test_a_check_answer_arriving_after_the_producer_resolved_changes_nothing(broker_factory, caplog) -> None:
+    class Holding:
+        def __init__(self):
+            self.requests = []
+
+        def request_check(self, request):
+            self.requests.append(request)
+            return True  # the answer comes later
+
+    holding = Holding()
+    broker = broker_factory(None, check_interval_s=30)
+    broker.set_checker(holding)
+    with caplog.at_level("INFO", logger="broker_embedded"):
+        broker.send_half(Message("orders", b"a"), producer_group="pg", transaction_id="t1")
+        eventually(lambda: holding.requests)
+        broker.end_transaction("t1", Resolution.COMMIT, producer_group="pg")  # the producer wins
+        late = broker.end_transaction("t1", Resolution.COMMIT, producer_group="pg", from_check=True)
+        assert not late.applied
+        with pytest.raises(TransactionConflictError):
+            broker.end_transaction("t1", Resolution.ROLLBACK, producer_group="pg", from_check=True)
+    assert [r.message.body for r in broker.receive("g", "orders", max_messages=10, wait_s=1)] == [b"a"]
+    assert broker.receive("g", "orders", wait_s=0.3) == []
+    assert broker.stats().outstanding_checks == 0 and len(holding.requests) == 1
+    logged = [r.getMessage() for r in caplog.records if "t1" in r.getMessage()]
+    assert any("check-back 1/" in m for m in logged) and any("check-back answer" in m for m in logged)
