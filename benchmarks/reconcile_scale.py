@@ -1,0 +1,126 @@
+"""Reconciliation at scale: Spark (local[2]) against DuckDB over the same Parquet.
+
+    ./dev bench reconcile_scale [--sizes 1000000 10000000]
+
+For each size: synthetic inputs with every anomaly kind written as Parquet, then the
+whole job (``python -m outbox.reconcile``, Spark start included, wall time) and the same
+core classification as one DuckDB SQL query, in the same run. Prints both and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def write_inputs(n: int, folder: Path) -> None:
+    """Columnar synthetic data, built with Arrow directly (the per-row generator is for tests)."""
+    now_ms = int(time.time() * 1000)
+    ids = pa.array([f"tx{i:09d}" for i in range(n)])
+    mids = pa.array([f"m{i:09d}" for i in range(n)])
+    local_ms = [now_ms - 3_600_000 - (i % 86_400) * 1000 for i in range(n)]
+    local_state = ["ROLLED_BACK" if i % 997 == 1 else "COMMITTED" for i in range(n)]
+    keep_local = [i % 991 != 2 for i in range(n)]  # phantoms: no local row
+    (folder / "export").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({
+        "transaction_id": ids.filter(pa.array(keep_local)),
+        "producer_group": pa.array(["shop"] * sum(keep_local)),
+        "state": pa.array([s for s, k in zip(local_state, keep_local, strict=True) if k]),
+        "created_at": pa.array([datetime.fromtimestamp(m / 1000, UTC) for m, k in zip(local_ms, keep_local, strict=True)
+                                if k], pa.timestamp("us", tz="UTC")),
+    }), folder / "transaction_log.parquet")
+    broker_state = ["rolled_back" if s == "ROLLED_BACK" else "committed" for s in local_state]
+    pq.write_table(pa.table({
+        "message_id": mids, "transaction_id": ids, "producer_group": pa.array(["shop"] * n),
+        "topic": pa.array([f"topic{i % 5}" for i in range(n)]), "queue_id": pa.array([i % 4 for i in range(n)], pa.int32()),
+        "keys": pa.array([""] * n), "tag": pa.array([""] * n), "state": pa.array(broker_state),
+        "born_ms": pa.array(local_ms), "store_ms": pa.array(local_ms),
+        "commit_ms": pa.array([m + 3 + i % 7 for i, m in enumerate(local_ms)]),
+        "copies": pa.array([2 if i % 983 == 3 else 1 for i in range(n)], pa.int32()),
+    }), folder / "export" / "messages.parquet")
+    delivered = [s == "committed" and i % 977 != 4 for i, s in enumerate(broker_state)]  # lost ones
+    pick = pa.array(delivered)
+    pq.write_table(pa.table({
+        "message_id": mids.filter(pick), "consumer_group": pa.array(["points"] * sum(delivered)),
+        "topic": pa.array([f"topic{i % 5}" for i in range(n) if delivered[i]]),
+        "delivery_attempts": pa.array([1] * sum(delivered), pa.int32()),
+        "first_delivered_ms": pa.array([m + 10 for m, d in zip(local_ms, delivered, strict=True) if d]),
+        "acked_ms": pa.array([m + 12 for m, d in zip(local_ms, delivered, strict=True) if d]),
+        "dead_lettered": pa.array([False] * sum(delivered)),
+    }), folder / "export" / "deliveries.parquet")
+    pq.write_table(pa.table({
+        "consumer_group": pa.array(["points"] * sum(delivered)), "message_id": mids.filter(pick),
+        "topic": pa.array([f"topic{i % 5}" for i in range(n) if delivered[i]]), "transaction_id": ids.filter(pick),
+        "consumed_at": pa.array([datetime.fromtimestamp((m + 12) / 1000, UTC)
+                                 for m, d in zip(local_ms, delivered, strict=True) if d], pa.timestamp("us", tz="UTC")),
+    }), folder / "consumed_message.parquet")
+
+
+DUCKDB_SQL = """
+WITH local AS (SELECT transaction_id, first(state) AS local_state, min(epoch_ms(created_at)) AS local_ms
+               FROM '{d}/transaction_log.parquet' GROUP BY transaction_id),
+broker AS (SELECT transaction_id, first(state) AS broker_state, max(commit_ms) AS commit_ms, max(copies) AS copies,
+                  count(*) AS message_count
+           FROM '{d}/export/messages.parquet' WHERE transaction_id IS NOT NULL GROUP BY transaction_id),
+consumed AS (SELECT transaction_id, count(*) AS consumed, min(epoch_ms(consumed_at)) AS consumed_ms
+             FROM '{d}/consumed_message.parquet' GROUP BY transaction_id),
+tx AS (SELECT coalesce(l.transaction_id, b.transaction_id) AS transaction_id, l.local_state, b.broker_state,
+              l.local_ms, b.commit_ms, b.copies, b.message_count, coalesce(c.consumed, 0) AS consumed, c.consumed_ms
+       FROM local l FULL OUTER JOIN broker b USING (transaction_id) LEFT JOIN consumed c USING (transaction_id))
+SELECT count(*) AS transactions,
+       sum(CASE WHEN local_state = 'COMMITTED' THEN 1 ELSE 0 END) AS committed,
+       sum(CASE WHEN (broker_state = 'committed' OR consumed > 0) AND coalesce(local_state, '') <> 'COMMITTED'
+                THEN 1 ELSE 0 END) AS phantom,
+       sum(CASE WHEN local_state = 'COMMITTED' AND consumed = 0 THEN 1 ELSE 0 END) AS lost,
+       sum(CASE WHEN copies > 1 THEN 1 ELSE 0 END) AS duplicate_delivery,
+       quantile_cont(commit_ms - local_ms, 0.5) AS commit_p50,
+       quantile_cont(consumed_ms - commit_ms, 0.99) AS consume_p99
+FROM tx
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    args = parser.parse_args()
+    print(f"{'transactions':>14}{'spark wall s':>14}{'duckdb s':>10}{'ratio':>8}  counts (spark | duckdb)")
+    for n in args.sizes:
+        folder = Path(tempfile.mkdtemp(prefix="hm-reconcile-bench-"))
+        try:
+            write_inputs(n, folder)
+            start = time.perf_counter()
+            run = subprocess.run(
+                [sys.executable, "-m", "outbox.reconcile", "--producer-db", f"parquet://{folder / 'transaction_log.parquet'}",
+                 "--consumer-db", f"parquet://{folder / 'consumed_message.parquet'}",
+                 "--broker-export", str(folder / "export"), "--out", str(folder / "out"), "--master", "local[2]",
+                 "--grace-seconds", "0", "--conf", "spark.driver.memory=6g"],
+                capture_output=True, text=True,
+            )
+            spark_s = time.perf_counter() - start
+            if run.returncode not in (0, 1):
+                print(run.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"the Spark job failed at {n}")
+            counts = json.loads((folder / "out" / "summary.json").read_text())["counts"]
+            start = time.perf_counter()
+            row = duckdb.sql(DUCKDB_SQL.format(d=folder)).fetchall()[0]
+            duck_s = time.perf_counter() - start
+            print(f"{n:>14,}{spark_s:>14.1f}{duck_s:>10.1f}{spark_s / duck_s:>8.1f}  "
+                  f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
+                  f"dup {counts['duplicate_delivery']}|{row[4]}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
