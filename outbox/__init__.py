@@ -9,6 +9,7 @@ from .consumer import idempotent_consumer, run_consumer
 from .decorator import transactional_message
 from .errors import (
     BodyNotSerializableError,
+    BrokerUnavailable,
     ConfigurationError,
     OutboxError,
     SavepointError,
@@ -21,6 +22,7 @@ from .transaction_log import check_transaction
 
 __all__ = [
     "BodyNotSerializableError",
+    "BrokerUnavailable",
     "ConfigurationError",
     "Message",
     "OutboxError",

@@ -1,12 +1,14 @@
 """The ``outbox`` command.
 
-    outbox consume --group G --topic T --handler module:function [--broker-url URL]
+    outbox consume --group G --topic T --handler module:function [--database-url URL] [--broker-url URL]
     outbox check TRANSACTION_ID --group G [--database-url URL] [--broker-url URL] [--send]
     outbox migrate [--database-url URL]
     outbox reconcile ...          (the PySpark reconciliation job; see its --help)
 
-``--handler`` names a callable taking a ``ReceivedMessage`` (e.g. one wrapped by
-``@idempotent_consumer``); settings default to the ``OUTBOX_*`` environment variables.
+``--handler`` names either a plain ``handler(session, received)``, which ``consume`` makes
+idempotent for ``--group`` against ``--database-url``, or a handler already wrapped by
+``@idempotent_consumer`` (used as it is). Settings default to the ``OUTBOX_*``
+environment variables.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
 
 from broker_embedded import Resolution, connect
 
-from .consumer import run_consumer, stop_on_signals
+from .consumer import GROUP_ATTRIBUTE, Handler, idempotent_consumer, run_consumer, stop_on_signals
+from .errors import ConfigurationError
+from .integrations.sqlalchemy.engine import create_engine
 from .settings import OutboxSettings
 from .transaction_log import check_transaction
 
@@ -33,13 +37,26 @@ def _import(spec: str) -> object:
     return getattr(importlib.import_module(module), attribute)
 
 
+def _consumer_handler(args: argparse.Namespace, settings: OutboxSettings) -> Handler:
+    function = _import(args.handler)
+    if not callable(function):
+        raise ConfigurationError(f"--handler {args.handler} is not callable")
+    group = getattr(function, GROUP_ATTRIBUTE, None)
+    if group is None:
+        engine = create_engine(args.database_url or settings.database_url)
+        return idempotent_consumer(args.group, sessionmaker(engine))(function)
+    if group != args.group:
+        raise ConfigurationError(f"--handler {args.handler} records consumer group {group!r}, not {args.group!r}")
+    return function  # type: ignore[no-any-return]
+
+
 def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    handler = _consumer_handler(args, settings)
     stop = threading.Event()
     stop_on_signals(stop)
     broker = connect(args.broker_url or settings.broker_url)
     try:
-        run_consumer(broker, args.group, args.topic, _import(args.handler), stop,  # type: ignore[arg-type]
-                     batch_size=args.batch, wait_s=1.0)
+        run_consumer(broker, args.group, args.topic, handler, stop, batch_size=args.batch, wait_s=1.0)
     finally:
         broker.close()
     return 0
@@ -48,7 +65,7 @@ def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
 def check(args: argparse.Namespace, settings: OutboxSettings) -> int:
     engine = create_engine(args.database_url or settings.database_for(args.group))
     resolution = check_transaction(engine, args.transaction_id, args.group, settings.check_lock_timeout_ms)
-    print(resolution.value)
+    print(resolution.name)
     if args.send and resolution is not Resolution.UNKNOWN:
         broker = connect(args.broker_url or settings.broker_url)
         try:
@@ -81,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("consume", help="run an idempotent consumer")
     c.add_argument("--group", required=True)
     c.add_argument("--topic", required=True)
-    c.add_argument("--handler", required=True, help="module:function taking a ReceivedMessage")
+    c.add_argument("--handler", required=True,
+                   help="module:function taking (session, received), or an @idempotent_consumer handler")
+    c.add_argument("--database-url", help="where outbox_consumed_message and the handler's writes live")
     c.add_argument("--broker-url")
     c.add_argument("--batch", type=int, default=16)
     k = sub.add_parser("check", help="answer one check-back by the fencing rule")

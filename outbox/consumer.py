@@ -30,6 +30,9 @@ log = logging.getLogger("outbox.consumer")
 
 Handler = Callable[[ReceivedMessage], bool]
 
+#: Set on handlers made by ``idempotent_consumer``: the consumer group they record.
+GROUP_ATTRIBUTE = "outbox_consumer_group"
+
 
 class AlreadyConsumed(Exception):
     """Raised inside the handler's transaction to roll it back when the message is a duplicate."""
@@ -63,6 +66,7 @@ def idempotent_consumer(
                     return False
             return True
 
+        setattr(wrapper, GROUP_ATTRIBUTE, group)
         return wrapper
 
     return decorate

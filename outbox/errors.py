@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from broker_embedded.errors import BrokerUnavailableError
+
 
 class OutboxError(Exception):
     """Base class of the framework's own errors."""
@@ -9,6 +11,11 @@ class OutboxError(Exception):
 
 class BodyNotSerializableError(OutboxError, TypeError):
     """The message body could not be serialised; nothing was sent."""
+
+
+class BrokerUnavailable(OutboxError, BrokerUnavailableError):
+    """The broker could not be reached to send a message (a half message: nothing ran,
+    nothing was written). Wraps the broker client's error, kept as ``__cause__``."""
 
 
 class TransactionFencedError(OutboxError):

@@ -7,6 +7,7 @@ transaction_log. It logs a warning and returns False instead.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Any, Protocol
@@ -20,8 +21,15 @@ from broker_embedded import (
     SendResult,
     connect,
 )
+from broker_embedded.errors import BrokerUnavailableError
+
+from .errors import BrokerUnavailable
 
 log = logging.getLogger("outbox.producer")
+
+
+#: Property carrying the transaction id on the message a check listener is given.
+TRANSACTION_ID_PROPERTY = "OUTBOX_TRANSACTION_ID"
 
 
 def new_transaction_id() -> str:
@@ -45,12 +53,26 @@ class Producer:
         self.producer_group = producer_group
 
     def send(self, message: Message) -> SendResult:
-        """A normal message, visible at once (after its delay, if any)."""
-        return self.broker.send(message)
+        """A normal message, visible at once (after its delay, if any).
+
+        Raises ``BrokerUnavailable`` when the broker cannot be reached."""
+        try:
+            return self.broker.send(message)
+        except BrokerUnavailableError as exc:
+            raise BrokerUnavailable(f"message {message.message_id} not sent: {exc}") from exc
 
     def send_half(self, message: Message, transaction_id: str) -> SendResult:
-        """A half message of ``transaction_id``: stored, invisible until COMMIT."""
-        return self.broker.send_half(message, producer_group=self.producer_group, transaction_id=transaction_id)
+        """A half message of ``transaction_id``: stored, invisible until COMMIT.
+
+        Raises ``BrokerUnavailable`` when the broker cannot be reached: the caller must not
+        run its local transaction."""
+        try:
+            return self.broker.send_half(message, producer_group=self.producer_group,
+                                         transaction_id=transaction_id)
+        except BrokerUnavailableError as exc:
+            raise BrokerUnavailable(
+                f"half message {message.message_id} of transaction {transaction_id} not sent: {exc}"
+            ) from exc
 
     def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False) -> bool:
         """Tell the broker how the transaction ended; False (and a warning) if it could not."""
@@ -84,10 +106,12 @@ class Producer:
     def register_check_listener(self, listener: TransactionListener) -> None:
         """Answer this group's check-backs with ``listener.check_local_transaction``
         over this producer's own connection (RocketMQ's way; the Celery checker is the
-        alternative that needs no live producer)."""
+        alternative that needs no live producer). The listener finds the transaction id in
+        the message's ``TRANSACTION_ID_PROPERTY`` property; UNKNOWN sends nothing."""
 
         def on_check(request: CheckRequest) -> None:
-            resolution = listener.check_local_transaction(request.message)
+            properties = {**request.message.properties, TRANSACTION_ID_PROPERTY: request.transaction_id}
+            resolution = listener.check_local_transaction(dataclasses.replace(request.message, properties=properties))
             if resolution is not Resolution.UNKNOWN:
                 self.end_transaction(request.transaction_id, resolution, from_check=True)
 

@@ -6,27 +6,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine
 
 from broker_embedded import BrokerConfig, EmbeddedBroker
 from broker_embedded.store.config import StoreConfig
+from outbox.integrations.sqlalchemy.engine import create_engine
 from outbox.integrations.sqlalchemy.tables import metadata
 
 
 def make_engine(url: str) -> Engine:
-    engine = create_engine(url)
-    if engine.dialect.name == "sqlite":
-        # SQLite must take its write lock at BEGIN so the fence waits on a running
-        # transaction exactly as PostgreSQL's unique index does.
-        @event.listens_for(engine, "connect")
-        def _connect(dbapi_connection, _record):  # type: ignore[no-untyped-def]
-            dbapi_connection.isolation_level = None
-            dbapi_connection.execute("PRAGMA journal_mode=WAL")
-
-        @event.listens_for(engine, "begin")
-        def _begin(conn):  # type: ignore[no-untyped-def]
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-    return engine
+    return create_engine(url)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -24,9 +24,10 @@ from ..server.conftest import ServerProcess
 
 PRODUCER = r"""
 import os, signal
-from sqlalchemy import create_engine, event
+from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 from outbox import Producer, transactional_message
+from outbox.integrations.sqlalchemy.engine import create_engine
 from outbox.integrations.sqlalchemy.session import current_transaction_id
 
 crash = os.environ["CRASH"]
@@ -80,7 +81,7 @@ def crash_and_recover(tmp_path: Path, db_url: str, celery_url: str, crash: str) 
         env["OUTBOX_BROKER_URL"] = server.url
         with (tmp_path / "worker.log").open("wb") as log:
             worker = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "outbox.integrations.celery.app", "worker",
+                [sys.executable, "-m", "celery", "-A", "outbox.integrations.celery.worker", "worker",
                  "-Q", "outbox.check.shop", "--pool", "threads", "-c", "2", "--loglevel", "INFO"],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )

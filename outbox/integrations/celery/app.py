@@ -2,7 +2,9 @@
 
 Run a worker for a producer group with Celery's own command::
 
-    celery -A outbox.integrations.celery.app worker -Q outbox.check.<group> --pool threads
+    celery -A outbox.integrations.celery.worker worker -Q outbox.check.<group> --pool threads
+
+(``outbox.integrations.celery.worker`` is this app under the name the docs use.)
 
 Configured from the environment (``outbox.settings``): the transport defaults to kombu's
 server-less ``filesystem://`` under ``OUTBOX_CELERY_DATA_DIR``; set
@@ -15,12 +17,13 @@ import functools
 import logging
 
 from celery import Celery
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
 from broker_embedded import BrokerAPI, BrokerError, Resolution, connect
 
 from ...settings import OutboxSettings
 from ...transaction_log import check_transaction
+from ..sqlalchemy.engine import create_engine
 
 log = logging.getLogger("outbox.celery")
 
@@ -73,8 +76,12 @@ def _broker(url: str) -> BrokerAPI:
 
 
 @app.task(name=CHECK_TASK)
-def check_transaction_task(producer_group: str, transaction_id: str) -> str:
-    """Answer one check-back: the fencing check, then END_TRANSACTION to the broker."""
+def check_transaction_task(producer_group: str, transaction_id: str, message_id: str | None = None) -> str:
+    """Answer one check-back: the fencing check, then END_TRANSACTION to the broker.
+
+    ``message_id`` (the half message the broker checked) is only logged: the answer is
+    per transaction. UNKNOWN (lock timeout) sends nothing; the broker checks again."""
+    log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
     resolution = check_transaction(
         _engine(settings.database_for(producer_group)), transaction_id, producer_group,
         settings.check_lock_timeout_ms,

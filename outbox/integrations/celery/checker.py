@@ -28,7 +28,7 @@ class CeleryChecker:
     def request_check(self, request: CheckRequest) -> bool:
         try:
             self.app.send_task(
-                CHECK_TASK, args=[request.producer_group, request.transaction_id],
+                CHECK_TASK, args=[request.producer_group, request.transaction_id, request.message.message_id],
                 queue=check_queue(request.producer_group),
             )
         except Exception:

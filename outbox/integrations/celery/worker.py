@@ -1,0 +1,8 @@
+"""The checker's Celery app under its documented name::
+
+    celery -A outbox.integrations.celery.worker worker -Q outbox.check.<group> --pool threads
+"""
+
+from .app import app, check_transaction_task
+
+__all__ = ["app", "check_transaction_task"]
