@@ -607,6 +607,7 @@ class EmbeddedBroker:
         if self._closed.is_set():
             return
         self._closed.set()
+        self.consumers.close()
         self._service.join(timeout=10)
         try:
             self.write_consumer_snapshot()

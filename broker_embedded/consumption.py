@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from . import codec
-from .errors import UnknownReceiptError
+from .errors import BrokerClosedError, UnknownReceiptError
 from .message import ReceivedMessage
 from .store.record import StoredRecord
 from .topics import CONSUMER_STATE_TOPIC, retry_topic
@@ -168,6 +168,7 @@ class ConsumerGroups:
         self.max_inflight = max_inflight_per_queue
         self.lock = threading.RLock()
         self.arrived = threading.Condition(self.lock)
+        self.closed = False
         self.progress: dict[ProgressKey, QueueProgress] = {}
         self.stats: dict[tuple[str, str], DeliveryStats] = {}
 
@@ -236,6 +237,12 @@ class ConsumerGroups:
         return progress
 
     # -- receiving ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wake every long-polling receiver with ``BrokerClosedError``."""
+        with self.arrived:
+            self.closed = True
+            self.arrived.notify_all()
+
     def notify(self) -> None:
         """Wake long-polling receivers (a message arrived or became deliverable)."""
         with self.arrived:
@@ -249,6 +256,8 @@ class ConsumerGroups:
         deadline = time.monotonic() + wait_s
         while True:
             with self.lock:
+                if self.closed:
+                    raise BrokerClosedError("the broker closed while receiving")
                 delivered, dead = self._collect(group, topic, max_messages, invisible_ms)
             events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
             for key, delivery in dead:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from broker_embedded import Message, Resolution
-from broker_embedded.errors import UnknownReceiptError
+from broker_embedded.errors import BrokerClosedError, UnknownReceiptError
 
 from .conftest import eventually
 
@@ -182,3 +182,22 @@ def test_restart_from_an_older_consumer_snapshot_replays_the_events_after_it(bro
     broker = broker_factory(default_queues=1)
     assert [r.message.body for r in broker.receive("g", "orders", max_messages=10, wait_s=1)] == [
         b"m3", b"m4", b"m5"]
+
+
+def test_close_wakes_a_long_polling_receiver(broker_factory) -> None:
+    broker = broker_factory()
+    broker.create_topic("orders")
+    outcome: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            broker.receive("g", "orders", wait_s=30)
+        except BrokerClosedError as exc:
+            outcome.append(exc)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(0.3)
+    broker.close()
+    poller.join(timeout=5)
+    assert not poller.is_alive() and outcome
