@@ -1,5 +1,6 @@
 """A durable, RocketMQ-style message broker in pure Python, in-process or over TCP."""
 
+from .aio_client import AsyncBrokerClient
 from .api import BrokerAPI, BrokerStats, ParkedTransaction, TopicInfo, TransactionChecker
 from .broker import EmbeddedBroker
 from .client import BrokerClient
@@ -19,6 +20,7 @@ from .message import (
 from .urls import connect
 
 __all__ = [
+    "AsyncBrokerClient",
     "DELAY_LEVELS_S",
     "BrokerAPI",
     "BrokerClient",

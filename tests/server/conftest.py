@@ -1,16 +1,21 @@
-"""A broker server in a real subprocess, on a free port."""
+"""Broker servers on free ports: a real subprocess, or an in-process one with a custom config."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from broker_embedded import BrokerConfig, EmbeddedBroker
+from broker_embedded.server import BrokerServer
 
 
 def free_port() -> int:
@@ -81,3 +86,52 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         if server.proc is not None and server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
+
+
+class ThreadServer:
+    """An ``EmbeddedBroker`` served by ``BrokerServer`` on an event loop in a thread."""
+
+    def __init__(self, data_dir: Path, config: BrokerConfig, **server_options: object) -> None:
+        self.broker = EmbeddedBroker(data_dir, config)
+        self.server = BrokerServer(self.broker, port=0, **server_options)  # type: ignore[arg-type]
+        self.loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+
+            async def main() -> None:
+                await self.server.start()
+                started.set()
+                await self._stop.wait()
+                await self.server.stop()
+
+            self.loop.run_until_complete(main())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(20)
+
+    @property
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.server.port}"
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(30)
+        self.broker.close()
+
+
+@pytest.fixture
+def thread_server(tmp_path: Path) -> Iterator[Callable[..., ThreadServer]]:
+    started: list[ThreadServer] = []
+
+    def start(config: BrokerConfig | None = None, **server_options: object) -> ThreadServer:
+        server = ThreadServer(tmp_path / f"broker-{len(started)}", config or BrokerConfig(), **server_options)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

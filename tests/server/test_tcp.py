@@ -95,10 +95,10 @@ def test_authentication(server_factory) -> None:
     server = server_factory("--access-key", "ak", "--secret-key", "sk")
     with BrokerClient(server.url, access_key="ak", secret_key="sk") as good:
         good.send(Message("orders", b"x"))
-    with pytest.raises((AuthenticationError, BrokerUnavailableError)):
+    with pytest.raises(AuthenticationError):
         with BrokerClient(server.url, access_key="ak", secret_key="wrong") as bad:
             bad.send(Message("orders", b"x"))
-    with pytest.raises((AuthenticationError, BrokerUnavailableError)):
+    with pytest.raises(AuthenticationError):
         with BrokerClient(server.url) as anonymous:
             anonymous.send(Message("orders", b"x"))
 
