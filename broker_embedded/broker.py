@@ -230,7 +230,9 @@ class EmbeddedBroker:
         return TopicInfo(topic, queues, tuple(self.store.queue_max_offset(topic, q) for q in range(queues)))
 
     def list_topics(self) -> list[TopicInfo]:
-        return [self._topic_info(topic) for topic in sorted(self._topics)]
+        with self._topics_lock:  # create_topic may add one meanwhile
+            names = sorted(self._topics)
+        return [self._topic_info(topic) for topic in names]
 
     def _queue_count(self, topic: str) -> int:
         return self._topics.get(topic) or self.store.queues().get(topic, 0)

@@ -169,7 +169,8 @@ class CheckService:
 
     def outstanding(self) -> int:
         now = time.monotonic()
-        return sum(1 for tx in self.book.unresolved() if tx.check_deadline > now)
+        with self.book.lock:  # other threads add transactions meanwhile
+            return sum(1 for tx in self.book.unresolved() if tx.check_deadline > now)
 
     def answered(self, tx: Transaction) -> None:
         """A check answer arrived (any resolution, UNKNOWN included): free its slot."""
