@@ -164,18 +164,46 @@ def test_session_rollback_sends_rollback(factory, broker) -> None:
     assert list(_states(broker).values()) == [TransactionState.ROLLED_BACK]
 
 
-def test_savepoint_rules(factory, broker) -> None:
+def test_first_message_inside_a_savepoint_is_refused(factory, broker) -> None:
     install(factory, Producer(broker, "shop"))
     with factory() as session, session.begin():
         savepoint = session.begin_nested()
         with pytest.raises(SavepointError):
             send(session, Message("order.paid", b"first inside a savepoint"))
         savepoint.rollback()
+    assert _states(broker) == {}
+
+
+def test_released_savepoint_keeps_its_messages(factory, broker) -> None:
+    install(factory, Producer(broker, "shop"))
+    with factory() as session, session.begin():
         send(session, Message("order.paid", b"outer"))
-        inner = session.begin_nested()
-        send(session, Message("order.paid", b"inner, savepoint rolled back"))
-        inner.rollback()
+        with session.begin_nested():
+            send(session, Message("order.paid", b"inner, released"))
+        failed = session.begin_nested()  # a savepoint that sent nothing may roll back freely
+        failed.rollback()
     bodies = sorted(r.message.body for r in broker.receive("g", "order.paid", max_messages=10, wait_s=1))
-    assert bodies == [b"inner, savepoint rolled back", b"outer"]
+    assert bodies == [b"inner, released", b"outer"]
+    assert list(_states(broker).values()) == [TransactionState.COMMITTED]
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_rolled_back_savepoint_that_sent_poisons_the_commit(factory, broker, depth: int) -> None:
+    install(factory, Producer(broker, "shop"))
     with factory() as session:
-        assert session.execute(select(transaction_log.c.state)).scalars().all() == ["COMMITTED"]
+        with pytest.raises(SavepointError, match="rolled back"):
+            with session.begin():
+                send(session, Message("order.paid", b"outer"))
+                session.execute(orders.insert().values(id="o1", amount=1))
+                outer_savepoint = session.begin_nested()
+                if depth == 2:  # released into a savepoint that then rolls back
+                    with session.begin_nested():
+                        send(session, Message("order.paid", b"inner"))
+                else:
+                    send(session, Message("order.paid", b"inner"))
+                outer_savepoint.rollback()
+    assert list(_states(broker).values()) == [TransactionState.ROLLED_BACK]
+    assert broker.receive("g", "order.paid", max_messages=10, wait_s=0.5) == []
+    with factory() as session:
+        assert session.execute(select(orders)).all() == []
+        assert session.execute(select(transaction_log)).all() == []

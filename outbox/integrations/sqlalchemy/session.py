@@ -4,13 +4,22 @@
 ``send(session, message)`` inside a transaction sends a half message; the first call of
 a transaction also generates its id and inserts the transaction_log row (COMMITTED),
 so the row is written after the half message and before the commit. The
-``after_commit`` event sends COMMIT; ``after_rollback`` sends ROLLBACK.
+``after_commit`` event sends COMMIT; ``after_rollback`` (the real database rollback)
+sends ROLLBACK. ``after_soft_rollback`` is not needed: a session whose transaction a
+failed flush deactivated has already rolled back on the database and fired
+``after_rollback``.
 
-Savepoints: messages belong to the outermost transaction. A message sent inside a
-SAVEPOINT that is rolled back is still committed with the outer transaction (send it
-after the savepoint if that matters). The first message of a transaction must be sent
-outside any SAVEPOINT (``SavepointError``), because rolling that savepoint back would
-remove the transaction_log row while the outer transaction commits.
+Savepoints: messages belong to the outermost transaction, whose one transaction id they
+share, and the broker resolves a transaction as a whole. So:
+
+* the first message of a transaction must be sent outside any SAVEPOINT
+  (``SavepointError`` at once), because rolling that savepoint back would remove the
+  transaction_log row while the outer transaction commits;
+* a SAVEPOINT that sent messages and is rolled back (itself or an enclosing savepoint)
+  poisons the transaction: its messages describe writes that were undone and cannot be
+  withdrawn one by one, so the outer commit raises ``SavepointError`` and the whole
+  transaction rolls back (ROLLBACK). A savepoint that is released keeps its messages.
+  Send messages after the risky savepoint, or outside it, to keep commits possible.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 from broker_embedded import Message, Resolution
 
@@ -41,6 +50,10 @@ class PendingTransaction:
     transaction_id: str
     producer: Producer
     message_ids: list[str] = field(default_factory=list)
+    #: The savepoints that were open when a message was sent (a rollback of any poisons).
+    savepoints: list[SessionTransaction] = field(default_factory=list)
+    #: Set when such a savepoint rolled back: the commit must fail.
+    poisoned: bool = False
 
 
 def install(target: Any, producer: Producer) -> None:
@@ -54,8 +67,10 @@ def install(target: Any, producer: Producer) -> None:
             raise ConfigurationError("install() takes a sessionmaker or a Session")
         info[_PRODUCER_KEY] = producer
     if not event.contains(Session, "after_commit", _after_commit):
+        event.listen(Session, "before_commit", _before_commit)
         event.listen(Session, "after_commit", _after_commit)
         event.listen(Session, "after_rollback", _after_rollback)
+        event.listen(Session, "after_soft_rollback", _after_soft_rollback)
 
 
 def send(session: Session, message: Message) -> str:
@@ -73,6 +88,11 @@ def send(session: Session, message: Message) -> str:
         record_committed(session, pending.transaction_id, producer.producer_group)
     else:
         pending.producer.send_half(message, pending.transaction_id)
+        savepoint = session.get_nested_transaction()
+        while savepoint is not None and savepoint.nested:
+            if not any(savepoint is known for known in pending.savepoints):
+                pending.savepoints.append(savepoint)
+            savepoint = savepoint.parent
     pending.message_ids.append(message.message_id)
     return pending.transaction_id
 
@@ -89,6 +109,21 @@ def _finish(session: Session, resolution: Resolution) -> None:
     pending: PendingTransaction | None = session.info.pop(_STATE_KEY, None)
     if pending is not None:
         pending.producer.end_transaction(pending.transaction_id, resolution)
+
+
+def _before_commit(session: Session) -> None:
+    pending: PendingTransaction | None = session.info.get(_STATE_KEY)
+    if pending is not None and pending.poisoned and session.get_nested_transaction() is None:
+        raise SavepointError(
+            f"transaction {pending.transaction_id} sent message(s) in a SAVEPOINT that rolled back; "
+            "they cannot be withdrawn alone, so the whole transaction must roll back"
+        )
+
+
+def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None:
+    pending: PendingTransaction | None = session.info.get(_STATE_KEY)
+    if pending is not None and previous.nested and any(previous is s for s in pending.savepoints):
+        pending.poisoned = True
 
 
 def _after_commit(session: Session) -> None:
