@@ -201,3 +201,17 @@ def test_close_wakes_a_long_polling_receiver(broker_factory) -> None:
     broker.close()
     poller.join(timeout=5)
     assert not poller.is_alive() and outcome
+
+
+def test_fifo_group_waits_for_its_head_until_it_is_dead_lettered(broker_factory) -> None:
+    broker = broker_factory()
+    broker.send(Message("orders", b"a0", message_group="alice"))
+    broker.send(Message("orders", b"a1", message_group="alice"))
+    heads = []
+    for _ in range(3):  # a0 is never acked; a1 must not overtake it
+        batch = broker.receive("g", "orders", max_messages=10, invisible_duration_s=0.1, wait_s=2)
+        heads.append([r.message.body for r in batch])
+    assert heads == [[b"a0"], [b"a0"], [b"a0"]]
+    after = broker.receive("g", "orders", max_messages=10, wait_s=2)
+    assert [r.message.body for r in after] == [b"a1"]
+    assert [m.message.body for m in broker.list_dlq("g")] == [b"a0"]
