@@ -145,8 +145,8 @@ def convert_result(method: str, raw: Any) -> Any:
 
 
 def to_wire(value: Any) -> Any:
-    """Plain msgpack-able data for a dataclass, enum or container."""
-    return msgspec.to_builtins(value)
+    """Plain msgpack-able data for a dataclass, enum or container (bytes stay binary)."""
+    return msgspec.to_builtins(value, builtin_types=(bytes,))
 
 
 def unwrap_response(body: Any) -> Any:
