@@ -217,11 +217,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The argument combinations argparse cannot express."""
+    command, action = args.command, getattr(args, "action", None)
+    if command == "topics" and action == "create" and not args.name:
+        parser.error("topics create needs a topic NAME")
+    if command == "query" and not (args.id or (args.topic and args.key)):
+        parser.error("query needs --id ID, or --topic T and --key K")
+    if command == "parked" and action in ("resolve", "recheck") and not args.id:
+        parser.error(f"parked {action} needs a transaction ID")
+    if command == "parked" and action == "resolve" and not args.resolution:
+        parser.error("parked resolve needs commit or rollback")
+    if command == "dlq" and action == "resend" and not args.id:
+        parser.error("dlq resend needs a message ID")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_arguments(parser, args)
     try:
         return serve(args) if args.command == "serve" else admin(args)
-    except BrokerError as exc:
+    except (BrokerError, ValueError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
