@@ -54,12 +54,12 @@ class PendingTransactionAdmin(ReadOnlyAdmin):
             try:
                 result = resolve_parked(transaction_id)
             except BrokerError as exc:
-                self.message_user(request, f"{transaction_id}: {exc}", messages.ERROR)
+                self.message_user(request, f"Transaction {transaction_id}: {exc}", messages.ERROR)
             else:
                 if result is None:
-                    self.message_user(request, f"{transaction_id}: still locked, try again", messages.WARNING)
+                    self.message_user(request, f"Transaction {transaction_id}: its local transaction still holds the row, try again", messages.WARNING)
                 else:
-                    self.message_user(request, f"{transaction_id}: {result.state.value}")
+                    self.message_user(request, f"Transaction {transaction_id}: {result.state.value}")
             return HttpResponseRedirect(request.path)
         try:
             broker = producer().broker

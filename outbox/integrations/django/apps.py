@@ -8,3 +8,10 @@ class OutboxConfig(AppConfig):
     label = "halfmoon_outbox"
     verbose_name = "Transactional outbox"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.core.signals import setting_changed
+
+        from .conf import reset_producer
+
+        setting_changed.connect(reset_producer, dispatch_uid="halfmoon_outbox_reset_producer")

@@ -8,12 +8,15 @@ from ...transaction_log import check_transaction
 from .conf import outbox_settings, producer, sqlalchemy_engine
 
 
-def fenced_answer(transaction_id: str, using: str = "default") -> Resolution:
-    """What the transaction_log says of ``transaction_id`` (fencing it if absent)."""
+def fenced_answer(transaction_id: str, using: str = "default", lock_timeout_ms: int | None = None) -> Resolution:
+    """What the transaction_log says of ``transaction_id`` (fencing it if absent);
+    UNKNOWN if its transaction still holds the row after the lock timeout
+    (``OUTBOX['CHECK_LOCK_TIMEOUT_MS']`` unless given)."""
     conf = outbox_settings()
     engine = sqlalchemy_engine(using)
     try:
-        return check_transaction(engine, transaction_id, conf.producer_group, conf.check_lock_timeout_ms)
+        return check_transaction(engine, transaction_id, conf.producer_group,
+                                 lock_timeout_ms or conf.check_lock_timeout_ms)
     finally:
         engine.dispose()
 

@@ -5,6 +5,9 @@
         "PRODUCER_GROUP": "default",
         "CHECK_LOCK_TIMEOUT_MS": 2000,
     }
+
+Changing ``OUTBOX`` at run time (``override_settings`` in tests) closes the producer; the
+next use connects to the new broker.
 """
 
 from __future__ import annotations
@@ -34,13 +37,16 @@ def outbox_settings() -> DjangoOutboxSettings:
     unknown = set(raw) - {"BROKER_URL", "PRODUCER_GROUP", "CHECK_LOCK_TIMEOUT_MS"}
     if unknown:
         raise ImproperlyConfigured(f"unknown OUTBOX settings: {sorted(unknown)}")
+    url = raw.get("BROKER_URL", "tcp://127.0.0.1:9876")
+    if not isinstance(url, str) or not url.startswith(("tcp://", "embedded://")):
+        raise ImproperlyConfigured("OUTBOX['BROKER_URL'] must be a tcp://host:port or embedded:///path URL")
     timeout = raw.get("CHECK_LOCK_TIMEOUT_MS", 2000)
-    if not isinstance(timeout, int) or timeout <= 0:
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
         raise ImproperlyConfigured("OUTBOX['CHECK_LOCK_TIMEOUT_MS'] must be a positive integer")
     group = raw.get("PRODUCER_GROUP", "default")
     if not isinstance(group, str) or not group:
         raise ImproperlyConfigured("OUTBOX['PRODUCER_GROUP'] must be a non-empty string")
-    return DjangoOutboxSettings(str(raw.get("BROKER_URL", "tcp://127.0.0.1:9876")), group, timeout)
+    return DjangoOutboxSettings(url, group, timeout)
 
 
 @functools.cache
@@ -48,6 +54,14 @@ def producer() -> Producer:
     """This process's producer for ``OUTBOX['PRODUCER_GROUP']``."""
     conf = outbox_settings()
     return Producer(conf.broker_url, conf.producer_group)
+
+
+def reset_producer(*, setting: str, **_: Any) -> None:
+    """``setting_changed`` receiver: close the producer when ``OUTBOX`` changes."""
+    if setting != "OUTBOX" or producer.cache_info().currsize == 0:
+        return
+    producer().close()
+    producer.cache_clear()
 
 
 def sqlalchemy_engine(using: str = "default") -> Engine:

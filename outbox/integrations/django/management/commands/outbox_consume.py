@@ -8,7 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ....consumer import run_consumer, stop_on_signals
+from outbox.consumer import run_consumer, stop_on_signals
+
 from ...conf import producer
 
 
