@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 from broker_embedded import (
@@ -46,11 +48,24 @@ class TransactionListener(Protocol):
 
 
 class Producer:
-    """Sends for one producer group, to a ``BrokerAPI`` or a broker URL."""
+    """Sends for one producer group, to a ``BrokerAPI`` or a broker URL.
 
-    def __init__(self, broker: BrokerAPI | str, producer_group: str) -> None:
+    ``oneway_end=True`` sends the END_TRANSACTION that follows a local transaction in the
+    background, as RocketMQ's producer does (``endTransactionOneway``): the caller returns
+    right after its DB commit instead of waiting a broker round trip. Nothing is lost
+    either way: an END_TRANSACTION that never arrives is settled by check-back.
+    ``flush()`` waits for the ones under way; ``close()`` flushes first.
+    """
+
+    def __init__(self, broker: BrokerAPI | str, producer_group: str, *, oneway_end: bool = False) -> None:
         self.broker: BrokerAPI = connect(broker) if isinstance(broker, str) else broker
         self.producer_group = producer_group
+        self._ends: ThreadPoolExecutor | None = (
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"outbox-end-{producer_group}")
+            if oneway_end else None
+        )
+        self._pending_ends: set[Future[bool]] = set()
+        self._lock = threading.Lock()
 
     def send(self, message: Message) -> SendResult:
         """A normal message, visible at once (after its delay, if any).
@@ -88,6 +103,27 @@ class Producer:
             )
             return False
 
+    def finish(self, transaction_id: str, resolution: Resolution) -> None:
+        """END_TRANSACTION after the local transaction ended: sent now, or in the
+        background with ``oneway_end``. Never raises for a broker failure."""
+        if self._ends is None:
+            self.end_transaction(transaction_id, resolution)
+            return
+        future = self._ends.submit(self.end_transaction, transaction_id, resolution)
+        with self._lock:
+            self._pending_ends.add(future)
+        future.add_done_callback(self._forget)
+
+    def _forget(self, future: Future[bool]) -> None:
+        with self._lock:
+            self._pending_ends.discard(future)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait for background END_TRANSACTIONs; False if some were still under way."""
+        with self._lock:
+            pending = list(self._pending_ends)
+        return not wait(pending, timeout_s).not_done
+
     def send_message_in_transaction(self, message: Message, arg: Any, listener: TransactionListener) -> Resolution:
         """RocketMQ's flow: half message, ``listener.execute_local_transaction``, then END.
 
@@ -98,9 +134,9 @@ class Producer:
         try:
             resolution = listener.execute_local_transaction(message, arg)
         except BaseException:
-            self.end_transaction(transaction_id, Resolution.ROLLBACK)
+            self.finish(transaction_id, Resolution.ROLLBACK)
             raise
-        self.end_transaction(transaction_id, resolution)
+        self.finish(transaction_id, resolution)
         return resolution
 
     def register_check_listener(self, listener: TransactionListener) -> None:
@@ -118,4 +154,8 @@ class Producer:
         self.broker.register_producer(self.producer_group, on_check)
 
     def close(self) -> None:
+        """Flush background END_TRANSACTIONs, then close the broker connection."""
+        if self._ends is not None:
+            self.flush()
+            self._ends.shutdown()
         self.broker.close()

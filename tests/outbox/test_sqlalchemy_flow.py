@@ -207,3 +207,26 @@ def test_rolled_back_savepoint_that_sent_poisons_the_commit(factory, broker, dep
     with factory() as session:
         assert session.execute(select(orders)).all() == []
         assert session.execute(select(transaction_log)).all() == []
+
+
+def test_oneway_end_returns_after_the_commit_and_flush_settles_it(factory, broker) -> None:
+    producer = Producer(broker, "shop", oneway_end=True)
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def pay(session: Session, order_id: str) -> str:
+        session.execute(orders.insert().values(id=order_id, amount=3))
+        return order_id
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def refuse(session: Session, order_id: str) -> None:
+        raise ValueError("refused")
+
+    assert pay("o1") == "o1"
+    with pytest.raises(ValueError):
+        refuse("o2")
+    assert producer.flush(30)
+    assert sorted(s.value for s in _states(broker).values()) == sorted(
+        [TransactionState.COMMITTED.value, TransactionState.ROLLED_BACK.value])
+    assert [message_json(r.message) for r in broker.receive("points", "order.paid", wait_s=2)] == [
+        {"order_id": "o1"}]
+    producer.close()

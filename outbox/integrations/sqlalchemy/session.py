@@ -108,7 +108,7 @@ def _finish(session: Session, resolution: Resolution) -> None:
         return  # a SAVEPOINT ended; the messages follow the outermost transaction
     pending: PendingTransaction | None = session.info.pop(_STATE_KEY, None)
     if pending is not None:
-        pending.producer.end_transaction(pending.transaction_id, resolution)
+        pending.producer.finish(pending.transaction_id, resolution)
 
 
 def _before_commit(session: Session) -> None:
