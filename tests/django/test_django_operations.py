@@ -258,3 +258,31 @@ def test_outbox_consume_command_handles_each_message_once_and_stops_on_sigterm(t
     assert "stopped after 3 messages" in out
     with sqlite3.connect(tmp_path / "default.sqlite3") as db:
         assert db.execute("SELECT count(*) FROM outbox_consumed_message").fetchone() == (3,)
+
+
+def test_the_app_answers_its_own_check_backs(tmp_path: Path, alias) -> None:
+    """END lost after a commit, and an outer rollback: the broker's check-backs, answered
+    in-process by ``answer_check_backs``, commit the first and roll back the second."""
+    from django.db import transaction
+
+    from outbox.integrations.django.checks import answer_check_backs
+
+    config = BrokerConfig(transaction_timeout_s=0.2, check_interval_s=0.2, check_max=50, service_tick_s=0.02)
+    broker = EmbeddedBroker(tmp_path / "broker", config=config)
+    try:
+        sender = Producer(broker, "shop")
+        stop = answer_check_backs(alias, sender)
+
+        @transactional_message(topic="order.paid", using=alias, producer=Producer(_FailingEnd(broker), "shop"))  # type: ignore[arg-type]
+        def pay(name: str) -> str:
+            return current_transaction_id() or ""
+
+        committed = pay("alice")
+        with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+            rolled_back = pay("alice")
+            raise RuntimeError("outer failure")
+        eventually(lambda: broker.transaction_state(committed) is TransactionState.COMMITTED)
+        eventually(lambda: broker.transaction_state(rolled_back) is TransactionState.ROLLED_BACK)
+        stop()
+    finally:
+        broker.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import router
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
@@ -43,7 +44,8 @@ class ConsumedMessageAdmin(ReadOnlyAdmin):
 @admin.register(PendingTransaction)
 class PendingTransactionAdmin(ReadOnlyAdmin):
     """Not a table: the broker's live view, with a button to resolve a parked transaction
-    by the fencing rule (the transaction_log decides, not the operator)."""
+    by the fencing rule (the transaction_log decides, not the operator), on the database
+    the router picks for writing TransactionLog."""
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -52,7 +54,7 @@ class PendingTransactionAdmin(ReadOnlyAdmin):
         if request.method == "POST" and "resolve" in request.POST:
             transaction_id = request.POST["resolve"]
             try:
-                result = resolve_parked(transaction_id)
+                result = resolve_parked(transaction_id, router.db_for_write(TransactionLog))
             except BrokerError as exc:
                 self.message_user(request, f"Transaction {transaction_id}: {exc}", messages.ERROR)
             else:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from broker_embedded import EndTransactionResult, Resolution
+import threading
+from collections.abc import Callable
 
+from broker_embedded import CheckRequest, EndTransactionResult, Resolution
+
+from ...producer import Producer
 from ...transaction_log import check_transaction
 from .conf import outbox_settings, producer, sqlalchemy_engine
 
@@ -27,3 +31,22 @@ def resolve_parked(transaction_id: str, using: str = "default") -> EndTransactio
     if resolution is Resolution.UNKNOWN:
         return None
     return producer().broker.resolve_parked(transaction_id, resolution)
+
+
+def answer_check_backs(using: str = "default", sender: Producer | None = None) -> Callable[[], None]:
+    """Answer this producer group's check-backs from this process (RocketMQ's way, an
+    alternative to the Celery checker): each check is answered by ``fenced_answer`` on its
+    own thread, so a lock wait never holds up the broker. Returns a function that stops it."""
+    answering = sender or producer()
+
+    def answer(request: CheckRequest) -> None:
+        resolution = fenced_answer(request.transaction_id, using)
+        if resolution is not Resolution.UNKNOWN:
+            answering.end_transaction(request.transaction_id, resolution, from_check=True)
+
+    def on_check(request: CheckRequest) -> None:
+        threading.Thread(target=answer, args=(request,), name=f"outbox-check-{request.transaction_id}",
+                         daemon=True).start()
+
+    answering.broker.register_producer(answering.producer_group, on_check)
+    return lambda: answering.broker.unregister_producer(answering.producer_group, on_check)
