@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ class OutboxSettings:
     check_lock_timeout_ms: int = 2000
 
     @classmethod
-    def from_env(cls) -> OutboxSettings:
+    def from_env(cls, **overrides: object) -> OutboxSettings:
+        """Settings from ``OUTBOX_*`` variables; keyword ``overrides`` win over both."""
         env = os.environ
         try:
             groups = json.loads(env.get("OUTBOX_GROUP_DATABASES", "{}"))
@@ -41,7 +43,7 @@ class OutboxSettings:
             raise ConfigurationError(f"bad outbox setting: {exc}") from None
         if not isinstance(groups, dict):
             raise ConfigurationError("OUTBOX_GROUP_DATABASES must be a JSON object")
-        return cls(
+        settings = cls(
             broker_url=env.get("OUTBOX_BROKER_URL", cls.broker_url),
             database_url=env.get("OUTBOX_DATABASE_URL", cls.database_url),
             group_databases={str(k): str(v) for k, v in groups.items()},
@@ -49,6 +51,7 @@ class OutboxSettings:
             celery_data_dir=Path(env.get("OUTBOX_CELERY_DATA_DIR", str(cls.celery_data_dir))),
             check_lock_timeout_ms=timeout,
         )
+        return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
 
     def database_for(self, producer_group: str) -> str:
         """The database URL holding ``producer_group``'s transaction_log."""
