@@ -80,6 +80,21 @@ _TRANSACTION_PROPERTIES = (
 )
 
 
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: written, fsync'd, renamed, directory fsync'd."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 class EmbeddedBroker:
     """A durable broker in ``data_dir``; thread-safe. See :class:`BrokerAPI` for the methods."""
 
@@ -97,6 +112,7 @@ class EmbeddedBroker:
         self._checker: TransactionChecker = checker or self.producers
         self._topics_path = self.data_dir / "topics.json"
         self._consumer_snapshot_path = self.data_dir / "consumer_state.snapshot"
+        self._book_snapshot_path = self.data_dir / "transactions.snapshot"
         self._topics: dict[str, int] = self._load_topics()
         self._topics_lock = threading.Lock()
         self._round_robin = itertools.count()
@@ -141,9 +157,10 @@ class EmbeddedBroker:
             offset = batch[-1].queue_offset + 1
 
     def _rebuild(self) -> None:
-        for record in self.read_all(HALF_TOPIC):
+        half_from, op_from = self._restore_book_snapshot()
+        for record in self.read_all(HALF_TOPIC, 0, half_from):
             self.book.add_half(record)
-        for record in self.read_all(OP_HALF_TOPIC):
+        for record in self.read_all(OP_HALF_TOPIC, 0, op_from):
             self.book.apply(decode_op(record.body))
         for tx in list(self.book.unresolved()):
             if self._commit_already_written(tx):
@@ -160,6 +177,17 @@ class EmbeddedBroker:
                 if not self._written_to_real_topic(record):
                     self.schedule.add(int(record.properties[DUE_AT]), record.commit_log_offset)
 
+    def _restore_book_snapshot(self) -> tuple[int, int]:
+        """Load the transaction snapshot if there is one; the (half, op) offsets to replay from."""
+        if not self._book_snapshot_path.exists():
+            return 0, 0
+        try:
+            return self.book.restore(self._book_snapshot_path.read_bytes(), self.store.commitlog.min_offset)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            log.warning("unreadable %s: replaying every half and op record", self._book_snapshot_path)
+            self.book.by_id.clear()
+            return 0, 0
+
     def _restore_consumer_snapshot(self) -> int:
         """Load the consumer snapshot if there is one; the event offset to replay from."""
         if not self._consumer_snapshot_path.exists():
@@ -172,20 +200,14 @@ class EmbeddedBroker:
             self.consumers.stats.clear()
             return 0
 
-    def write_consumer_snapshot(self) -> None:
-        """Save every group's progress (fsync'd, atomic) so a start replays only newer events."""
-        data = self.consumers.snapshot(lambda: self.store.queue_max_offset(CONSUMER_STATE_TOPIC, 0))
-        tmp = self._consumer_snapshot_path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._consumer_snapshot_path)
-        directory = os.open(self.data_dir, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+    def write_snapshots(self) -> None:
+        """Save the transaction book and every group's progress (each fsync'd and renamed
+        into place), so the next start replays only the records stored after them."""
+        book = self.book.snapshot(lambda: (self.store.queue_max_offset(HALF_TOPIC, 0),
+                                           self.store.queue_max_offset(OP_HALF_TOPIC, 0)))
+        _write_atomically(self._book_snapshot_path, book)
+        consumers = self.consumers.snapshot(lambda: self.store.queue_max_offset(CONSUMER_STATE_TOPIC, 0))
+        _write_atomically(self._consumer_snapshot_path, consumers)
 
     def _written_to_real_topic(self, record: StoredRecord) -> bool:
         """True if the message of a half or delayed record already sits in its real topic."""
@@ -334,17 +356,20 @@ class EmbeddedBroker:
         with self.book.lock:
             tx = self.book.by_id.get(transaction_id)
         if tx is None:
-            stored = self.store.put(record)
+            with self.book.writing():
+                stored = self.store.put(record)
+                with self.book.lock:
+                    self.book.add_half(stored)
         else:
-            with tx.lock:  # a half message joins a transaction only while it is pending
+            with tx.lock, self.book.writing():  # joins the transaction only while it is pending
                 if tx.state is not TransactionState.PENDING or tx.producer_group != producer_group:
                     raise TransactionConflictError(
                         f"transaction {transaction_id} already ended ({tx.state.value}) "
                         f"or belongs to producer group {tx.producer_group!r}"
                     )
                 stored = self.store.put(record)
-        with self.book.lock:
-            self.book.add_half(stored)
+                with self.book.lock:
+                    self.book.add_half(stored)
         return SendResult(message.message_id, message.topic, queue_id, -1,
                           stored.commit_log_offset, transaction_id)
 
@@ -376,9 +401,10 @@ class EmbeddedBroker:
                 )
             op = Op(transaction_id, RESOLUTION_OPS[resolution], tx.check_times, now_ms())
             records = self._commit_records(tx) if resolution is Resolution.COMMIT else []
-            stored = self.store.put_batch([*records, self._op_record(op)])
-            with self.book.lock:
-                self.book.apply(op)
+            with self.book.writing():
+                stored = self.store.put_batch([*records, self._op_record(op)])
+                with self.book.lock:
+                    self.book.apply(op)
         for record in stored[:-1]:
             if record.topic == SCHEDULE_TOPIC:
                 self.schedule.add(int(record.properties[DUE_AT]), record.commit_log_offset)
@@ -415,8 +441,10 @@ class EmbeddedBroker:
         ]
 
     def _apply_op(self, op: Op) -> None:
-        self._write_op(op)
-        self.book.apply(op)
+        with self.book.writing():
+            self._write_op(op)
+            with self.book.lock:
+                self.book.apply(op)
 
     def transaction_state(self, transaction_id: str) -> TransactionState:
         tx = self.book.by_id.get(transaction_id)
@@ -582,9 +610,9 @@ class EmbeddedBroker:
                 if time.monotonic() - last_check >= check_every:
                     last_check = time.monotonic()
                     self.checks.run_once()
-                if time.monotonic() - last_snapshot >= self.config.consumer_snapshot_interval_s:
+                if time.monotonic() - last_snapshot >= self.config.snapshot_interval_s:
                     last_snapshot = time.monotonic()
-                    self.write_consumer_snapshot()
+                    self.write_snapshots()
                 if time.monotonic() - last_retention >= 600:
                     last_retention = time.monotonic()
                     self.apply_retention()
@@ -612,9 +640,9 @@ class EmbeddedBroker:
         self.consumers.close()
         self._service.join(timeout=10)
         try:
-            self.write_consumer_snapshot()
+            self.write_snapshots()
         except OSError:
-            log.exception("could not save the consumer snapshot; the next start replays more events")
+            log.exception("could not save the snapshots; the next start replays more records")
         self.store.close()
         log.info("broker on %s closed", self.data_dir)
 

@@ -31,5 +31,6 @@ class BrokerConfig:
     #: RocketMQ's periodic offset persistence): durable within the store's flush interval,
     #: so a crash may deliver the last acked messages once more.
     sync_consumer_progress: bool = False
-    #: How often consumer progress is snapshotted, bounding the events replayed on start.
-    consumer_snapshot_interval_s: float = 60.0
+    #: How often the transaction book and consumer progress are snapshotted, bounding the
+    #: records replayed on start.
+    snapshot_interval_s: float = 60.0

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -87,13 +88,125 @@ class Transaction:
         return newest + int(timeout * 1000)
 
 
+class _SavedRecord(msgspec.Struct, array_like=True):
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: dict[str, str]
+    flags: int
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    queue_offset: int
+    commit_log_offset: int
+    size: int
+
+
+class _SavedTransaction(msgspec.Struct, array_like=True):
+    transaction_id: str
+    producer_group: str
+    state: str
+    check_times: int
+    resolved_ms: int | None
+    halves: list[_SavedRecord]
+
+
+class BookSnapshot(msgspec.Struct):
+    """The book as of the first ``half_upto`` half records and ``op_upto`` op records."""
+
+    half_upto: int
+    op_upto: int
+    transactions: list[_SavedTransaction]
+
+
+def _save_record(record: StoredRecord) -> _SavedRecord:
+    return _SavedRecord(
+        record.topic, record.queue_id, record.body, dict(record.properties), record.flags,
+        record.born_timestamp_ms, record.store_timestamp_ms, record.queue_offset,
+        record.commit_log_offset, record.size,
+    )
+
+
+def _load_record(saved: _SavedRecord) -> StoredRecord:
+    return StoredRecord(
+        saved.topic, saved.queue_id, saved.body, saved.properties, saved.flags,
+        saved.born_timestamp_ms, saved.store_timestamp_ms, saved.queue_offset,
+        saved.commit_log_offset, saved.size,
+    )
+
+
+_encode_snapshot = msgspec.msgpack.Encoder().encode
+_decode_snapshot = msgspec.msgpack.Decoder(BookSnapshot).decode
+
+
 class TransactionBook:
-    """Every transaction the broker knows, by id. Callers hold ``lock``."""
+    """Every transaction the broker knows, by id. Callers hold ``lock``.
+
+    Code that writes a half or op record and then applies it to the book does both inside
+    ``writing()``, so ``snapshot`` can wait for a moment when every stored record is applied.
+    """
 
     def __init__(self, default_timeout_s: float) -> None:
         self.lock = threading.RLock()
         self.by_id: dict[str, Transaction] = {}
         self.default_timeout_s = default_timeout_s
+        self._idle = threading.Condition(self.lock)
+        self._writers = 0
+        self._snapshotting = False
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Bracket "store a record, then apply it" (waits while a snapshot is being taken)."""
+        with self._idle:
+            while self._snapshotting:
+                self._idle.wait()
+            self._writers += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._writers -= 1
+                if not self._writers:
+                    self._idle.notify_all()
+
+    def snapshot(self, stored: Callable[[], tuple[int, int]]) -> bytes:
+        """The whole book, with ``stored()`` = (half records, op records) in the store, read
+        when no write is between its store and its apply."""
+        with self._idle:
+            self._snapshotting = True
+            try:
+                while self._writers:
+                    self._idle.wait()
+                half_upto, op_upto = stored()
+                return _encode_snapshot(BookSnapshot(half_upto, op_upto, [
+                    _SavedTransaction(
+                        tx.transaction_id, tx.producer_group, tx.state.value, tx.check_times,
+                        tx.resolved_ms, [_save_record(h) for h in tx.halves],
+                    )
+                    for tx in self.by_id.values()
+                ]))
+            finally:
+                self._snapshotting = False
+                self._idle.notify_all()
+
+    def restore(self, data: bytes, first_offset: int) -> tuple[int, int]:
+        """Load a snapshot (on start, before replaying the records after it); resolved
+        transactions whose half messages retention deleted (below ``first_offset``) are
+        forgotten, as a full replay would."""
+        snapshot = _decode_snapshot(data)
+        with self.lock:
+            for saved in snapshot.transactions:
+                gone = all(h.commit_log_offset < first_offset for h in saved.halves)
+                if gone and saved.state in (TransactionState.COMMITTED.value, TransactionState.ROLLED_BACK.value):
+                    continue
+                tx = Transaction(
+                    saved.transaction_id, saved.producer_group,
+                    [_load_record(h) for h in saved.halves],
+                    TransactionState(saved.state), saved.check_times, resolved_ms=saved.resolved_ms,
+                )
+                if tx.state is TransactionState.PENDING:
+                    tx.next_check_ms = tx.first_check_ms(self.default_timeout_s)
+                self.by_id[tx.transaction_id] = tx
+        return snapshot.half_upto, snapshot.op_upto
 
     def add_half(self, record: StoredRecord) -> Transaction:
         """Record a stored half message (new or replayed)."""
@@ -196,7 +309,7 @@ class CheckService:
             outstanding += 1
 
     def _park(self, tx: Transaction) -> None:
-        with tx.lock:  # not while END_TRANSACTION of this transaction is being written
+        with tx.lock, self.book.writing():  # not while END_TRANSACTION of it is being written
             if tx.state is not TransactionState.PENDING:
                 return
             op = Op(tx.transaction_id, OP_PARK, tx.check_times, now_ms())
@@ -234,7 +347,7 @@ class CheckService:
             tx.check_deadline = 0.0
             log.info("no checker route for transaction %s (group %s)", tx.transaction_id, tx.producer_group)
             return
-        with tx.lock:
+        with tx.lock, self.book.writing():
             if tx.state is TransactionState.PENDING:  # the answer may already be in
                 op = Op(tx.transaction_id, OP_CHECK, request.check_times, now_ms())
                 self.write_op(op)

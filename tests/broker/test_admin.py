@@ -189,3 +189,30 @@ def test_retention_keeps_unresolved_half_messages_and_consumers_skip_deleted_one
             broker.ack("g", received.receipt_handle)
     assert got[-1] == b"half" and len(got) == 41 - kept
     assert broker.stats().consumer_lag == {"g": {"orders": 0}}
+
+
+@pytest.mark.parametrize("snapshot", ["older", "torn"])
+def test_restart_from_an_older_or_torn_transaction_snapshot(broker_factory, snapshot) -> None:
+    checker = AnsweringChecker(Resolution.UNKNOWN)
+    broker = broker_factory(checker, check_max=2)
+    broker.send_half(Message("orders", b"c", transaction_timeout_s=600), producer_group="pg",
+                     transaction_id="committed")
+    broker.send_half(Message("orders", b"p", transaction_timeout_s=0.1), producer_group="pg",
+                     transaction_id="parked")
+    broker.send_half(Message("orders", b"w", transaction_timeout_s=600), producer_group="pg",
+                     transaction_id="waiting")
+    broker.write_snapshots()
+    path = broker.data_dir / "transactions.snapshot"
+    older = path.read_bytes()
+    broker.end_transaction("committed", Resolution.COMMIT, producer_group="pg")
+    eventually(lambda: broker.transaction_state("parked") is TransactionState.PARKED)
+    broker.close()
+    path.write_bytes(older if snapshot == "older" else b"\x00torn")
+    broker = broker_factory(AnsweringChecker(Resolution.UNKNOWN), check_max=2)
+    assert broker.transaction_state("committed") is TransactionState.COMMITTED
+    assert broker.transaction_state("parked") is TransactionState.PARKED
+    assert broker.list_parked()[0].check_times == 2
+    assert broker.transaction_state("waiting") is TransactionState.PENDING
+    assert [r.message.body for r in broker.receive("g", "orders", max_messages=10, wait_s=1)] == [b"c"]
+    broker.end_transaction("waiting", Resolution.COMMIT, producer_group="pg")
+    assert [r.message.body for r in broker.receive("g", "orders", wait_s=2)] == [b"w"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from broker_embedded import Message, Resolution
+from broker_embedded import Message, Resolution, TransactionState
 from broker_embedded.errors import TransactionConflictError
 
 
@@ -55,3 +55,37 @@ def test_a_half_message_racing_the_commit_is_committed_or_refused(broker_factory
     while batch := broker.receive("g", "orders", max_messages=64, wait_s=0.5):
         got.extend(r.message.body for r in batch)
     assert sorted(got) == sorted(accepted)
+
+
+def test_snapshots_taken_during_commits_restore_every_resolution(broker_factory) -> None:
+    broker = broker_factory(transaction_timeout_s=600, default_queues=1)
+    snapshot = broker.data_dir / "transactions.snapshot"
+    ids = [f"t{n}" for n in range(80)]
+    taken: list[bytes] = []
+    done = threading.Event()
+
+    def snapshots() -> None:
+        while not done.is_set():
+            broker.write_snapshots()
+            taken.append(snapshot.read_bytes())
+
+    def transaction(tx: str) -> None:
+        broker.send_half(Message("orders", tx.encode()), producer_group="pg", transaction_id=tx)
+        broker.end_transaction(tx, Resolution.COMMIT, producer_group="pg")
+
+    snapshotter = threading.Thread(target=snapshots)
+    snapshotter.start()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(transaction, ids))
+    done.set()
+    snapshotter.join()
+    assert len(taken) >= 2
+    broker.close()
+    snapshot.write_bytes(taken[len(taken) // 2])  # one taken mid-way: the rest is replayed
+    broker = broker_factory(transaction_timeout_s=600, default_queues=1)
+    assert all(broker.transaction_state(tx) is TransactionState.COMMITTED for tx in ids)
+    assert all(len(broker.book.by_id[tx].halves) == 1 for tx in ids)  # nothing applied twice
+    got = []
+    while batch := broker.receive("g", "orders", max_messages=64, wait_s=0.5):
+        got.extend(r.message.body for r in batch)
+    assert sorted(got) == sorted(tx.encode() for tx in ids)

@@ -167,7 +167,7 @@ def test_restart_from_an_older_consumer_snapshot_replays_the_events_after_it(bro
     batch = broker.receive("g", "orders", max_messages=6)
     for received in batch[:2]:
         broker.ack("g", received.receipt_handle)
-    broker.write_consumer_snapshot()
+    broker.write_snapshots()
     snapshot = broker.data_dir / "consumer_state.snapshot"
     older = snapshot.read_bytes()
     broker.ack("g", batch[2].receipt_handle)  # only in the events after the snapshot
