@@ -66,3 +66,52 @@ def test_failing_handler_is_retried_then_dead_lettered(engine, broker) -> None:
     assert [m.message.message_id for m in broker.list_dlq("points")] == ["poison"]
     with factory() as session:
         assert session.execute(select(consumed_message)).all() == []
+
+
+def test_order_points_flow_is_effectively_once(engine, broker, tmp_path) -> None:
+    """Account pays orders with @transactional_message; member awards points; every
+    message is delivered twice (first delivery handled but not acked)."""
+    from outbox import Producer, transactional_message
+    from outbox.integrations.sqlalchemy.engine import create_engine
+    from outbox.integrations.sqlalchemy.tables import metadata
+
+    shop = MetaData()
+    orders = Table("orders", shop, Column("id", String(32), primary_key=True), Column("amount", Integer))
+    shop.create_all(engine)
+    member_engine = create_engine(f"sqlite:///{tmp_path / 'member.sqlite3'}")
+    metadata.create_all(member_engine)
+    member.create_all(member_engine)
+
+    @transactional_message(Producer(broker, "account"), sessionmaker(engine), topic="order.paid",
+                           body=lambda order_id, amount: {"order": order_id, "amount": amount})
+    def pay(session, order_id: str, amount: int) -> None:
+        session.execute(orders.insert().values(id=order_id, amount=amount))
+        if amount < 0:
+            raise ValueError("negative amount")
+
+    pay("o1", 100)
+    pay("o2", 30)
+    try:
+        pay("o3", -5)
+    except ValueError:
+        pass
+
+    @idempotent_consumer("points", sessionmaker(member_engine))
+    def award(session, received) -> None:
+        body = message_json(received.message)
+        session.execute(points.insert().values(order_id=body["order"], points=body["amount"]))
+
+    handled: list[bool] = []
+    for received in broker.receive("points", "order.paid", max_messages=10, invisible_duration_s=0.05, wait_s=2):
+        handled.append(award(received))  # handled, then "crash" before the ack
+    for _ in range(50):
+        again = broker.receive("points", "order.paid", max_messages=10, wait_s=0.5)
+        for received in again:
+            handled.append(award(received))
+            broker.ack("points", received.receipt_handle)
+        if len(handled) >= 4:
+            break
+    assert handled == [True, True, False, False]
+    with member_engine.connect() as conn:
+        assert sorted(conn.execute(select(points.c.order_id, points.c.points)).all()) == [("o1", 100), ("o2", 30)]
+    member_engine.dispose()
