@@ -41,8 +41,8 @@ from .message import (
 )
 from .protocol import (
     CODES,
-    LENGTH,
-    MAX_FRAME_BYTES,
+    READ_CHUNK,
+    FrameBuffer,
     Kind,
     RequestCode,
     convert_result,
@@ -67,6 +67,18 @@ class _AsyncLink:
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.failure: str | None = None
         self.task: asyncio.Task[None] | None = None
+        self.outgoing: list[bytes] = []
+
+    def send(self, frame: bytes) -> None:
+        """Queue a frame; the frames queued in one loop iteration go out in one write."""
+        if not self.outgoing:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outgoing.append(frame)
+
+    def flush(self) -> None:
+        frames, self.outgoing = self.outgoing, []
+        if frames and not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
 
     def fail(self, reason: str) -> None:
         if self.failure is None:
@@ -134,18 +146,18 @@ class AsyncBrokerClient:
 
     async def _read_loop(self, link: _AsyncLink) -> None:
         try:
-            while True:
-                (length,) = LENGTH.unpack(await link.reader.readexactly(LENGTH.size))
-                if length > MAX_FRAME_BYTES:
-                    raise MalformedFrameError(f"frame of {length} bytes from the broker")
-                code, request_id, kind, body = decode_frame(await link.reader.readexactly(length))
-                if kind is Kind.PUSH:
-                    self._on_push(code, body)
-                    continue
-                future = link.pending.pop(request_id, None)
-                if future is not None and not future.done():
-                    future.set_result(body)
-        except (OSError, asyncio.IncompleteReadError, MalformedFrameError, ValueError) as exc:
+            frames = FrameBuffer()
+            while data := await link.reader.read(READ_CHUNK):
+                for payload in frames.feed(data):
+                    code, request_id, kind, body = decode_frame(payload)
+                    if kind is Kind.PUSH:
+                        self._on_push(code, body)
+                        continue
+                    future = link.pending.pop(request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(body)
+            link.fail(f"connection to {self.url} closed by the broker")
+        except (OSError, MalformedFrameError, ValueError) as exc:
             link.fail(f"connection to {self.url} lost: {exc!r}")
 
     def _on_push(self, code: int, body: Any) -> None:
@@ -175,8 +187,8 @@ class AsyncBrokerClient:
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.pending[request_id] = future
+        link.send(encode_frame(code, request_id, Kind.REQUEST, arguments))
         try:
-            link.writer.write(encode_frame(code, request_id, Kind.REQUEST, arguments))
             await link.writer.drain()
         except OSError as exc:
             link.fail(f"cannot send to {self.url}: {exc!r}")

@@ -41,8 +41,8 @@ from .message import (
 )
 from .protocol import (
     CODES,
-    LENGTH,
-    MAX_FRAME_BYTES,
+    READ_CHUNK,
+    FrameBuffer,
     Kind,
     RequestCode,
     convert_result,
@@ -145,27 +145,20 @@ class BrokerClient:
             return link
 
     def _read_loop(self, link: _Link) -> None:
-        reader = link.sock.makefile("rb")
+        frames = FrameBuffer()
         try:
-            while True:
-                head = reader.read(LENGTH.size)
-                if len(head) < LENGTH.size:
-                    raise ConnectionError("closed by the broker")
-                (length,) = LENGTH.unpack(head)
-                if length > MAX_FRAME_BYTES:
-                    raise MalformedFrameError(f"frame of {length} bytes from the broker")
-                payload = reader.read(length)
-                if len(payload) < length:
-                    raise ConnectionError("closed by the broker mid-frame")
-                code, request_id, kind, body = decode_frame(payload)
-                if kind is Kind.PUSH:
-                    self._on_push(code, body)
-                    continue
-                with link.lock:
-                    future = link.pending.pop(request_id, None)
-                if future is not None and not future.done():
-                    future.set_result(body)
-        except (OSError, ConnectionError, MalformedFrameError, ValueError) as exc:
+            while data := link.sock.recv(READ_CHUNK):
+                for payload in frames.feed(data):
+                    code, request_id, kind, body = decode_frame(payload)
+                    if kind is Kind.PUSH:
+                        self._on_push(code, body)
+                        continue
+                    with link.lock:
+                        future = link.pending.pop(request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(body)
+            link.fail(f"connection to {self.url} closed by the broker")
+        except (OSError, MalformedFrameError, ValueError) as exc:
             link.fail(f"connection to {self.url} lost: {exc}")
 
     def _on_push(self, code: int, body: Any) -> None:

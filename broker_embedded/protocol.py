@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import struct
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from .errors import MalformedFrameError, error_for_code
 
 LENGTH = struct.Struct(">I")
 MAX_FRAME_BYTES = 8 * 1024 * 1024
+READ_CHUNK = 256 * 1024
 
 
 class Kind(enum.IntEnum):
@@ -114,6 +116,32 @@ def encode_frame(code: int, request_id: int, kind: Kind, body: Any) -> bytes:
     """One frame, length prefix included."""
     payload = _encoder.encode((code, request_id, int(kind), body))
     return LENGTH.pack(len(payload)) + payload
+
+
+class FrameBuffer:
+    """Cuts a byte stream into frame payloads, however the bytes arrive."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """The payloads completed by ``data``, in order; a length over ``MAX_FRAME_BYTES``
+        raises ``MalformedFrameError`` when reached (the stream cannot be trusted past it)."""
+        self._data += data
+        position = 0
+        try:
+            while len(self._data) - position >= LENGTH.size:
+                (length,) = LENGTH.unpack_from(self._data, position)
+                if length > MAX_FRAME_BYTES:
+                    raise MalformedFrameError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+                end = position + LENGTH.size + length
+                if len(self._data) < end:
+                    return  # the rest of the frame is still on its way
+                payload = bytes(self._data[position + LENGTH.size:end])
+                position = end
+                yield payload
+        finally:
+            del self._data[:position]
 
 
 def decode_frame(payload: bytes) -> tuple[int, int, Kind, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,11 +27,11 @@ from .errors import (
     MalformedFrameError,
     UnknownRequestCodeError,
 )
-from .message import CheckRequest, Message
+from .message import CheckRequest
 from .protocol import (
-    LENGTH,
-    MAX_FRAME_BYTES,
     METHODS,
+    READ_CHUNK,
+    FrameBuffer,
     Kind,
     RequestCode,
     convert_arguments,
@@ -43,6 +44,7 @@ log = logging.getLogger("broker_embedded.server")
 
 STOP_GRACE_S = 10.0
 
+
 class _Connection:
     """One client connection: its writer, identity and the producer groups it answers for."""
 
@@ -53,10 +55,18 @@ class _Connection:
         self.authenticated = authenticated
         self.peer = writer.get_extra_info("peername")
         self.producer_callbacks: list[tuple[str, Any]] = []
+        self.outgoing: list[bytes] = []
 
     def send(self, frame: bytes) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(frame)
+        """Queue a frame; the frames queued in one loop iteration go out in one write."""
+        if not self.outgoing:
+            self.loop.call_soon(self.flush)
+        self.outgoing.append(frame)
+
+    def flush(self) -> None:
+        frames, self.outgoing = self.outgoing, []
+        if frames and not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
 
     def push_check(self, request: CheckRequest) -> None:
         """Called from a broker thread: push a check-back to this producer."""
@@ -66,20 +76,22 @@ class _Connection:
         self.loop.call_soon_threadsafe(self.send, frame)
 
 
-class _SendBatcher:
-    """Groups the sends that arrive while a batch is being stored into the next batch:
-    one executor hop, one append and one fsync for all of them (group commit)."""
+class _Batcher:
+    """Groups the calls that arrive while a batch is running into the next batch: one
+    executor hop for all of them. ``run_batch`` takes the list of arguments and returns, per
+    item, a result or the exception that refused it. For sends this is group commit: one
+    append and one fsync for every send in flight."""
 
-    def __init__(self, broker: Any, executor: ThreadPoolExecutor) -> None:
-        self.broker = broker
+    def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: ThreadPoolExecutor) -> None:
+        self.run_batch = run_batch
         self.executor = executor
-        self.waiting: list[tuple[Message, asyncio.Future[Any]]] = []
+        self.waiting: list[tuple[Any, asyncio.Future[Any]]] = []
         self.draining = False
 
-    async def send(self, message: Message) -> Any:
+    async def call(self, item: Any) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self.waiting.append((message, future))
+        self.waiting.append((item, future))
         if not self.draining:
             self.draining = True
             loop.create_task(self._drain())
@@ -91,8 +103,7 @@ class _SendBatcher:
             while self.waiting:
                 batch, self.waiting = self.waiting, []
                 try:
-                    outcomes = await loop.run_in_executor(
-                        self.executor, self.broker.send_batch, [message for message, _ in batch])
+                    outcomes = await loop.run_in_executor(self.executor, self.run_batch, [item for item, _ in batch])
                 except Exception as exc:  # the whole batch failed (e.g. the disk is full)
                     outcomes = [exc] * len(batch)
                 for (_, future), outcome in zip(batch, outcomes, strict=True):
@@ -102,6 +113,21 @@ class _SendBatcher:
                         future.set_result(outcome)
         finally:
             self.draining = False
+
+
+def _each(call: Callable[..., Any]) -> Callable[[list[dict[str, Any]]], list[Any]]:
+    """A ``run_batch`` that makes one call per item (keyword arguments), catching each error."""
+
+    def run(items: list[dict[str, Any]]) -> list[Any]:
+        outcomes: list[Any] = []
+        for arguments in items:
+            try:
+                outcomes.append(call(**arguments))
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    return run
 
 
 class BrokerServer:
@@ -129,7 +155,11 @@ class BrokerServer:
         self._connections: set[_Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
-        self._sends = _SendBatcher(broker, self.executor) if hasattr(broker, "send_batch") else None
+        #: Cheap calls that arrive together share one executor hop; sends share one fsync.
+        self._batchers: dict[str, _Batcher] = {"ack": _Batcher(_each(broker.ack), self.executor)}
+        send_batch = getattr(broker, "send_batch", None)
+        if send_batch is not None:
+            self._batchers["send"] = _Batcher(lambda items: send_batch([a["message"] for a in items]), self.executor)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
@@ -150,6 +180,7 @@ class BrokerServer:
             log.info("finishing %d requests in flight", len(self._tasks))
             await asyncio.wait(list(self._tasks), timeout=STOP_GRACE_S)
         for connection in list(self._connections):
+            connection.flush()
             connection.writer.close()
         if self._server is not None:
             try:
@@ -164,45 +195,47 @@ class BrokerServer:
         connection = _Connection(writer, asyncio.get_running_loop(), self._authenticator is None)
         self._connections.add(connection)
         log.debug("connection from %s", connection.peer)
+        frames = FrameBuffer()
         try:
-            while True:
-                (length,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
-                if length > MAX_FRAME_BYTES:
-                    self._reply_error(connection, 0, 0, MalformedFrameError(
-                        f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}"))
-                    break  # the stream cannot be trusted past an absurd length
-                payload = await reader.readexactly(length)
-                try:
-                    code, request_id, kind, body = decode_frame(payload)
-                except MalformedFrameError as exc:
-                    self._reply_error(connection, 0, 0, exc)
-                    continue
-                if kind is not Kind.REQUEST:
-                    self._reply_error(connection, code, request_id, MalformedFrameError("expected a request"))
-                    continue
-                if code == RequestCode.AUTHENTICATE:
-                    if not self._authenticate(connection, code, request_id, body):
-                        break  # a wrong key gets its answer and then the door
-                    continue
-                if self._stopping:
-                    self._reply_error(connection, code, request_id, BrokerClosedError("the broker is stopping"))
-                    continue
-                if not connection.authenticated:
-                    self._reply_error(connection, code, request_id,
-                                      AuthenticationError("authenticate first"))
-                    break
-                task = asyncio.create_task(self._dispatch(connection, code, request_id, body))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            while data := await reader.read(READ_CHUNK):
+                for payload in frames.feed(data):
+                    if not self._on_frame(connection, payload):
+                        return
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except MalformedFrameError as exc:
+            self._reply_error(connection, 0, 0, exc)
+        except ConnectionError:
             pass
         finally:
             for group, callback in connection.producer_callbacks:
                 self.broker.unregister_producer(group, callback)
             self._connections.discard(connection)
+            connection.flush()
             writer.close()
             log.debug("connection from %s closed", connection.peer)
+
+    def _on_frame(self, connection: _Connection, payload: bytes) -> bool:
+        """Handle one request frame; False when the connection must be closed."""
+        try:
+            code, request_id, kind, body = decode_frame(payload)
+        except MalformedFrameError as exc:
+            self._reply_error(connection, 0, 0, exc)
+            return True
+        if kind is not Kind.REQUEST:
+            self._reply_error(connection, code, request_id, MalformedFrameError("expected a request"))
+            return True
+        if code == RequestCode.AUTHENTICATE:
+            return self._authenticate(connection, code, request_id, body)  # wrong keys: answer, then close
+        if self._stopping:
+            self._reply_error(connection, code, request_id, BrokerClosedError("the broker is stopping"))
+            return True
+        if not connection.authenticated:
+            self._reply_error(connection, code, request_id, AuthenticationError("authenticate first"))
+            return False
+        task = asyncio.create_task(self._dispatch(connection, code, request_id, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
 
     def _reply(self, connection: _Connection, code: int, request_id: int, result: Any) -> None:
         connection.send(encode_frame(code, request_id, Kind.RESPONSE, {"ok": to_wire(result)}))
@@ -243,8 +276,9 @@ class BrokerServer:
         except (ValueError, KeyError):
             raise UnknownRequestCodeError(f"unknown request code {code}") from None
         arguments = convert_arguments(method, body)
-        if method == "send" and self._sends is not None:
-            return await self._sends.send(arguments["message"])
+        batcher = self._batchers.get(method)
+        if batcher is not None:
+            return await batcher.call(arguments)
         call = functools.partial(getattr(self.broker, method), **arguments)
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
 
