@@ -286,3 +286,10 @@ def test_the_app_answers_its_own_check_backs(tmp_path: Path, alias) -> None:
         stop()
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize("handler", ["tests.django.shop.handlers", "tests.django.shop.handlers:nothing",
+                                     "no.such.module:award_points"])
+def test_outbox_consume_rejects_a_bad_handler(handler: str) -> None:
+    with pytest.raises(CommandError, match="handler"):
+        call_command("outbox_consume", "--group", "member", "--topic", "order.paid", "--handler", handler)

@@ -4,6 +4,7 @@ commit together, so a redelivered message has no second effect."""
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,10 @@ from django.utils import timezone
 
 from broker_embedded import ReceivedMessage
 
-from ...consumer import AlreadyConsumed
+from ...consumer import GROUP_ATTRIBUTE, AlreadyConsumed
 from .models import ConsumedMessage
+
+log = logging.getLogger("outbox.integrations.django.consumer")
 
 
 def idempotent_consumer(group: str, using: str = "default") -> Callable[[Callable[[ReceivedMessage], Any]], Callable[[ReceivedMessage], bool]]:
@@ -34,9 +37,11 @@ def idempotent_consumer(group: str, using: str = "default") -> Callable[[Callabl
                         raise AlreadyConsumed from None
                     handler(received)
             except AlreadyConsumed:
+                log.info("message %s already consumed by %s; skipped", received.message.message_id, group)
                 return False
             return True
 
+        setattr(wrapper, GROUP_ATTRIBUTE, group)
         return wrapper
 
     return decorate

@@ -6,7 +6,7 @@ import importlib
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.consumer import run_consumer, stop_on_signals
 
@@ -24,7 +24,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         module, _, name = options["handler"].partition(":")
-        handler = getattr(importlib.import_module(module), name)
+        try:
+            handler = getattr(importlib.import_module(module), name) if module and name else None
+        except (ImportError, AttributeError) as exc:
+            raise CommandError(f"cannot load handler {options['handler']!r}: {exc}") from exc
+        if not callable(handler):
+            raise CommandError(f"--handler must name a function as module:function, not {options['handler']!r}")
         stop = threading.Event()
         stop_on_signals(stop)
         handled = run_consumer(producer().broker, options["group"], options["topic"], handler, stop,
