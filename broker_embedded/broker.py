@@ -490,6 +490,8 @@ class EmbeddedBroker:
 
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         self._check_open()
+        if invisible_duration_s <= 0:
+            raise ValueError("invisible_duration_s must be > 0")
         return self.consumers.change_invisible_duration(group, receipt_handle, int(invisible_duration_s * 1000))
 
     # -- reading, admin -------------------------------------------------------------------

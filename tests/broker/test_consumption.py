@@ -67,6 +67,8 @@ def test_change_invisible_duration_returns_a_new_handle(broker_factory) -> None:
     broker = broker_factory()
     broker.send(Message("orders", b"x"))
     received = broker.receive("g", "orders", invisible_duration_s=0.1)[0]
+    with pytest.raises(ValueError):
+        broker.change_invisible_duration("g", received.receipt_handle, 0)
     handle = broker.change_invisible_duration("g", received.receipt_handle, 5)
     time.sleep(0.3)
     assert broker.receive("g", "orders") == []  # still invisible thanks to the extension
