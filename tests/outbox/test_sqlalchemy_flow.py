@@ -7,7 +7,7 @@ import socket
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import BrokerClient, Message, TransactionState
@@ -230,3 +230,19 @@ def test_oneway_end_returns_after_the_commit_and_flush_settles_it(factory, broke
     assert [message_json(r.message) for r in broker.receive("points", "order.paid", wait_s=2)] == [
         {"order_id": "o1"}]
     producer.close()
+
+
+def test_database_unreachable_after_the_half_message_sends_rollback(broker) -> None:
+    from sqlalchemy import create_engine
+
+    unreachable = sessionmaker(create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/x"))
+    ran = []
+
+    @transactional_message(Producer(broker, "shop"), unreachable, topic="order.paid")
+    def pay(session: Session, order_id: str) -> None:
+        ran.append(order_id)
+
+    with pytest.raises(OperationalError):
+        pay("o1")
+    assert ran == []
+    assert list(_states(broker).values()) == [TransactionState.ROLLED_BACK]
