@@ -246,3 +246,25 @@ def test_database_unreachable_after_the_half_message_sends_rollback(broker) -> N
         pay("o1")
     assert ran == []
     assert list(_states(broker).values()) == [TransactionState.ROLLED_BACK]
+
+
+def test_fenced_transaction_fails_cleanly_and_sends_rollback(factory, broker, monkeypatch) -> None:
+    from outbox import TransactionFencedError, check_transaction
+
+    monkeypatch.setattr("outbox.integrations.sqlalchemy.session.new_transaction_id", lambda: "tx-fenced")
+    # The check-back arrived before the local transaction began: the fence wins.
+    assert check_transaction(factory.kw["bind"], "tx-fenced", "shop").name == "ROLLBACK"
+    ran = []
+
+    @transactional_message(Producer(broker, "shop"), factory, topic="order.paid")
+    def pay(session: Session, order_id: str) -> None:
+        ran.append(order_id)
+        session.execute(orders.insert().values(id=order_id, amount=1))
+
+    with pytest.raises(TransactionFencedError, match="fenced"):
+        pay("o1")
+    assert ran == []
+    assert _states(broker) == {"tx-fenced": TransactionState.ROLLED_BACK}
+    with factory() as session:
+        assert session.execute(select(orders)).all() == []
+        assert session.execute(select(transaction_log.c.state)).scalars().all() == ["ROLLED_BACK"]
