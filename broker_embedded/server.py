@@ -257,20 +257,21 @@ class BrokerServer:
 
     async def _execute(self, connection: _Connection, code: int, body: Any) -> Any:
         if code == RequestCode.HEART_BEAT:
-            group = str(body["producer_group"])
-            self.broker.register_producer(group, connection.push_check)
-            connection.producer_callbacks.append((group, connection.push_check))
-            log.info("producer %s registered for check-backs of group %s", connection.peer, group)
+            group = _text(body, "producer_group")
+            if all(registered != group for registered, _ in connection.producer_callbacks):
+                self.broker.register_producer(group, connection.push_check)
+                connection.producer_callbacks.append((group, connection.push_check))
+                log.info("producer %s registered for check-backs of group %s", connection.peer, group)
             return None
         if code == RequestCode.UNREGISTER_CLIENT:
-            group = str(body["producer_group"])
+            group = _text(body, "producer_group")
             self.broker.unregister_producer(group, connection.push_check)
             connection.producer_callbacks = [p for p in connection.producer_callbacks if p[0] != group]
             return None
         if code == RequestCode.EXPORT_MESSAGES:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._export, str(body["out_dir"]), str(body.get("fmt", "parquet"))
-            )
+            out_dir, fmt = _text(body, "out_dir"), _text(body, "fmt", "parquet")
+            log.info("exporting messages as %s to %s", fmt, out_dir)
+            return await asyncio.get_running_loop().run_in_executor(self.executor, self._export, out_dir, fmt)
         try:
             method = METHODS[RequestCode(code)]
         except (ValueError, KeyError):
@@ -302,6 +303,14 @@ class BrokerServer:
         connection.authenticated = True
         self._reply(connection, code, request_id, None)
         return True
+
+
+def _text(body: Any, name: str, default: str | None = None) -> str:
+    """A string field of a request body (``MalformedFrameError`` when absent or not text)."""
+    value = body.get(name, default) if isinstance(body, dict) else None
+    if not isinstance(value, str) or not value:
+        raise MalformedFrameError(f"the request needs a non-empty string {name!r}")
+    return value
 
 
 async def run_server(server: BrokerServer, stop: asyncio.Event) -> None:

@@ -155,6 +155,30 @@ def test_async_client_reconnects_and_authenticates(thread_server, tmp_path: Path
     asyncio.run(scenario())
 
 
+def test_a_producer_registration_ends_with_its_connection(thread_server) -> None:
+    server = thread_server(BrokerConfig(transaction_timeout_s=0.2, check_interval_s=0.2))
+    gone = BrokerClient(server.url)
+    gone.register_producer("pg", lambda request: None)
+    registered = server.broker.producers._callbacks  # the broker's live registrations
+    assert len(registered["pg"]) == 1
+    gone.close()
+    wait_until(lambda: not registered["pg"])
+    answered: list[str] = []
+    with BrokerClient(server.url) as producer:
+
+        def on_check(request) -> None:  # type: ignore[no-untyped-def]
+            answered.append(request.transaction_id)
+            producer.end_transaction(request.transaction_id, Resolution.COMMIT,
+                                     producer_group=request.producer_group, from_check=True)
+
+        producer.register_producer("pg", on_check)
+        for n in range(5):  # every check reaches the live producer, none the closed one
+            producer.send_half(Message("orders", b"x"), producer_group="pg", transaction_id=f"t{n}")
+        wait_until(lambda: all(producer.transaction_state(f"t{n}") is TransactionState.COMMITTED
+                               for n in range(5)))
+    assert sorted(answered) == [f"t{n}" for n in range(5)]
+
+
 def test_wrong_credentials_get_a_typed_error(thread_server) -> None:
     server = thread_server(access_key="ak", secret_key="sk")
     with pytest.raises(AuthenticationError, match="wrong"):

@@ -124,6 +124,10 @@ def test_bad_frames_get_typed_errors_and_harm_nothing(server_factory) -> None:
         assert body["error"][0] == UnknownRequestCodeError.code
         _, _, _, body = _raw_request(sock, encode_frame(10, 8, Kind.REQUEST, {"message": "nonsense"}))
         assert body["error"][0] == MalformedFrameError.code
+        _, _, _, body = _raw_request(sock, encode_frame(34, 11, Kind.REQUEST, {"group": "pg"}))
+        assert body["error"][0] == MalformedFrameError.code and "producer_group" in body["error"][1]
+        _, _, _, body = _raw_request(sock, encode_frame(10, 12, Kind.REQUEST, [1, 2]))
+        assert body["error"][0] == MalformedFrameError.code
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         _, _, _, body = _raw_request(sock, struct.pack(">I", 1 << 30))  # an absurd length
         assert body["error"][0] == MalformedFrameError.code and "exceeds" in body["error"][1]
