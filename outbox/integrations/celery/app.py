@@ -18,6 +18,7 @@ import logging
 
 from celery import Celery
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from broker_embedded import BrokerAPI, BrokerError, Resolution, connect
 
@@ -80,12 +81,18 @@ def check_transaction_task(producer_group: str, transaction_id: str, message_id:
     """Answer one check-back: the fencing check, then END_TRANSACTION to the broker.
 
     ``message_id`` (the half message the broker checked) is only logged: the answer is
-    per transaction. UNKNOWN (lock timeout) sends nothing; the broker checks again."""
+    per transaction. UNKNOWN (lock timeout, or the database is unreachable) sends
+    nothing; the broker checks again at its next interval."""
     log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
-    resolution = check_transaction(
-        _engine(settings.database_for(producer_group)), transaction_id, producer_group,
-        settings.check_lock_timeout_ms,
-    )
+    try:
+        resolution = check_transaction(
+            _engine(settings.database_for(producer_group)), transaction_id, producer_group,
+            settings.check_lock_timeout_ms,
+        )
+    except SQLAlchemyError as exc:
+        log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
+                    transaction_id, exc)
+        return Resolution.UNKNOWN.value
     if resolution is not Resolution.UNKNOWN:
         try:
             _broker(settings.broker_url).end_transaction(

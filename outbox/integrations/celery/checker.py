@@ -30,6 +30,9 @@ class CeleryChecker:
             self.app.send_task(
                 CHECK_TASK, args=[request.producer_group, request.transaction_id, request.message.message_id],
                 queue=check_queue(request.producer_group),
+                # Must not block the broker's check service: one quick retry, then give
+                # up; the broker offers the check again at its next interval.
+                retry=True, retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
             )
         except Exception:
             log.exception("could not enqueue the check of %s", request.transaction_id)
