@@ -51,14 +51,15 @@ def transactional_message(
     session_factory: Callable[[], Session],
     topic: str,
     body: Callable[..., Any] | None = None,
-    keys: Callable[..., Sequence[str]] | None = None,
+    keys: Sequence[str] | Callable[..., Sequence[str]] = (),
     tag: str = "",
     message_group: Callable[..., str] | None = None,
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Wrap ``function(session, *args, **kwargs)`` so each call is a transactional message.
 
-    ``body``, ``keys`` and ``message_group`` are called with the function's arguments
-    (without the session); the default body is those arguments by name, as JSON.
+    ``body``, ``keys`` (or a fixed list of keys) and ``message_group`` are called with the
+    function's arguments (without the session); the default body is those arguments by
+    name, as JSON.
     """
 
     def decorate(function: Callable[..., R]) -> Callable[..., R]:
@@ -69,7 +70,7 @@ def transactional_message(
             message = Message(
                 topic,
                 to_json_bytes(make_body(*args, **kwargs)),
-                keys=tuple(keys(*args, **kwargs)) if keys else (),
+                keys=tuple(keys(*args, **kwargs) if callable(keys) else keys),
                 tag=tag,
                 message_group=message_group(*args, **kwargs) if message_group else None,
             )

@@ -268,3 +268,27 @@ def test_fenced_transaction_fails_cleanly_and_sends_rollback(factory, broker, mo
     with factory() as session:
         assert session.execute(select(orders)).all() == []
         assert session.execute(select(transaction_log.c.state)).scalars().all() == ["ROLLED_BACK"]
+
+
+def test_decorator_sets_keys_tag_and_message_group(factory, broker) -> None:
+    producer = Producer(broker, "shop")
+
+    @transactional_message(producer, factory, topic="order.paid", tag="paid",
+                           body=lambda order_id, amount: {"id": order_id},
+                           keys=lambda order_id, amount: [order_id, f"amount-{amount}"],
+                           message_group=lambda order_id, amount: f"user-{order_id}")
+    def pay(session: Session, order_id: str, amount: int) -> None:
+        session.execute(orders.insert().values(id=order_id, amount=amount))
+
+    @transactional_message(producer, factory, topic="order.refunded", keys=["refunds"])
+    def refund(session: Session, order_id: str) -> None:
+        pass
+
+    pay("o1", amount=5)
+    refund("o1")
+    (paid,) = broker.receive("g", "order.paid", wait_s=2)
+    assert (paid.message.keys, paid.message.tag, paid.message.message_group) == (
+        ("o1", "amount-5"), "paid", "user-o1")
+    assert message_json(paid.message) == {"id": "o1"}
+    (refunded,) = broker.receive("g", "order.refunded", wait_s=2)
+    assert refunded.message.keys == ("refunds",)
