@@ -293,3 +293,13 @@ def test_the_app_answers_its_own_check_backs(tmp_path: Path, alias) -> None:
 def test_outbox_consume_rejects_a_bad_handler(handler: str) -> None:
     with pytest.raises(CommandError, match="handler"):
         call_command("outbox_consume", "--group", "member", "--topic", "order.paid", "--handler", handler)
+
+
+def test_an_in_memory_sqlite_database_cannot_be_checked(monkeypatch) -> None:
+    from django.conf import settings
+
+    from outbox.integrations.django.conf import sqlalchemy_engine
+
+    monkeypatch.setitem(settings.DATABASES, "memory", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
+    with pytest.raises(ImproperlyConfigured, match="memory"):
+        sqlalchemy_engine("memory")

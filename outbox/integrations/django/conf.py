@@ -69,7 +69,12 @@ def sqlalchemy_engine(using: str = "default") -> Engine:
     db = settings.DATABASES[using]
     engine = db["ENGINE"]
     if engine.endswith("sqlite3"):
-        return create_engine(f"sqlite:///{db['NAME']}")
+        name = str(db["NAME"])
+        if name == ":memory:" or "mode=memory" in name:
+            raise ImproperlyConfigured(
+                f"database {using!r} is in memory: the outbox check needs a second connection to it, use a file"
+            )
+        return create_engine(f"sqlite:///{name}")
     if engine.endswith("postgresql"):
         url = URL.create("postgresql+psycopg", username=db.get("USER") or None, password=db.get("PASSWORD") or None,
                          host=db.get("HOST") or None, port=int(db["PORT"]) if db.get("PORT") else None,
