@@ -303,3 +303,23 @@ def test_an_in_memory_sqlite_database_cannot_be_checked(monkeypatch) -> None:
     monkeypatch.setitem(settings.DATABASES, "memory", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
     with pytest.raises(ImproperlyConfigured, match="memory"):
         sqlalchemy_engine("memory")
+
+
+def test_admin_transaction_log_search_and_filters(alias) -> None:
+    if alias != "default":
+        pytest.skip("the admin reads the default database")
+
+    @transactional_message(topic="order.paid")
+    def pay(name: str) -> str:
+        return current_transaction_id() or ""
+
+    first, second = pay("alice"), pay("alice")
+    User.objects.filter(username="admin").delete()
+    User.objects.create_superuser("admin", "a@example.com", "pw")
+    client = Client()
+    assert client.login(username="admin", password="pw")
+    url = "/admin/halfmoon_outbox/transactionlog/"
+    found = client.get(url, {"q": first}).content.decode()
+    assert first in found and second not in found
+    assert second in client.get(url, {"state__exact": "COMMITTED", "producer_group": "shop"}).content.decode()
+    assert second not in client.get(url, {"state__exact": "ROLLED_BACK"}).content.decode()
