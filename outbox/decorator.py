@@ -54,12 +54,15 @@ def transactional_message(
     keys: Sequence[str] | Callable[..., Sequence[str]] = (),
     tag: str = "",
     message_group: Callable[..., str] | None = None,
+    delay_level: int = 0,
+    transaction_timeout_s: float | None = None,
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Wrap ``function(session, *args, **kwargs)`` so each call is a transactional message.
 
     ``body``, ``keys`` (or a fixed list of keys) and ``message_group`` are called with the
     function's arguments (without the session); the default body is those arguments by
-    name, as JSON.
+    name, as JSON. ``delay_level`` (RocketMQ's 1..18) delays delivery from the commit on;
+    ``transaction_timeout_s`` overrides when the broker first checks back.
     """
 
     def decorate(function: Callable[..., R]) -> Callable[..., R]:
@@ -73,6 +76,8 @@ def transactional_message(
                 keys=tuple(keys(*args, **kwargs) if callable(keys) else keys),
                 tag=tag,
                 message_group=message_group(*args, **kwargs) if message_group else None,
+                delay_level=delay_level,
+                transaction_timeout_s=transaction_timeout_s,
             )
             with session_factory() as session:
                 install(session, producer)

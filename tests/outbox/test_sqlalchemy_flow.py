@@ -292,3 +292,20 @@ def test_decorator_sets_keys_tag_and_message_group(factory, broker) -> None:
     assert message_json(paid.message) == {"id": "o1"}
     (refunded,) = broker.receive("g", "order.refunded", wait_s=2)
     assert refunded.message.keys == ("refunds",)
+
+
+def test_delayed_transactional_message_is_delivered_after_commit(factory, broker) -> None:
+    """RocketMQ 4.5.2 lost delayed transactional messages; here the delay starts at commit."""
+
+    @transactional_message(Producer(broker, "shop"), factory, topic="order.remind", delay_level=1)
+    def remind(session: Session, order_id: str) -> None:
+        session.execute(orders.insert().values(id=order_id, amount=0))
+
+    remind("o1")
+    assert list(_states(broker).values()) == [TransactionState.COMMITTED]
+    received = []
+    for _ in range(40):
+        received += broker.receive("g", "order.remind", wait_s=0.5)
+        if received:
+            break
+    assert [message_json(r.message) for r in received] == [{"order_id": "o1"}]
