@@ -43,6 +43,8 @@ from .protocol import (
 log = logging.getLogger("broker_embedded.server")
 
 STOP_GRACE_S = 10.0
+#: The longest a receive waits in the broker before the server looks at it again.
+POLL_SLICE_S = 1.0
 
 
 class _Connection:
@@ -280,8 +282,22 @@ class BrokerServer:
         batcher = self._batchers.get(method)
         if batcher is not None:
             return await batcher.call(arguments)
+        if method == "receive":
+            return await self._long_poll(arguments)
         call = functools.partial(getattr(self.broker, method), **arguments)
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
+    async def _long_poll(self, arguments: dict[str, Any]) -> Any:
+        """A receive, its wait cut into slices so that a stopping server answers it at once
+        (with nothing) instead of holding shutdown for the rest of the wait."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, arguments["wait_s"])
+        while True:
+            wait_s = min(POLL_SLICE_S, max(0.0, deadline - loop.time()))
+            call = functools.partial(self.broker.receive, **{**arguments, "wait_s": wait_s})
+            received = await loop.run_in_executor(self.executor, call)
+            if received or self._stopping or loop.time() >= deadline:
+                return received
 
     def _export(self, out_dir: str, fmt: str) -> dict[str, int]:
         from .broker import EmbeddedBroker

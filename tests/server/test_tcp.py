@@ -252,3 +252,28 @@ def test_sigkill_under_sync_load_loses_no_acknowledged_message(server_factory, t
         # before the kill may come again (consumer progress is flushed lazily by default)
         assert set(consumed_before) | set(consumed_after) == {*ids, "after"}
         assert len(consumed_after) < len(ids) + 1, "the group started over instead of resuming"
+
+
+def test_sigterm_answers_a_long_poll_and_keeps_acknowledged_sends(server_factory) -> None:
+    server = server_factory()
+    client = BrokerClient(server.url, timeout_s=60)
+    sent = [client.send(Message("orders", str(n).encode())).message_id for n in range(20)]
+    outcome: list[object] = []
+
+    def long_poll() -> None:
+        try:
+            outcome.append(client.receive("g", "empty", wait_s=120))
+        except Exception as exc:  # the poll may be cut short with a typed error
+            outcome.append(exc)
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    time.sleep(0.5)  # let the poll reach the server
+    started = time.monotonic()
+    assert server.stop() == 0
+    poller.join(60)
+    assert outcome and time.monotonic() - started < 60, "shutdown waited for the long poll"
+    client.close()
+    server.start()
+    with BrokerClient(server.url) as again:
+        assert all(again.query_by_id(message_id) is not None for message_id in sent)
