@@ -323,3 +323,23 @@ def test_admin_transaction_log_search_and_filters(alias) -> None:
     assert first in found and second not in found
     assert second in client.get(url, {"state__exact": "COMMITTED", "producer_group": "shop"}).content.decode()
     assert second not in client.get(url, {"state__exact": "ROLLED_BACK"}).content.decode()
+
+
+@pytest.mark.postgres
+def test_the_check_connects_with_the_alias_psycopg_options(alias, monkeypatch) -> None:
+    if alias != "pg":
+        pytest.skip("PostgreSQL options")
+    from django.conf import settings
+    from sqlalchemy import text
+
+    from outbox.integrations.django.conf import sqlalchemy_engine
+
+    with_options = {**settings.DATABASES["pg"],
+                    "OPTIONS": {"application_name": "halfmoon-check", "isolation_level": 1}}
+    monkeypatch.setitem(settings.DATABASES, "pg_options", with_options)
+    engine = sqlalchemy_engine("pg_options")
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW application_name")).scalar_one() == "halfmoon-check"
+    finally:
+        engine.dispose()

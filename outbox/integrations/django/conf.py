@@ -64,6 +64,10 @@ def reset_producer(*, setting: str, **_: Any) -> None:
     producer.cache_clear()
 
 
+#: Keys of a PostgreSQL alias's OPTIONS that Django consumes; the rest go to psycopg.
+_DJANGO_ONLY_PG_OPTIONS = frozenset({"isolation_level", "server_side_binding", "pool", "assume_role"})
+
+
 def sqlalchemy_engine(using: str = "default") -> Engine:
     """An engine on the same database as Django's alias ``using`` (for the fencing check)."""
     db = settings.DATABASES[using]
@@ -79,5 +83,6 @@ def sqlalchemy_engine(using: str = "default") -> Engine:
         url = URL.create("postgresql+psycopg", username=db.get("USER") or None, password=db.get("PASSWORD") or None,
                          host=db.get("HOST") or None, port=int(db["PORT"]) if db.get("PORT") else None,
                          database=db["NAME"])
-        return create_engine(url)
+        options = {k: v for k, v in db.get("OPTIONS", {}).items() if k not in _DJANGO_ONLY_PG_OPTIONS}
+        return create_engine(url, connect_args=options)
     raise ImproperlyConfigured(f"the outbox check supports SQLite and PostgreSQL, not {engine}")
