@@ -95,3 +95,26 @@ def test_check_answers_by_the_fence_and_migrate_creates_the_tables(tmp_path: Pat
         assert dict(conn.execute(select(transaction_log.c.transaction_id, transaction_log.c.state)).all()) == {
             "tx-done": "COMMITTED", "tx-never": "ROLLED_BACK"}
     engine.dispose()
+
+
+def test_check_send_tells_the_broker(tmp_path: Path) -> None:
+    from broker_embedded import EmbeddedBroker, TransactionState
+
+    db_url = f"sqlite:///{tmp_path / 'shop.sqlite3'}"
+    engine = create_engine(db_url)
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        record_committed(conn, "tx-sent", "shop")
+    broker = EmbeddedBroker(tmp_path / "broker")
+    broker.send_half(Message("order.paid", b"{}"), producer_group="shop", transaction_id="tx-sent")
+    broker.close()
+    result = _outbox("check", "tx-sent", "--group", "shop", "--database-url", db_url, "--send",
+                     "--broker-url", f"embedded://{tmp_path / 'broker'}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "COMMIT"
+    broker = EmbeddedBroker(tmp_path / "broker")
+    try:
+        assert broker.transaction_state("tx-sent") is TransactionState.COMMITTED
+    finally:
+        broker.close()
+        engine.dispose()
