@@ -309,3 +309,18 @@ def test_delayed_transactional_message_is_delivered_after_commit(factory, broker
         if received:
             break
     assert [message_json(r.message) for r in received] == [{"order_id": "o1"}]
+
+
+def test_closing_a_session_mid_transaction_sends_rollback_and_forgets_the_id(factory, broker) -> None:
+    install(factory, Producer(broker, "shop"))
+    session = factory()
+    session.begin()
+    first = send(session, Message("order.paid", b"abandoned"))
+    session.close()  # no commit, no explicit rollback
+    assert _states(broker) == {first: TransactionState.ROLLED_BACK}
+    with session.begin():
+        second = send(session, Message("order.paid", b"next"))
+    assert second != first
+    assert _states(broker)[second] is TransactionState.COMMITTED
+    assert [r.message.body for r in broker.receive("g", "order.paid", max_messages=10, wait_s=1)] == [b"next"]
+    session.close()

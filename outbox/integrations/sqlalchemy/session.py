@@ -5,7 +5,8 @@
 a transaction also generates its id and inserts the transaction_log row (COMMITTED),
 so the row is written after the half message and before the commit. The
 ``after_commit`` event sends COMMIT; ``after_rollback`` (the real database rollback)
-sends ROLLBACK. ``after_soft_rollback`` is not needed: a session whose transaction a
+sends ROLLBACK, and so does the end of a root transaction that neither committed nor
+rolled back through those events (``session.close()`` with a transaction open). ``after_soft_rollback`` is not needed: a session whose transaction a
 failed flush deactivated has already rolled back on the database and fired
 ``after_rollback``.
 
@@ -57,8 +58,8 @@ class PendingTransaction:
 
 
 def install(target: Any, producer: Producer) -> None:
-    """Make sessions of ``target`` (a ``sessionmaker``, a ``Session`` subclass or a session)
-    send COMMIT/ROLLBACK with ``producer`` when their transaction ends."""
+    """Make sessions of ``target`` (a ``sessionmaker`` or a ``Session``) send
+    COMMIT/ROLLBACK with ``producer`` when their transaction ends."""
     if isinstance(target, Session):
         target.info[_PRODUCER_KEY] = producer
     else:
@@ -71,6 +72,7 @@ def install(target: Any, producer: Producer) -> None:
         event.listen(Session, "after_commit", _after_commit)
         event.listen(Session, "after_rollback", _after_rollback)
         event.listen(Session, "after_soft_rollback", _after_soft_rollback)
+        event.listen(Session, "after_transaction_end", _after_transaction_end)
 
 
 def send(session: Session, message: Message) -> str:
@@ -128,6 +130,17 @@ def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None
 
 def _after_commit(session: Session) -> None:
     _finish(session, Resolution.COMMIT)
+
+
+def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
+    """The catch-all: a root transaction that ended without ``after_commit`` or
+    ``after_rollback`` resolving its messages (``session.close()`` with a transaction
+    open) rolled back, so it sends ROLLBACK, and the session's next transaction starts
+    with a new transaction id."""
+    if transaction.parent is None:
+        pending: PendingTransaction | None = session.info.pop(_STATE_KEY, None)
+        if pending is not None:
+            pending.producer.finish(pending.transaction_id, Resolution.ROLLBACK)
 
 
 def _after_rollback(session: Session) -> None:
