@@ -73,17 +73,22 @@ WITH local AS (SELECT transaction_id, first(state) AS local_state, min(epoch_ms(
 broker AS (SELECT transaction_id, first(state) AS broker_state, max(commit_ms) AS commit_ms, max(copies) AS copies,
                   count(*) AS message_count
            FROM '{d}/export/messages.parquet' WHERE transaction_id IS NOT NULL GROUP BY transaction_id),
+delivered AS (SELECT m.transaction_id, count(*) AS delivered, max(d.delivery_attempts) AS attempts
+              FROM '{d}/export/deliveries.parquet' d JOIN '{d}/export/messages.parquet' m USING (message_id)
+              WHERE m.transaction_id IS NOT NULL GROUP BY m.transaction_id),
 consumed AS (SELECT transaction_id, count(*) AS consumed, min(epoch_ms(consumed_at)) AS consumed_ms
              FROM '{d}/consumed_message.parquet' GROUP BY transaction_id),
 tx AS (SELECT coalesce(l.transaction_id, b.transaction_id) AS transaction_id, l.local_state, b.broker_state,
-              l.local_ms, b.commit_ms, b.copies, b.message_count, coalesce(c.consumed, 0) AS consumed, c.consumed_ms
-       FROM local l FULL OUTER JOIN broker b USING (transaction_id) LEFT JOIN consumed c USING (transaction_id))
+              l.local_ms, b.commit_ms, b.copies, b.message_count, coalesce(c.consumed, 0) AS consumed, c.consumed_ms,
+              coalesce(v.delivered, 0) AS delivered, coalesce(v.attempts, 0) AS attempts
+       FROM local l FULL OUTER JOIN broker b USING (transaction_id)
+            LEFT JOIN delivered v USING (transaction_id) LEFT JOIN consumed c USING (transaction_id))
 SELECT count(*) AS transactions,
        sum(CASE WHEN local_state = 'COMMITTED' THEN 1 ELSE 0 END) AS committed,
        sum(CASE WHEN (broker_state = 'committed' OR consumed > 0) AND coalesce(local_state, '') <> 'COMMITTED'
                 THEN 1 ELSE 0 END) AS phantom,
-       sum(CASE WHEN local_state = 'COMMITTED' AND consumed = 0 THEN 1 ELSE 0 END) AS lost,
-       sum(CASE WHEN copies > 1 THEN 1 ELSE 0 END) AS duplicate_delivery,
+       sum(CASE WHEN local_state = 'COMMITTED' AND (delivered = 0 OR consumed = 0) THEN 1 ELSE 0 END) AS lost,
+       sum(CASE WHEN copies > 1 OR attempts > 1 THEN 1 ELSE 0 END) AS duplicate_delivery,
        quantile_cont(commit_ms - local_ms, 0.5) AS commit_p50,
        quantile_cont(consumed_ms - commit_ms, 0.99) AS consume_p99
 FROM tx
@@ -113,7 +118,7 @@ def main() -> None:
                 raise SystemExit(f"the Spark job failed at {n}")
             counts = json.loads((folder / "out" / "summary.json").read_text())["counts"]
             start = time.perf_counter()
-            row = duckdb.sql(DUCKDB_SQL.format(d=folder)).fetchall()[0]
+            row = duckdb.connect().execute(DUCKDB_SQL.format(d=folder)).fetchall()[0]
             duck_s = time.perf_counter() - start
             print(f"{n:>14,}{spark_s:>14.1f}{duck_s:>10.1f}{spark_s / duck_s:>8.1f}  "
                   f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "

@@ -3,7 +3,8 @@
     outbox reconcile --producer-db URL [--producer-db URL ...] --consumer-db URL ...
                      --broker-export DIR --out DIR [--since ISO] [--until ISO]
                      [--grace-seconds 60] [--max-lost 0] [--max-phantom 0]
-                     [--max-duplicate-effect 0] [--master local[*]] [--conf key=value ...]
+                     [--max-duplicate-effect 0] [--threshold NAME=N ...]
+                     [--master local[*]] [--conf key=value ...]
 
 Exit status 0 when every threshold holds, 1 when one is breached, 2 on bad input.
 """
@@ -13,16 +14,48 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
+from .classify import FLAGS
 from .job import ReconcileInputs, ReconcileOptions, reconcile
 from .session import build_session
 
 
 def _epoch_ms(value: str | None) -> int | None:
+    """An ISO time (naive means UTC) as epoch milliseconds."""
     if value is None:
         return None
-    return int(datetime.fromisoformat(value).timestamp() * 1000)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"not an ISO time: {value!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+THRESHOLD_NAMES = (*FLAGS, "clock_skew")
+
+
+def _pairs(items: list[str], option: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{option} takes key=value, got {item!r}")
+        pairs[key] = value
+    return pairs
+
+
+def _thresholds(args: argparse.Namespace) -> dict[str, int]:
+    thresholds = {"lost": args.max_lost, "phantom": args.max_phantom, "duplicate_effect": args.max_duplicate_effect}
+    for name, value in _pairs(args.threshold, "--threshold").items():
+        if name not in THRESHOLD_NAMES:
+            raise ValueError(f"unknown threshold {name!r}; known: {', '.join(THRESHOLD_NAMES)}")
+        if not value.isdigit():
+            raise ValueError(f"threshold {name} needs a count, got {value!r}")
+        thresholds[name] = int(value)
+    return thresholds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-lost", type=int, default=0)
     parser.add_argument("--max-phantom", type=int, default=0)
     parser.add_argument("--max-duplicate-effect", type=int, default=0)
+    parser.add_argument("--threshold", action="append", default=[], metavar="NAME=N",
+                        help=f"fail when more than N transactions are NAME ({', '.join(THRESHOLD_NAMES)})")
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
     parser.add_argument("--jdbc-partitions", type=int, default=4)
@@ -44,14 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; 0 when every threshold holds, 1 when one is breached, 2 on bad input."""
     args = build_parser().parse_args(argv)
     if not args.producer_db:
         print("error: give at least one --producer-db", file=sys.stderr)
         return 2
     try:
-        conf = dict(item.split("=", 1) for item in args.conf)
-    except ValueError:
-        print("error: --conf takes key=value", file=sys.stderr)
+        conf = _pairs(args.conf, "--conf")
+        thresholds = _thresholds(args)
+        since_ms, until_ms = _epoch_ms(args.since), _epoch_ms(args.until)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     spark = build_session(args.master, conf)
     try:
@@ -59,10 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark,
             ReconcileInputs(args.producer_db, args.consumer_db, args.broker_export),
             ReconcileOptions(
-                out_dir=args.out, since_ms=_epoch_ms(args.since), until_ms=_epoch_ms(args.until),
-                grace_s=args.grace_seconds, jdbc_partitions=args.jdbc_partitions,
-                thresholds={"lost": args.max_lost, "phantom": args.max_phantom,
-                            "duplicate_effect": args.max_duplicate_effect},
+                out_dir=args.out, since_ms=since_ms, until_ms=until_ms, grace_s=args.grace_seconds,
+                jdbc_partitions=args.jdbc_partitions, thresholds=thresholds,
             ),
         )
     except FileNotFoundError as exc:

@@ -24,6 +24,14 @@ CONSUMED_MESSAGE = "outbox_consumed_message"
 TRANSACTION_LOG_SCHEMA = "transaction_id string, producer_group string, state string, created_at timestamp"
 CONSUMED_SCHEMA = ("consumer_group string, message_id string, topic string, transaction_id string, "
                    "consumed_at timestamp")
+#: The broker export contract, for JSON lines (Parquet carries its own schema).
+EXPORT_SCHEMAS = {
+    "messages": ("message_id string, transaction_id string, producer_group string, topic string, queue_id int, "
+                 "keys string, tag string, state string, born_ms bigint, store_ms bigint, commit_ms bigint, "
+                 "copies int"),
+    "deliveries": ("message_id string, consumer_group string, topic string, delivery_attempts int, "
+                   "first_delivered_ms bigint, acked_ms bigint, dead_lettered boolean"),
+}
 
 
 def _jdbc_url(url: str) -> tuple[str, dict[str, str]]:
@@ -100,7 +108,7 @@ def read_export(spark: SparkSession, export_dir: str | Path) -> tuple[DataFrame,
         if parquet.exists():
             tables.append(spark.read.parquet(str(parquet)))
         elif jsonl.exists():
-            tables.append(spark.read.json(str(jsonl)))
+            tables.append(spark.read.schema(EXPORT_SCHEMAS[name]).json(str(jsonl)))
         else:
             raise FileNotFoundError(f"no {name}.parquet or {name}.jsonl in {folder}")
     return tables[0], tables[1]

@@ -53,8 +53,11 @@ class ReconcileResult:
     out_dir: Path
 
 
+_STARTED = time.monotonic()
+
+
 def _progress(message: str) -> None:
-    print(f"[reconcile] {message}", file=sys.stderr, flush=True)
+    print(f"[reconcile {time.monotonic() - _STARTED:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def _percentiles(frame: DataFrame, by: str | None = None) -> list[dict[str, Any]]:
@@ -138,13 +141,14 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
             F.sum(sum((F.col(a).cast("int") for a in ANOMALIES), F.lit(0))).alias("anomalies"),
         ).orderBy("hour").collect()
     ]
+    _progress("latency histograms")
     histograms = _histograms(classified.where(F.col("committed")))
     _progress("writing anomalies")
     anomaly_counts = {}
     for category in ANOMALIES:
-        rows = classified.where(F.col(category))
         anomaly_counts[category] = counts[category]
-        rows.write.mode("overwrite").parquet(str(out / "anomalies" / category))
+        classified.where(F.col(category)).write.mode("overwrite").parquet(str(out / "anomalies" / category))
+    _progress("input sanity checks")
     checks = sanity(transaction_log, messages, consumed, classified)
     breached = {name: counts.get(name, 0) for name, limit in options.thresholds.items()
                 if counts.get(name, 0) > limit}

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 
 SMALL_MACHINE_CONF = {
-    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.shuffle.partitions": "4",
     "spark.driver.memory": "2g",
     "spark.ui.showConsoleProgress": "false",
     "spark.ui.enabled": "false",

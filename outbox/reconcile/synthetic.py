@@ -7,6 +7,7 @@ databases (through SQLAlchemy) or Parquet, next to the broker export files.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -119,11 +120,31 @@ def write_sqlite(data: Synthetic, producer_url: str, consumer_url: str) -> None:
         engine.dispose()
 
 
-def write_export(data: Synthetic, export_dir: Path) -> None:
-    """The broker export (messages.parquet, deliveries.parquet)."""
+MESSAGES_SCHEMA = pa.schema([
+    ("message_id", pa.string()), ("transaction_id", pa.string()), ("producer_group", pa.string()),
+    ("topic", pa.string()), ("queue_id", pa.int32()), ("keys", pa.string()), ("tag", pa.string()),
+    ("state", pa.string()), ("born_ms", pa.int64()), ("store_ms", pa.int64()), ("commit_ms", pa.int64()),
+    ("copies", pa.int32()),
+])
+DELIVERIES_SCHEMA = pa.schema([
+    ("message_id", pa.string()), ("consumer_group", pa.string()), ("topic", pa.string()),
+    ("delivery_attempts", pa.int32()), ("first_delivered_ms", pa.int64()), ("acked_ms", pa.int64()),
+    ("dead_lettered", pa.bool_()),
+])
+
+
+def write_export(data: Synthetic, export_dir: Path, fmt: str = "parquet") -> None:
+    """The broker export as the broker writes it: messages and deliveries, Parquet or JSON lines."""
     export_dir.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(data.messages), export_dir / "messages.parquet")
-    pq.write_table(pa.Table.from_pylist(data.deliveries), export_dir / "deliveries.parquet")
+    for name, rows, schema in (("messages", data.messages, MESSAGES_SCHEMA),
+                               ("deliveries", data.deliveries, DELIVERIES_SCHEMA)):
+        if fmt == "parquet":
+            pq.write_table(pa.Table.from_pylist(rows, schema), export_dir / f"{name}.parquet")
+        elif fmt == "jsonl":
+            with (export_dir / f"{name}.jsonl").open("w", encoding="utf-8") as out:
+                out.writelines(json.dumps(row) + "\n" for row in rows)
+        else:
+            raise ValueError(f"unknown export format {fmt!r} (parquet or jsonl)")
 
 
 def write_parquet_tables(data: Synthetic, folder: Path) -> tuple[str, str]:

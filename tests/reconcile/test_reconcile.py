@@ -9,51 +9,85 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy import create_engine, select
 
+from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
 from outbox.reconcile import ReconcileInputs, ReconcileOptions, reconcile
-from outbox.reconcile.synthetic import generate, write_export, write_sqlite
+from outbox.reconcile.synthetic import (
+    DELIVERIES_SCHEMA,
+    MESSAGES_SCHEMA,
+    generate,
+    write_export,
+    write_sqlite,
+)
 
-pytestmark = pytest.mark.spark
 NOW = int(time.time() * 1000)
 
 
-def _dataset(tmp_path: Path, n: int = 200, each: int = 3, producer_url: str | None = None):
+def _dataset(tmp_path: Path, n: int = 200, each: int = 3, producer_url: str | None = None, fmt: str = "parquet"):
     data = generate(n, each, NOW)
     producer = producer_url or f"sqlite:///{tmp_path / 'producer.sqlite3'}"
     consumer = f"sqlite:///{tmp_path / 'consumer.sqlite3'}"
     write_sqlite(data, producer, consumer)
-    write_export(data, tmp_path / "export")
+    write_export(data, tmp_path / "export", fmt)
     return data, ReconcileInputs([producer], [consumer], str(tmp_path / "export"))
 
 
+@pytest.mark.spark
 def test_every_anomaly_kind_is_counted_exactly(spark, tmp_path: Path) -> None:
     data, inputs = _dataset(tmp_path)
+    # A second producer database repeats one transaction id and holds a state nobody writes.
+    extra = f"sqlite:///{tmp_path / 'producer2.sqlite3'}"
+    engine = create_engine(extra)
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(transaction_log.insert(), [
+            {**data.transaction_log[0]},
+            {"transaction_id": "tx-odd", "producer_group": "shop", "state": "PENDING",
+             "created_at": data.transaction_log[0]["created_at"]},
+        ])
+    engine.dispose()
+    inputs.producer_databases.append(extra)
     result = reconcile(spark, inputs, ReconcileOptions(str(tmp_path / "out"), now_ms=NOW))
     counts = result.summary["counts"]
-    for name, expected in data.expected.items():
-        assert counts[name] == expected, name
+    expected = {**data.expected, "transactions": data.expected["transactions"] + 1}
+    for name, value in expected.items():
+        assert counts[name] == value, name
     assert not result.passed
     assert set(result.summary["breached"]) == {"lost", "phantom", "duplicate_effect"}
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["counts"] == counts
+    for category in ("phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked"):
+        rows = pq.read_table(tmp_path / "out" / "anomalies" / category).to_pylist()
+        assert len(rows) == 3 and all(row[category] for row in rows), category
     phantoms = pq.read_table(tmp_path / "out" / "anomalies" / "phantom").to_pylist()
-    assert len(phantoms) == 3 and all(not row["committed"] for row in phantoms)
-    assert summary["sanity"]["clock_skew"] == 3
+    assert all(not row["committed"] for row in phantoms)
+    checks = summary["sanity"]
+    assert checks["clock_skew"] == 3
+    assert checks["transaction_ids_in_several_producer_rows"] == 1
+    assert checks["unknown_local_states"] == 1
+    assert checks["consumed_duplicate_keys"] == 0
     latency = summary["latency_ms"]["commit_latency_ms"]
     assert latency["p50"] is not None and latency["max"] >= latency["p99"] >= latency["p50"]
     assert {t["topic"] for t in summary["per_topic"]} == {"topic0", "topic1", "topic2"}
+    assert sum(t["transactions"] for t in summary["timeline"]) == counts["transactions"]
 
 
-def test_a_clean_dataset_passes_and_the_window_filters(spark, tmp_path: Path) -> None:
-    data, inputs = _dataset(tmp_path, n=100, each=0)
+@pytest.mark.spark
+def test_a_clean_jsonl_export_passes_and_the_window_filters(spark, tmp_path: Path) -> None:
+    _, inputs = _dataset(tmp_path, n=100, each=0, fmt="jsonl")
+    assert (tmp_path / "export" / "messages.jsonl").exists()
     result = reconcile(spark, inputs, ReconcileOptions(str(tmp_path / "out"), now_ms=NOW))
     assert result.passed and result.summary["counts"]["transactions"] == 100
+    assert result.summary["counts"]["deliveries"] == result.summary["counts"]["consumptions"] == 100
     windowed = reconcile(spark, inputs, ReconcileOptions(str(tmp_path / "w"), now_ms=NOW, since_ms=NOW))
     assert windowed.summary["counts"]["transactions"] == 0
 
 
+@pytest.mark.spark
 @pytest.mark.postgres
 def test_postgresql_through_jdbc(spark, tmp_path: Path, postgres_url: str) -> None:
     data, inputs = _dataset(tmp_path, producer_url=postgres_url)
@@ -62,22 +96,56 @@ def test_postgresql_through_jdbc(spark, tmp_path: Path, postgres_url: str) -> No
         assert result.summary["counts"][name] == expected, name
 
 
-def test_cli_exit_codes_and_report_screenshot(spark, tmp_path: Path) -> None:
-    _, inputs = _dataset(tmp_path, n=50, each=1)
+def _tamper(export: Path, consumer_url: str) -> None:
+    """One delivery deleted, one phantom committed message, one duplicate write and one
+    transaction consumed twice under two message ids."""
+    messages = pq.read_table(export / "messages.parquet").to_pylist()
+    deliveries = pq.read_table(export / "deliveries.parquet").to_pylist()
+    deliveries = [row for row in deliveries if row["message_id"] != messages[5]["message_id"]]
+    messages[7]["copies"] = 2
+    messages.append({**messages[0], "message_id": "m-phantom", "transaction_id": "tx-phantom"})
+    pq.write_table(pa.Table.from_pylist(messages, MESSAGES_SCHEMA), export / "messages.parquet")
+    pq.write_table(pa.Table.from_pylist(deliveries, DELIVERIES_SCHEMA), export / "deliveries.parquet")
+    engine = create_engine(consumer_url)
+    with engine.begin() as conn:
+        row = conn.execute(select(consumed_message).limit(1).offset(9)).one()._asdict()
+        conn.execute(consumed_message.insert(), {**row, "message_id": row["message_id"] + "-again"})
+    engine.dispose()
+
+
+@pytest.mark.spark
+def test_cli_catches_a_tampered_copy_and_the_report_renders(spark, tmp_path: Path) -> None:
+    _, inputs = _dataset(tmp_path, n=60, each=0)
+    clean = reconcile(spark, inputs, ReconcileOptions(str(tmp_path / "clean"), now_ms=NOW))
+    assert clean.passed
+    _tamper(Path(inputs.broker_export), inputs.consumer_databases[0])
     out = tmp_path / "cli-out"
     run = subprocess.run(
         [sys.executable, "-m", "outbox.reconcile", "--producer-db", inputs.producer_databases[0],
          "--consumer-db", inputs.consumer_databases[0], "--broker-export", inputs.broker_export,
-         "--out", str(out), "--master", "local[1]"],
-        capture_output=True, text=True, timeout=300,
+         "--out", str(out), "--master", "local[1]", "--threshold", "duplicate_delivery=0"],
+        capture_output=True, text=True, timeout=600,
     )
-    assert run.returncode == 1, run.stderr[-2000:]  # lost, phantom and duplicate effect breach
-    assert "FAIL" in run.stdout and "[reconcile]" in run.stderr
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "FAIL" in run.stdout and "[reconcile" in run.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["breached"] == {"lost": 1, "phantom": 1, "duplicate_effect": 1, "duplicate_delivery": 1}
+    assert summary["counts"]["transactions"] == 61
     report = out / "report.html"
     page = report.read_text()
     assert "<svg" in page
     assert "<script src" not in page and "<link" not in page and "url(" not in page  # opens offline
     assert_screenshot_not_blank(report, tmp_path)
+
+
+def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
+    for extra in (["--threshold", "nonsense=1"], ["--since", "yesterday"], ["--conf", "novalue"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "outbox.reconcile", "--producer-db", "sqlite://", "--broker-export",
+             str(tmp_path), "--out", str(tmp_path / "out"), *extra],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert run.returncode == 2 and "error:" in run.stderr, (extra, run.stderr)
 
 
 def assert_screenshot_not_blank(report: Path, tmp_path: Path) -> None:
@@ -90,7 +158,7 @@ def assert_screenshot_not_blank(report: Path, tmp_path: Path) -> None:
     subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'chrome'}", f"--screenshot={shot}", "--window-size=1280,1600",
+         f"--user-data-dir={tmp_path / 'chrome'}", f"--screenshot={shot}", "--window-size=1280,2000",
          report.as_uri()],
         capture_output=True, timeout=120,
     )
