@@ -80,9 +80,10 @@ class _Link:
                 self.failure = reason
             pending, self.pending = self.pending, {}
         try:
-            self.sock.close()
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread, sends FIN now
         except OSError:
             pass
+        self.sock.close()
         for future in pending.values():
             if not future.done():
                 future.set_exception(BrokerUnavailableError(reason))

@@ -29,6 +29,7 @@ from .errors import (
 )
 from .message import CheckRequest
 from .protocol import (
+    CODES,
     METHODS,
     READ_CHUNK,
     FrameBuffer,
@@ -84,20 +85,20 @@ class _Batcher:
     item, a result or the exception that refused it. For sends this is group commit: one
     append and one fsync for every send in flight."""
 
-    def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: ThreadPoolExecutor) -> None:
+    def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: ThreadPoolExecutor,
+                 track: Callable[[asyncio.Task[None]], None]) -> None:
         self.run_batch = run_batch
         self.executor = executor
-        self.waiting: list[tuple[Any, asyncio.Future[Any]]] = []
+        self.track = track
+        self.waiting: list[tuple[Any, Callable[[Any], None]]] = []
         self.draining = False
 
-    async def call(self, item: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self.waiting.append((item, future))
+    def submit(self, item: Any, on_done: Callable[[Any], None]) -> None:
+        """Queue ``item``; ``on_done`` gets its result or exception on the event loop."""
+        self.waiting.append((item, on_done))
         if not self.draining:
             self.draining = True
-            loop.create_task(self._drain())
-        return await future
+            self.track(asyncio.get_running_loop().create_task(self._drain()))
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -108,11 +109,8 @@ class _Batcher:
                     outcomes = await loop.run_in_executor(self.executor, self.run_batch, [item for item, _ in batch])
                 except Exception as exc:  # the whole batch failed (e.g. the disk is full)
                     outcomes = [exc] * len(batch)
-                for (_, future), outcome in zip(batch, outcomes, strict=True):
-                    if isinstance(outcome, BaseException):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
+                for (_, on_done), outcome in zip(batch, outcomes, strict=True):
+                    on_done(outcome)
         finally:
             self.draining = False
 
@@ -158,10 +156,14 @@ class BrokerServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         #: Cheap calls that arrive together share one executor hop; sends share one fsync.
-        self._batchers: dict[str, _Batcher] = {"ack": _Batcher(_each(broker.ack), self.executor)}
+        batchers = {"ack": _Batcher(_each(broker.ack), self.executor, self._track)}
         send_batch = getattr(broker, "send_batch", None)
         if send_batch is not None:
-            self._batchers["send"] = _Batcher(lambda items: send_batch([a["message"] for a in items]), self.executor)
+            batchers["send"] = _Batcher(
+                lambda items: send_batch([a["message"] for a in items]), self.executor, self._track)
+        self._batched: dict[int, tuple[str, _Batcher]] = {
+            int(CODES[method]): (method, batcher) for method, batcher in batchers.items()
+        }
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
@@ -234,10 +236,23 @@ class BrokerServer:
         if not connection.authenticated:
             self._reply_error(connection, code, request_id, AuthenticationError("authenticate first"))
             return False
-        task = asyncio.create_task(self._dispatch(connection, code, request_id, body))
+        batched = self._batched.get(code)
+        if batched is not None:  # the hot path: no task per request
+            method, batcher = batched
+            try:
+                arguments = convert_arguments(method, body)
+            except MalformedFrameError as exc:
+                self._reply_error(connection, code, request_id, exc)
+                return True
+            batcher.submit(arguments, functools.partial(self._answer, connection, code, request_id))
+            return True
+        self._track(asyncio.create_task(self._dispatch(connection, code, request_id, body)))
+        return True
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """Count ``task`` as in flight until it ends (``stop`` waits for these)."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return True
 
     def _reply(self, connection: _Connection, code: int, request_id: int, result: Any) -> None:
         connection.send(encode_frame(code, request_id, Kind.RESPONSE, {"ok": to_wire(result)}))
@@ -247,15 +262,22 @@ class BrokerServer:
 
     async def _dispatch(self, connection: _Connection, code: int, request_id: int, body: Any) -> None:
         try:
-            result = await self._execute(connection, code, body)
-            self._reply(connection, code, request_id, result)
-        except BrokerError as exc:
-            self._reply_error(connection, code, request_id, exc)
-        except (ValueError, TypeError) as exc:
-            self._reply_error(connection, code, request_id, InvalidMessageError(str(exc)))
+            outcome = await self._execute(connection, code, body)
         except Exception as exc:
-            log.exception("request %s failed", code)
-            self._reply_error(connection, code, request_id, BrokerError(f"internal error: {exc}"))
+            outcome = exc
+        self._answer(connection, code, request_id, outcome)
+
+    def _answer(self, connection: _Connection, code: int, request_id: int, outcome: Any) -> None:
+        """Reply with a result, or with the typed error an exception stands for."""
+        if not isinstance(outcome, BaseException):
+            self._reply(connection, code, request_id, outcome)
+        elif isinstance(outcome, BrokerError):
+            self._reply_error(connection, code, request_id, outcome)
+        elif isinstance(outcome, ValueError | TypeError):
+            self._reply_error(connection, code, request_id, InvalidMessageError(str(outcome)))
+        else:
+            log.error("request %s failed", code, exc_info=outcome)
+            self._reply_error(connection, code, request_id, BrokerError(f"internal error: {outcome}"))
 
     async def _execute(self, connection: _Connection, code: int, body: Any) -> Any:
         if code == RequestCode.HEART_BEAT:
@@ -279,9 +301,6 @@ class BrokerServer:
         except (ValueError, KeyError):
             raise UnknownRequestCodeError(f"unknown request code {code}") from None
         arguments = convert_arguments(method, body)
-        batcher = self._batchers.get(method)
-        if batcher is not None:
-            return await batcher.call(arguments)
         if method == "receive":
             return await self._long_poll(arguments)
         call = functools.partial(getattr(self.broker, method), **arguments)
