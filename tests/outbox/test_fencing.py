@@ -51,3 +51,45 @@ def test_lock_timeout_answers_unknown_and_a_later_check_is_final(engine: Engine)
         assert check_transaction(engine, "t3", "pg", lock_timeout_ms=200) is Resolution.UNKNOWN
         transaction.commit()
     assert check_transaction(engine, "t3", "pg") is Resolution.COMMIT
+
+
+def test_broker_rechecks_after_unknown_until_the_answer_is_final(engine: Engine, tmp_path) -> None:
+    """A long local transaction: the broker's check-backs time out on its lock (UNKNOWN,
+    nothing sent) until it commits; the next check-back answers COMMIT."""
+    from broker_embedded import BrokerConfig, EmbeddedBroker, Message, TransactionState
+    from broker_embedded.store.config import StoreConfig
+    from outbox import Producer
+    from outbox.producer import TRANSACTION_ID_PROPERTY
+
+    broker = EmbeddedBroker(tmp_path / "rechecks", BrokerConfig(
+        store=StoreConfig(segment_size=1 << 20), transaction_timeout_s=0.1, check_interval_s=0.2))
+    answers: list[Resolution] = []
+
+    class FenceListener:
+        def execute_local_transaction(self, message, arg):  # type: ignore[no-untyped-def]
+            raise AssertionError("not used")
+
+        def check_local_transaction(self, message):  # type: ignore[no-untyped-def]
+            answers.append(check_transaction(engine, message.properties[TRANSACTION_ID_PROPERTY], "pg",
+                                             lock_timeout_ms=100))
+            return answers[-1]
+
+    try:
+        producer = Producer(broker, "pg")
+        producer.register_check_listener(FenceListener())
+        with engine.connect() as conn:
+            transaction = conn.begin()
+            record_committed(conn, "t4", "pg")
+            producer.send_half(Message("order.paid", b"{}"), "t4")
+            deadline = time.monotonic() + 60
+            while answers.count(Resolution.UNKNOWN) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert broker.transaction_state("t4") is TransactionState.PENDING
+            transaction.commit()
+        deadline = time.monotonic() + 60
+        while broker.transaction_state("t4") is TransactionState.PENDING and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker.transaction_state("t4") is TransactionState.COMMITTED
+        assert answers.count(Resolution.UNKNOWN) >= 2 and answers[-1] is Resolution.COMMIT
+    finally:
+        broker.close()
