@@ -26,7 +26,7 @@ from sqlalchemy.orm import sessionmaker
 from broker_embedded import Resolution, connect
 
 from .consumer import GROUP_ATTRIBUTE, Handler, idempotent_consumer, run_consumer, stop_on_signals
-from .errors import ConfigurationError
+from .errors import ConfigurationError, OutboxError
 from .integrations.sqlalchemy.engine import create_engine
 from .settings import OutboxSettings
 from .transaction_log import check_transaction
@@ -80,6 +80,9 @@ def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
     from alembic.config import Config
 
     root = Path(__file__).resolve().parent.parent
+    if not (root / "alembic.ini").is_file() or not (root / "migrations").is_dir():
+        raise ConfigurationError(f"no alembic.ini and migrations/ beside the package in {root}; "
+                                 "run from a halfmoon source checkout")
     config = Config(str(root / "alembic.ini"))
     config.set_main_option("script_location", str(root / "migrations"))
     config.set_main_option("sqlalchemy.url", args.database_url or settings.database_url)
@@ -114,8 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("reconcile", help="the PySpark reconciliation report")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = OutboxSettings.from_env()
-    return {"consume": consume, "check": check, "migrate": migrate}[args.command](args, settings)
+    try:
+        settings = OutboxSettings.from_env()
+        return {"consume": consume, "check": check, "migrate": migrate}[args.command](args, settings)
+    except OutboxError as exc:
+        print(f"outbox {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -118,3 +118,10 @@ def test_check_send_tells_the_broker(tmp_path: Path) -> None:
     finally:
         broker.close()
         engine.dispose()
+
+
+def test_bad_settings_are_a_clear_error_not_a_traceback() -> None:
+    result = _outbox("check", "tx", "--group", "shop",
+                     env={**os.environ, "OUTBOX_CHECK_LOCK_TIMEOUT_MS": "soon"})
+    assert result.returncode == 2
+    assert "bad outbox setting" in result.stderr and "Traceback" not in result.stderr
