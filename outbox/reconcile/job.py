@@ -53,11 +53,14 @@ class ReconcileResult:
     out_dir: Path
 
 
-_STARTED = time.monotonic()
+class _Progress:
+    """Stage lines on stderr, timed from the start of the job."""
 
+    def __init__(self) -> None:
+        self.started = time.monotonic()
 
-def _progress(message: str) -> None:
-    print(f"[reconcile {time.monotonic() - _STARTED:6.1f}s] {message}", file=sys.stderr, flush=True)
+    def __call__(self, message: str) -> None:
+        print(f"[reconcile {time.monotonic() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def _percentiles(frame: DataFrame, by: str | None = None) -> list[dict[str, Any]]:
@@ -100,15 +103,15 @@ def _histograms(frame: DataFrame) -> dict[str, list[int]]:
 
 def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions) -> ReconcileResult:
     """Run the job; writes summary.json, anomalies/<category>/ (Parquet) and report.html."""
-    started = time.monotonic()
+    progress = _Progress()
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     now_ms = options.now_ms or int(time.time() * 1000)
-    _progress("reading producer databases, consumer databases and the broker export")
+    progress("reading producer databases, consumer databases and the broker export")
     transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions)
     consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions)
     messages, deliveries = read_export(spark, inputs.broker_export)
-    _progress("classifying transactions")
+    progress("classifying transactions")
     classified = classify(transaction_log, messages, deliveries, consumed, now_ms,
                           int(options.grace_s * 1000), bool(inputs.consumer_databases))
     if options.since_ms is not None:
@@ -124,7 +127,7 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
     ).collect()[0]
     counts = {k: int(v or 0) for k, v in counts_row.asDict().items()}
     total = max(counts["transactions"], 1)
-    _progress(f"{counts['transactions']} transactions classified; computing latencies")
+    progress(f"{counts['transactions']} transactions classified; computing latencies")
     latency = _percentiles(classified.where(F.col("committed")))
     per_topic = _percentiles(classified.where(F.col("committed")), "topic")
     per_hour = _percentiles(classified.where(F.col("committed")), "hour")
@@ -141,14 +144,14 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
             F.sum(sum((F.col(a).cast("int") for a in ANOMALIES), F.lit(0))).alias("anomalies"),
         ).orderBy("hour").collect()
     ]
-    _progress("latency histograms")
+    progress("latency histograms")
     histograms = _histograms(classified.where(F.col("committed")))
-    _progress("writing anomalies")
+    progress("writing anomalies")
     anomaly_counts = {}
     for category in ANOMALIES:
         anomaly_counts[category] = counts[category]
         classified.where(F.col(category)).write.mode("overwrite").parquet(str(out / "anomalies" / category))
-    _progress("input sanity checks")
+    progress("input sanity checks")
     checks = sanity(transaction_log, messages, consumed, classified)
     breached = {name: counts.get(name, 0) for name, limit in options.thresholds.items()
                 if counts.get(name, 0) > limit}
@@ -170,10 +173,10 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
         "histogram_buckets_ms": list(BUCKETS_MS),
         "histograms": histograms,
         "sanity": checks,
-        "seconds": round(time.monotonic() - started, 2),
+        "seconds": round(time.monotonic() - progress.started, 2),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_html(summary, out / "report.html")
     classified.unpersist()
-    _progress(f"done in {summary['seconds']}s: {'PASS' if summary['passed'] else 'FAIL ' + str(breached)}")
+    progress(f"done in {summary['seconds']}s: {'PASS' if summary['passed'] else 'FAIL ' + str(breached)}")
     return ReconcileResult(summary, not breached, out)

@@ -40,9 +40,19 @@ def bar_chart(title: str, labels: list[str], series: dict[str, list[float]], wid
     return "".join(parts)
 
 
-def _table(rows: list[tuple[str, Any]]) -> str:
+def _table(caption: str, rows: list[tuple[str, Any]]) -> str:
     body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-    return f"<table>{body}</table>"
+    return f"<table><caption>{html.escape(caption)}</caption>{body}</table>"
+
+
+def _duration(ms: int) -> str:
+    return f"{ms // 1000}s" if ms >= 1000 else str(ms)
+
+
+def bucket_labels(edges: list[int]) -> list[str]:
+    """Short labels of histogram buckets (ms below a second): ``<5``, ``<2s``, ..., ``≥60s``."""
+    return [f"<{_duration(edges[i + 1])}" if i + 1 < len(edges) else f"≥{_duration(edges[i])}"
+            for i in range(len(edges))]
 
 
 def write_html(summary: dict[str, Any], path: Path) -> None:
@@ -50,9 +60,9 @@ def write_html(summary: dict[str, Any], path: Path) -> None:
     counts = summary["counts"]
     passed = summary["passed"]
     edges = summary["histogram_buckets_ms"]
-    bucket_labels = [f"<{edges[i + 1]}" if i + 1 < len(edges) else f"≥{edges[i]}" for i in range(len(edges))]
+    labels = bucket_labels(edges)
     histograms = "".join(
-        bar_chart(f"latency: {hop.replace('_ms', '').replace('_', ' ')} (ms)", bucket_labels,
+        bar_chart(f"latency: {hop.replace('_ms', '').replace('_', ' ')} (ms; s where marked)", labels,
                   {"transactions": [float(v) for v in values]})
         for hop, values in summary["histograms"].items()
     )
@@ -75,7 +85,8 @@ def write_html(summary: dict[str, Any], path: Path) -> None:
         (hop, ", ".join(f"{k} {v}" for k, v in (latency.get(hop) or {}).items()))
         for hop in ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
     ]
-    verdict = "PASS" if passed else f"FAIL: {summary['breached']}"
+    verdict = "PASS" if passed else "FAIL: " + ", ".join(
+        f"{name} {count} > {summary['thresholds'][name]}" for name, count in summary["breached"].items())
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>halfmoon reconciliation</title>
 <style>
@@ -84,17 +95,18 @@ h1{{margin-bottom:4px}} .verdict{{display:inline-block;padding:4px 12px;border-r
 background:{'#2f9e6e' if passed else '#b8405e'}}}
 table{{border-collapse:collapse;margin:8px 24px 16px 0;display:inline-table;vertical-align:top}}
 th,td{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}}
+caption{{text-align:left;font-size:12px;color:#666;padding-bottom:2px}}
 svg{{margin:8px 16px 8px 0;background:#fafafa;border:1px solid #eee}}
 </style></head><body>
 <h1>halfmoon reconciliation</h1>
 <p><span class="verdict">{html.escape(verdict)}</span> {counts['transactions']} transactions,
 computed in {summary['seconds']} s</p>
 <h2>Classification</h2>
-{_table([(k, v) for k, v in counts.items()])}
-{_table([(f"threshold {k}", v) for k, v in summary['thresholds'].items()])}
-{_table(list(summary['sanity'].items()))}
-<h2>Latency</h2>
-{_table(latency_rows)}
+{_table("transactions", [(k, v) for k, v in counts.items()])}
+{_table("thresholds (most allowed)", list(summary['thresholds'].items()))}
+{_table("input sanity", list(summary['sanity'].items()))}
+<h2>Latency (ms, committed transactions)</h2>
+{_table("percentiles", latency_rows)}
 <div>{histograms}</div>
 <h2>Topics and time</h2>
 <div>{topic_chart}</div>
