@@ -60,9 +60,10 @@ class CommitLog:
     def recover(self, verified_offset: int) -> Iterator[StoredRecord]:
         """Verify records from ``verified_offset`` on, truncate a torn tail, yield the good ones.
 
-        A record that fails its check in the last segment is a torn tail (an append the
-        crash interrupted, never acknowledged): it and everything after are zeroed. A bad
-        record in an earlier, closed segment is corruption of acknowledged data.
+        A record that fails its check in the last segment with nothing intact after it is a
+        torn tail (an append the crash interrupted, never acknowledged): it and everything
+        after are truncated. A bad record in an earlier, closed segment, or one followed by
+        an intact record, is corruption of acknowledged data: ``CorruptLogError``.
         """
         if not self.segments:
             return
@@ -86,10 +87,11 @@ class CommitLog:
                 try:
                     record = codec.decode(data, pos, segment.base_offset + pos)
                 except codec.RecordError as exc:
-                    if not is_last:
+                    if not is_last or _intact_record_after(data, pos + 1, segment.base_offset):
                         raise CorruptLogError(
                             f"corrupt record at commit log offset {segment.base_offset + pos} "
-                            f"in closed segment {segment.path.name}: {exc}"
+                            f"in segment {segment.path.name} ({exc}), "
+                            + ("followed by intact records" if is_last else "a closed segment")
                         ) from exc
                     log.warning(
                         "truncating torn tail at commit log offset %d (%s)",
@@ -232,6 +234,23 @@ class CommitLog:
         for segment in self.segments:
             segment.close()
         self.segments = []
+
+
+def _intact_record_after(data: bytes, start: int, base_offset: int) -> bool:
+    """Whether an intact record begins anywhere in ``data`` at or after ``start``.
+
+    Runs only when recovery meets a bad record; the C-level ``find`` for the magic keeps
+    it fast even over a whole segment.
+    """
+    magic = codec.RECORD_MAGIC.to_bytes(4, "big")
+    found = data.find(magic, start + 4)
+    while found >= 0:
+        try:
+            codec.decode(data, found - 4, base_offset + found - 4)
+            return True
+        except codec.RecordError:
+            found = data.find(magic, found + 1)
+    return False
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -3,11 +3,14 @@
 Entry ``n`` (commit log offset u64, size u32, tag hash u64) sits at byte ``20 * n`` of
 ``consumequeue/<topic>/<queue_id>``, so reading queue offset N is O(1). The files are
 derived data: the store rebuilds them from the commit log when they are missing or behind.
-Entries are mirrored in memory (``array``) because they are small and read constantly.
+Entries live in memory (``array``) because they are small and read constantly; the file
+is written at checkpoints (``persist``), and a failed write (disk full) is undone and
+retried at the next checkpoint, so the file never holds a hole or a partial entry.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -36,11 +39,13 @@ class ConsumeQueue:
             os.ftruncate(self.fd, whole)
         self.offsets = array("q")
         self.sizes = array("i")
-        for commit_offset, size, _tag in ENTRY.iter_unpack(raw[:whole]):
+        self.tags = array("Q")
+        for commit_offset, size, tag in ENTRY.iter_unpack(raw[:whole]):
             self.offsets.append(commit_offset)
             self.sizes.append(size)
+            self.tags.append(tag)
+        self.persisted = len(self.offsets)
         self.min_offset = 0
-        self._dirty = False
 
     @property
     def max_offset(self) -> int:
@@ -52,13 +57,18 @@ class ConsumeQueue:
         if queue_offset < len(self.offsets):
             return False
         if queue_offset != len(self.offsets):
-            raise ValueError(
-                f"{self.path}: queue offset {queue_offset} after {len(self.offsets)} entries"
-            )
-        os.pwrite(self.fd, ENTRY.pack(commit_offset, size, tag_hash(tag)), queue_offset * ENTRY_SIZE)
+            if self.offsets:
+                raise ValueError(
+                    f"{self.path}: queue offset {queue_offset} after {len(self.offsets)} entries"
+                )
+            # Rebuilt after retention deleted the head: placeholders for the deleted
+            # entries (commit log offset 0, below the log's minimum, so never readable).
+            self.offsets.extend([0] * queue_offset)
+            self.sizes.extend([0] * queue_offset)
+            self.tags.extend([0] * queue_offset)
         self.offsets.append(commit_offset)
         self.sizes.append(size)
-        self._dirty = True
+        self.tags.append(tag_hash(tag))
         return True
 
     def truncate_beyond(self, commit_log_end: int) -> None:
@@ -69,17 +79,42 @@ class ConsumeQueue:
         if keep != len(self.offsets):
             del self.offsets[keep:]
             del self.sizes[keep:]
+            del self.tags[keep:]
+        if keep < self.persisted:
             os.ftruncate(self.fd, keep * ENTRY_SIZE)
+            self.persisted = keep
+
+    def drop_below(self, commit_log_min: int) -> None:
+        """Raise ``min_offset`` past entries whose record retention deleted."""
+        while self.min_offset < len(self.offsets) and self.offsets[self.min_offset] < commit_log_min:
+            self.min_offset += 1
 
     def entry(self, queue_offset: int) -> tuple[int, int]:
         """``(commit log offset, size)`` of a queue offset."""
         return self.offsets[queue_offset], self.sizes[queue_offset]
 
-    def flush(self) -> None:
-        if self._dirty:
-            os.fsync(self.fd)
-            self._dirty = False
+    def unpersisted(self) -> tuple[int, bytes]:
+        """``(first entry, bytes)`` of the entries not yet in the file (call under the
+        store's write lock; write them with ``persist`` outside it)."""
+        start = self.persisted
+        pack = ENTRY.pack
+        data = b"".join(
+            pack(self.offsets[n], self.sizes[n], self.tags[n]) for n in range(start, len(self.offsets))
+        )
+        return start, data
+
+    def persist(self, start: int, data: bytes) -> None:
+        """Write and fsync entries from ``unpersisted``; on failure the file is unchanged."""
+        if data:
+            try:
+                written = os.pwrite(self.fd, data, start * ENTRY_SIZE)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, "short write")
+                os.fsync(self.fd)
+            except OSError:
+                os.ftruncate(self.fd, start * ENTRY_SIZE)
+                raise
+            self.persisted = max(self.persisted, start + len(data) // ENTRY_SIZE)
 
     def close(self) -> None:
-        self.flush()
         os.close(self.fd)

@@ -1,12 +1,15 @@
 """The index: message ids and keys to commit log offsets, for "query by id / key".
 
 Persisted as an append-only file of ``<kind><topic>\\x1f<key>\\x1f<offset>\\n`` lines
-(kind ``i`` for a message id, ``k`` for a key) and held in memory as dicts. It is derived
-data: the store rebuilds it from the commit log past its checkpoint, or from scratch.
+(kind ``i`` for a message id, ``k`` for a key), in commit log order, and held in memory as
+dicts. Lines are written at checkpoints (``persist``); a failed write (disk full) is cut
+back to the last whole line and retried later. It is derived data: the store rebuilds it
+from the commit log past its checkpoint, or from scratch.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -23,9 +26,14 @@ class MessageIndex:
         self.by_id: dict[str, list[int]] = defaultdict(list)
         self.by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
         self.max_indexed = -1
-        if path.exists():
-            self._load(path.read_text(encoding="utf-8"))
-        self._file = path.open("a", encoding="utf-8")
+        self._pending: list[str] = []
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        raw = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
+        whole = raw.rfind(b"\n") + 1
+        if whole != len(raw):
+            os.ftruncate(self.fd, whole)  # a torn last line
+        self.file_size = whole
+        self._load(raw[:whole].decode("utf-8"))
 
     def _load(self, text: str) -> None:
         """Read the index file (the hot part of a restart: kept to plain dict work)."""
@@ -36,7 +44,7 @@ class MessageIndex:
                 topic, key, raw_offset = line[1:].split(SEP)
                 offset = int(raw_offset)
             except ValueError:
-                continue  # a torn last line
+                continue  # a key holding the separator: not queryable after a restart
             target = by_id[key] if line[0] == "i" else by_key[(topic, key)]
             if not target or target[-1] != offset:
                 target.append(offset)
@@ -44,29 +52,23 @@ class MessageIndex:
                 highest = offset
         self.max_indexed = highest
 
-    def _remember(self, kind: str, topic: str, key: str, offset: int) -> None:
-        target = self.by_id[key] if kind == "i" else self.by_key[(topic, key)]
-        if offset not in target:
-            target.append(offset)
-        self.max_indexed = max(self.max_indexed, offset)
-
     def add(self, topic: str, message_id: str | None, keys: list[str], offset: int) -> None:
         """Index one record (idempotent: a replayed record is not indexed twice)."""
         if offset <= self.max_indexed:
             return
-        lines = []
+        self.max_indexed = offset
         if message_id:
-            lines.append(f"i{topic}{SEP}{message_id}{SEP}{offset}\n")
-            self._remember("i", topic, message_id, offset)
-        for key in keys:
-            lines.append(f"k{topic}{SEP}{key}{SEP}{offset}\n")
-            self._remember("k", topic, key, offset)
-        self.max_indexed = max(self.max_indexed, offset)
-        if lines:
-            self._file.write("".join(lines))
+            self._pending.append(f"i{topic}{SEP}{message_id}{SEP}{offset}\n")
+            self.by_id[message_id].append(offset)
+        for key in dict.fromkeys(keys):
+            self._pending.append(f"k{topic}{SEP}{key}{SEP}{offset}\n")
+            self.by_key[(topic, key)].append(offset)
 
     def drop_beyond(self, commit_log_end: int) -> None:
-        """Forget offsets at or past the end of the commit log (a torn tail)."""
+        """Forget offsets at or past the end of the commit log (a torn tail), in memory
+        and in the file."""
+        if self.max_indexed < commit_log_end:
+            return
         for table in (self.by_id, self.by_key):
             for key in list(table):
                 kept = [o for o in table[key] if o < commit_log_end]  # type: ignore[index]
@@ -74,12 +76,42 @@ class MessageIndex:
                     table[key] = kept  # type: ignore[index]
                 else:
                     del table[key]  # type: ignore[arg-type]
-        self.max_indexed = min(self.max_indexed, commit_log_end - 1)
+        self._pending = [line for line in self._pending if int(line.rsplit(SEP, 1)[1]) < commit_log_end]
+        raw = os.pread(self.fd, self.file_size, 0)
+        keep = 0
+        for line in raw.splitlines(keepends=True):
+            if int(line.rsplit(SEP.encode(), 1)[1]) >= commit_log_end:
+                break
+            keep += len(line)
+        os.ftruncate(self.fd, keep)
+        self.file_size = keep
+        self.max_indexed = commit_log_end - 1
 
-    def flush(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+    def unpersisted(self) -> tuple[int, bytes]:
+        """``(file position, bytes)`` of lines not yet written (call under the store's
+        write lock; write them with ``persist`` outside it)."""
+        data = "".join(self._pending).encode("utf-8")
+        self._pending = []
+        start, self.file_size = self.file_size, self.file_size + len(data)
+        return start, data
+
+    def persist(self, start: int, data: bytes) -> None:
+        """Write and fsync lines from ``unpersisted``; on failure the file is cut back to
+        ``start`` and the lines are raised for a later retry (``restore``)."""
+        if not data:
+            return
+        try:
+            if os.pwrite(self.fd, data, start) != len(data):
+                raise OSError(errno.ENOSPC, "short write")
+            os.fsync(self.fd)
+        except OSError:
+            os.ftruncate(self.fd, start)
+            raise
+
+    def restore(self, start: int, data: bytes) -> None:
+        """Put back lines whose ``persist`` failed, ahead of any added since."""
+        self._pending.insert(0, data.decode("utf-8"))
+        self.file_size = start
 
     def close(self) -> None:
-        self.flush()
-        self._file.close()
+        os.close(self.fd)

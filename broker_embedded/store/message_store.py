@@ -27,13 +27,14 @@ replayed during recovery (the broker core rebuilds its state by reading its syst
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import (
@@ -53,7 +54,7 @@ from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredReco
 log = logging.getLogger("broker_embedded.store")
 
 
-def now_ms() -> int:
+def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
@@ -71,7 +72,9 @@ class MessageStore:
         self._next_offset: dict[tuple[str, int], int] = {}
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._listeners: list[DispatchListener] = []
+        self._retention_guard: Callable[[], int | None] | None = None
         self._closed = False
+        self._last_store_ms = 0
         started = time.monotonic()
         self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
         self.index = MessageIndex(self.data_dir / "index" / "index.log")
@@ -136,6 +139,7 @@ class MessageStore:
         end = self.commitlog.write_offset
         for queue in self._queues.values():
             queue.truncate_beyond(end)
+            queue.drop_below(self.commitlog.min_offset)
         self.index.drop_beyond(end)
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -181,7 +185,7 @@ class MessageStore:
         queue_offset = self._next_offset.get(key)
         if queue_offset is None:
             queue_offset = self._queue(*key).max_offset
-        store_ms = now_ms()
+        store_ms = _now_ms()
         born_ms = record.born_timestamp_ms or store_ms
         data = codec.encode(
             record.topic, record.queue_id, queue_offset, record.flags, born_ms, store_ms,
@@ -241,6 +245,7 @@ class MessageStore:
             keys.split() if keys else [], record.commit_log_offset,
         )
         self._dispatched_end = record.commit_log_offset + record.size
+        self._last_store_ms = record.store_timestamp_ms
         if notify:
             for listener in self._listeners:
                 try:
@@ -262,22 +267,51 @@ class MessageStore:
                 self.commitlog.flush()
 
     def checkpoint(self) -> None:
-        """Make consume queues and index durable, then record how far everything is."""
+        """Make consume queues and index durable, then record how far everything is.
+
+        Raises ``StoreFullError`` when the disk is full; the previous checkpoint stays and
+        the unwritten entries are retried at the next checkpoint.
+        """
         self.flush()
         with self._flush_lock:
-            verified = self._dispatched_end
-            for queue in list(self._queues.values()):
-                queue.flush()
-            self.index.flush()
-            path = self._checkpoint_path()
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"verified": verified, "written_ms": now_ms()}))
-            fd = os.open(tmp, os.O_RDONLY)
+            with self._write_lock:
+                verified = self._dispatched_end
+                queue_writes = [
+                    (queue, *queue.unpersisted())
+                    for queue in self._queues.values() if queue.persisted < queue.max_offset
+                ]
+                index_write = self.index.unpersisted()
+            index_written = False
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+                for queue, start, data in queue_writes:
+                    queue.persist(start, data)
+                self.index.persist(*index_write)
+                index_written = True
+                self._write_checkpoint_file({
+                    "verified": verified,
+                    "commitlog_flushed": self._flushed,
+                    "consumequeue_dispatched": verified,
+                    "index_dispatched": verified,
+                    "last_store_ms": self._last_store_ms,
+                    "written_ms": _now_ms(),
+                })
+            except OSError as exc:
+                if not index_written:
+                    self.index.restore(*index_write)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise StoreFullError(f"disk full while checkpointing {self.data_dir}") from exc
+                raise
+
+    def _write_checkpoint_file(self, fields: dict[str, int]) -> None:
+        path = self._checkpoint_path()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(fields))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
 
     def _run_background(self) -> None:
         last_checkpoint = time.monotonic()
@@ -347,18 +381,31 @@ class MessageStore:
         return self.commitlog.scan(start, self._dispatched_end)
 
     # -- retention ------------------------------------------------------------------------
-    def delete_expired_segments(self, guard_offset: int | None = None, now: int | None = None) -> int:
-        """Delete commit log segments older than ``retention_hours`` and wholly below
-        ``guard_offset`` (the oldest offset still needed); raise queue minimums to match."""
-        limit = self._dispatched_end if guard_offset is None else min(guard_offset, self._dispatched_end)
-        cutoff = (now or now_ms()) - int(self.config.retention_hours * 3_600_000)
+    def set_retention_guard(self, guard: Callable[[], int | None]) -> None:
+        """Retention never deletes a segment reaching ``guard()`` or beyond (None: no limit).
+
+        The broker core returns the commit log offset of its oldest unresolved half message.
+        """
+        self._retention_guard = guard
+
+    def delete_expired_segments(
+        self, now_ms: int | None = None, guard_offset: int | None = None, now: int | None = None
+    ) -> int:
+        """Delete commit log segments older than ``retention_hours`` and wholly below every
+        guard (``guard_offset`` and the one from ``set_retention_guard``); raise queue
+        minimums to match. ``now`` is an alias of ``now_ms``. Returns segments deleted."""
+        limit = self._dispatched_end
+        for guard in (guard_offset, self._retention_guard() if self._retention_guard else None):
+            if guard is not None:
+                limit = min(limit, guard)
+        clock = now_ms if now_ms is not None else now
+        cutoff = (clock if clock is not None else _now_ms()) - int(self.config.retention_hours * 3_600_000)
         with self._flush_lock, self._write_lock:
             deleted = self.commitlog.delete_segments_before(limit, cutoff)
             if deleted:
                 first = self.commitlog.min_offset
                 for queue in self._queues.values():
-                    while queue.min_offset < queue.max_offset and queue.offsets[queue.min_offset] < first:
-                        queue.min_offset += 1
+                    queue.drop_below(first)
         return deleted
 
     # -- closing --------------------------------------------------------------------------
@@ -368,7 +415,10 @@ class MessageStore:
             return
         self._stop.set()
         self._background.join(timeout=5)
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except StoreFullError:
+            log.warning("closing %s without a final checkpoint: disk full", self.data_dir)
         with self._flush_lock, self._write_lock:
             self._closed = True
             self.commitlog.close()

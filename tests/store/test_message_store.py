@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,25 +52,29 @@ def _last_segment(tmp_path: Path) -> Path:
     return sorted((tmp_path / "commitlog").iterdir())[-1]
 
 
-@pytest.mark.parametrize("cut", [1, 7, 20, 60, 120])
-def test_a_torn_tail_is_truncated_and_never_resurrected(tmp_path: Path, cut: int) -> None:
-    with MessageStore(tmp_path, SMALL) as store:
+def test_a_torn_tail_at_every_byte_is_truncated_and_never_resurrected(tmp_path: Path) -> None:
+    original = tmp_path / "original"
+    with MessageStore(original, SMALL) as store:
         for n in range(5):
             store.put(record(body=f"keep-{n}".encode()))
-        last = store.put(record(body=b"torn" * 30))
-    os.remove(tmp_path / "checkpoint")  # as after a crash between checkpoints
-    segment = _last_segment(tmp_path)
-    with segment.open("r+b") as f:
-        f.truncate(last.commit_log_offset - int(segment.name) + cut)
-    with MessageStore(tmp_path, SMALL) as store:
-        assert [r.body for r in store.read_queue("orders", 0, 0, 100)] == [
-            f"keep-{n}".encode() for n in range(5)
-        ]
-        again = store.put(record(body=b"after"))
-        assert again.queue_offset == 5
-        assert again.commit_log_offset == last.commit_log_offset
-    with MessageStore(tmp_path, SMALL) as store:
-        assert store.read_queue("orders", 0, 5, 1)[0].body == b"after"
+        last = store.put(record(body=b"torn", UNIQ_KEY="torn-id"))
+    os.remove(original / "checkpoint")  # as after a crash between checkpoints
+    start = last.commit_log_offset - int(_last_segment(original).name)
+    for cut in range(last.size):
+        data = tmp_path / f"cut{cut}"
+        shutil.copytree(original, data)
+        with _last_segment(data).open("r+b") as f:
+            f.truncate(start + cut)
+        with MessageStore(data, SMALL) as store:
+            assert [r.body for r in store.read_queue("orders", 0, 0, 100)] == [
+                f"keep-{n}".encode() for n in range(5)
+            ], cut
+            assert store.lookup_message_id("torn-id") == []
+            again = store.put(record(body=b"after"))
+            assert (again.queue_offset, again.commit_log_offset) == (5, last.commit_log_offset)
+        with MessageStore(data, SMALL) as store:
+            assert [r.body for r in store.read_queue("orders", 0, 5, 10)] == [b"after"]
+        shutil.rmtree(data)
 
 
 def test_garbage_after_the_last_record_is_truncated(tmp_path: Path) -> None:
@@ -82,15 +88,28 @@ def test_garbage_after_the_last_record_is_truncated(tmp_path: Path) -> None:
 
 def test_corruption_in_a_closed_segment_is_an_error(tmp_path: Path) -> None:
     with MessageStore(tmp_path, SMALL) as store:
-        for _ in range(100):
-            store.put(record())
+        stored = [store.put(record()) for _ in range(100)]
     os.remove(tmp_path / "checkpoint")
     first = sorted((tmp_path / "commitlog").iterdir())[0]
     with first.open("r+b") as f:
-        f.seek(200)
+        f.seek(stored[1].commit_log_offset + 40)
         f.write(b"\xff\xff\xff")
-    with pytest.raises(CorruptLogError, match="closed segment"):
+    with pytest.raises(CorruptLogError, match=f"offset {stored[1].commit_log_offset} .*closed segment"):
         MessageStore(tmp_path, SMALL)
+
+
+def test_corruption_followed_by_intact_records_in_the_last_segment_is_an_error(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        stored = [store.put(record(body=f"n{n}".encode())) for n in range(5)]
+    os.remove(tmp_path / "checkpoint")
+    segment = _last_segment(tmp_path)
+    assert int(segment.name) <= stored[1].commit_log_offset
+    with segment.open("r+b") as f:
+        f.seek(stored[1].commit_log_offset - int(segment.name) + 30)
+        f.write(b"\xff")
+    with pytest.raises(CorruptLogError, match=f"offset {stored[1].commit_log_offset} "):
+        MessageStore(tmp_path, SMALL)
+    assert segment.stat().st_size > stored[4].commit_log_offset - int(segment.name)
 
 
 def test_deleted_consume_queues_and_index_are_rebuilt_identically(tmp_path: Path) -> None:
@@ -101,7 +120,7 @@ def test_deleted_consume_queues_and_index_are_rebuilt_identically(tmp_path: Path
         p.relative_to(tmp_path): p.read_bytes()
         for p in (tmp_path / "consumequeue").rglob("*") if p.is_file()
     }
-    index_lines = sorted((tmp_path / "index" / "index.log").read_text().splitlines())
+    index_bytes = (tmp_path / "index" / "index.log").read_bytes()
     subprocess.run(["rm", "-rf", str(tmp_path / "consumequeue"), str(tmp_path / "index")], check=True)
     with MessageStore(tmp_path, SMALL) as store:
         assert store.lookup_key("t1", "k3") and store.lookup_message_id("id59")
@@ -110,7 +129,7 @@ def test_deleted_consume_queues_and_index_are_rebuilt_identically(tmp_path: Path
         for p in (tmp_path / "consumequeue").rglob("*") if p.is_file()
     }
     assert rebuilt == originals
-    assert sorted((tmp_path / "index" / "index.log").read_text().splitlines()) == index_lines
+    assert (tmp_path / "index" / "index.log").read_bytes() == index_bytes
 
 
 def test_a_second_store_on_the_same_directory_is_refused(tmp_path: Path) -> None:
@@ -177,12 +196,65 @@ def test_retention_deletes_old_segments_below_the_guard_only(tmp_path: Path) -> 
     with MessageStore(tmp_path, SMALL) as store:
         stored = [store.put(record()) for _ in range(100)]
         guard = stored[50].commit_log_offset
-        deleted = store.delete_expired_segments(guard_offset=guard, now=2**62)
+        store.set_retention_guard(lambda: guard)
+        assert store.delete_expired_segments(now_ms=0) == 0  # nothing is old yet
+        deleted = store.delete_expired_segments(now_ms=2**62)
         assert deleted > 0
-        assert store.commitlog.min_offset <= guard
+        assert 0 < store.commitlog.min_offset <= guard
+        assert store.get(guard).commit_log_offset == guard
+        low = store.queue_min_offset("orders", 0)
         remaining = store.read_queue("orders", 0, 0, 1000)
-        assert remaining[0].queue_offset == store.queue_min_offset("orders", 0) > 0
+        assert remaining[0].queue_offset == low > 0
         assert remaining[-1].queue_offset == 99
+        store.set_retention_guard(lambda: None)
+    with MessageStore(tmp_path, SMALL) as store:
+        assert store.queue_min_offset("orders", 0) == low
+        assert store.delete_expired_segments(now_ms=2**62) > 0  # unguarded: all but the last
+        assert len(list((tmp_path / "commitlog").iterdir())) == 1
+    subprocess.run(["rm", "-rf", str(tmp_path / "consumequeue")], check=True)
+    with MessageStore(tmp_path, SMALL) as store:  # rebuilt from what retention kept
+        kept = store.read_queue("orders", 0, 0, 1000)
+        assert kept and kept[0].queue_offset == store.queue_min_offset("orders", 0)
+        assert kept[-1].queue_offset == 99
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs (needs root and mount permission; skipped otherwise)."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_disk_refuses_the_write_and_leaves_no_partial_record(tiny_filesystem: Path) -> None:
+    ballast = tiny_filesystem / "ballast"
+    ballast.write_bytes(b"b" * 96 * 1024)
+    data_dir = tiny_filesystem / "store"
+    config = StoreConfig(segment_size=64 * 1024, checkpoint_interval_s=3600)
+    acknowledged: list[StoredRecord] = []
+    with MessageStore(data_dir, config) as store:
+        with pytest.raises(StoreFullError):
+            for n in range(10_000):
+                acknowledged.append(store.put(record(body=f"{n}".encode() * 300)))
+        assert len(acknowledged) > 10
+        with pytest.raises(StoreFullError):
+            store.put(record(body=b"y" * 3000))
+        ballast.unlink()  # the operator frees space: appends resume where they stopped
+        after = store.put(record(body=b"after"))
+        assert after.queue_offset == len(acknowledged)
+    with MessageStore(data_dir, config) as store:
+        bodies = [r.body for r in store.read_queue("orders", 0, 0, 10**6)]
+        assert bodies == [r.body for r in acknowledged] + [b"after"]
+        assert store.get(after.commit_log_offset).body == b"after"
 
 
 CHILD = r"""
