@@ -141,6 +141,7 @@ class BrokerServer:
         access_key: str | None = None,
         secret_key: str | None = None,
         max_workers: int = 64,
+        max_pollers: int = 256,
     ) -> None:
         self.broker = broker
         self.host = host
@@ -151,6 +152,8 @@ class BrokerServer:
             Authenticator(access_key, secret_key) if access_key is not None and secret_key is not None else None
         )
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="broker-call")
+        #: Receives wait in their own pool, so many idle long polls never hold up a send.
+        self.poll_executor = ThreadPoolExecutor(max_workers=max_pollers, thread_name_prefix="broker-poll")
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -192,6 +195,7 @@ class BrokerServer:
             except TimeoutError:
                 log.warning("connections still open after %.0fs; stopping anyway", STOP_GRACE_S)
         self.executor.shutdown(wait=True, cancel_futures=False)
+        self.poll_executor.shutdown(wait=True, cancel_futures=False)
         log.info("broker server stopped")
 
     # -- connections ----------------------------------------------------------------------
@@ -314,7 +318,7 @@ class BrokerServer:
         while True:
             wait_s = min(POLL_SLICE_S, max(0.0, deadline - loop.time()))
             call = functools.partial(self.broker.receive, **{**arguments, "wait_s": wait_s})
-            received = await loop.run_in_executor(self.executor, call)
+            received = await loop.run_in_executor(self.poll_executor, call)
             if received or self._stopping or loop.time() >= deadline:
                 return received
 

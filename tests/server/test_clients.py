@@ -102,6 +102,25 @@ def test_a_long_poll_does_not_hold_up_other_requests_on_the_connection(thread_se
     client.close()
 
 
+def test_idle_long_polls_never_hold_up_sends(thread_server) -> None:
+    server = thread_server(max_workers=2)  # fewer call threads than waiting polls
+
+    async def scenario() -> None:
+        async with AsyncBrokerClient(server.url, timeout_s=20) as client:
+            await client.create_topic("quiet", 1)
+            polls = [asyncio.create_task(client.receive("g", "quiet", max_messages=1, wait_s=60)) for _ in range(6)]
+            await asyncio.sleep(0.3)
+            for n in range(10):
+                await client.send(Message("busy", str(n).encode()))
+            assert not any(p.done() for p in polls)
+            for n in range(6):
+                await client.send(Message("quiet", str(n).encode()))
+            got = await asyncio.wait_for(asyncio.gather(*polls), 30)
+            assert sorted(r[0].message.body for r in got) == [str(n).encode() for n in range(6)]
+
+    asyncio.run(scenario())
+
+
 def test_async_client_pipelines_and_answers_check_backs(thread_server) -> None:
     server = thread_server(BrokerConfig(transaction_timeout_s=0.2, check_interval_s=0.2))
 
