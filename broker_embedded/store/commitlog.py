@@ -113,17 +113,47 @@ class CommitLog:
         os.fsync(segment.fd)
 
     # -- appending ------------------------------------------------------------------------
-    def append(self, data: bytes) -> int:
-        """Write one encoded record; returns its commit log offset. Not thread-safe."""
-        if len(data) > self.segment_size:
-            raise ValueError(f"record of {len(data)} bytes exceeds the segment size")
-        segment = self._segment_for_append(len(data))
-        position = self.write_offset - segment.base_offset
-        self._write_all(segment, position, data)
-        offset = self.write_offset
-        self.write_offset += len(data)
-        self._dirty.add(segment)
-        return offset
+    def append_many(self, records: list[bytes]) -> list[int]:
+        """Write encoded records in order, one ``pwrite`` per segment touched; returns their
+        commit log offsets. All or nothing: on ``StoreFullError`` everything this call wrote
+        is removed again. Not thread-safe (the caller holds the store's write lock)."""
+        start_offset, start_segments = self.write_offset, len(self.segments)
+        offsets: list[int] = []
+        chunk: list[bytes] = []
+        segment: Segment | None = None
+        position = 0
+        try:
+            for data in records:
+                if len(data) > self.segment_size:
+                    raise ValueError(f"record of {len(data)} bytes exceeds the segment size")
+                if segment is None or segment.end_offset - self.write_offset < len(data):
+                    if segment is not None and chunk:
+                        self._write_all(segment, position, b"".join(chunk))
+                        chunk = []
+                    segment = self._segment_for_append(len(data))
+                    position = self.write_offset - segment.base_offset
+                    self._dirty.add(segment)
+                chunk.append(data)
+                offsets.append(self.write_offset)
+                self.write_offset += len(data)
+            if segment is not None and chunk:
+                self._write_all(segment, position, b"".join(chunk))
+        except StoreFullError:
+            self._roll_back(start_offset, start_segments)
+            raise
+        return offsets
+
+    def _roll_back(self, offset: int, segment_count: int) -> None:
+        """Undo appends back to ``offset``: drop segments created since, cut the last one."""
+        for segment in self.segments[segment_count:]:
+            segment.close()
+            segment.path.unlink()
+            self._dirty.discard(segment)
+        del self.segments[segment_count:]
+        if self.segments and offset < self.segments[-1].end_offset:
+            last = self.segments[-1]
+            os.ftruncate(last.fd, offset - last.base_offset)
+        self.write_offset = offset
 
     def _segment_for_append(self, length: int) -> Segment:
         if not self.segments:
@@ -134,13 +164,18 @@ class CommitLog:
             return segment
         if remaining > 0:
             self._write_all(segment, segment.size - remaining, codec.encode_blank(remaining))
-        os.fsync(segment.fd)
-        self._dirty.discard(segment)
+            self._dirty.add(segment)  # fsynced with the records that made it roll over
         self.write_offset = segment.end_offset
         return self._new_segment(self.write_offset)
 
     def _new_segment(self, base_offset: int) -> Segment:
-        segment = Segment(self.directory / f"{base_offset:020d}", base_offset, self.segment_size)
+        path = self.directory / f"{base_offset:020d}"
+        try:
+            segment = Segment(path, base_offset, self.segment_size)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFullError(f"disk full while creating {path}") from exc
+            raise
         self.segments.append(segment)
         _fsync_directory(self.directory)
         return segment
@@ -152,8 +187,6 @@ class CommitLog:
                 raise OSError(errno.ENOSPC, "short write")
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                # Leave nothing partial behind: the next append starts at the same place.
-                os.ftruncate(segment.fd, position)
                 raise StoreFullError(f"disk full while appending to {segment.path}") from exc
             raise
 

@@ -166,13 +166,11 @@ class MessageStore:
                 raise MessageTooLargeError(
                     f"body of {len(record.body)} bytes exceeds {self.config.max_record_size}"
                 )
-        stored: list[StoredRecord] = []
         with self._write_lock:
             if self._closed:
                 raise BrokerClosedError("the message store is closed")
             self._check_free_space()
-            for record in records:
-                stored.append(self._append(record))
+            stored = self._append_all(records)
             end = self.commitlog.write_offset
             if self.config.flush_mode == "async":
                 self._dispatch_all(self._take_pending())
@@ -180,29 +178,50 @@ class MessageStore:
             self._sync_to(end)
         return stored
 
-    def _append(self, record: StoredRecord) -> StoredRecord:
-        key = (record.topic, record.queue_id)
-        queue_offset = self._next_offset.get(key)
-        if queue_offset is None:
-            queue_offset = self._queue(*key).max_offset
+    def _append_all(self, records: list[StoredRecord]) -> list[StoredRecord]:
+        """Encode and append records as one write per segment; all or nothing."""
         store_ms = _now_ms()
-        born_ms = record.born_timestamp_ms or store_ms
-        data = codec.encode(
-            record.topic, record.queue_id, queue_offset, record.flags, born_ms, store_ms,
-            record.properties, record.body,
-        )
-        offset = self.commitlog.append(data)
-        self._next_offset[key] = queue_offset + 1
-        done = dataclasses.replace(
-            record,
-            queue_offset=queue_offset,
-            commit_log_offset=offset,
-            store_timestamp_ms=store_ms,
-            born_timestamp_ms=born_ms,
-            size=len(data),
-        )
-        self._pending.append(done)
-        return done
+        next_offset = self._next_offset
+        assigned: dict[tuple[str, int], int] = {}
+        encoded: list[bytes] = []
+        queue_offsets: list[int] = []
+        for record in records:
+            key = (record.topic, record.queue_id)
+            queue_offset = assigned.get(key)
+            if queue_offset is None:
+                queue_offset = next_offset.get(key)
+                if queue_offset is None:
+                    queue_offset = self._queue(*key).max_offset
+            data = codec.encode(
+                record.topic, record.queue_id, queue_offset, record.flags,
+                record.born_timestamp_ms or store_ms, store_ms, record.properties, record.body,
+            )
+            if len(data) > self.config.segment_size:
+                raise MessageTooLargeError(
+                    f"record of {len(data)} bytes exceeds the segment size {self.config.segment_size}"
+                )
+            assigned[key] = queue_offset + 1
+            encoded.append(data)
+            queue_offsets.append(queue_offset)
+        offsets = self.commitlog.append_many(encoded)
+        next_offset.update(assigned)
+        stored = [
+            StoredRecord(
+                topic=record.topic,
+                queue_id=record.queue_id,
+                body=record.body,
+                properties=record.properties,
+                flags=record.flags,
+                born_timestamp_ms=record.born_timestamp_ms or store_ms,
+                store_timestamp_ms=store_ms,
+                queue_offset=queue_offset,
+                commit_log_offset=offset,
+                size=len(data),
+            )
+            for record, data, queue_offset, offset in zip(records, encoded, queue_offsets, offsets, strict=True)
+        ]
+        self._pending.extend(stored)
+        return stored
 
     def _check_free_space(self) -> None:
         if self.config.min_free_disk_bytes <= 0:

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from broker_embedded.errors import CorruptLogError, DataDirLockedError, StoreFullError
+from broker_embedded.errors import (
+    CorruptLogError,
+    DataDirLockedError,
+    MessageTooLargeError,
+    StoreFullError,
+)
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
@@ -46,6 +51,36 @@ def test_records_roll_over_segments_and_survive_restart(tmp_path: Path) -> None:
         bodies = sorted(r.body for q in range(3) for r in store.read_queue("orders", q, 0, 1000))
         assert bodies == sorted(f"body-{n}".encode() * 10 for n in range(100))
         assert store.put(record(queue_id=0)).queue_offset == 34
+
+
+def test_put_batch_spans_segments_in_order_with_one_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        fsynced: list[int] = []
+        real_fsync = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd))[1])
+        stored = store.put_batch([record(queue_id=n % 2, body=f"b{n}".encode() * 100) for n in range(30)])
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        segments = sorted((tmp_path / "commitlog").iterdir())
+        assert len(segments) >= 3
+        # each segment once, and the directory once per segment created (all three here)
+        assert len(fsynced) <= 2 * len(segments)
+        assert [r.queue_offset for r in stored if r.queue_id == 1] == list(range(15))
+        assert all(a.commit_log_offset < b.commit_log_offset for a, b in zip(stored, stored[1:], strict=False))
+        for item in stored:
+            assert store.get(item.commit_log_offset).body == item.body
+    with MessageStore(tmp_path, SMALL) as store:
+        assert [r.body for r in store.read_queue("orders", 0, 0, 100)] == [
+            f"b{n}".encode() * 100 for n in range(0, 30, 2)
+        ]
+
+
+def test_oversized_records_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, SMALL) as store:
+        with pytest.raises(MessageTooLargeError):
+            store.put_batch([record(body=b"ok"), record(body=b"x" * 5000)])
+        assert store.put(record(body=b"first")).queue_offset == 0
 
 
 def _last_segment(tmp_path: Path) -> Path:
@@ -248,6 +283,8 @@ def test_a_full_disk_refuses_the_write_and_leaves_no_partial_record(tiny_filesys
         assert len(acknowledged) > 10
         with pytest.raises(StoreFullError):
             store.put(record(body=b"y" * 3000))
+        with pytest.raises(StoreFullError):  # a batch spanning segments: all or nothing
+            store.put_batch([record(body=b"z" * 3000) for _ in range(40)])
         ballast.unlink()  # the operator frees space: appends resume where they stopped
         after = store.put(record(body=b"after"))
         assert after.queue_offset == len(acknowledged)
