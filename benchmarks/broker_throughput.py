@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import shutil
@@ -32,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 from broker_embedded import AsyncBrokerClient, BrokerClient, Message
 from broker_embedded.store.message_store import MessageStore
@@ -63,7 +65,21 @@ def timed(seconds: float, step: Callable[[], int]) -> float:
     return done / (time.perf_counter() - start)
 
 
+def repeat(call: Callable[[], object]) -> Callable[[], int]:
+    """A ``timed`` step that makes one call."""
+
+    def step() -> int:
+        call()
+        return 1
+
+    return step
+
+
 # -- our broker ---------------------------------------------------------------------------
+def _send_one(client: BrokerClient, body: bytes) -> None:
+    client.send(Message("bench-seq", body))
+
+
 def _inflight_worker(url: str, body: bytes, in_flight: int, seconds: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
     """One process, one pipelined asyncio connection keeping ``in_flight`` sends outstanding."""
 
@@ -106,7 +122,7 @@ def halfmoon(seconds: float, work: Path) -> dict[str, float]:
         client = BrokerClient(url, timeout_s=30)
         for size in SIZES:
             body = b"x" * size
-            results[f"sequential {size}B"] = timed(seconds, lambda body=body: (client.send(Message("bench-seq", body)), 1)[1])
+            results[f"sequential {size}B"] = timed(seconds, repeat(functools.partial(_send_one, client, body)))
             queue: mp.Queue = mp.Queue()  # type: ignore[type-arg]
             procs = [mp.Process(target=_inflight_worker, args=(url, body, 128, seconds, queue)) for _ in range(4)]
             start = time.perf_counter()
@@ -189,7 +205,7 @@ def redis_streams(seconds: float, work: Path) -> dict[str, float]:
         r = redis.Redis(port=port)
         for size in SIZES:
             body = b"x" * size
-            results[f"sequential {size}B"] = timed(seconds, lambda body=body: (r.xadd("seq", {"b": body}), 1)[1])
+            results[f"sequential {size}B"] = timed(seconds, repeat(functools.partial(r.xadd, "seq", {"b": body})))
 
             def pipelined(body: bytes = body) -> int:
                 pipe = r.pipeline(transaction=False)
@@ -206,7 +222,7 @@ def redis_streams(seconds: float, work: Path) -> dict[str, float]:
             pipe.execute()
             r.xgroup_create(stream, "g", id="0")
             received, start = 0, time.perf_counter()
-            while entries := r.xreadgroup("g", "c", {stream: ">"}, count=64):
+            while entries := cast(list[Any], r.xreadgroup("g", "c", {stream: ">"}, count=64)):
                 ids = [entry_id for _, items in entries for entry_id, _ in items]
                 r.xack(stream, "g", *ids)
                 received += len(ids)
@@ -235,7 +251,7 @@ def rabbitmq(seconds: float) -> dict[str, float]:
         channel.queue_declare(queue, durable=True)
         channel.queue_purge(queue)
         results[f"sequential {size}B"] = timed(
-            seconds, lambda queue=queue, body=body: (channel.basic_publish("", queue, body, persistent), 1)[1])
+            seconds, repeat(functools.partial(channel.basic_publish, "", queue, body, persistent)))
         channel.queue_purge(queue)
         consumer = connection.channel()
         consumer.basic_qos(prefetch_count=64)
