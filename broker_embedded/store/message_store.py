@@ -83,6 +83,13 @@ class MessageStore:
         self._dispatched_end = self.commitlog.write_offset
         self.recovery_seconds = time.monotonic() - started
         self._stop = threading.Event()
+        self._flush_state = threading.Condition()
+        self._flush_wanted = threading.Condition(self._flush_state._lock)  # type: ignore[attr-defined]
+        self._requested = self._flushed
+        self._flush_error: BrokerClosedError | None = None
+        self._flusher_stop = False
+        self._flusher = threading.Thread(target=self._run_flusher, name="store-flusher", daemon=True)
+        self._flusher.start()
         self._background = threading.Thread(
             target=self._run_background, name="store-flush-checkpoint", daemon=True
         )
@@ -169,6 +176,8 @@ class MessageStore:
         with self._write_lock:
             if self._closed:
                 raise BrokerClosedError("the message store is closed")
+            if self._flush_error is not None:
+                raise self._flush_error
             self._check_free_space()
             stored = self._append_all(records)
             end = self.commitlog.write_offset
@@ -237,17 +246,43 @@ class MessageStore:
         return pending
 
     def _sync_to(self, end: int) -> None:
-        with self._flush_lock:
+        """Wait until an fsync covers commit log offset ``end`` (group commit: the flusher
+        thread fsyncs everything appended so far, for every waiter at once)."""
+        with self._flush_state:
             if self._flushed >= end:
                 return
-            with self._write_lock:
-                target = self.commitlog.write_offset
-                dirty = self.commitlog.take_dirty()
-                pending = self._take_pending()
-            for segment in dirty:
-                os.fsync(segment.fd)
-            self._flushed = target
-            self._dispatch_all(pending)
+            self._requested = max(self._requested, end)
+            self._flush_wanted.notify()
+            while self._flushed < end:
+                if self._flush_error is not None:
+                    raise self._flush_error
+                self._flush_state.wait()
+
+    def _run_flusher(self) -> None:
+        while True:
+            with self._flush_state:
+                while self._requested <= self._flushed and not self._flusher_stop:
+                    self._flush_wanted.wait()
+                if self._requested <= self._flushed:
+                    return
+            try:
+                with self._flush_lock:
+                    with self._write_lock:
+                        target = self.commitlog.write_offset
+                        dirty = self.commitlog.take_dirty()
+                        pending = self._take_pending()
+                    for segment in dirty:
+                        os.fsync(segment.fd)
+                    self._dispatch_all(pending)
+            except OSError as exc:
+                log.exception("fsync of the commit log failed; the store refuses further writes")
+                with self._flush_state:
+                    self._flush_error = BrokerClosedError(f"commit log fsync failed: {exc}")
+                    self._flush_state.notify_all()
+                return
+            with self._flush_state:
+                self._flushed = target
+                self._flush_state.notify_all()
 
     def _dispatch_all(self, records: list[StoredRecord]) -> None:
         for record in records:
@@ -281,9 +316,6 @@ class MessageStore:
         with self._write_lock:
             end = self.commitlog.write_offset
         self._sync_to(end)
-        with self._flush_lock:
-            with self._write_lock:
-                self.commitlog.flush()
 
     def checkpoint(self) -> None:
         """Make consume queues and index durable, then record how far everything is.
@@ -430,16 +462,21 @@ class MessageStore:
     # -- closing --------------------------------------------------------------------------
     def close(self) -> None:
         """Flush, write the checkpoint, release the data directory."""
-        if self._closed:
-            return
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True  # refuse new puts; those already appended are flushed below
         self._stop.set()
         self._background.join(timeout=5)
         try:
             self.checkpoint()
         except StoreFullError:
             log.warning("closing %s without a final checkpoint: disk full", self.data_dir)
+        with self._flush_state:
+            self._flusher_stop = True
+            self._flush_wanted.notify()
+        self._flusher.join(timeout=5)
         with self._flush_lock, self._write_lock:
-            self._closed = True
             self.commitlog.close()
             for queue in self._queues.values():
                 queue.close()

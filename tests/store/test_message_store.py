@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker_embedded.errors import (
+    BrokerClosedError,
     CorruptLogError,
     DataDirLockedError,
     MessageTooLargeError,
@@ -214,6 +215,17 @@ def test_concurrent_sync_puts_share_fsyncs(tmp_path: Path, monkeypatch: pytest.M
             f"{worker}:{n}".encode() for n in range(50)
         ]
     store.close()
+
+
+def test_a_closed_store_refuses_puts_and_closing_twice_is_harmless(tmp_path: Path) -> None:
+    store = MessageStore(tmp_path, SMALL)
+    store.put(record())
+    store.close()
+    store.close()
+    with pytest.raises(BrokerClosedError):
+        store.put(record())
+    with MessageStore(tmp_path, SMALL) as again:  # the lock was released
+        assert again.queue_max_offset("orders", 0) == 1
 
 
 def test_free_space_floor_refuses_writes_and_keeps_the_log_intact(tmp_path: Path) -> None:
