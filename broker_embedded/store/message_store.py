@@ -2,26 +2,36 @@
 
 Data directory layout::
 
-    lock                      held with flock by the open store
+    lock                      held with flock by the open store (DataDirLockedError)
+    store.json                the segment size the directory was created with
     commitlog/<offset:020d>   segment files
     consumequeue/<topic>/<queue_id>
     index/index.log
-    checkpoint                JSON: the commit log offset up to which everything is verified
-                              and durable (commit log, consume queues, index)
+    checkpoint                JSON: ``verified`` (the commit log offset up to which the
+                              log is verified and the consume queues and index are
+                              durable), ``commitlog_flushed``, ``consumequeue_dispatched``,
+                              ``index_dispatched``, ``last_store_ms``, ``written_ms``
 
-Writes: ``put`` appends under one lock. In ``sync`` flush mode it then waits for an fsync
-that covers its record; concurrent callers share fsyncs (group commit: whoever holds the
-flush lock fsyncs everything written so far, and the others find their record covered).
-A record is dispatched to its consume queue and the index only once durable, so a
-consumer can never read a record that a crash could take back. In ``async`` mode a
-background thread fsyncs every ``async_flush_interval_s`` and records are dispatched at
-once.
+Writes: ``put``/``put_batch`` encode, then append under the write lock with one ``pwrite``
+per segment touched (all or nothing: a full disk rolls the batch back). In ``sync`` flush
+mode the caller then waits until the flusher thread's fsync covers its records; the
+flusher fsyncs everything appended so far for all waiters at once (group commit). A record
+is dispatched to its consume queue and the index, and listeners are told, only once
+durable, so a consumer can never read a record that a crash could take back. In ``async``
+mode records are dispatched at once and a background thread fsyncs every
+``async_flush_interval_s``. Consume queue and index files are written at checkpoints
+(every ``checkpoint_interval_s`` and on close); in between they live in memory.
 
-Recovery (on open): records from the checkpoint on are verified; a torn tail in the last
-segment is truncated; consume queue and index entries past the end are dropped and the
-missing ones rebuilt; a deleted ``consumequeue/`` or ``index/`` is rebuilt from offset 0.
-Dispatch listeners are told of records dispatched after the store is open, not of those
-replayed during recovery (the broker core rebuilds its state by reading its system topics).
+Recovery (on open): records from the checkpoint's ``verified`` offset on are verified
+(CRC); a bad record in the last segment with nothing intact after it is a torn tail and is
+truncated; a bad record before intact ones, or in a closed segment, raises
+``CorruptLogError``. Consume queue and index entries past the end are dropped and missing
+ones rebuilt; a deleted ``consumequeue/`` or ``index/`` is rebuilt from the first segment,
+byte-identical.
+
+Dispatch listeners are told of records dispatched after the store is open, never of those
+replayed during recovery: the broker core rebuilds its state with ``scan()`` (or by
+reading its system topics) after opening, then registers its listener.
 """
 
 from __future__ import annotations
