@@ -74,6 +74,8 @@ def test_every_anomaly_kind_is_counted_exactly(spark, tmp_path: Path) -> None:
     assert latency["p50"] is not None and latency["max"] >= latency["p99"] >= latency["p50"]
     assert {t["topic"] for t in summary["per_topic"]} == {"topic0", "topic1", "topic2"}
     assert sum(t["transactions"] for t in summary["timeline"]) == counts["transactions"]
+    # Every committed transaction lands in one commit-latency bucket, except the skewed ones.
+    assert sum(summary["histograms"]["commit_latency_ms"]) == counts["committed"] - counts["clock_skew"]
 
 
 @pytest.mark.spark
