@@ -48,6 +48,7 @@ from .protocol import (
     convert_result,
     decode_frame,
     encode_frame,
+    outcome_from_wire,
     to_wire,
     unwrap_response,
 )
@@ -217,6 +218,12 @@ class AsyncBrokerClient:
 
     async def send(self, message: Message) -> SendResult:
         return await self._call("send", message=message)  # type: ignore[no-any-return]
+
+    async def send_batch(self, messages: list[Message]) -> list[SendResult | BrokerError]:
+        """Send many messages in one request (SEND_BATCH_MESSAGE); per message, in order, its
+        result or the typed error that refused it (the others are still sent)."""
+        items = await self._request(RequestCode.SEND_BATCH_MESSAGE, {"messages": [to_wire(m) for m in messages]})
+        return [outcome_from_wire(item, SendResult) for item in items]
 
     async def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
         return await self._call(  # type: ignore[no-any-return]

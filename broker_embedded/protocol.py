@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from .api import BrokerAPI
-from .errors import MalformedFrameError, error_for_code
+from .errors import BrokerError, MalformedFrameError, error_for_code
 
 LENGTH = struct.Struct(">I")
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -43,6 +43,7 @@ class RequestCode(enum.IntEnum):
     """Request codes; the numbers of RocketMQ's ``RequestCode`` where one exists."""
 
     SEND_MESSAGE = 10
+    SEND_BATCH_MESSAGE = 320
     PULL_MESSAGE = 11
     QUERY_MESSAGE = 12
     UPDATE_AND_CREATE_TOPIC = 17
@@ -185,3 +186,18 @@ def unwrap_response(body: Any) -> Any:
         error_code, message = body["error"]
         raise error_for_code(str(error_code), str(message))
     return body.get("ok")
+
+
+def outcome_to_wire(outcome: Any) -> dict[str, Any]:
+    """One item of a batch answer: ``{"ok": result}`` or ``{"error": [code, message]}``."""
+    if isinstance(outcome, BrokerError):
+        return {"error": [outcome.code, str(outcome)]}
+    return {"ok": to_wire(outcome)}
+
+
+def outcome_from_wire(item: Any, result_type: Any) -> Any:
+    """The result (converted to ``result_type``) or the typed error of a batch answer item."""
+    try:
+        return msgspec.convert(unwrap_response(item), result_type)
+    except BrokerError as exc:
+        return exc

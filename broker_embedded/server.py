@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import msgspec
+
 from .api import BrokerAPI
 from .auth import Authenticator
 from .errors import (
@@ -27,7 +29,7 @@ from .errors import (
     MalformedFrameError,
     UnknownRequestCodeError,
 )
-from .message import CheckRequest
+from .message import CheckRequest, Message
 from .protocol import (
     CODES,
     METHODS,
@@ -38,6 +40,7 @@ from .protocol import (
     convert_arguments,
     decode_frame,
     encode_frame,
+    outcome_to_wire,
     to_wire,
 )
 
@@ -159,11 +162,13 @@ class BrokerServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         #: Cheap calls that arrive together share one executor hop; sends share one fsync.
-        batchers = {"ack": _Batcher(_each(broker.ack), self.executor, self._track)}
         send_batch = getattr(broker, "send_batch", None)
-        if send_batch is not None:
-            batchers["send"] = _Batcher(
-                lambda items: send_batch([a["message"] for a in items]), self.executor, self._track)
+        batchers = {
+            "ack": _Batcher(_each(broker.ack), self.executor, self._track),
+            "send": _Batcher(
+                (lambda items: send_batch([a["message"] for a in items])) if send_batch else _each(broker.send),
+                self.executor, self._track),
+        }
         self._batched: dict[int, tuple[str, _Batcher]] = {
             int(CODES[method]): (method, batcher) for method, batcher in batchers.items()
         }
@@ -273,15 +278,10 @@ class BrokerServer:
 
     def _answer(self, connection: _Connection, code: int, request_id: int, outcome: Any) -> None:
         """Reply with a result, or with the typed error an exception stands for."""
-        if not isinstance(outcome, BaseException):
-            self._reply(connection, code, request_id, outcome)
-        elif isinstance(outcome, BrokerError):
-            self._reply_error(connection, code, request_id, outcome)
-        elif isinstance(outcome, ValueError | TypeError):
-            self._reply_error(connection, code, request_id, InvalidMessageError(str(outcome)))
+        if isinstance(outcome, BaseException):
+            self._reply_error(connection, code, request_id, _typed(outcome))
         else:
-            log.error("request %s failed", code, exc_info=outcome)
-            self._reply_error(connection, code, request_id, BrokerError(f"internal error: {outcome}"))
+            self._reply(connection, code, request_id, outcome)
 
     async def _execute(self, connection: _Connection, code: int, body: Any) -> Any:
         if code == RequestCode.HEART_BEAT:
@@ -296,6 +296,8 @@ class BrokerServer:
             self.broker.unregister_producer(group, connection.push_check)
             connection.producer_callbacks = [p for p in connection.producer_callbacks if p[0] != group]
             return None
+        if code == RequestCode.SEND_BATCH_MESSAGE:
+            return await self._send_batch(body)
         if code == RequestCode.EXPORT_MESSAGES:
             out_dir, fmt = _text(body, "out_dir"), _text(body, "fmt", "parquet")
             log.info("exporting messages as %s to %s", fmt, out_dir)
@@ -309,6 +311,22 @@ class BrokerServer:
             return await self._long_poll(arguments)
         call = functools.partial(getattr(self.broker, method), **arguments)
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
+    async def _send_batch(self, body: Any) -> list[dict[str, Any]]:
+        """SEND_BATCH_MESSAGE: every message joins the send batcher (and its fsync); the
+        answer has one outcome per message, in order."""
+        raw = body.get("messages") if isinstance(body, dict) else None
+        try:
+            messages = msgspec.convert(raw, list[Message])
+        except msgspec.ValidationError as exc:
+            raise MalformedFrameError(f"SEND_BATCH_MESSAGE: {exc}") from None
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in messages]
+        _, sends = self._batched[int(RequestCode.SEND_MESSAGE)]
+        for message, future in zip(messages, futures, strict=True):
+            sends.submit({"message": message}, future.set_result)
+        outcomes = await asyncio.gather(*futures)
+        return [outcome_to_wire(_typed(o) if isinstance(o, BaseException) else o) for o in outcomes]
 
     async def _long_poll(self, arguments: dict[str, Any]) -> Any:
         """A receive, its wait cut into slices so that a stopping server answers it at once
@@ -342,6 +360,16 @@ class BrokerServer:
         connection.authenticated = True
         self._reply(connection, code, request_id, None)
         return True
+
+
+def _typed(error: BaseException) -> BrokerError:
+    """The typed error to answer with: bad values are the caller's, anything else is ours."""
+    if isinstance(error, BrokerError):
+        return error
+    if isinstance(error, ValueError | TypeError):
+        return InvalidMessageError(str(error))
+    log.error("a request failed", exc_info=error)
+    return BrokerError(f"internal error: {error}")
 
 
 def _text(body: Any, name: str, default: str | None = None) -> str:

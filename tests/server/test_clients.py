@@ -18,6 +18,7 @@ from broker_embedded import (
     Message,
     ReceivedMessage,
     Resolution,
+    SendResult,
     TransactionState,
     connect,
 )
@@ -25,9 +26,12 @@ from broker_embedded.errors import (
     AuthenticationError,
     BrokerClosedError,
     BrokerUnavailableError,
+    MalformedFrameError,
     RequestTimeoutError,
+    ReservedTopicError,
     UnknownTransactionError,
 )
+from broker_embedded.protocol import RequestCode
 
 FAST = BrokerConfig(transaction_timeout_s=0.2, check_interval_s=0.2, check_max=1,
                     max_delivery_attempts=1, retry_backoff_s=(0.0,))
@@ -241,3 +245,25 @@ def test_connect_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("http://x", "tcp://nohost", "redis://localhost:6379"):
         with pytest.raises(ValueError):
             connect(bad)
+
+
+def test_send_batch_answers_each_message(thread_server) -> None:
+    server = thread_server()
+    batch = [Message("orders", b"a"), Message("RMQ_SYS_TRANS_HALF_TOPIC", b"refused"), Message("orders", b"c")]
+    with BrokerClient(server.url) as client:
+        first, refused, third = client.send_batch(batch)
+        assert isinstance(first, SendResult) and isinstance(third, SendResult)
+        assert isinstance(refused, ReservedTopicError)
+        assert client.query_by_id(third.message_id) is not None
+        assert client.send_batch([]) == []
+        with pytest.raises(MalformedFrameError):
+            client._request(RequestCode.SEND_BATCH_MESSAGE, {"messages": ["nonsense"]})
+
+    async def scenario() -> None:
+        async with AsyncBrokerClient(server.url) as client:
+            outcomes = await client.send_batch([Message("orders", str(n).encode()) for n in range(100)])
+            assert len({o.commit_log_offset for o in outcomes if isinstance(o, SendResult)}) == 100
+
+    asyncio.run(scenario())
+    with BrokerClient(server.url) as client:
+        assert sum(client.stats().topics[0].depth) == 102
