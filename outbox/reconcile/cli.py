@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from .classify import FLAGS
+from .inputs import export_files
 from .job import ReconcileInputs, ReconcileOptions, reconcile
 from .session import build_session
 
@@ -88,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         conf = _pairs(args.conf, "--conf")
         thresholds = _thresholds(args)
         since_ms, until_ms = _epoch_ms(args.since), _epoch_ms(args.until)
-    except ValueError as exc:
+        export_files(args.broker_export)
+    except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     spark = build_session(args.master, conf)

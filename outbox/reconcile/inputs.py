@@ -99,16 +99,28 @@ def union_tables(spark: SparkSession, urls: list[str], table: str, partitions: i
     return result
 
 
+def export_files(export_dir: str | Path) -> dict[str, Path]:
+    """The export's ``messages`` and ``deliveries`` files (Parquet preferred, else JSON lines).
+
+    Raises ``FileNotFoundError`` naming what is missing, before any Spark work starts.
+    """
+    folder = Path(export_dir)
+    files = {}
+    for name in ("messages", "deliveries"):
+        candidates = [folder / f"{name}.parquet", folder / f"{name}.jsonl"]
+        found = next((path for path in candidates if path.exists()), None)
+        if found is None:
+            raise FileNotFoundError(f"no {name}.parquet or {name}.jsonl in {folder}")
+        files[name] = found
+    return files
+
+
 def read_export(spark: SparkSession, export_dir: str | Path) -> tuple[DataFrame, DataFrame]:
     """``messages`` and ``deliveries`` from the broker's export directory."""
-    folder = Path(export_dir)
     tables = []
-    for name in ("messages", "deliveries"):
-        parquet, jsonl = folder / f"{name}.parquet", folder / f"{name}.jsonl"
-        if parquet.exists():
-            tables.append(spark.read.parquet(str(parquet)))
-        elif jsonl.exists():
-            tables.append(spark.read.schema(EXPORT_SCHEMAS[name]).json(str(jsonl)))
+    for name, path in export_files(export_dir).items():
+        if path.suffix == ".parquet":
+            tables.append(spark.read.parquet(str(path)))
         else:
-            raise FileNotFoundError(f"no {name}.parquet or {name}.jsonl in {folder}")
+            tables.append(spark.read.schema(EXPORT_SCHEMAS[name]).json(str(path)))
     return tables[0], tables[1]

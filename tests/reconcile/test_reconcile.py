@@ -79,6 +79,14 @@ def test_every_anomaly_kind_is_counted_exactly(spark, tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
+def test_empty_inputs_give_an_empty_passing_report(spark, tmp_path: Path) -> None:
+    _, inputs = _dataset(tmp_path, n=0, each=0)
+    result = reconcile(spark, inputs, ReconcileOptions(str(tmp_path / "out"), now_ms=NOW))
+    assert result.passed and result.summary["counts"]["transactions"] == 0
+    assert "<svg" in (tmp_path / "out" / "report.html").read_text()
+
+
+@pytest.mark.spark
 def test_a_clean_jsonl_export_passes_and_the_window_filters(spark, tmp_path: Path) -> None:
     _, inputs = _dataset(tmp_path, n=100, each=0, fmt="jsonl")
     assert (tmp_path / "export" / "messages.jsonl").exists()
@@ -141,7 +149,8 @@ def test_cli_catches_a_tampered_copy_and_the_report_renders(spark, tmp_path: Pat
 
 
 def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
-    for extra in (["--threshold", "nonsense=1"], ["--since", "yesterday"], ["--conf", "novalue"]):
+    # The export directory is empty: that alone is an error, found before Spark starts.
+    for extra in ([], ["--threshold", "nonsense=1"], ["--since", "yesterday"], ["--conf", "novalue"]):
         run = subprocess.run(
             [sys.executable, "-m", "outbox.reconcile", "--producer-db", "sqlite://", "--broker-export",
              str(tmp_path), "--out", str(tmp_path / "out"), *extra],
