@@ -9,7 +9,8 @@ Workloads, for 256 B and 1 KiB bodies:
 
 * sequential: one connection, one send at a time, each waiting for its ack;
 * in flight: several client processes, many concurrent sends each (ours: 4 processes x
-  128 sends in flight on one asyncio connection; Redis: pipelines of 100);
+  128 sends in flight on one asyncio connection; Redis: pipelines of 100); ours also with
+  SEND_BATCH_MESSAGE (4 processes x 4 batches of 64 in flight);
 * receive+ack: drain a pre-filled queue, acking every message (ours: batches of 256 with
   per-message acks pipelined on one asyncio connection; Redis: batches of 64, one
   multi-id XACK per batch; RabbitMQ: prefetch 64, basic_ack, which does not wait);
@@ -80,8 +81,10 @@ def _send_one(client: BrokerClient, body: bytes) -> None:
     client.send(Message("bench-seq", body))
 
 
-def _inflight_worker(url: str, body: bytes, in_flight: int, seconds: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    """One process, one pipelined asyncio connection keeping ``in_flight`` sends outstanding."""
+def _inflight_worker(url: str, body: bytes, in_flight: int, batch: int, seconds: float,
+                     out: mp.Queue) -> None:  # type: ignore[type-arg]
+    """One process, one pipelined asyncio connection keeping ``in_flight`` requests
+    outstanding, each a send or (``batch`` > 1) a SEND_BATCH_MESSAGE of ``batch`` messages."""
 
     async def run() -> int:
         async with AsyncBrokerClient(url, timeout_s=30) as client:
@@ -90,8 +93,11 @@ def _inflight_worker(url: str, body: bytes, in_flight: int, seconds: float, out:
             async def sender() -> int:
                 sent = 0
                 while time.perf_counter() < stop:
-                    await client.send(Message("bench-inflight", body))
-                    sent += 1
+                    if batch == 1:
+                        await client.send(Message("bench-inflight", body))
+                    else:
+                        await client.send_batch([Message("bench-inflight", body) for _ in range(batch)])
+                    sent += batch
                 return sent
 
             return sum(await asyncio.gather(*(sender() for _ in range(in_flight))))
@@ -123,15 +129,17 @@ def halfmoon(seconds: float, work: Path) -> dict[str, float]:
         for size in SIZES:
             body = b"x" * size
             results[f"sequential {size}B"] = timed(seconds, repeat(functools.partial(_send_one, client, body)))
-            queue: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-            procs = [mp.Process(target=_inflight_worker, args=(url, body, 128, seconds, queue)) for _ in range(4)]
-            start = time.perf_counter()
-            for p in procs:
-                p.start()
-            total = sum(queue.get() for _ in procs)
-            for p in procs:
-                p.join()
-            results[f"in flight {size}B"] = total / (time.perf_counter() - start)
+            for label, in_flight, batch in (("in flight", 128, 1), ("in flight, batches of 64", 4, 64)):
+                queue: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+                procs = [mp.Process(target=_inflight_worker, args=(url, body, in_flight, batch, seconds, queue))
+                         for _ in range(4)]
+                start = time.perf_counter()
+                for p in procs:
+                    p.start()
+                total = sum(queue.get() for _ in procs)
+                for p in procs:
+                    p.join()
+                results[f"{label} {size}B"] = total / (time.perf_counter() - start)
             topic = f"bench-drain-{size}"
             client.create_topic(topic, 4)
             prefill = 20_000
