@@ -19,6 +19,7 @@ from pathlib import Path
 
 ENTRY = struct.Struct(">QIQ")
 ENTRY_SIZE = ENTRY.size  # 20
+_LOAD_CHUNK = 65536  # entries unpacked per struct call when a queue file is opened
 
 
 def tag_hash(tag: str) -> int:
@@ -40,10 +41,12 @@ class ConsumeQueue:
         self.offsets = array("q")
         self.sizes = array("i")
         self.tags = array("Q")
-        for commit_offset, size, tag in ENTRY.iter_unpack(raw[:whole]):
-            self.offsets.append(commit_offset)
-            self.sizes.append(size)
-            self.tags.append(tag)
+        for start in range(0, whole, _LOAD_CHUNK * ENTRY_SIZE):
+            chunk = raw[start : min(whole, start + _LOAD_CHUNK * ENTRY_SIZE)]
+            fields = struct.unpack(">" + ENTRY.format[1:] * (len(chunk) // ENTRY_SIZE), chunk)
+            self.offsets.extend(fields[0::3])
+            self.sizes.extend(fields[1::3])
+            self.tags.extend(fields[2::3])
         self.persisted = len(self.offsets)
         self.min_offset = 0
 

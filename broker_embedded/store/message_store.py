@@ -86,9 +86,13 @@ class MessageStore:
         self._closed = False
         self._last_store_ms = 0
         started = time.monotonic()
-        self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
-        self.index = MessageIndex(self.data_dir / "index" / "index.log")
-        self._recover()
+        try:
+            self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
+            self.index = MessageIndex(self.data_dir / "index" / "index.log")
+            self._recover()
+        except BaseException:
+            os.close(self._lock_file)  # a failed open (e.g. CorruptLogError) frees the directory
+            raise
         self._flushed = self.commitlog.write_offset
         self._dispatched_end = self.commitlog.write_offset
         self.recovery_seconds = time.monotonic() - started
@@ -158,6 +162,7 @@ class MessageStore:
             queue.truncate_beyond(end)
             queue.drop_below(self.commitlog.min_offset)
         self.index.drop_beyond(end)
+        self.index.start_loading()
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)
@@ -431,10 +436,10 @@ class MessageStore:
         return low
 
     def lookup_message_id(self, message_id: str) -> list[int]:
-        return list(self.index.by_id.get(message_id, ()))
+        return self.index.lookup_id(message_id)
 
     def lookup_key(self, topic: str, key: str) -> list[int]:
-        return list(self.index.by_key.get((topic, key), ()))
+        return self.index.lookup_key(topic, key)
 
     def scan(self, from_commit_log_offset: int = 0) -> Iterator[StoredRecord]:
         """Every durable record from an offset, in commit log order."""

@@ -46,9 +46,10 @@ def test_put_then_read_back_by_queue_offset_and_commit_offset(tmp_path: Path) ->
 def test_records_roll_over_segments_and_survive_restart(tmp_path: Path) -> None:
     with MessageStore(tmp_path, SMALL) as store:
         for n in range(100):
-            store.put(record(queue_id=n % 3, body=f"body-{n}".encode() * 10))
+            store.put(record(queue_id=n % 3, body=f"body-{n}".encode() * 10, UNIQ_KEY=f"id{n}"))
     assert len(list((tmp_path / "commitlog").iterdir())) >= 3
     with MessageStore(tmp_path, SMALL) as store:
+        assert store.get(store.lookup_message_id("id42")[0]).body == b"body-42" * 10
         bodies = sorted(r.body for q in range(3) for r in store.read_queue("orders", q, 0, 1000))
         assert bodies == sorted(f"body-{n}".encode() * 10 for n in range(100))
         assert store.put(record(queue_id=0)).queue_offset == 34
@@ -131,6 +132,8 @@ def test_corruption_in_a_closed_segment_is_an_error(tmp_path: Path) -> None:
         f.seek(stored[1].commit_log_offset + 40)
         f.write(b"\xff\xff\xff")
     with pytest.raises(CorruptLogError, match=f"offset {stored[1].commit_log_offset} .*closed segment"):
+        MessageStore(tmp_path, SMALL)
+    with pytest.raises(CorruptLogError):  # refused again, not DataDirLockedError
         MessageStore(tmp_path, SMALL)
 
 
