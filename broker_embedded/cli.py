@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _check_arguments(parser, args)
     try:
         return serve(args) if args.command == "serve" else admin(args)
-    except (BrokerError, ValueError) as exc:
+    except (BrokerError, ValueError, OSError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 

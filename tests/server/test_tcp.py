@@ -196,6 +196,19 @@ def test_cli_admin_commands(server_factory, tmp_path) -> None:
     assert down.returncode == 2 and "BrokerUnavailableError" in down.stderr
 
 
+def test_serve_reports_a_locked_data_dir_and_a_busy_port(server_factory, tmp_path) -> None:
+    server = server_factory()
+
+    def serve(data_dir: str, port: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "broker_embedded", "serve", "--data-dir", data_dir,
+                               "--port", str(port)], capture_output=True, text=True, timeout=60)
+
+    locked = serve(str(server.data_dir), 0)
+    assert locked.returncode == 2 and "DataDirLockedError" in locked.stderr
+    busy = serve(str(tmp_path / "other"), server.port)
+    assert busy.returncode == 2 and "address already in use" in busy.stderr.lower()
+
+
 CLIENT_LOAD = r"""
 import sys
 from broker_embedded import BrokerClient, Message
