@@ -436,10 +436,12 @@ class MessageStore:
         return low
 
     def lookup_message_id(self, message_id: str) -> list[int]:
-        return self.index.lookup_id(message_id)
+        first = self.commitlog.min_offset
+        return [offset for offset in self.index.lookup_id(message_id) if offset >= first]
 
     def lookup_key(self, topic: str, key: str) -> list[int]:
-        return self.index.lookup_key(topic, key)
+        first = self.commitlog.min_offset
+        return [offset for offset in self.index.lookup_key(topic, key) if offset >= first]
 
     def scan(self, from_commit_log_offset: int = 0) -> Iterator[StoredRecord]:
         """Every durable record from an offset, in commit log order."""

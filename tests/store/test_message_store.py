@@ -244,7 +244,7 @@ def test_free_space_floor_refuses_writes_and_keeps_the_log_intact(tmp_path: Path
 
 def test_retention_deletes_old_segments_below_the_guard_only(tmp_path: Path) -> None:
     with MessageStore(tmp_path, SMALL) as store:
-        stored = [store.put(record()) for _ in range(100)]
+        stored = [store.put(record(UNIQ_KEY=f"id{n}", KEYS="same")) for n in range(100)]
         guard = stored[50].commit_log_offset
         store.set_retention_guard(lambda: guard)
         assert store.delete_expired_segments(now_ms=0) == 0  # nothing is old yet
@@ -256,6 +256,8 @@ def test_retention_deletes_old_segments_below_the_guard_only(tmp_path: Path) -> 
         remaining = store.read_queue("orders", 0, 0, 1000)
         assert remaining[0].queue_offset == low > 0
         assert remaining[-1].queue_offset == 99
+        assert store.lookup_message_id("id0") == []  # deleted records are not found
+        assert store.lookup_key("orders", "same") == [r.commit_log_offset for r in remaining]
         store.set_retention_guard(lambda: None)
     with MessageStore(tmp_path, SMALL) as store:
         assert store.queue_min_offset("orders", 0) == low
