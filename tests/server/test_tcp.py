@@ -290,3 +290,37 @@ def test_sigterm_answers_a_long_poll_and_keeps_acknowledged_sends(server_factory
     server.start()
     with BrokerClient(server.url) as again:
         assert all(again.query_by_id(message_id) is not None for message_id in sent)
+
+
+CHECKER_MODULE = '''
+import threading
+from broker_embedded import Resolution
+
+class CommitEverything:
+    """Answers every check-back with COMMIT, from its own thread (request_check must not block)."""
+
+    def __init__(self, broker):
+        self.broker = broker
+
+    def request_check(self, request):
+        threading.Thread(target=self.broker.end_transaction, args=(request.transaction_id, Resolution.COMMIT),
+                         kwargs={"producer_group": request.producer_group, "from_check": True}).start()
+        return True
+
+def factory(broker):
+    return CommitEverything(broker)
+'''
+
+
+def test_serve_plugs_in_a_checker_factory(server_factory, tmp_path, monkeypatch) -> None:
+    (tmp_path / "halfmoon_test_checker.py").write_text(CHECKER_MODULE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    server = server_factory("--checker", "halfmoon_test_checker:factory",
+                            "--transaction-timeout", "0.2", "--check-interval", "0.2")
+    with BrokerClient(server.url) as client:  # no producer registered: only the checker can answer
+        client.send_half(Message("orders", b"checked"), producer_group="pg", transaction_id="t-c")
+        deadline = time.monotonic() + 30
+        while client.transaction_state("t-c") is not TransactionState.COMMITTED:
+            assert time.monotonic() < deadline, "the plugged-in checker never answered"
+            time.sleep(0.05)
+        assert [r.message.body for r in client.receive("g", "orders", wait_s=5)] == [b"checked"]
