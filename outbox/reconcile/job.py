@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from .classify import ANOMALIES, FLAGS, classify, sanity
@@ -63,25 +63,38 @@ class _Progress:
         print(f"[reconcile {time.monotonic() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def _percentiles(frame: DataFrame, by: str | None = None) -> list[dict[str, Any]]:
-    aggregates = []
+def _latency(row: Row) -> dict[str, Any]:
+    entry: dict[str, Any] = {"transactions": int(row["committed_n"] or 0)}
     for hop in HOPS:
-        aggregates += [
-            F.percentile_approx(hop, [0.5, 0.9, 0.99], 1000).alias(f"{hop}_p"),
-            F.max(hop).alias(f"{hop}_max"),
-        ]
-    grouped = frame.groupBy(by) if by else frame.groupBy()
-    rows = grouped.agg(F.count(F.lit(1)).alias("transactions"), *aggregates).collect()
-    result = []
-    for row in rows:
-        entry: dict[str, Any] = {"transactions": row["transactions"]}
-        if by:
-            entry[by] = str(row[by])
-        for hop in HOPS:
-            p = row[f"{hop}_p"] or [None, None, None]
-            entry[hop] = {"p50": p[0], "p90": p[1], "p99": p[2], "max": row[f"{hop}_max"]}
-        result.append(entry)
-    return sorted(result, key=lambda e: str(e.get(by or "", "")))
+        p = row[f"{hop}_p"] or [None, None, None]
+        entry[hop] = {"p50": p[0], "p90": p[1], "p99": p[2], "max": row[f"{hop}_max"]}
+    return entry
+
+
+def _breakdowns(classified: DataFrame) -> dict[str, Any]:
+    """Latency percentiles (committed transactions) and anomaly counts overall, per topic
+    and per hour, as one aggregation over grouping sets: one pass over the data."""
+    committed = F.col("committed")
+    aggregates = [F.grouping("topic").alias("all_topics"), F.grouping("hour").alias("all_hours"),
+                  F.count(F.lit(1)).alias("transactions"), F.sum(committed.cast("int")).alias("committed_n")]
+    for hop in HOPS:
+        value = F.when(committed, F.col(hop))
+        aggregates += [F.percentile_approx(value, [0.5, 0.9, 0.99], 1000).alias(f"{hop}_p"),
+                       F.max(value).alias(f"{hop}_max")]
+    aggregates += [F.sum(F.col(a).cast("int")).alias(a) for a in ANOMALIES]
+    rows = classified.groupingSets([[], ["topic"], ["hour"]], "topic", "hour").agg(*aggregates).collect()
+    overall = [r for r in rows if r["all_topics"] and r["all_hours"]]
+    topics = sorted((r for r in rows if not r["all_topics"]), key=lambda r: str(r["topic"]))
+    hours = sorted((r for r in rows if not r["all_hours"]), key=lambda r: str(r["hour"]))
+    return {
+        "latency_ms": _latency(overall[0]) if overall else {},
+        "per_topic": [{"topic": str(r["topic"]), **_latency(r)} for r in topics if r["committed_n"]],
+        "per_hour": [{"hour": str(r["hour"]), **_latency(r)} for r in hours if r["committed_n"]],
+        "per_topic_counts": [{"topic": r["topic"], "transactions": r["transactions"],
+                              **{a: int(r[a] or 0) for a in ANOMALIES}} for r in topics],
+        "timeline": [{"hour": str(r["hour"]), "transactions": r["transactions"],
+                      "anomalies": sum(int(r[a] or 0) for a in ANOMALIES)} for r in hours],
+    }
 
 
 def _histograms(frame: DataFrame) -> dict[str, list[int]]:
@@ -127,22 +140,7 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
     counts = {k: int(v or 0) for k, v in counts_row.asDict().items()}
     total = max(counts["transactions"], 1)
     progress(f"{counts['transactions']} transactions classified; computing latencies")
-    latency = _percentiles(classified.where(F.col("committed")))
-    per_topic = _percentiles(classified.where(F.col("committed")), "topic")
-    per_hour = _percentiles(classified.where(F.col("committed")), "hour")
-    topic_counts = [
-        row.asDict() for row in classified.groupBy("topic").agg(
-            F.count(F.lit(1)).alias("transactions"),
-            *[F.sum(F.col(a).cast("int")).alias(a) for a in ANOMALIES],
-        ).orderBy("topic").collect()
-    ]
-    timeline = [
-        {"hour": str(row["hour"]), "transactions": row["transactions"], "anomalies": row["anomalies"]}
-        for row in classified.groupBy("hour").agg(
-            F.count(F.lit(1)).alias("transactions"),
-            F.sum(sum((F.col(a).cast("int") for a in ANOMALIES), F.lit(0))).alias("anomalies"),
-        ).orderBy("hour").collect()
-    ]
+    breakdowns = _breakdowns(classified)
     progress("latency histograms")
     histograms = _histograms(classified.where(F.col("committed")))
     progress("writing anomalies")
@@ -164,11 +162,7 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
         "thresholds": options.thresholds,
         "breached": breached,
         "passed": not breached,
-        "latency_ms": latency[0] if latency else {},
-        "per_topic": per_topic,
-        "per_topic_counts": topic_counts,
-        "per_hour": per_hour,
-        "timeline": timeline,
+        **breakdowns,
         "histogram_buckets_ms": list(BUCKETS_MS),
         "histograms": histograms,
         "sanity": checks,
