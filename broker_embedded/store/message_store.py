@@ -14,8 +14,8 @@ Data directory layout::
 
 Writes: ``put``/``put_batch`` encode, then append under the write lock with one ``pwrite``
 per segment touched (all or nothing: a full disk rolls the batch back). In ``sync`` flush
-mode the caller then waits until the flusher thread's fsync covers its records; the
-flusher fsyncs everything appended so far for all waiters at once (group commit). A record
+mode the caller then waits until an fsync covers its records: the first waiter fsyncs
+everything appended so far while later ones queue behind it (group commit). A record
 is dispatched to its consume queue and the index, and listeners are told, only once
 durable, so a consumer can never read a record that a crash could take back. In ``async``
 mode records are dispatched at once and a background thread fsyncs every
@@ -98,12 +98,8 @@ class MessageStore:
         self.recovery_seconds = time.monotonic() - started
         self._stop = threading.Event()
         self._flush_state = threading.Condition()
-        self._flush_wanted = threading.Condition(self._flush_state._lock)  # type: ignore[attr-defined]
-        self._requested = self._flushed
+        self._flushing = False
         self._flush_error: BrokerClosedError | None = None
-        self._flusher_stop = False
-        self._flusher = threading.Thread(target=self._run_flusher, name="store-flusher", daemon=True)
-        self._flusher.start()
         self._background = threading.Thread(
             target=self._run_background, name="store-flush-checkpoint", daemon=True
         )
@@ -261,42 +257,42 @@ class MessageStore:
         return pending
 
     def _sync_to(self, end: int) -> None:
-        """Wait until an fsync covers commit log offset ``end`` (group commit: the flusher
-        thread fsyncs everything appended so far, for every waiter at once)."""
+        """Return once an fsync covers commit log offset ``end``.
+
+        Group commit, leader and followers: the first caller to find no fsync under way
+        fsyncs everything appended so far; callers arriving meanwhile append theirs and
+        wait, and the next leader's fsync covers all of them at once. A lone putter pays
+        no thread handoff.
+        """
         with self._flush_state:
-            if self._flushed >= end:
-                return
-            self._requested = max(self._requested, end)
-            self._flush_wanted.notify()
             while self._flushed < end:
                 if self._flush_error is not None:
                     raise self._flush_error
+                if not self._flushing:
+                    self._flushing = True
+                    break
                 self._flush_state.wait()
-
-    def _run_flusher(self) -> None:
-        while True:
-            with self._flush_state:
-                while self._requested <= self._flushed and not self._flusher_stop:
-                    self._flush_wanted.wait()
-                if self._requested <= self._flushed:
-                    return
-            try:
-                with self._flush_lock:
-                    with self._write_lock:
-                        target = self.commitlog.write_offset
-                        dirty = self.commitlog.take_dirty()
-                        pending = self._take_pending()
-                    for segment in dirty:
-                        os.fsync(segment.fd)
-                    self._dispatch_all(pending)
-            except OSError as exc:
-                log.exception("fsync of the commit log failed; the store refuses further writes")
-                with self._flush_state:
-                    self._flush_error = BrokerClosedError(f"commit log fsync failed: {exc}")
-                    self._flush_state.notify_all()
+            else:
                 return
+        target = self._flushed
+        try:
+            with self._flush_lock:
+                with self._write_lock:
+                    target = self.commitlog.write_offset
+                    dirty = self.commitlog.take_dirty()
+                    pending = self._take_pending()
+                for segment in dirty:
+                    os.fsync(segment.fd)
+                self._dispatch_all(pending)
+        except OSError as exc:
+            log.exception("fsync of the commit log failed; the store refuses further writes")
             with self._flush_state:
-                self._flushed = target
+                self._flush_error = BrokerClosedError(f"commit log fsync failed: {exc}")
+            raise self._flush_error from exc
+        finally:
+            with self._flush_state:
+                self._flushed = max(self._flushed, target) if self._flush_error is None else self._flushed
+                self._flushing = False
                 self._flush_state.notify_all()
 
     def _dispatch_all(self, records: list[StoredRecord]) -> None:
@@ -489,10 +485,6 @@ class MessageStore:
             self.checkpoint()
         except StoreFullError:
             log.warning("closing %s without a final checkpoint: disk full", self.data_dir)
-        with self._flush_state:
-            self._flusher_stop = True
-            self._flush_wanted.notify()
-        self._flusher.join(timeout=5)
         with self._flush_lock, self._write_lock:
             self.commitlog.close()
             for queue in self._queues.values():
