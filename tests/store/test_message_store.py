@@ -220,6 +220,36 @@ def test_concurrent_sync_puts_share_fsyncs(tmp_path: Path, monkeypatch: pytest.M
     store.close()
 
 
+def test_listeners_hear_each_durable_record_once_in_order_and_not_on_reopen(tmp_path: Path) -> None:
+    heard: list[tuple[int, int]] = []
+    with MessageStore(tmp_path, SMALL) as store:
+        store.add_dispatch_listener(lambda r: heard.append((r.commit_log_offset, r.queue_offset)))
+        stored = [store.put(record(body=f"{n}".encode() * 200)) for n in range(10)]
+        stored += store.put_batch([record(queue_id=1) for _ in range(5)])
+        assert heard == [(r.commit_log_offset, r.queue_offset) for r in stored]
+    replayed: list[int] = []
+    with MessageStore(tmp_path, SMALL) as store:
+        store.add_dispatch_listener(lambda r: replayed.append(r.commit_log_offset))
+        assert [r.commit_log_offset for r in store.scan()] == [r.commit_log_offset for r in stored]
+        later = store.put(record())
+    assert replayed == [later.commit_log_offset]
+
+
+def test_async_mode_reads_at_once_and_survives_a_clean_close(tmp_path: Path) -> None:
+    config = StoreConfig(segment_size=4096, flush_mode="async", async_flush_interval_s=0.05)
+    with MessageStore(tmp_path, config) as store:
+        stored = [store.put(record(body=f"a{n}".encode())) for n in range(50)]
+        assert store.read_queue("orders", 0, 49, 5)[0].body == b"a49"
+        store.flush()
+    with MessageStore(tmp_path, config) as store:
+        assert [r.body for r in store.read_queue("orders", 0, 0, 100)] == [r.body for r in stored]
+        moment = stored[20].store_timestamp_ms
+        first = store.offset_for_timestamp("orders", 0, moment)
+        assert stored[first].store_timestamp_ms == moment
+        assert first == 0 or stored[first - 1].store_timestamp_ms < moment
+        assert store.offset_for_timestamp("orders", 0, stored[-1].store_timestamp_ms + 1) == 50
+
+
 def test_a_closed_store_refuses_puts_and_closing_twice_is_harmless(tmp_path: Path) -> None:
     store = MessageStore(tmp_path, SMALL)
     store.put(record())
