@@ -26,6 +26,8 @@ from pyspark.sql import functions as F
 
 FLAGS = ("committed", "rolled_back", "half_pending", "parked", "phantom", "lost",
          "duplicate_delivery", "duplicate_effect")
+#: What a threshold can gate on (a count of transactions with that flag).
+GATES = (*FLAGS, "clock_skew")
 ANOMALIES = ("phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked", "clock_skew")
 KNOWN_LOCAL_STATES = ("COMMITTED", "ROLLED_BACK")
 KNOWN_BROKER_STATES = ("normal", "half", "committed", "rolled_back", "parked")

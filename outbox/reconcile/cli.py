@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from .classify import FLAGS
+from .classify import GATES
 from .inputs import export_files
 from .job import ReconcileInputs, ReconcileOptions, reconcile
 from .session import build_session
@@ -35,9 +35,6 @@ def _epoch_ms(value: str | None) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
-THRESHOLD_NAMES = (*FLAGS, "clock_skew")
-
-
 def _pairs(items: list[str], option: str) -> dict[str, str]:
     pairs = {}
     for item in items:
@@ -51,8 +48,8 @@ def _pairs(items: list[str], option: str) -> dict[str, str]:
 def _thresholds(args: argparse.Namespace) -> dict[str, int]:
     thresholds = {"lost": args.max_lost, "phantom": args.max_phantom, "duplicate_effect": args.max_duplicate_effect}
     for name, value in _pairs(args.threshold, "--threshold").items():
-        if name not in THRESHOLD_NAMES:
-            raise ValueError(f"unknown threshold {name!r}; known: {', '.join(THRESHOLD_NAMES)}")
+        if name not in GATES:
+            raise ValueError(f"unknown threshold {name!r}; known: {', '.join(GATES)}")
         if not value.isdigit():
             raise ValueError(f"threshold {name} needs a count, got {value!r}")
         thresholds[name] = int(value)
@@ -72,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-phantom", type=int, default=0)
     parser.add_argument("--max-duplicate-effect", type=int, default=0)
     parser.add_argument("--threshold", action="append", default=[], metavar="NAME=N",
-                        help=f"fail when more than N transactions are NAME ({', '.join(THRESHOLD_NAMES)})")
+                        help=f"fail when more than N transactions are NAME ({', '.join(GATES)})")
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
     parser.add_argument("--jdbc-partitions", type=int, default=4)

@@ -12,7 +12,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from .classify import ANOMALIES, FLAGS, classify, sanity
+from .classify import ANOMALIES, GATES, classify, sanity
 from .inputs import CONSUMED_MESSAGE, TRANSACTION_LOG, read_export, union_tables
 from .report import write_html
 
@@ -42,6 +42,13 @@ class ReconcileOptions:
     now_ms: int | None = None
     thresholds: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
     jdbc_partitions: int = 4
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.thresholds) - set(GATES))
+        if unknown:
+            raise ValueError(f"unknown thresholds {unknown}; known: {', '.join(GATES)}")
+        if self.grace_s < 0 or any(limit < 0 for limit in self.thresholds.values()):
+            raise ValueError("grace period and thresholds must not be negative")
 
 
 @dataclass
@@ -133,7 +140,7 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
     classified = classified.cache()
     counts_row = classified.agg(
         F.count(F.lit(1)).alias("transactions"),
-        *[F.sum(F.col(flag).cast("int")).alias(flag) for flag in (*FLAGS, "clock_skew")],
+        *[F.sum(F.col(flag).cast("int")).alias(flag) for flag in GATES],
         F.sum("delivered").alias("deliveries"),
         F.sum("consumed").alias("consumptions"),
     ).collect()[0]
@@ -157,7 +164,7 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
         "inputs": asdict(inputs),
         "window": {"since_ms": options.since_ms, "until_ms": options.until_ms, "grace_s": options.grace_s},
         "counts": counts,
-        "rates": {flag: counts[flag] / total for flag in (*FLAGS, "clock_skew")},
+        "rates": {flag: counts[flag] / total for flag in GATES},
         "anomalies": anomaly_counts,
         "thresholds": options.thresholds,
         "breached": breached,

@@ -219,3 +219,11 @@ def png_colour_count(png: bytes) -> int:
         previous = line
         row_start += 1 + stride
     return len(colours)
+
+
+def test_options_reject_unknown_or_negative_thresholds(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown thresholds"):
+        ReconcileOptions(str(tmp_path), thresholds={"lots": 0})
+    with pytest.raises(ValueError, match="negative"):
+        ReconcileOptions(str(tmp_path), thresholds={"lost": -1})
+    assert ReconcileOptions(str(tmp_path), thresholds={"parked": 5}).thresholds == {"parked": 5}
