@@ -163,7 +163,8 @@ class EmbeddedBroker:
         for record in self.read_all(OP_HALF_TOPIC, 0, op_from):
             self.book.apply(decode_op(record.body))
         for tx in list(self.book.unresolved()):
-            if self._commit_already_written(tx):
+            first = tx.halves[0]
+            if self._copied_later(first, (first.properties[codec.REAL_TOPIC], SCHEDULE_TOPIC)):
                 log.info("transaction %s was committed before a crash; recording it", tx.transaction_id)
                 self._apply_op(Op(tx.transaction_id, OP_COMMIT, tx.check_times, now_ms()))
         events_from = self._restore_consumer_snapshot()
@@ -174,7 +175,7 @@ class EmbeddedBroker:
         )
         for queue_id in range(self.store.queues().get(SCHEDULE_TOPIC, 0)):
             for record in self.read_all(SCHEDULE_TOPIC, queue_id):
-                if not self._written_to_real_topic(record):
+                if not self._copied_later(record, (record.properties[codec.REAL_TOPIC],)):
                     self.schedule.add(int(record.properties[DUE_AT]), record.commit_log_offset)
 
     def _restore_book_snapshot(self) -> tuple[int, int]:
@@ -209,23 +210,13 @@ class EmbeddedBroker:
         consumers = self.consumers.snapshot(lambda: self.store.queue_max_offset(CONSUMER_STATE_TOPIC, 0))
         _write_atomically(self._consumer_snapshot_path, consumers)
 
-    def _written_to_real_topic(self, record: StoredRecord) -> bool:
-        """True if the message of a half or delayed record already sits in its real topic."""
-        real_topic = record.properties[codec.REAL_TOPIC]
-        message_id = record.properties[PROPERTY_MESSAGE_ID]
+    def _copied_later(self, record: StoredRecord, topics: tuple[str, ...]) -> bool:
+        """True if the message of ``record`` was written again, after it, into one of
+        ``topics``: a delayed message already delivered, or a committed half message whose
+        op record a crash cut off."""
         return any(
-            self.store.get(offset).topic == real_topic
-            for offset in self.store.lookup_message_id(message_id)
-        )
-
-    def _commit_already_written(self, tx: Transaction) -> bool:
-        """A crash between writing a COMMIT's messages and its op record leaves this trace."""
-        first = tx.halves[0]
-        message_id = first.properties[PROPERTY_MESSAGE_ID]
-        return any(
-            self.store.get(offset).topic in (first.properties[codec.REAL_TOPIC], SCHEDULE_TOPIC)
-            and offset > first.commit_log_offset
-            for offset in self.store.lookup_message_id(message_id)
+            offset > record.commit_log_offset and self.store.get(offset).topic in topics
+            for offset in self.store.lookup_message_id(record.properties[PROPERTY_MESSAGE_ID])
         )
 
     # -- topics ---------------------------------------------------------------------------
