@@ -17,11 +17,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
-
 from .api import BrokerStats, ParkedTransaction, TopicInfo
 from .auth import credentials
-from .client import parse_tcp_url
+from .client import TcpClientSettings, pushed_check
 from .errors import (
     BrokerClosedError,
     BrokerError,
@@ -91,7 +89,7 @@ class _AsyncLink:
                 future.set_exception(BrokerUnavailableError(reason))
 
 
-class AsyncBrokerClient:
+class AsyncBrokerClient(TcpClientSettings):
     """A remote broker at ``tcp://host:port`` for asyncio; ``BrokerAPI`` with coroutines."""
 
     def __init__(
@@ -102,12 +100,7 @@ class AsyncBrokerClient:
         access_key: str | None = None,
         secret_key: str | None = None,
     ) -> None:
-        self.url = url
-        self.host, self.port = parse_tcp_url(url)
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.access_key = access_key
-        self.secret_key = secret_key
+        super().__init__(url, timeout_s, connect_timeout_s, access_key, secret_key)
         self._connect_lock = asyncio.Lock()
         self._link: _AsyncLink | None = None
         self._ids = itertools.count(1)
@@ -162,11 +155,9 @@ class AsyncBrokerClient:
             link.fail(f"connection to {self.url} lost: {exc!r}")
 
     def _on_push(self, code: int, body: Any) -> None:
-        if code != RequestCode.CHECK_TRANSACTION_STATE:
-            return
-        request = msgspec.convert(body, CheckRequest)
-        callbacks = self._producers.get(request.producer_group)
-        if callbacks:
+        request = pushed_check(code, body)
+        callbacks = self._producers.get(request.producer_group) if request else None
+        if request and callbacks:
             task = asyncio.create_task(self._run_callback(callbacks[0], request))
             self._callback_tasks.add(task)
             task.add_done_callback(self._callback_tasks.discard)

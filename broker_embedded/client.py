@@ -90,7 +90,27 @@ class _Link:
                 future.set_exception(BrokerUnavailableError(reason))
 
 
-class BrokerClient:
+class TcpClientSettings:
+    """Where and how a client connects; shared by ``BrokerClient`` and ``AsyncBrokerClient``."""
+
+    def __init__(self, url: str, timeout_s: float, connect_timeout_s: float,
+                 access_key: str | None, secret_key: str | None) -> None:
+        self.url = url
+        self.host, self.port = parse_tcp_url(url)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.access_key = access_key
+        self.secret_key = secret_key
+
+
+def pushed_check(code: int, body: Any) -> CheckRequest | None:
+    """The check-back a server push carries (CHECK_TRANSACTION_STATE), or None for others."""
+    if code != RequestCode.CHECK_TRANSACTION_STATE:
+        return None
+    return msgspec.convert(body, CheckRequest)
+
+
+class BrokerClient(TcpClientSettings):
     """A remote broker at ``tcp://host:port``; implements ``BrokerAPI``."""
 
     def __init__(
@@ -101,12 +121,7 @@ class BrokerClient:
         access_key: str | None = None,
         secret_key: str | None = None,
     ) -> None:
-        self.url = url
-        self.host, self.port = parse_tcp_url(url)
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.access_key = access_key
-        self.secret_key = secret_key
+        super().__init__(url, timeout_s, connect_timeout_s, access_key, secret_key)
         self._connect_lock = threading.Lock()
         self._link: _Link | None = None
         self._ids = itertools.count(1)
@@ -164,11 +179,9 @@ class BrokerClient:
             link.fail(f"connection to {self.url} lost: {exc}")
 
     def _on_push(self, code: int, body: Any) -> None:
-        if code != RequestCode.CHECK_TRANSACTION_STATE:
-            return
-        request = msgspec.convert(body, CheckRequest)
-        callbacks = self._producers.get(request.producer_group)
-        if callbacks:
+        request = pushed_check(code, body)
+        callbacks = self._producers.get(request.producer_group) if request else None
+        if request and callbacks:
             self._callbacks.submit(self._run_callback, callbacks[0], request)
 
     @staticmethod
