@@ -33,4 +33,4 @@ class BrokerConfig:
     sync_consumer_progress: bool = False
     #: How often the transaction book and consumer progress are snapshotted, bounding the
     #: records replayed on start.
-    snapshot_interval_s: float = 60.0
+    snapshot_interval_s: float = 5.0

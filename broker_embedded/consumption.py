@@ -20,6 +20,7 @@ idempotent consumer absorbs it. Dead-lettered messages themselves are written du
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -29,10 +30,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from . import codec
-from .errors import BrokerClosedError, UnknownReceiptError
+from .errors import BrokerClosedError, UnknownReceiptError, UnknownTopicError
 from .message import ReceivedMessage
-from .store.record import StoredRecord
-from .topics import CONSUMER_STATE_TOPIC, retry_topic
+from .store.message_store import MessageStore
+from .store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from .topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic
+
+log = logging.getLogger("broker_embedded.consumption")
 
 EVENT_DELIVERED = "d"
 EVENT_ACKED = "a"
@@ -65,22 +69,11 @@ class _SavedProgress(msgspec.Struct, array_like=True):
     attempts: dict[int, int]
 
 
-class _SavedStats(msgspec.Struct, array_like=True):
-    group: str
-    message_id: str
-    topic: str
-    attempts: int
-    first_delivered_ms: int
-    acked_ms: int | None
-    dead_lettered: bool
-
-
 class Snapshot(msgspec.Struct):
     """All groups' progress as of the first ``upto`` records of ``RMQ_SYS_CONSUMER_STATE``."""
 
     upto: int
     progress: list[_SavedProgress]
-    stats: list[_SavedStats]
 
 
 encode_snapshot = msgspec.msgpack.Encoder().encode
@@ -132,17 +125,6 @@ class QueueProgress:
         self.mark_done(offset - 1)  # advances the floor over done offsets just above it
 
 
-@dataclass
-class DeliveryStats:
-    """Per group and message: what the export reports."""
-
-    topic: str
-    attempts: int = 0
-    first_delivered_ms: int = 0
-    acked_ms: int | None = None
-    dead_lettered: bool = False
-
-
 ProgressKey = tuple[str, str, str, int]  # group, subscribed topic, stored topic, queue id
 
 
@@ -151,41 +133,51 @@ class ConsumerGroups:
 
     def __init__(
         self,
-        read_queue: Callable[[str, int, int, int], list[StoredRecord]],
-        queue_max_offset: Callable[[str, int], int],
+        store: MessageStore,
         queue_count: Callable[[str], int],
-        write: Callable[[list[StoredRecord]], object],
         max_delivery_attempts: int,
         retry_backoff_s: tuple[float, ...],
         max_inflight_per_queue: int,
+        sync_progress: bool,
     ) -> None:
-        self._read_queue = read_queue
-        self._queue_max_offset = queue_max_offset
+        self.store = store
         self._queue_count = queue_count
-        self._write = write
         self.max_delivery_attempts = max_delivery_attempts
         self.retry_backoff_ms = tuple(int(s * 1000) for s in retry_backoff_s) or (0,)
         self.max_inflight = max_inflight_per_queue
+        self.sync_progress = sync_progress
         self.lock = threading.RLock()
         self.arrived = threading.Condition(self.lock)
         self.closed = False
         self.progress: dict[ProgressKey, QueueProgress] = {}
-        self.stats: dict[tuple[str, str], DeliveryStats] = {}
 
     # -- replay ---------------------------------------------------------------------------
-    def replay(self, events: Iterable[Event]) -> None:
-        """Apply stored events (on start)."""
+    def replay(self, records: Iterable[StoredRecord]) -> None:
+        """Apply stored event records (on start), then redo the DLQ copy of any
+        dead-lettering whose copy a crash cut off."""
+        dead: list[tuple[Event, StoredRecord]] = []
         with self.lock:
-            for event in events:
-                progress = self._progress((event.g, event.s, event.t, event.q))
-                self._record_stats(event)
-                if event.e == EVENT_DELIVERED:
-                    if event.o >= progress.floor and event.o not in progress.done_above:
-                        progress.attempts[event.o] = max(progress.attempts.get(event.o, 0), event.n)
-                else:
-                    progress.mark_done(event.o)
+            for record in records:
+                for event in decode_events(record.body):
+                    progress = self._progress((event.g, event.s, event.t, event.q))
+                    if event.e == EVENT_DELIVERED:
+                        if event.o >= progress.floor and event.o not in progress.done_above:
+                            progress.attempts[event.o] = max(progress.attempts.get(event.o, 0), event.n)
+                    else:
+                        progress.mark_done(event.o)
+                        if event.e == EVENT_DEAD:
+                            dead.append((event, record))
             for progress in self.progress.values():
                 progress.next_offset = progress.floor
+        missing = [
+            self._dead_letter_copy(event.g, original, event.n)
+            for event, record in dead
+            for original in self.store.read_queue(event.t, event.q, event.o, 1)
+            if not self.store.stored_after(event.m, record.commit_log_offset, (dlq_topic(event.g),))
+        ]
+        if missing:
+            self.store.put_batch(missing)
+            log.warning("recovery redid %d dead-letter copies cut off by a crash", len(missing))
 
     def snapshot(self, events_stored: Callable[[], int]) -> bytes:
         """The progress of every group, with ``upto`` = ``events_stored()`` read under the
@@ -198,11 +190,6 @@ class ConsumerGroups:
                     _SavedProgress(key, p.floor, sorted(p.done_above), dict(p.attempts))
                     for key, p in self.progress.items()
                 ],
-                stats=[
-                    _SavedStats(group, message_id, s.topic, s.attempts, s.first_delivered_ms,
-                                s.acked_ms, s.dead_lettered)
-                    for (group, message_id), s in self.stats.items()
-                ],
             ))
 
     def restore(self, data: bytes) -> int:
@@ -214,21 +201,7 @@ class ConsumerGroups:
                 progress.floor = progress.next_offset = saved.floor
                 progress.done_above = set(saved.done_above)
                 progress.attempts = dict(saved.attempts)
-            for st in snapshot.stats:
-                self.stats[(st.group, st.message_id)] = DeliveryStats(
-                    st.topic, st.attempts, st.first_delivered_ms, st.acked_ms, st.dead_lettered,
-                )
         return snapshot.upto
-
-    def _record_stats(self, event: Event) -> None:
-        stats = self.stats.setdefault((event.g, event.m), DeliveryStats(event.s))
-        if event.e == EVENT_DELIVERED:
-            stats.attempts = max(stats.attempts, event.n)
-            stats.first_delivered_ms = stats.first_delivered_ms or event.ts
-        elif event.e == EVENT_ACKED:
-            stats.acked_ms = stats.acked_ms or event.ts
-        else:
-            stats.dead_lettered = True
 
     def _progress(self, key: ProgressKey) -> QueueProgress:
         progress = self.progress.get(key)
@@ -250,7 +223,6 @@ class ConsumerGroups:
 
     def receive(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, wait_s: float,
-        dead_letter: Callable[[str, StoredRecord, int], StoredRecord],
     ) -> list[ReceivedMessage]:
         """Up to ``max_messages`` deliverable messages, long-polling up to ``wait_s``."""
         deadline = time.monotonic() + wait_s
@@ -260,11 +232,10 @@ class ConsumerGroups:
                     raise BrokerClosedError("the broker closed while receiving")
                 delivered, dead = self._collect(group, topic, max_messages, invisible_ms)
             events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
-            for key, delivery in dead:
-                dead_letter(group, delivery.record, delivery.attempt)
-                events.append(self._event(EVENT_DEAD, group, topic, key, delivery))
+            events += [self._event(EVENT_DEAD, group, topic, key, d) for key, d in dead]
             if events:
-                self._persist(events)
+                # dead-letterings: the decision (event) first, with the DLQ copies, durable
+                self._persist(events, [self._dead_letter_copy(group, d.record, d.attempt) for _, d in dead])
             if delivered:
                 return [self._received(key, d) for key, d in delivered]
             remaining = deadline - time.monotonic()
@@ -316,9 +287,9 @@ class ConsumerGroups:
 
     def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
         group, topic, stored_topic, queue_id = key
-        end = self._queue_max_offset(stored_topic, queue_id)
+        end = self.store.queue_max_offset(stored_topic, queue_id)
         while progress.next_offset < end and len(progress.pending) < self.max_inflight:
-            batch = self._read_queue(stored_topic, queue_id, progress.next_offset, 64)
+            batch = self.store.read_queue(stored_topic, queue_id, progress.next_offset, 64)
             if not batch:
                 break
             if batch[0].queue_offset > progress.next_offset:
@@ -353,13 +324,39 @@ class ConsumerGroups:
             transaction_id=record.properties.get(codec.TRANSACTION_ID),
         )
 
-    def _persist(self, events: list[Event]) -> None:
-        for event in events:
-            with self.lock:
-                self._record_stats(event)
-        self._write(
-            [StoredRecord(topic=CONSUMER_STATE_TOPIC, queue_id=0, body=encode_events(events))]
-        )
+    def _persist(self, events: list[Event], dead_letter_copies: list[StoredRecord] | None = None) -> None:
+        records = [StoredRecord(topic=CONSUMER_STATE_TOPIC, queue_id=0, body=encode_events(events))]
+        self.store.put_batch(records + (dead_letter_copies or []),
+                             wait_for_flush=self.sync_progress or bool(dead_letter_copies))
+        for copy in dead_letter_copies or []:
+            log.warning("message %s dead-lettered after %s deliveries",
+                        copy.properties.get(PROPERTY_MESSAGE_ID), copy.properties[codec.DELIVERY_ATTEMPTS])
+
+    # -- dead letters ---------------------------------------------------------------------
+    @staticmethod
+    def _dead_letter_copy(group: str, record: StoredRecord, attempts: int) -> StoredRecord:
+        props = {**record.properties, codec.DELIVERY_ATTEMPTS: str(attempts)}
+        props.setdefault(codec.REAL_TOPIC, record.topic)
+        return StoredRecord(dlq_topic(group), 0, record.body, props)
+
+    def list_dlq(self, group: str, max_messages: int) -> list[StoredRecord]:
+        """The newest ``max_messages`` dead letters of a group, oldest first."""
+        topic = dlq_topic(group)
+        end = self.store.queue_max_offset(topic, 0)
+        start = max(self.store.queue_min_offset(topic, 0), end - max_messages)
+        return self.store.read_queue(topic, 0, start, end - start)
+
+    def resend_dlq(self, group: str, message_id: str) -> StoredRecord:
+        """Send a dead letter to the group's retry topic (only that group gets it again)."""
+        topic = dlq_topic(group)
+        for offset in reversed(self.store.lookup_message_id(message_id)):
+            record = self.store.get(offset)
+            if record.topic == topic:
+                props = codec.without(record.properties, codec.DELIVERY_ATTEMPTS)
+                stored = self.store.put(StoredRecord(retry_topic(group), 0, record.body, props))
+                log.info("message %s re-sent from the DLQ to group %s", message_id, group)
+                return stored
+        raise UnknownTopicError(f"message {message_id!r} is not in the DLQ of group {group!r}")
 
     # -- acking ---------------------------------------------------------------------------
     def _lookup(self, group: str, handle: str) -> tuple[ProgressKey, QueueProgress, Delivery]:
@@ -403,7 +400,7 @@ class ConsumerGroups:
         result: dict[str, dict[str, int]] = {}
         with self.lock:
             for (group, topic, stored_topic, queue_id), progress in self.progress.items():
-                remaining = self._queue_max_offset(stored_topic, queue_id) - progress.floor
+                remaining = self.store.queue_max_offset(stored_topic, queue_id) - progress.floor
                 remaining -= len(progress.done_above)
                 per_group = result.setdefault(group, {})
                 per_group[topic] = per_group.get(topic, 0) + max(remaining, 0)

@@ -3,22 +3,37 @@
 A delayed message is stored in ``SCHEDULE_TOPIC_XXXX`` (queue = its delay level, 0 for
 an exact time) with its real topic and due time in properties, and written to the real
 topic when due. A transactional message's delay starts at its commit: the half message
-is never delayed (RocketMQ 4.5.2 lost such messages, issue #1540). On start the broker
-re-schedules every stored delayed message not yet written to its real topic.
+is never delayed (RocketMQ 4.5.2 lost such messages, issue #1540).
+
+Only the messages still waiting are in memory. A small snapshot keeps, per schedule queue,
+the lowest queue offset not yet delivered, so a restart re-reads the waiting messages
+only, each checked (by message id) for a delivery that a crash left unrecorded.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
+import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
-from .codec import DELAY_LEVEL, DELIVER_AT
+from .codec import DELAY_LEVEL, DELIVER_AT, REAL_QUEUE_ID, REAL_TOPIC, without
 from .errors import InvalidMessageError
 from .message import DELAY_LEVELS_S, Message
+from .store.message_store import MessageStore
+from .store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from .topics import SCHEDULE_TOPIC
+
+log = logging.getLogger("broker_embedded.delay")
 
 DUE_AT = "DUE_AT"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def due_at_ms(properties: Mapping[str, str], from_ms: int) -> int | None:
@@ -42,30 +57,106 @@ def validate_delay(message: Message) -> None:
         raise InvalidMessageError("give either delay_level or deliver_at_ms, not both")
 
 
-class DelaySchedule:
-    """Due times of stored delayed messages, soonest first (thread-safe)."""
+def route_record(topic: str, queue_id: int, props: dict[str, str], body: bytes,
+                 delay_from_ms: int, born_ms: int = 0) -> StoredRecord:
+    """The record for a message bound to ``topic``: there, or via the delay topic."""
+    message_due = due_at_ms(props, delay_from_ms)
+    if message_due is not None and message_due > now_ms():
+        props = {**props, REAL_TOPIC: topic, REAL_QUEUE_ID: str(queue_id), DUE_AT: str(message_due)}
+        return StoredRecord(SCHEDULE_TOPIC, int(props.get(DELAY_LEVEL, "0")), body, props,
+                            born_timestamp_ms=born_ms)
+    props = without(props, DELAY_LEVEL, DELIVER_AT, DUE_AT)
+    return StoredRecord(topic, queue_id, body, props, born_timestamp_ms=born_ms)
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, int]] = []
+
+class DelayService:
+    """The delayed messages still waiting, soonest first, and their delivery (thread-safe)."""
+
+    def __init__(self, store: MessageStore, snapshot_path: Path) -> None:
+        self.store = store
+        self._snapshot_path = snapshot_path
+        self._heap: list[tuple[int, int]] = []  # (due ms, commit log offset)
+        self._waiting: dict[int, tuple[int, int]] = {}  # commit log offset -> (queue id, queue offset)
+        self._applied: dict[int, int] = {}  # queue id -> next queue offset seen
         self._lock = threading.Lock()
 
-    def add(self, due_ms: int, commit_log_offset: int) -> None:
-        with self._lock:
-            heapq.heappush(self._heap, (due_ms, commit_log_offset))
+    def on_dispatch(self, record: StoredRecord) -> None:
+        """Take a durable schedule record under watch (a store dispatch listener)."""
+        if record.topic == SCHEDULE_TOPIC:
+            self._add(record)
 
-    def pop_due(self, now_ms: int | None = None) -> list[tuple[int, int]]:
-        """(due time, commit log offset) of the delayed messages due by now, in due order."""
-        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        due: list[tuple[int, int]] = []
+    def _add(self, record: StoredRecord) -> None:
         with self._lock:
-            while self._heap and self._heap[0][0] <= now:
-                due.append(heapq.heappop(self._heap))
-        return due
+            self._applied[record.queue_id] = max(self._applied.get(record.queue_id, 0), record.queue_offset + 1)
+            if record.commit_log_offset in self._waiting:
+                return
+            self._waiting[record.commit_log_offset] = (record.queue_id, record.queue_offset)
+            heapq.heappush(self._heap, (_due(record), record.commit_log_offset))
+
+    def deliver_due(self, now: int | None = None) -> None:
+        """Write every due message to its real topic."""
+        moment = now_ms() if now is None else now
+        while True:
+            with self._lock:
+                if not self._heap or self._heap[0][0] > moment:
+                    return
+                due_ms, offset = heapq.heappop(self._heap)
+            try:
+                record = self.store.get(offset)
+                props = without(record.properties, REAL_TOPIC, REAL_QUEUE_ID, DUE_AT, DELAY_LEVEL, DELIVER_AT)
+                self.store.put(StoredRecord(record.properties[REAL_TOPIC], int(record.properties[REAL_QUEUE_ID]),
+                                            record.body, props, born_timestamp_ms=record.born_timestamp_ms))
+            except Exception:
+                with self._lock:
+                    heapq.heappush(self._heap, (due_ms, offset))  # try again next tick
+                raise
+            with self._lock:
+                self._waiting.pop(offset, None)
+
+    def rebuild(self, read_all: Callable[[str, int, int], Iterator[StoredRecord]]) -> None:
+        """Watch every stored delayed message not yet delivered (from the snapshot's marks on)."""
+        marks = self._load_marks()
+        for queue_id in range(self.store.queues().get(SCHEDULE_TOPIC, 0)):
+            for record in read_all(SCHEDULE_TOPIC, queue_id, marks.get(queue_id, 0)):
+                message_id = record.properties.get(PROPERTY_MESSAGE_ID, "")
+                if self.store.stored_after(message_id, record.commit_log_offset, (record.properties[REAL_TOPIC],)):
+                    with self._lock:
+                        self._applied[queue_id] = max(self._applied.get(queue_id, 0), record.queue_offset + 1)
+                else:
+                    self._add(record)
+
+    def _marks(self) -> dict[int, int]:
+        """Per schedule queue, the lowest queue offset that may still be waiting."""
+        with self._lock:
+            marks = dict(self._applied)
+            for queue_id, queue_offset in self._waiting.values():
+                marks[queue_id] = min(marks[queue_id], queue_offset)
+        return marks
+
+    def write_snapshot(self, write: Callable[[Path, bytes], None]) -> None:
+        write(self._snapshot_path, json.dumps(self._marks()).encode())
+
+    def _load_marks(self) -> dict[int, int]:
+        try:
+            return {int(q): int(o) for q, o in json.loads(self._snapshot_path.read_bytes()).items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, AttributeError):
+            log.warning("unreadable %s: re-reading every delayed message", self._snapshot_path)
+            return {}
 
     def oldest_offset(self) -> int | None:
         """The lowest commit log offset still waiting (retention must keep it)."""
         with self._lock:
-            return min((offset for _, offset in self._heap), default=None)
+            return min(self._waiting, default=None)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._waiting)
+
+
+def _due(record: StoredRecord) -> int:
+    try:
+        return int(record.properties[DUE_AT])
+    except (KeyError, ValueError):
+        log.warning("delayed message at %d has no readable due time; delivering it now", record.commit_log_offset)
+        return 0

@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+
 from . import codec
 from .broker import EmbeddedBroker
+from .consumption import EVENT_ACKED, EVENT_DELIVERED, decode_events
 from .message import TransactionState
 from .store.record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
-from .topics import SCHEDULE_TOPIC
+from .topics import CONSUMER_STATE_TOPIC, HALF_TOPIC, OP_HALF_TOPIC, SCHEDULE_TOPIC
+from .transactions.ops import FINAL_STATES, Op, decode_op
 
 _STATES = {
     TransactionState.PENDING: "half",
@@ -51,45 +56,80 @@ def _row(record: StoredRecord, state: str, transaction_id: str | None, producer_
     }
 
 
+def _decode_op(record: StoredRecord) -> Op | None:
+    try:
+        return decode_op(record.body)
+    except msgspec.DecodeError:
+        return None
+
+
+def transaction_states(broker: EmbeddedBroker) -> dict[str, tuple[TransactionState, int | None]]:
+    """Every transaction whose half messages are still stored, in the order they were
+    begun: its state and, if committed, when. Reads the half and op topics (O(history)):
+    for exports and audits, not for a request path."""
+    resolved: dict[str, Op] = {}
+    for record in broker.iter_queue(OP_HALF_TOPIC):
+        op = _decode_op(record)
+        if op is not None and op.op in FINAL_STATES:
+            resolved[op.tx] = op
+    open_states = {tx.transaction_id: tx.state for tx in broker.book}
+    states: dict[str, tuple[TransactionState, int | None]] = {}
+    for half in broker.iter_queue(HALF_TOPIC):
+        transaction_id = half.properties[codec.TRANSACTION_ID]
+        final = resolved.get(transaction_id)
+        if final is not None:
+            state = FINAL_STATES[final.op]
+            states[transaction_id] = (state, final.ts if state is TransactionState.COMMITTED else None)
+        else:
+            states[transaction_id] = (open_states.get(transaction_id, TransactionState.PENDING), None)
+    return states
+
+
+def delivery_rows(broker: EmbeddedBroker) -> Iterator[dict[str, Any]]:
+    """One row per message and consumer group that received it, from the groups' progress
+    events in ``RMQ_SYS_CONSUMER_STATE`` (the broker keeps no per-message state in memory)."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in broker.iter_queue(CONSUMER_STATE_TOPIC):
+        for event in decode_events(record.body):
+            row = rows.setdefault((event.g, event.m), {
+                "message_id": event.m, "consumer_group": event.g, "topic": event.s, "delivery_attempts": 0,
+                "first_delivered_ms": 0, "acked_ms": None, "dead_lettered": False,
+            })
+            if event.e == EVENT_DELIVERED:
+                row["delivery_attempts"] = max(row["delivery_attempts"], event.n)
+                row["first_delivered_ms"] = row["first_delivered_ms"] or event.ts
+            elif event.e == EVENT_ACKED:
+                row["acked_ms"] = row["acked_ms"] or event.ts
+            else:
+                row["dead_lettered"] = True
+    return iter(rows.values())
+
+
 def collect(broker: EmbeddedBroker) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The ``messages`` and ``deliveries`` rows of a broker."""
     rows: dict[str, dict[str, Any]] = {}
     copies: Counter[str] = Counter()
     for topic in broker.list_topics():
         for queue_id in range(topic.queues):
-            for record in broker.read_all(topic.name, queue_id):
+            for record in broker.iter_queue(topic.name, queue_id):
                 message_id = record.properties.get(PROPERTY_MESSAGE_ID, "")
                 copies[message_id] += 1
                 if codec.TRANSACTION_ID not in record.properties and message_id not in rows:
                     rows[message_id] = _row(record, "normal", None, None, None)
     for queue_id in range(broker.store.queues().get(SCHEDULE_TOPIC, 0)):
-        for record in broker.read_all(SCHEDULE_TOPIC, queue_id):  # delayed, maybe not yet due
+        for record in broker.iter_queue(SCHEDULE_TOPIC, queue_id):  # delayed, maybe not yet due
             message_id = record.properties.get(PROPERTY_MESSAGE_ID, "")
             if codec.TRANSACTION_ID not in record.properties and message_id not in rows:
                 rows[message_id] = _row(record, "normal", None, None, None)
-    with broker.book.lock:
-        transactions = list(broker.book.by_id.values())
-    for tx in transactions:
-        commit_ms = tx.resolved_ms if tx.state is TransactionState.COMMITTED else None
-        for half in tx.halves:
-            row = _row(half, _STATES[tx.state], tx.transaction_id, tx.producer_group, commit_ms)
-            rows[row["message_id"]] = row
+    states = transaction_states(broker)
+    for half in broker.iter_queue(HALF_TOPIC):
+        transaction_id = half.properties[codec.TRANSACTION_ID]
+        state, commit_ms = states[transaction_id]
+        row = _row(half, _STATES[state], transaction_id, half.properties.get(codec.PRODUCER_GROUP), commit_ms)
+        rows[row["message_id"]] = row
     for message_id, row in rows.items():
         row["copies"] = copies.get(message_id, 0)
-    with broker.consumers.lock:
-        stats = list(broker.consumers.stats.items())
-    deliveries = [
-        {
-            "message_id": message_id,
-            "consumer_group": group,
-            "topic": s.topic,
-            "delivery_attempts": s.attempts,
-            "first_delivered_ms": s.first_delivered_ms,
-            "acked_ms": s.acked_ms,
-            "dead_lettered": s.dead_lettered,
-        }
-        for (group, message_id), s in stats
-    ]
+    deliveries = list(delivery_rows(broker))
     return list(rows.values()), deliveries
 
 

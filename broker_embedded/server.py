@@ -43,6 +43,7 @@ from .protocol import (
     outcome_to_wire,
     to_wire,
 )
+from .writes import EndCall, HalfCall, SendCall, WriteCall
 
 log = logging.getLogger("broker_embedded.server")
 
@@ -84,23 +85,25 @@ class _Connection:
 
 class _Batcher:
     """Groups the calls that arrive while a batch is running into the next batch: one
-    executor hop for all of them. ``run_batch`` takes the list of arguments and returns, per
-    item, a result or the exception that refused it. For sends this is group commit: one
-    append and one fsync for every send in flight."""
+    executor hop for all of them. ``run_batch`` takes the list of items and returns, per
+    item, a result or the exception that refused it. For writes this is group commit: one
+    append and one fsync for every write in flight. Up to ``max_batches`` batches run at
+    once, so one fills and appends while the one before it waits for its fsync."""
 
     def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: ThreadPoolExecutor,
-                 track: Callable[[asyncio.Task[None]], None]) -> None:
+                 track: Callable[[asyncio.Task[None]], None], max_batches: int = 1) -> None:
         self.run_batch = run_batch
         self.executor = executor
         self.track = track
+        self.max_batches = max_batches
         self.waiting: list[tuple[Any, Callable[[Any], None]]] = []
-        self.draining = False
+        self.running = 0
 
     def submit(self, item: Any, on_done: Callable[[Any], None]) -> None:
         """Queue ``item``; ``on_done`` gets its result or exception on the event loop."""
         self.waiting.append((item, on_done))
-        if not self.draining:
-            self.draining = True
+        if self.running < self.max_batches:
+            self.running += 1
             self.track(asyncio.get_running_loop().create_task(self._drain()))
 
     async def _drain(self) -> None:
@@ -115,22 +118,43 @@ class _Batcher:
                 for (_, on_done), outcome in zip(batch, outcomes, strict=True):
                     on_done(outcome)
         finally:
-            self.draining = False
+            self.running -= 1
 
 
-def _each(call: Callable[..., Any]) -> Callable[[list[dict[str, Any]]], list[Any]]:
-    """A ``run_batch`` that makes one call per item (keyword arguments), catching each error."""
+def _each(call: Callable[..., Any]) -> Callable[[list[Any]], list[Any]]:
+    """A ``run_batch`` that makes one call per item (keyword arguments if a map), catching each error."""
 
-    def run(items: list[dict[str, Any]]) -> list[Any]:
+    def run(items: list[Any]) -> list[Any]:
         outcomes: list[Any] = []
-        for arguments in items:
+        for item in items:
             try:
-                outcomes.append(call(**arguments))
+                outcomes.append(call(**item) if isinstance(item, dict) else call(item))
             except Exception as exc:
                 outcomes.append(exc)
         return outcomes
 
     return run
+
+
+#: The write requests, which share one batch (one append, one fsync) in ``EmbeddedBroker.produce``.
+_WRITE_CALLS: dict[str, type[SendCall] | type[HalfCall] | type[EndCall]] = {
+    "send": SendCall, "send_half": HalfCall, "end_transaction": EndCall,
+}
+
+
+def _write_one_by_one(broker: BrokerAPI) -> Callable[[list[WriteCall]], list[Any]]:
+    """A ``run_batch`` for a broker without ``produce``: one API call per write."""
+
+    def write(call: WriteCall) -> Any:
+        if isinstance(call, SendCall):
+            return broker.send(call.message)
+        if isinstance(call, HalfCall):
+            return broker.send_half(call.message, producer_group=call.producer_group,
+                                    transaction_id=call.transaction_id)
+        return broker.end_transaction(call.transaction_id, call.resolution, producer_group=call.producer_group,
+                                      from_check=call.from_check)
+
+    return _each(write)
 
 
 class BrokerServer:
@@ -161,17 +185,15 @@ class BrokerServer:
         self._connections: set[_Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
-        #: Cheap calls that arrive together share one executor hop; sends share one fsync.
-        send_batch = getattr(broker, "send_batch", None)
-        batchers = {
-            "ack": _Batcher(_each(broker.ack), self.executor, self._track),
-            "send": _Batcher(
-                (lambda items: send_batch([a["message"] for a in items])) if send_batch else _each(broker.send),
-                self.executor, self._track),
-        }
+        #: Cheap calls that arrive together share one executor hop; writes share one fsync.
+        produce = getattr(broker, "produce", None)
+        writes = _Batcher(produce or _write_one_by_one(broker), self.executor, self._track, max_batches=2)
+        acks = _Batcher(_each(broker.ack), self.executor, self._track)
+        self._writes = writes
         self._batched: dict[int, tuple[str, _Batcher]] = {
-            int(CODES[method]): (method, batcher) for method, batcher in batchers.items()
+            int(CODES[method]): (method, writes) for method in _WRITE_CALLS
         }
+        self._batched[int(CODES["ack"])] = ("ack", acks)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
@@ -249,11 +271,11 @@ class BrokerServer:
         if batched is not None:  # the hot path: no task per request
             method, batcher = batched
             try:
-                arguments = convert_arguments(method, body)
+                item = _batch_item(method, convert_arguments(method, body))
             except MalformedFrameError as exc:
                 self._reply_error(connection, code, request_id, exc)
                 return True
-            batcher.submit(arguments, functools.partial(self._answer, connection, code, request_id))
+            batcher.submit(item, functools.partial(self._answer, connection, code, request_id))
             return True
         self._track(asyncio.create_task(self._dispatch(connection, code, request_id, body)))
         return True
@@ -322,9 +344,8 @@ class BrokerServer:
             raise MalformedFrameError(f"SEND_BATCH_MESSAGE: {exc}") from None
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in messages]
-        _, sends = self._batched[int(RequestCode.SEND_MESSAGE)]
         for message, future in zip(messages, futures, strict=True):
-            sends.submit({"message": message}, future.set_result)
+            self._writes.submit(SendCall(message), future.set_result)
         outcomes = await asyncio.gather(*futures)
         return [outcome_to_wire(_typed(o) if isinstance(o, BaseException) else o) for o in outcomes]
 
@@ -360,6 +381,17 @@ class BrokerServer:
         connection.authenticated = True
         self._reply(connection, code, request_id, None)
         return True
+
+
+def _batch_item(method: str, arguments: dict[str, Any]) -> Any:
+    """What a batched request queues: a write call, or the arguments of an ack."""
+    write_call = _WRITE_CALLS.get(method)
+    if write_call is None:
+        return arguments
+    try:
+        return write_call(**arguments)
+    except TypeError as exc:
+        raise MalformedFrameError(f"{method}: {exc}") from None
 
 
 def _typed(error: BaseException) -> BrokerError:

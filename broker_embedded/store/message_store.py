@@ -439,6 +439,14 @@ class MessageStore:
         first = self.commitlog.min_offset
         return [offset for offset in self.index.lookup_key(topic, key) if offset >= first]
 
+    def stored_after(self, message_id: str, offset: int, topics: tuple[str, ...]) -> bool:
+        """Whether message ``message_id`` was stored after commit log ``offset`` in one of
+        ``topics``: how recovery tells which records of a multi-record operation a crash
+        cut off."""
+        return any(
+            later > offset and self.get(later).topic in topics for later in self.lookup_message_id(message_id)
+        )
+
     def scan(self, from_commit_log_offset: int = 0) -> Iterator[StoredRecord]:
         """Every durable record from an offset, in commit log order."""
         start = max(from_commit_log_offset, self.commitlog.min_offset)

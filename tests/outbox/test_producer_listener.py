@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution, TransactionState
+from broker_embedded.export import transaction_states
 from broker_embedded.store.config import StoreConfig
 from outbox import Producer, check_transaction
 from outbox.producer import TRANSACTION_ID_PROPERTY
@@ -36,8 +37,8 @@ class LogListener:
 
 
 def _state(broker: EmbeddedBroker) -> TransactionState:
-    (transaction,) = broker.book.by_id.values()
-    return transaction.state
+    ((state, _),) = transaction_states(broker).values()
+    return state
 
 
 def test_send_message_in_transaction_commits(engine: Engine, broker: EmbeddedBroker, monkeypatch) -> None:

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import BrokerClient, Message, TransactionState
 from broker_embedded.errors import BrokerUnavailableError
+from broker_embedded.export import transaction_states
 from outbox import (
     BodyNotSerializableError,
     BrokerUnavailable,
@@ -36,7 +37,7 @@ def factory(engine):
 
 
 def _states(broker) -> dict[str, TransactionState]:
-    return {tx: t.state for tx, t in broker.book.by_id.items()}
+    return {tx: state for tx, (state, _) in transaction_states(broker).items()}
 
 
 def test_decorator_commits_the_message_with_the_transaction(factory, broker) -> None:
@@ -96,7 +97,7 @@ def test_unserialisable_body_fails_before_anything_is_sent(factory, broker) -> N
 
     with pytest.raises(BodyNotSerializableError):
         pay(object())
-    assert ran == [] and broker.book.by_id == {}
+    assert ran == [] and _states(broker) == {}
 
 
 def _closed_port() -> int:

@@ -1,0 +1,249 @@
+"""The transaction book: the pending and parked transactions, and nothing else.
+
+The book is a projection of the half and op topics, applied as their records are
+dispatched (durable), so it never runs ahead of the log. A resolved transaction leaves
+the book at once: its resolution lives on disk in its op record (found through the
+index), which keeps memory proportional to the transactions still open, not to history.
+Pending transactions sit in a heap by next check time, so a check round costs O(due).
+
+``snapshot`` copies the open transactions and how far the half and op topics are applied,
+under the book's lock: a consistent cut without stopping writers for more than the copy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from .. import codec
+from ..message import Resolution, TransactionState
+from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from .ops import FINAL_STATES, OP_CHECK, OP_PARK, OP_RECHECK, Op
+
+log = logging.getLogger("broker_embedded.transactions")
+
+
+@dataclass(frozen=True, slots=True)
+class HalfRef:
+    """Where a half message is in the commit log, and what the book needs of it."""
+
+    commit_log_offset: int
+    size: int
+    message_id: str
+    born_ms: int
+    store_ms: int
+
+
+@dataclass(eq=False, slots=True)
+class Transaction:
+    """One open transaction: its half messages, state and check bookkeeping."""
+
+    transaction_id: str
+    producer_group: str
+    halves: list[HalfRef] = field(default_factory=list)
+    timeout_ms: int = 0
+    state: TransactionState = TransactionState.PENDING
+    check_times: int = 0
+    next_check_ms: int = 0
+    #: The resolution an END_TRANSACTION is writing right now, and its completion.
+    ending: Resolution | None = None
+    ended: threading.Event | None = None
+    #: Half messages of this transaction being written right now.
+    joining: int = 0
+
+    @property
+    def born_ms(self) -> int:
+        return self.halves[0].born_ms if self.halves else 0
+
+    @property
+    def message_ids(self) -> tuple[str, ...]:
+        return tuple(h.message_id for h in self.halves)
+
+    @property
+    def half_offsets(self) -> list[int]:
+        return [h.commit_log_offset for h in self.halves]
+
+
+def transaction_timeout_ms(record: StoredRecord, default_s: float) -> int:
+    """A half message's check timeout; a stored value that is not a sane number falls
+    back to the default (a bad property is logged, never fatal)."""
+    raw = record.properties.get(codec.TRANSACTION_TIMEOUT)
+    if raw is None:
+        return int(default_s * 1000)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        log.warning("half message at %d has transaction timeout %r; using %ss",
+                    record.commit_log_offset, raw, default_s)
+        return int(default_s * 1000)
+    return int(min(value, 86_400.0) * 1000)
+
+
+class _SavedTransaction(msgspec.Struct, array_like=True):
+    transaction_id: str
+    producer_group: str
+    state: str
+    check_times: int
+    timeout_ms: int
+    halves: list[tuple[int, int, str, int, int]]
+
+
+class BookSnapshot(msgspec.Struct):
+    """The open transactions as of the first ``half_upto`` half and ``op_upto`` op records."""
+
+    half_upto: int
+    op_upto: int
+    committed: int
+    rolled_back: int
+    transactions: list[_SavedTransaction]
+
+
+encode_snapshot = msgspec.msgpack.Encoder().encode
+decode_snapshot = msgspec.msgpack.Decoder(BookSnapshot).decode
+
+
+class TransactionBook:
+    """Open transactions by id; thread-safe (``lock`` may be held around several calls)."""
+
+    def __init__(self, default_timeout_s: float) -> None:
+        self.lock = threading.RLock()
+        self.by_id: dict[str, Transaction] = {}
+        self.default_timeout_s = default_timeout_s
+        #: Queue offsets of the next half and op record to apply.
+        self.half_applied = 0
+        self.op_applied = 0
+        #: Resolutions applied since the data directory was created.
+        self.committed = 0
+        self.rolled_back = 0
+        self._due: list[tuple[int, int, str]] = []
+        self._sequence = itertools.count()
+
+    # -- applying the log -----------------------------------------------------------------
+    def add_half(self, record: StoredRecord) -> None:
+        """Apply a dispatched (or replayed) half message; replays are skipped."""
+        with self.lock:
+            if record.queue_offset < self.half_applied:
+                return
+            self.half_applied = record.queue_offset + 1
+            props = record.properties
+            tx_id = props[codec.TRANSACTION_ID]
+            tx = self.by_id.get(tx_id)
+            if tx is None:
+                tx = self.by_id[tx_id] = Transaction(tx_id, props[codec.PRODUCER_GROUP])
+            tx.halves.append(HalfRef(record.commit_log_offset, record.size,
+                                     props.get(PROPERTY_MESSAGE_ID, ""),
+                                     record.born_timestamp_ms, record.store_timestamp_ms))
+            tx.timeout_ms = max(tx.timeout_ms, transaction_timeout_ms(record, self.default_timeout_s))
+            if tx.state is TransactionState.PENDING:
+                self._schedule(tx, record.store_timestamp_ms + tx.timeout_ms)
+
+    def apply(self, op: Op, queue_offset: int) -> None:
+        """Apply a dispatched (or replayed) op record; replays are skipped."""
+        with self.lock:
+            if queue_offset < self.op_applied:
+                return
+            self.op_applied = queue_offset + 1
+            tx = self.by_id.get(op.tx)
+            if tx is None:
+                return
+            if op.op in FINAL_STATES:
+                del self.by_id[op.tx]
+                tx.state = FINAL_STATES[op.op]
+                if tx.state is TransactionState.COMMITTED:
+                    self.committed += 1
+                else:
+                    self.rolled_back += 1
+            elif op.op == OP_CHECK:
+                tx.check_times = max(tx.check_times, op.n)
+            elif op.op == OP_PARK and tx.state is TransactionState.PENDING:
+                tx.state = TransactionState.PARKED
+            elif op.op == OP_RECHECK and tx.state is TransactionState.PARKED:
+                tx.state = TransactionState.PENDING
+                tx.check_times = 0
+                self._schedule(tx, op.ts)
+
+    # -- checking -------------------------------------------------------------------------
+    def _schedule(self, tx: Transaction, when_ms: int) -> None:
+        tx.next_check_ms = when_ms
+        heapq.heappush(self._due, (when_ms, next(self._sequence), tx.transaction_id))
+
+    def reschedule(self, tx: Transaction, when_ms: int) -> None:
+        """Check ``tx`` again at ``when_ms`` (if it is still pending then)."""
+        with self.lock:
+            if self.by_id.get(tx.transaction_id) is tx and tx.state is TransactionState.PENDING:
+                self._schedule(tx, when_ms)
+
+    def pop_due(self, now_ms: int, limit: int) -> list[Transaction]:
+        """Up to ``limit`` pending transactions whose check is due, soonest first; O(due)."""
+        due: list[Transaction] = []
+        with self.lock:
+            while self._due and self._due[0][0] <= now_ms and len(due) < limit:
+                when, _, tx_id = heapq.heappop(self._due)
+                tx = self.by_id.get(tx_id)
+                if tx is not None and tx.state is TransactionState.PENDING and tx.next_check_ms == when:
+                    due.append(tx)
+        return due
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, transaction_id: str) -> Transaction | None:
+        with self.lock:
+            return self.by_id.get(transaction_id)
+
+    def in_state(self, state: TransactionState) -> list[Transaction]:
+        with self.lock:
+            return [tx for tx in self.by_id.values() if tx.state is state]
+
+    def oldest_offset(self) -> int | None:
+        """The lowest commit log offset an open transaction still needs (retention keeps it)."""
+        with self.lock:
+            return min((h.commit_log_offset for tx in self.by_id.values() for h in tx.halves), default=None)
+
+    def __iter__(self) -> Iterator[Transaction]:
+        with self.lock:
+            return iter(list(self.by_id.values()))
+
+    # -- snapshot -------------------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """The open transactions and how far the log is applied: a consistent cut."""
+        with self.lock:
+            saved = [
+                _SavedTransaction(
+                    tx.transaction_id, tx.producer_group, tx.state.value, tx.check_times, tx.timeout_ms,
+                    [(h.commit_log_offset, h.size, h.message_id, h.born_ms, h.store_ms) for h in tx.halves],
+                )
+                for tx in self.by_id.values()
+            ]
+            cut = (self.half_applied, self.op_applied, self.committed, self.rolled_back)
+        return encode_snapshot(BookSnapshot(*cut, saved))
+
+    def restore(self, data: bytes, log_end: int) -> None:
+        """Load a snapshot (on start, before replaying the records after its cut). Half
+        messages at or past ``log_end`` (a torn tail the snapshot outran) are dropped."""
+        snapshot = decode_snapshot(data)
+        with self.lock:
+            self.half_applied, self.op_applied = snapshot.half_upto, snapshot.op_upto
+            self.committed, self.rolled_back = snapshot.committed, snapshot.rolled_back
+            for saved in snapshot.transactions:
+                halves = [HalfRef(*h) for h in saved.halves if h[0] < log_end]
+                if not halves:
+                    continue
+                tx = Transaction(saved.transaction_id, saved.producer_group, halves, saved.timeout_ms,
+                                 TransactionState(saved.state), saved.check_times)
+                self.by_id[tx.transaction_id] = tx
+                if tx.state is TransactionState.PENDING:
+                    self._schedule(tx, max(h.store_ms for h in halves) + tx.timeout_ms)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.by_id.clear()
+            self._due.clear()
+            self.half_applied = self.op_applied = self.committed = self.rolled_back = 0
