@@ -59,11 +59,21 @@ class _File:
 
     __slots__ = ("fd",)
 
-    def __init__(self, path: Path, create: bool) -> None:
-        self.fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
 
     def __del__(self) -> None:
         os.close(self.fd)
+
+
+def _make_directory(directory: Path) -> None:
+    """Create ``directory`` and missing parents, each made durable in its parent (a queue
+    whose directory a crash took would pass for one whose head retention deleted)."""
+    if directory.is_dir():
+        return
+    _make_directory(directory.parent)
+    directory.mkdir(exist_ok=True)
+    _fsync_directory(directory.parent)
 
 
 class ConsumeQueue:
@@ -77,8 +87,6 @@ class ConsumeQueue:
         self._lock = threading.Lock()  # guards _low/_persisted/_pending against readers
         self._files_lock = threading.Lock()  # guards _files (taken after _lock, never before)
         self._files: OrderedDict[int, _File] = OrderedDict()
-        if directory.is_file():
-            self._convert_single_file()
         converting = directory.with_name(directory.name + _CONVERTING)
         if converting.is_dir():
             if directory.exists():  # the conversion did not finish: the old file is intact
@@ -86,8 +94,10 @@ class ConsumeQueue:
             else:  # crashed between removing the old file and the rename
                 os.rename(converting, directory)
                 _fsync_directory(directory.parent)
-        directory.mkdir(parents=True, exist_ok=True)
-        firsts = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+        if directory.is_file():
+            self._convert_single_file(converting)
+        names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+        firsts = sorted(int(name) for name in names if name.isdigit())
         if any(first % entries_per_file for first in firsts):
             raise ValueError(f"{directory}: files not made with {entries_per_file} entries each")
         numbers = [first // entries_per_file for first in firsts]
@@ -127,6 +137,7 @@ class ConsumeQueue:
                     )
                 # Rebuilt after retention deleted the head: the entries before stay a hole
                 # (zeros once written: commit log offset 0, never readable).
+                self._delete_files(self._low, queue_offset // self.entries_per_file)
                 self._low = queue_offset // self.entries_per_file
                 self._persisted = self.min_offset = queue_offset
             self._pending += ENTRY.pack(commit_offset, size, tag_hash(tag))
@@ -153,6 +164,8 @@ class ConsumeQueue:
                 number, index = divmod(offset, per_file)
                 path = self.directory / file_name(number * per_file)
                 is_new = not path.exists()
+                if is_new:
+                    _make_directory(self.directory)
                 file = self._file(number, create=True)
                 written.append((file, os.fstat(file.fd).st_size, path if is_new else None))
                 chunk = data[pos : pos + (per_file - index) * ENTRY_SIZE]
@@ -189,9 +202,7 @@ class ConsumeQueue:
             per_file = self.entries_per_file
             last = max(self._low, (self._persisted - 1) // per_file)
             kept = max(self._low, (keep - 1) // per_file)  # the lowest file stays, maybe empty
-            for number in range(last, kept, -1):
-                self._forget(number)
-                (self.directory / file_name(number * per_file)).unlink(missing_ok=True)
+            self._delete_files(kept + 1, last + 1)
             os.ftruncate(self._file(kept, create=True).fd, (keep - kept * per_file) * ENTRY_SIZE)
             self._pending = bytearray()
             self._persisted = keep
@@ -205,19 +216,16 @@ class ConsumeQueue:
         with self._lock:
             last = max(self._low, (self._persisted - 1) // per_file)
             first_kept = min(self.min_offset // per_file, last)
-            for number in range(self._low, first_kept):
-                self._forget(number)
-                (self.directory / file_name(number * per_file)).unlink(missing_ok=True)
+            self._delete_files(self._low, first_kept)
             self._low = max(self._low, first_kept)
 
     # -- reading --------------------------------------------------------------------------
     def entry(self, queue_offset: int) -> tuple[int, int]:
         """``(commit log offset, size)`` of a queue offset in ``[min_offset, max_offset)``."""
-        data = self._read(queue_offset, 1) if queue_offset >= self.min_offset else b""
-        if not data:
+        found = self.entries(queue_offset, 1)
+        if not found or queue_offset < self.min_offset:  # also when retention just passed it
             raise IndexError(f"queue offset {queue_offset} is not in {self.directory}")
-        offset, size, _ = ENTRY.unpack(data)
-        return offset, size
+        return found[0]
 
     def entries(self, start: int, count: int) -> list[tuple[int, int]]:
         """``(commit log offset, size)`` of up to ``count`` entries from ``start`` (from
@@ -248,7 +256,8 @@ class ConsumeQueue:
                 return b"".join(parts)
             offset += length
         if offset < end:
-            parts.append(bytes(pending[(offset - persisted) * ENTRY_SIZE : (end - persisted) * ENTRY_SIZE]))
+            first, stop = offset - persisted, end - persisted
+            parts.append(bytes(pending[first * ENTRY_SIZE : stop * ENTRY_SIZE]))
         return b"".join(parts)
 
     def _first_at_or_above(self, commit_offset: int) -> int:
@@ -269,7 +278,8 @@ class ConsumeQueue:
         with self._files_lock:
             file = self._files.get(number)
             if file is None:
-                file = _File(self.directory / file_name(number * self.entries_per_file), create)
+                path = self.directory / file_name(number * self.entries_per_file)
+                file = _File(os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644))
                 self._files[number] = file
                 while len(self._files) > _OPEN_FILES:
                     self._files.popitem(last=False)
@@ -281,10 +291,16 @@ class ConsumeQueue:
         with self._files_lock:
             self._files.pop(number, None)
 
-    def _convert_single_file(self) -> None:
-        """Rewrite today's single file as per-offset files (see the module docstring)."""
-        converting = self.directory.with_name(self.directory.name + _CONVERTING)
-        shutil.rmtree(converting, ignore_errors=True)
+    def _delete_files(self, first: int, end: int) -> None:
+        """Delete files ``first`` to ``end - 1`` (under ``_lock``); a reader holding one
+        keeps reading it until done."""
+        for number in range(first, end):
+            self._forget(number)
+            (self.directory / file_name(number * self.entries_per_file)).unlink(missing_ok=True)
+
+    def _convert_single_file(self, converting: Path) -> None:
+        """Rewrite today's single file as per-offset files in ``converting``, then put
+        them in its place (see the module docstring)."""
         converting.mkdir()
         chunk = self.entries_per_file * ENTRY_SIZE
         with self.directory.open("rb") as old:
