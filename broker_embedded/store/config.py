@@ -11,7 +11,8 @@ class StoreConfig:
     """How the store lays out, flushes and keeps its files.
 
     ``flush_mode="sync"`` acknowledges a put only after fsync (group commit);
-    ``"async"`` fsyncs every ``async_flush_interval_s``.
+    ``"async"`` fsyncs every ``async_flush_interval_s``. ``consume_queue_file_entries``
+    is the number of 20-byte entries per consume queue file (300,000: 6 MB).
     """
 
     segment_size: int = 64 * 1024 * 1024
@@ -21,3 +22,4 @@ class StoreConfig:
     max_record_size: int = 4 * 1024 * 1024 + 64 * 1024
     retention_hours: float = 72.0
     min_free_disk_bytes: int = 0
+    consume_queue_file_entries: int = 300_000

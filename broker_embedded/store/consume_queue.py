@@ -1,25 +1,46 @@
 """Consume queues: per topic and queue, fixed 20-byte entries pointing into the commit log.
 
-Entry ``n`` (commit log offset u64, size u32, tag hash u64) sits at byte ``20 * n`` of
-``consumequeue/<topic>/<queue_id>``, so reading queue offset N is O(1). The files are
-derived data: the store rebuilds them from the commit log when they are missing or behind.
-Entries live in memory (``array``) because they are small and read constantly; the file
-is written at checkpoints (``persist``), and a failed write (disk full) is undone and
-retried at the next checkpoint, so the file never holds a hole or a partial entry.
+File layout (RocketMQ's ConsumeQueue mapped files, read with ``pread`` instead of mmap)::
+
+    consumequeue/<topic>/<queue_id>/<first queue offset:020d>
+
+Each file holds ``entries_per_file`` entries (commit log offset u64, size u32, tag hash
+u64); file ``k`` starts at queue offset ``k * entries_per_file``, so queue offset N is in
+file ``N // entries_per_file`` at byte ``20 * (N % entries_per_file)``: O(1). The files of a
+queue are contiguous; only the last one is partly filled. Retention deletes whole files
+from the front (never the last one, whose name and size give ``max_offset``); a queue
+rebuilt after retention deleted its head starts with a hole of zero entries in its first
+file. The files are derived data: the store rebuilds them from the commit log when they
+are missing or behind.
+
+Memory does not grow with the queue: entries appended since the last checkpoint wait in a
+``bytearray`` (already packed) and are written and fsync'd by ``persist``; a failed write
+(disk full) is undone and retried at the next checkpoint, so a file never holds a partial
+entry. Persisted entries are read with ``pread`` through a few cached descriptors.
+
+An old single-file queue (``consumequeue/<topic>/<queue_id>`` a regular file, entry N at
+byte 20·N) is converted on open: the files are built in ``<queue_id>.converting/``, then
+the old file is removed and the directory renamed into place; a crash in between is
+finished on the next open.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import struct
+import threading
 import zlib
-from array import array
+from collections import OrderedDict
 from pathlib import Path
+
+from .commitlog import _fsync_directory
 
 ENTRY = struct.Struct(">QIQ")
 ENTRY_SIZE = ENTRY.size  # 20
-_LOAD_CHUNK = 65536  # entries unpacked per struct call when a queue file is opened
+_OPEN_FILES = 2  # descriptors cached per queue: the tail file and one a lagging reader uses
+_CONVERTING = ".converting"
 
 
 def tag_hash(tag: str) -> int:
@@ -27,97 +48,276 @@ def tag_hash(tag: str) -> int:
     return zlib.crc32(tag.encode()) if tag else 0
 
 
+def file_name(first_offset: int) -> str:
+    """The name of the queue file whose first entry is ``first_offset``."""
+    return f"{first_offset:020d}"
+
+
+class _File:
+    """An open queue file, closed when the last reference goes (a reader may still hold it
+    after retention or the cache dropped it)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+def _make_directory(directory: Path) -> None:
+    """Create ``directory`` and missing parents, each made durable in its parent (a queue
+    whose directory a crash took would pass for one whose head retention deleted)."""
+    if directory.is_dir():
+        return
+    _make_directory(directory.parent)
+    directory.mkdir(exist_ok=True)
+    _fsync_directory(directory.parent)
+
+
 class ConsumeQueue:
     """One queue's entries; ``min_offset`` rises when retention drops old segments."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        raw = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
-        whole = len(raw) - len(raw) % ENTRY_SIZE
-        if whole != len(raw):
-            os.ftruncate(self.fd, whole)
-        self.offsets = array("q")
-        self.sizes = array("i")
-        self.tags = array("Q")
-        for start in range(0, whole, _LOAD_CHUNK * ENTRY_SIZE):
-            chunk = raw[start : min(whole, start + _LOAD_CHUNK * ENTRY_SIZE)]
-            fields = struct.unpack(">" + ENTRY.format[1:] * (len(chunk) // ENTRY_SIZE), chunk)
-            self.offsets.extend(fields[0::3])
-            self.sizes.extend(fields[1::3])
-            self.tags.extend(fields[2::3])
-        self.persisted = len(self.offsets)
-        self.min_offset = 0
+    def __init__(self, directory: Path, entries_per_file: int) -> None:
+        if entries_per_file < 1:
+            raise ValueError("entries_per_file must be at least 1")
+        self.directory = directory
+        self.entries_per_file = entries_per_file
+        self._lock = threading.Lock()  # guards _low/_persisted/_pending against readers
+        self._files_lock = threading.Lock()  # guards _files (taken after _lock, never before)
+        self._files: OrderedDict[int, _File] = OrderedDict()
+        converting = directory.with_name(directory.name + _CONVERTING)
+        if converting.is_dir():
+            if directory.exists():  # the conversion did not finish: the old file is intact
+                shutil.rmtree(converting)
+            else:  # crashed between removing the old file and the rename
+                os.rename(converting, directory)
+                _fsync_directory(directory.parent)
+        if directory.is_file():
+            self._convert_single_file(converting)
+        names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+        firsts = sorted(int(name) for name in names if name.isdigit())
+        if any(first % entries_per_file for first in firsts):
+            raise ValueError(f"{directory}: files not made with {entries_per_file} entries each")
+        numbers = [first // entries_per_file for first in firsts]
+        self._low = numbers[0] if numbers else 0  # first file number
+        self._persisted = self._low * entries_per_file  # queue offset where the files end
+        if numbers:
+            last = self._file(numbers[-1])
+            size = os.fstat(last.fd).st_size
+            if size % ENTRY_SIZE:
+                os.ftruncate(last.fd, size - size % ENTRY_SIZE)
+            self._persisted = numbers[-1] * entries_per_file + size // ENTRY_SIZE
+        self._pending = bytearray()  # packed entries from _persisted on
+        self.min_offset = self._low * entries_per_file
 
+    # -- state ----------------------------------------------------------------------------
     @property
     def max_offset(self) -> int:
         """The next queue offset to be assigned."""
-        return len(self.offsets)
+        return self._persisted + len(self._pending) // ENTRY_SIZE
 
+    @property
+    def persisted(self) -> int:
+        """The queue offset up to which entries are written to the files."""
+        return self._persisted
+
+    # -- writing --------------------------------------------------------------------------
     def append(self, queue_offset: int, commit_offset: int, size: int, tag: str) -> bool:
         """Add the entry for ``queue_offset``; False if it is already there (replay)."""
-        if queue_offset < len(self.offsets):
-            return False
-        if queue_offset != len(self.offsets):
-            if self.offsets:
-                raise ValueError(
-                    f"{self.path}: queue offset {queue_offset} after {len(self.offsets)} entries"
-                )
-            # Rebuilt after retention deleted the head: placeholders for the deleted
-            # entries (commit log offset 0, below the log's minimum, so never readable).
-            self.offsets.extend([0] * queue_offset)
-            self.sizes.extend([0] * queue_offset)
-            self.tags.extend([0] * queue_offset)
-        self.offsets.append(commit_offset)
-        self.sizes.append(size)
-        self.tags.append(tag_hash(tag))
-        return True
+        with self._lock:
+            end = self.max_offset
+            if queue_offset < end:
+                return False
+            if queue_offset != end:
+                if end:
+                    raise ValueError(
+                        f"{self.directory}: queue offset {queue_offset} after {end} entries"
+                    )
+                # Rebuilt after retention deleted the head: the entries before stay a hole
+                # (zeros once written: commit log offset 0, never readable).
+                self._delete_files(self._low, queue_offset // self.entries_per_file)
+                self._low = queue_offset // self.entries_per_file
+                self._persisted = self.min_offset = queue_offset
+            self._pending += ENTRY.pack(commit_offset, size, tag_hash(tag))
+            return True
+
+    def unpersisted(self) -> tuple[int, bytes]:
+        """``(first entry, bytes)`` of the entries not yet in the files (write them with
+        ``persist``; appends may continue meanwhile)."""
+        with self._lock:
+            return self._persisted, bytes(self._pending)
+
+    def persist(self, start: int, data: bytes) -> None:
+        """Write and fsync entries from ``unpersisted``, then free them from memory.
+
+        On failure every file is cut back to its size before the call (no partial entry)
+        and the entries stay pending for the next attempt."""
+        if not data:
+            return
+        per_file = self.entries_per_file
+        written: list[tuple[_File, int, Path | None]] = []  # file, old size, path if created
+        try:
+            offset, pos = start, 0
+            while pos < len(data):
+                number, index = divmod(offset, per_file)
+                path = self.directory / file_name(number * per_file)
+                is_new = not path.exists()
+                if is_new:
+                    _make_directory(self.directory)
+                file = self._file(number, create=True)
+                written.append((file, os.fstat(file.fd).st_size, path if is_new else None))
+                chunk = data[pos : pos + (per_file - index) * ENTRY_SIZE]
+                if os.pwrite(file.fd, chunk, index * ENTRY_SIZE) != len(chunk):
+                    raise OSError(errno.ENOSPC, "short write")
+                pos += len(chunk)
+                offset += len(chunk) // ENTRY_SIZE
+            for file, _, _ in written:
+                os.fsync(file.fd)
+            if any(created for _, _, created in written):
+                _fsync_directory(self.directory)
+        except OSError:
+            for file, size, created in written:
+                os.ftruncate(file.fd, size)
+                if created is not None:
+                    self._forget(int(created.name) // per_file)
+                    created.unlink()
+            raise
+        done = start + len(data) // ENTRY_SIZE
+        with self._lock:
+            if done > self._persisted:
+                self._pending = self._pending[(done - self._persisted) * ENTRY_SIZE :]
+                self._persisted = done
 
     def truncate_beyond(self, commit_log_end: int) -> None:
         """Drop entries that point at or past the end of the commit log (a torn tail)."""
-        keep = len(self.offsets)
-        while keep > 0 and self.offsets[keep - 1] >= commit_log_end:
-            keep -= 1
-        if keep != len(self.offsets):
-            del self.offsets[keep:]
-            del self.sizes[keep:]
-            del self.tags[keep:]
-        if keep < self.persisted:
-            os.ftruncate(self.fd, keep * ENTRY_SIZE)
-            self.persisted = keep
+        keep = self._first_at_or_above(commit_log_end)
+        if keep == self.max_offset:
+            return
+        with self._lock:
+            if keep >= self._persisted:
+                del self._pending[(keep - self._persisted) * ENTRY_SIZE :]
+                return
+            per_file = self.entries_per_file
+            last = max(self._low, (self._persisted - 1) // per_file)
+            kept = max(self._low, (keep - 1) // per_file)  # the lowest file stays, maybe empty
+            self._delete_files(kept + 1, last + 1)
+            os.ftruncate(self._file(kept, create=True).fd, (keep - kept * per_file) * ENTRY_SIZE)
+            self._pending = bytearray()
+            self._persisted = keep
+            self.min_offset = min(self.min_offset, keep)
 
     def drop_below(self, commit_log_min: int) -> None:
-        """Raise ``min_offset`` past entries whose record retention deleted."""
-        while self.min_offset < len(self.offsets) and self.offsets[self.min_offset] < commit_log_min:
-            self.min_offset += 1
+        """Raise ``min_offset`` past entries whose record retention deleted, and delete the
+        files that lie wholly below it (all but the last file)."""
+        self.min_offset = self._first_at_or_above(commit_log_min)
+        per_file = self.entries_per_file
+        with self._lock:
+            last = max(self._low, (self._persisted - 1) // per_file)
+            first_kept = min(self.min_offset // per_file, last)
+            self._delete_files(self._low, first_kept)
+            self._low = max(self._low, first_kept)
 
+    # -- reading --------------------------------------------------------------------------
     def entry(self, queue_offset: int) -> tuple[int, int]:
-        """``(commit log offset, size)`` of a queue offset."""
-        return self.offsets[queue_offset], self.sizes[queue_offset]
+        """``(commit log offset, size)`` of a queue offset in ``[min_offset, max_offset)``."""
+        found = self.entries(queue_offset, 1)
+        if not found or queue_offset < self.min_offset:  # also when retention just passed it
+            raise IndexError(f"queue offset {queue_offset} is not in {self.directory}")
+        return found[0]
 
-    def unpersisted(self) -> tuple[int, bytes]:
-        """``(first entry, bytes)`` of the entries not yet in the file (call under the
-        store's write lock; write them with ``persist`` outside it)."""
-        start = self.persisted
-        pack = ENTRY.pack
-        data = b"".join(
-            pack(self.offsets[n], self.sizes[n], self.tags[n]) for n in range(start, len(self.offsets))
-        )
-        return start, data
-
-    def persist(self, start: int, data: bytes) -> None:
-        """Write and fsync entries from ``unpersisted``; on failure the file is unchanged."""
-        if data:
+    def entries(self, start: int, count: int) -> list[tuple[int, int]]:
+        """``(commit log offset, size)`` of up to ``count`` entries from ``start`` (from
+        ``min_offset`` if below it): one ``pread`` per file, the rest from memory."""
+        while True:
+            start = max(start, self.min_offset)
             try:
-                written = os.pwrite(self.fd, data, start * ENTRY_SIZE)
-                if written != len(data):
-                    raise OSError(errno.ENOSPC, "short write")
-                os.fsync(self.fd)
-            except OSError:
-                os.ftruncate(self.fd, start * ENTRY_SIZE)
-                raise
-            self.persisted = max(self.persisted, start + len(data) // ENTRY_SIZE)
+                data = self._read(start, count)
+            except FileNotFoundError:  # retention deleted the file under us: start higher
+                if start >= self.min_offset:
+                    raise
+                continue
+            return [(offset, size) for offset, size, _ in ENTRY.iter_unpack(data)]
+
+    def _read(self, start: int, count: int) -> bytes:
+        with self._lock:
+            persisted, pending = self._persisted, self._pending
+        end = min(start + count, persisted + len(pending) // ENTRY_SIZE)
+        parts: list[bytes] = []
+        per_file = self.entries_per_file
+        offset = start
+        while offset < min(end, persisted):
+            number, index = divmod(offset, per_file)
+            length = min(end, persisted, (number + 1) * per_file) - offset
+            part = os.pread(self._file(number).fd, length * ENTRY_SIZE, index * ENTRY_SIZE)
+            parts.append(part[: len(part) - len(part) % ENTRY_SIZE])
+            if len(part) < length * ENTRY_SIZE:  # cut short by a concurrent truncation
+                return b"".join(parts)
+            offset += length
+        if offset < end:
+            first, stop = offset - persisted, end - persisted
+            parts.append(bytes(pending[first * ENTRY_SIZE : stop * ENTRY_SIZE]))
+        return b"".join(parts)
+
+    def _first_at_or_above(self, commit_offset: int) -> int:
+        """The first queue offset from ``min_offset`` whose entry points at or past
+        ``commit_offset`` (entries rise within a queue): a binary search, one pread a step."""
+        low, high = self.min_offset, self.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            if self.entry(middle)[0] < commit_offset:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    # -- files ----------------------------------------------------------------------------
+    def _file(self, number: int, create: bool = False) -> _File:
+        """File ``number`` from the small descriptor cache, opening it if needed."""
+        with self._files_lock:
+            file = self._files.get(number)
+            if file is None:
+                path = self.directory / file_name(number * self.entries_per_file)
+                file = _File(os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644))
+                self._files[number] = file
+                while len(self._files) > _OPEN_FILES:
+                    self._files.popitem(last=False)
+            else:
+                self._files.move_to_end(number)
+            return file
+
+    def _forget(self, number: int) -> None:
+        with self._files_lock:
+            self._files.pop(number, None)
+
+    def _delete_files(self, first: int, end: int) -> None:
+        """Delete files ``first`` to ``end - 1`` (under ``_lock``); a reader holding one
+        keeps reading it until done."""
+        for number in range(first, end):
+            self._forget(number)
+            (self.directory / file_name(number * self.entries_per_file)).unlink(missing_ok=True)
+
+    def _convert_single_file(self, converting: Path) -> None:
+        """Rewrite today's single file as per-offset files in ``converting``, then put
+        them in its place (see the module docstring)."""
+        converting.mkdir()
+        chunk = self.entries_per_file * ENTRY_SIZE
+        with self.directory.open("rb") as old:
+            number = 0
+            while data := old.read(chunk):
+                data = data[: len(data) - len(data) % ENTRY_SIZE]
+                with (converting / file_name(number * self.entries_per_file)).open("wb") as new:
+                    new.write(data)
+                    new.flush()
+                    os.fsync(new.fileno())
+                number += 1
+        _fsync_directory(converting)
+        self.directory.unlink()
+        os.rename(converting, self.directory)
+        _fsync_directory(self.directory.parent)
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Release the file descriptors."""
+        with self._files_lock:
+            self._files.clear()

@@ -3,9 +3,10 @@
 Data directory layout::
 
     lock                      held with flock by the open store (DataDirLockedError)
-    store.json                the segment size the directory was created with
+    store.json                the segment size and consume queue file entries the
+                              directory was created with
     commitlog/<offset:020d>   segment files
-    consumequeue/<topic>/<queue_id>
+    consumequeue/<topic>/<queue_id>/<queue offset:020d>   consume queue files
     index/index.log
     checkpoint                JSON: ``verified`` (the commit log offset up to which the
                               log is verified and the consume queues and index are
@@ -20,7 +21,7 @@ is dispatched to its consume queue and the index, and listeners are told, only o
 durable, so a consumer can never read a record that a crash could take back. In ``async``
 mode records are dispatched at once and a background thread fsyncs every
 ``async_flush_interval_s``. Consume queue and index files are written at checkpoints
-(every ``checkpoint_interval_s`` and on close); in between they live in memory.
+(every ``checkpoint_interval_s`` and on close); in between the new entries live in memory.
 
 Recovery (on open): records from the checkpoint's ``verified`` offset on are verified
 (CRC); a bad record in the last segment with nothing intact after it is a torn tail and is
@@ -75,7 +76,7 @@ class MessageStore:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_file = self._acquire_directory_lock()
-        self.config = self._pin_segment_size(config or StoreConfig())
+        self.config = self._pin_layout(config or StoreConfig())
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending: list[StoredRecord] = []
@@ -117,17 +118,27 @@ class MessageStore:
             ) from None
         return fd
 
-    def _pin_segment_size(self, config: StoreConfig) -> StoreConfig:
-        """Segments keep the size they were created with, whatever a later config says."""
+    def _pin_layout(self, config: StoreConfig) -> StoreConfig:
+        """Commit log segments and consume queue files keep the size they were created
+        with, whatever a later config says (a directory from before consume queue files
+        were split takes the configured count)."""
         meta = self.data_dir / "store.json"
-        if meta.exists():
-            size = int(json.loads(meta.read_text())["segment_size"])
-            if size != config.segment_size:
-                log.info("using the data directory's segment size %d", size)
-                return dataclasses.replace(config, segment_size=size)
-            return config
-        meta.write_text(json.dumps({"segment_size": config.segment_size}))
-        return config
+        pinned = json.loads(meta.read_text()) if meta.exists() else {}
+        layout = {
+            "segment_size": int(pinned.get("segment_size", config.segment_size)),
+            "consume_queue_file_entries": int(
+                pinned.get("consume_queue_file_entries", config.consume_queue_file_entries)
+            ),
+        }
+        pinned_config = dataclasses.replace(
+            config, segment_size=layout["segment_size"],
+            consume_queue_file_entries=layout["consume_queue_file_entries"],
+        )
+        if pinned_config != config:
+            log.info("using the data directory's layout %s", layout)
+        if layout != pinned:
+            meta.write_text(json.dumps(layout))
+        return pinned_config
 
     def _checkpoint_path(self) -> Path:
         return self.data_dir / "checkpoint"
@@ -144,9 +155,10 @@ class MessageStore:
         rebuild_queues = not queue_dir.exists()
         rebuild_index = self.index.max_indexed < 0
         for topic_dir in sorted(queue_dir.iterdir()) if queue_dir.exists() else []:
-            for queue_file in sorted(topic_dir.iterdir()):
-                if queue_file.name.isdigit():
-                    self._queue(topic_dir.name, int(queue_file.name))
+            for queue_path in sorted(topic_dir.iterdir()):
+                queue_id = queue_path.name.partition(".")[0]  # also "<id>.converting"
+                if queue_id.isdigit():
+                    self._queue(topic_dir.name, int(queue_id))
         replay_from = 0 if (rebuild_queues or rebuild_index) else verified
         if replay_from < verified:
             for record in self.commitlog.scan(replay_from, verified):
@@ -164,7 +176,10 @@ class MessageStore:
         key = (topic, queue_id)
         queue = self._queues.get(key)
         if queue is None:
-            queue = ConsumeQueue(self.data_dir / "consumequeue" / topic / str(queue_id))
+            queue = ConsumeQueue(
+                self.data_dir / "consumequeue" / topic / str(queue_id),
+                self.config.consume_queue_file_entries,
+            )
             self._queues[key] = queue
         return queue
 
@@ -397,9 +412,7 @@ class MessageStore:
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             return []
-        offset = max(offset, queue.min_offset)
-        end = min(queue.max_offset, offset + max_records)
-        return [self.commitlog.read(*queue.entry(n)) for n in range(offset, end)]
+        return [self.commitlog.read(*entry) for entry in queue.entries(offset, max_records)]
 
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get((topic, queue_id))
