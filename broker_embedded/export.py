@@ -89,6 +89,7 @@ def delivery_rows(broker: EmbeddedBroker) -> Iterator[dict[str, Any]]:
     """One row per message and consumer group that received it, from the groups' progress
     events in ``RMQ_SYS_CONSUMER_STATE`` (the broker keeps no per-message state in memory)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
+    broker.store.flush()  # progress events are written without waiting for their fsync
     for record in broker.iter_queue(CONSUMER_STATE_TOPIC):
         for event in decode_events(record.body):
             row = rows.setdefault((event.g, event.m), {
