@@ -11,7 +11,9 @@ class StoreConfig:
     """How the store lays out, flushes and keeps its files.
 
     ``flush_mode="sync"`` acknowledges a put only after fsync (group commit);
-    ``"async"`` fsyncs every ``async_flush_interval_s``.
+    ``"async"`` fsyncs every ``async_flush_interval_s``. Each index file has
+    ``index_slots`` hash slots and room for ``index_entries`` entries (4 + 20 bytes each,
+    sparse until used); sizes apply to index files created after a change.
     """
 
     segment_size: int = 64 * 1024 * 1024
@@ -21,3 +23,5 @@ class StoreConfig:
     max_record_size: int = 4 * 1024 * 1024 + 64 * 1024
     retention_hours: float = 72.0
     min_free_disk_bytes: int = 0
+    index_slots: int = 1 << 20
+    index_entries: int = 1 << 22
