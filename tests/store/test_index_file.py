@@ -16,6 +16,7 @@ from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.index import HEADER_SIZE, MessageIndex
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
+from tests.store.test_message_store import tiny_filesystem  # noqa: F401 (a fixture)
 
 # Three slots and seven entries a file: every chain is long, every slot is shared, and a
 # few hundred records fill dozens of files.
@@ -185,6 +186,7 @@ import sys, threading
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
+from tests.store.test_message_store import tiny_filesystem  # noqa: F401 (a fixture)
 store = MessageStore(sys.argv[1], StoreConfig(
     segment_size=64 * 1024, checkpoint_interval_s=0.2, index_slots=64, index_entries=500))
 out = threading.Lock()
@@ -245,3 +247,24 @@ def test_memory_does_not_grow_with_indexed_entries(tmp_path: Path) -> None:
     assert len(index.lookup_key("orders", "order-7")) == 3
     assert len(index.files) == 3
     index.close()
+
+
+def test_entries_a_full_disk_refused_are_indexed_at_the_next_open(
+    tiny_filesystem: Path,  # noqa: F811
+) -> None:
+    ballast = tiny_filesystem / "ballast"
+    ballast.write_bytes(b"b" * 160 * 1024)
+    data_dir = tiny_filesystem / "store"
+    # A large, sparse slot table: every new id lands on a page of its own, until none is left.
+    config = StoreConfig(segment_size=32 * 1024, checkpoint_interval_s=3600, index_slots=1 << 20)
+    with MessageStore(data_dir, config) as store:
+        stored = []
+        while store.index.failed_from is None:
+            stored.append(store.put(record(body=b"", UNIQ_KEY=f"id{len(stored)}")))
+        stored += [store.put(record(body=b"", UNIQ_KEY=f"id{len(stored) + n}")) for n in range(3)]
+        assert store.lookup_message_id(f"id{len(stored) - 4}") == []  # the refused entry
+        ballast.unlink()  # space for the closing checkpoint, which stays below that entry
+    with MessageStore(data_dir, config) as store:
+        assert [store.lookup_message_id(f"id{n}") for n in range(len(stored))] == [
+            [r.commit_log_offset] for r in stored
+        ]
