@@ -28,6 +28,7 @@ the index from the commit log.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -62,7 +63,7 @@ def key_hash(kind: str, topic: str, key: str) -> int:
 
 def _write(fd: int, data: bytes, position: int) -> None:
     if os.pwrite(fd, data, position) != len(data):
-        raise OSError(28, "short write")  # ENOSPC
+        raise OSError(errno.ENOSPC, "short write")
 
 
 class IndexFile:
@@ -176,6 +177,7 @@ class IndexFile:
         return found
 
     def write_header(self) -> None:
+        """Write the in-memory header fields (not fsync'd)."""
         header = _HEADER.pack(
             MAGIC, VERSION, 0, self.slots, self.capacity, self.count,
             self.low_offset, self.high_offset, self.indexed_through,
@@ -183,6 +185,7 @@ class IndexFile:
         _write(self.fd, header.ljust(HEADER_SIZE, b"\0"), 0)
 
     def close(self) -> None:
+        """Close the file descriptor."""
         os.close(self.fd)
 
 
@@ -304,6 +307,7 @@ class MessageIndex:
         self._stale_headers.update(file for file in files if file in self.files)
 
     def close(self) -> None:
+        """Close every file (``persist`` first to keep what was added)."""
         with self._lock:
             for file in self.files:
                 file.close()

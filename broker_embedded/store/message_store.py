@@ -28,8 +28,8 @@ Recovery (on open): records from the checkpoint's ``verified`` offset on are ver
 truncated; a bad record before intact ones, or in a closed segment, raises
 ``CorruptLogError``. Consume queue entries past the end are dropped and missing ones
 rebuilt; index entries past the checkpoint are added again (lookups drop duplicates and
-confirm each offset against the record there, so a stale entry is never returned); a deleted ``consumequeue/`` or ``index/`` is rebuilt from the first segment,
-byte-identical.
+confirm each offset against the record there, so a stale entry is never returned); a
+deleted ``consumequeue/`` or ``index/`` is rebuilt from the first segment, byte-identical.
 
 Dispatch listeners are told of records dispatched after the store is open, never of those
 replayed during recovery: the broker core rebuilds its state with ``scan()`` (or by
