@@ -18,7 +18,7 @@ Layout (big-endian), RocketMQ's fields in a compact order::
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import crc32c
 import msgspec
@@ -32,6 +32,7 @@ _FIXED = struct.Struct(">IIQQQH")  # queue_id, flags, queue_offset, born, store,
 _U32 = struct.Struct(">I")
 HEAD_SIZE = _HEAD.size
 MIN_RECORD_SIZE = _HEAD.size + _FIXED.size + 2 * _U32.size
+_PEEK_SIZE = 512  # bytes read first by decode_head: the header, topic and properties mostly
 
 _encode_props = msgspec.msgpack.Encoder().encode
 _decode_props = msgspec.msgpack.Decoder(dict[str, str]).decode
@@ -80,6 +81,36 @@ def peek_length(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         return 0, 0
     total, magic, _ = _HEAD.unpack_from(buf, pos)
     return total, magic
+
+
+def decode_head(read: Callable[[int, int], bytes]) -> tuple[str, dict[str, str]]:
+    """Topic and properties of a record, its body left unread (no crc check).
+
+    ``read(position, length)`` returns the record's bytes; ``RecordError`` if no record
+    starts there."""
+    head = read(0, _PEEK_SIZE)
+    if len(head) < MIN_RECORD_SIZE:
+        raise RecordError("truncated header")
+    total, magic, _ = _HEAD.unpack_from(head, 0)
+    topic_len = _FIXED.unpack_from(head, HEAD_SIZE)[-1]
+    props_at = HEAD_SIZE + _FIXED.size + topic_len + _U32.size
+    if magic != RECORD_MAGIC or props_at + _U32.size > total:
+        raise RecordError(f"no record (magic {magic:#x}, length {total})")
+    try:
+        if len(head) < props_at:
+            head = read(0, props_at)
+        (props_len,) = _U32.unpack_from(head, props_at - _U32.size)
+        end = props_at + props_len
+        if end + _U32.size > total:
+            raise RecordError("inconsistent field lengths")
+        if len(head) < end:
+            head = read(0, end)
+        if len(head) < end:
+            raise RecordError("truncated properties")
+        topic = head[HEAD_SIZE + _FIXED.size : props_at - _U32.size].decode()
+        return topic, _decode_props(head[props_at:end]) if props_len else {}
+    except (struct.error, UnicodeDecodeError, msgspec.DecodeError) as exc:
+        raise RecordError(f"undecodable topic or properties: {exc}") from exc
 
 
 def decode(buf: bytes | memoryview, pos: int, commit_log_offset: int) -> StoredRecord:

@@ -177,7 +177,7 @@ class CommitLog:
                 raise StoreFullError(f"disk full while creating {path}") from exc
             raise
         self.segments.append(segment)
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
         return segment
 
     def _write_all(self, segment: Segment, position: int, data: bytes) -> None:
@@ -218,6 +218,16 @@ class CommitLog:
         head = segment.pread(offset - segment.base_offset, codec.HEAD_SIZE)
         total, _ = codec.peek_length(head, 0)
         return self.read(offset, total)
+
+    def read_head(self, offset: int) -> tuple[str, dict[str, str]] | None:
+        """Topic and properties of the record at ``offset``, body unread; None when no
+        record starts there."""
+        segment = self._segment_of(offset)
+        position = offset - segment.base_offset
+        try:
+            return codec.decode_head(lambda start, length: segment.pread(position + start, length))
+        except codec.RecordError:
+            return None
 
     def scan(self, from_offset: int, to_offset: int) -> Iterator[StoredRecord]:
         """Every record in ``[from_offset, to_offset)``, in order."""
@@ -286,7 +296,7 @@ def _intact_record_after(data: bytes, start: int, base_offset: int) -> bool:
     return False
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

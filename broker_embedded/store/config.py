@@ -12,7 +12,9 @@ class StoreConfig:
 
     ``flush_mode="sync"`` acknowledges a put only after fsync (group commit);
     ``"async"`` fsyncs every ``async_flush_interval_s``. ``consume_queue_file_entries``
-    is the number of 20-byte entries per consume queue file (300,000: 6 MB).
+    is the number of 20-byte entries per consume queue file (300,000: 6 MB). Each index
+    file has ``index_slots`` hash slots and room for ``index_entries`` entries (4 + 20
+    bytes each, sparse until used); sizes apply to index files created after a change.
     """
 
     segment_size: int = 64 * 1024 * 1024
@@ -23,3 +25,5 @@ class StoreConfig:
     retention_hours: float = 72.0
     min_free_disk_bytes: int = 0
     consume_queue_file_entries: int = 300_000
+    index_slots: int = 1 << 20
+    index_entries: int = 1 << 22

@@ -35,7 +35,7 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-from .commitlog import _fsync_directory
+from .commitlog import fsync_directory
 
 ENTRY = struct.Struct(">QIQ")
 ENTRY_SIZE = ENTRY.size  # 20
@@ -73,7 +73,7 @@ def _make_directory(directory: Path) -> None:
         return
     _make_directory(directory.parent)
     directory.mkdir(exist_ok=True)
-    _fsync_directory(directory.parent)
+    fsync_directory(directory.parent)
 
 
 class ConsumeQueue:
@@ -93,7 +93,7 @@ class ConsumeQueue:
                 shutil.rmtree(converting)
             else:  # crashed between removing the old file and the rename
                 os.rename(converting, directory)
-                _fsync_directory(directory.parent)
+                fsync_directory(directory.parent)
         if directory.is_file():
             self._convert_single_file(converting)
         names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
@@ -176,7 +176,7 @@ class ConsumeQueue:
             for file, _, _ in written:
                 os.fsync(file.fd)
             if any(created for _, _, created in written):
-                _fsync_directory(self.directory)
+                fsync_directory(self.directory)
         except OSError:
             for file, size, created in written:
                 os.ftruncate(file.fd, size)
@@ -312,10 +312,10 @@ class ConsumeQueue:
                     new.flush()
                     os.fsync(new.fileno())
                 number += 1
-        _fsync_directory(converting)
+        fsync_directory(converting)
         self.directory.unlink()
         os.rename(converting, self.directory)
-        _fsync_directory(self.directory.parent)
+        fsync_directory(self.directory.parent)
 
     def close(self) -> None:
         """Release the file descriptors."""

@@ -1,153 +1,315 @@
-"""The index: message ids and keys to commit log offsets, for "query by id / key".
+"""The index: message ids and (topic, key) pairs to commit log offsets, on disk.
 
-Persisted as an append-only file of ``<kind><topic>\\x1f<key>\\x1f<offset>\\n`` lines
-(kind ``i`` for a message id, ``k`` for a key), in commit log order, and held in memory as
-dicts. Lines are written at checkpoints (``persist``); a failed write (disk full) is cut
-back to the last whole line and retried later. It is derived data: the store rebuilds it
-from the commit log past its checkpoint, or from scratch.
+RocketMQ's IndexFile: hash tables in files under ``index/``, read with ``pread`` and written
+with ``pwrite`` as records are dispatched, so memory holds a few fields per file however
+many messages are indexed. Files are named by a sequence number (10 digits); each is::
 
-Opening reads only the file's last line; ``start_loading`` parses the rest in a thread so
-a restart does not wait for it, and lookups wait until it is done.
+    header   64 bytes: magic u32, version u16, 0 u16, slot count u32, entry capacity u32,
+             entry count u32, lowest and highest commit log offset of its entries i64 (-1:
+             none), the commit log offset through which records were indexed i64, zeros
+    slots    slot count x u32: the number of the newest entry whose hash falls in the slot
+             (entries are numbered from 1; 0: empty)
+    entries  capacity x 20 bytes: key hash u64, commit log offset u64, the previous entry
+             of the same slot u32 (0: end of the chain)
+
+Big-endian. A key's hash is 8 bytes of blake2b over its kind (``i`` message id, ``k`` a key
+of a topic), topic and key, never 0 (an unwritten entry). A lookup reads the key's slot in
+every file, newest first, follows the chain and keeps offsets whose entry has the key's
+hash. Different keys can share a hash, and after a crash entries can point past the
+recovered commit log, so the store confirms each offset against the record there.
+
+``add`` writes a record's entries with one ``pwrite``, then the slots that now point to
+them. Headers are written and files fsync'd at checkpoints (``persist``); after a crash a
+header's entry count may lag, and opening counts on over the non-zero entries after it.
+A full file is followed by a new one, created complete and fsync'd before it is renamed
+into place. The index is derived data: unreadable files are deleted and the store rebuilds
+the index from the commit log.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import logging
 import os
+import struct
 import threading
-from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
-SEP = "\x1f"
-_SEP_BYTES = SEP.encode()
+from .commitlog import fsync_directory
+
+log = logging.getLogger("broker_embedded.store.index")
+
+MAGIC = 0x484D4958  # "HMIX"
+VERSION = 1
+_HEADER = struct.Struct(">IHHIIIqqq")
+HEADER_SIZE = 64
+_SLOT = struct.Struct(">I")
+_ENTRY = struct.Struct(">QQI")
+ENTRY_SIZE = _ENTRY.size  # 20
+_COUNT_CHUNK = 4096  # entries read per pread when counting entries past the header's count
 
 
-def _offset_of(line: bytes | str) -> int:
-    if isinstance(line, bytes):
-        return int(line.rsplit(_SEP_BYTES, 1)[1])
-    return int(line.rsplit(SEP, 1)[1])
+class IndexFileError(ValueError):
+    """An index file whose header is not one this version wrote."""
+
+
+def key_hash(kind: str, topic: str, key: str) -> int:
+    """The 64-bit hash of a key (``kind`` ``i``: a message id, topic ``""``; ``k``: a key)."""
+    digest = hashlib.blake2b(f"{kind}{len(topic)}:{topic}{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") or 1
+
+
+def _write(fd: int, data: bytes, position: int) -> None:
+    if os.pwrite(fd, data, position) != len(data):
+        raise OSError(errno.ENOSPC, "short write")
+
+
+class IndexFile:
+    """One file of the index: its header fields in memory, slots and entries on disk."""
+
+    def __init__(self, path: Path, fd: int, slots: int, capacity: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.slots = slots
+        self.capacity = capacity
+        self.count = 0
+        self.low_offset = -1
+        self.high_offset = -1
+        self.indexed_through = -1
+
+    @classmethod
+    def create(cls, path: Path, slots: int, capacity: int, indexed_through: int) -> IndexFile:
+        """A new, empty file (sparse), durable under its name before it is used."""
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, HEADER_SIZE + 4 * slots + ENTRY_SIZE * capacity)
+            file = cls(path, fd, slots, capacity)
+            file.indexed_through = indexed_through
+            file.write_header()
+            os.fsync(fd)
+            os.replace(tmp, path)
+            fsync_directory(path.parent)
+        except OSError:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return file
+
+    @classmethod
+    def open(cls, path: Path) -> IndexFile:
+        """An existing file; ``IndexFileError`` if its header is not valid."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            raw = os.pread(fd, _HEADER.size, 0)
+            if len(raw) < _HEADER.size:
+                raise IndexFileError("short header")
+            magic, version, _, slots, capacity, count, low, high, through = _HEADER.unpack(raw)
+            if magic != MAGIC or version != VERSION:
+                raise IndexFileError(f"bad magic {magic:#x} or version {version}")
+            size = HEADER_SIZE + 4 * slots + ENTRY_SIZE * capacity
+            if not slots or not capacity or count > capacity or os.fstat(fd).st_size != size:
+                raise IndexFileError("sizes do not match the header")
+            file = cls(path, fd, slots, capacity)
+            file.count, file.low_offset, file.high_offset, file.indexed_through = count, low, high, through
+            file._count_unheaded_entries()
+        except BaseException:
+            os.close(fd)
+            raise
+        return file
+
+    def _count_unheaded_entries(self) -> None:
+        """Count entries written after the header was (a crash between checkpoints)."""
+        while self.count < self.capacity:
+            chunk = min(_COUNT_CHUNK, self.capacity - self.count)
+            raw = os.pread(self.fd, chunk * ENTRY_SIZE, self._entry_position(self.count + 1))
+            for hash_, offset, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE]):
+                if not hash_:
+                    return
+                self._counted(offset)
+            if len(raw) < chunk * ENTRY_SIZE:
+                return
+
+    def _counted(self, offset: int) -> None:
+        self.count += 1
+        self.low_offset = offset if self.low_offset < 0 else min(self.low_offset, offset)
+        self.high_offset = max(self.high_offset, offset)
+
+    def _entry_position(self, number: int) -> int:
+        return HEADER_SIZE + 4 * self.slots + ENTRY_SIZE * (number - 1)
+
+    def _slot(self, slot: int) -> int:
+        raw = os.pread(self.fd, 4, HEADER_SIZE + 4 * slot)
+        return _SLOT.unpack(raw)[0] if len(raw) == 4 else 0
+
+    def add(self, hashes: list[int], offset: int) -> None:
+        """Append one entry per hash for the record at ``offset`` and link them into their
+        slots (the caller leaves room: ``len(hashes) <= capacity - count``)."""
+        first = self.count + 1
+        heads: dict[int, int] = {}
+        entries = []
+        for number, hash_ in enumerate(hashes, first):
+            slot = hash_ % self.slots
+            previous = heads.get(slot)
+            entries.append(_ENTRY.pack(hash_, offset, self._slot(slot) if previous is None else previous))
+            heads[slot] = number
+        _write(self.fd, b"".join(entries), self._entry_position(first))
+        for _ in hashes:
+            self._counted(offset)  # before the slots: a slot never points past the count
+        for slot, number in heads.items():
+            _write(self.fd, _SLOT.pack(number), HEADER_SIZE + 4 * slot)
+
+    def lookup(self, hash_: int) -> list[int]:
+        """Commit log offsets of the entries with ``hash_``, newest first."""
+        found = []
+        number = self._slot(hash_ % self.slots)
+        while 0 < number <= self.count:
+            entry_hash, offset, previous = _ENTRY.unpack(
+                os.pread(self.fd, ENTRY_SIZE, self._entry_position(number))
+            )
+            if entry_hash == hash_:
+                found.append(offset)
+            if previous >= number:
+                break  # not a chain (a damaged file): stop rather than loop
+            number = previous
+        return found
+
+    def write_header(self) -> None:
+        """Write the in-memory header fields (not fsync'd)."""
+        header = _HEADER.pack(
+            MAGIC, VERSION, 0, self.slots, self.capacity, self.count,
+            self.low_offset, self.high_offset, self.indexed_through,
+        )
+        _write(self.fd, header.ljust(HEADER_SIZE, b"\0"), 0)
+
+    def close(self) -> None:
+        """Close the file descriptor."""
+        os.close(self.fd)
 
 
 class MessageIndex:
-    """Message id -> offsets, and (topic, key) -> offsets."""
+    """Message id -> offsets and (topic, key) -> offsets, in index files under ``directory``;
+    new files get ``slots`` hash slots and room for ``entries`` entries."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.by_id: dict[str, list[int]] = defaultdict(list)
-        self.by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
-        self._pending: list[str] = []
-        self._lock = threading.Lock()
-        self._loaded = threading.Event()
-        self._late: list[tuple[str, str, str, int]] = []  # added before the load finished
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        raw = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
-        whole = raw.rfind(b"\n") + 1
-        if whole != len(raw):
-            os.ftruncate(self.fd, whole)  # a torn last line
-        self._raw = raw[:whole]
-        self.file_size = whole
-        last_line = self._raw[self._raw.rfind(b"\n", 0, whole - 1) + 1 :]
-        self.max_indexed = _offset_of(last_line) if last_line else -1
+    def __init__(self, directory: Path, slots: int, entries: int) -> None:
+        self.directory = directory
+        self.slots = slots
+        self.capacity = entries
+        directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # lookups against deleting and closing files
+        self._stale_headers: set[IndexFile] = set()
+        self.files = self._open_files()
+        self.max_indexed = self.files[-1].indexed_through if self.files else -1
+        #: The first record an add failed to index (disk full): the store's checkpoint
+        #: stays below it, so the next open indexes it again.
+        self.failed_from: int | None = None
+        if not self.files:
+            self.files.append(self._create(0))
 
-    def start_loading(self) -> None:
-        """Parse the file into memory in a background thread."""
-        threading.Thread(target=self._load, name="store-index-load", daemon=True).start()
+    def _open_files(self) -> list[IndexFile]:
+        for leftover in [*self.directory.glob("*.tmp"), self.directory / "index.log"]:
+            leftover.unlink(missing_ok=True)  # an interrupted roll; the old line format
+        paths = sorted(path for path in self.directory.iterdir() if path.name.isdigit())
+        files: list[IndexFile] = []
+        try:
+            for path in paths:
+                files.append(IndexFile.open(path))
+        except (OSError, IndexFileError) as exc:
+            log.warning("index file %s is unreadable (%s); rebuilding the index", path, exc)
+            for file in files:
+                file.close()
+            for path in paths:
+                path.unlink()
+            return []
+        return files
 
-    def _load(self) -> None:
-        by_id: dict[str, list[int]] = defaultdict(list)
-        by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for line in self._raw.decode("utf-8").splitlines():
-            try:
-                topic, key, raw_offset = line[1:].split(SEP)
-                offset = int(raw_offset)
-            except ValueError:
-                continue  # a key holding the separator: not queryable after a restart
-            target = by_id[key] if line[0] == "i" else by_key[(topic, key)]
-            if not target or target[-1] != offset:
-                target.append(offset)
-        with self._lock:
-            for kind, topic, key, offset in self._late:
-                (by_id[key] if kind == "i" else by_key[(topic, key)]).append(offset)
-            self.by_id, self.by_key = by_id, by_key
-            self._late, self._raw = [], b""
-            self._loaded.set()
+    def _create(self, number: int) -> IndexFile:
+        return IndexFile.create(
+            self.directory / f"{number:010d}", self.slots, self.capacity, self.max_indexed
+        )
+
+    def rewind(self, offset: int) -> None:
+        """Index records from ``offset`` on again when they are re-added (recovery replays
+        them from the checkpoint; entries already there are duplicates lookups drop)."""
+        self.max_indexed = min(self.max_indexed, offset - 1)
 
     def add(self, topic: str, message_id: str | None, keys: list[str], offset: int) -> None:
         """Index one record (idempotent: a replayed record is not indexed twice)."""
         if offset <= self.max_indexed:
             return
         self.max_indexed = offset
-        with self._lock:
-            loaded = self._loaded.is_set()
-            if message_id:
-                self._pending.append(f"i{topic}{SEP}{message_id}{SEP}{offset}\n")
-                if loaded:
-                    self.by_id[message_id].append(offset)
-                else:
-                    self._late.append(("i", topic, message_id, offset))
-            for key in dict.fromkeys(keys):
-                self._pending.append(f"k{topic}{SEP}{key}{SEP}{offset}\n")
-                if loaded:
-                    self.by_key[(topic, key)].append(offset)
-                else:
-                    self._late.append(("k", topic, key, offset))
+        hashes = [key_hash("i", "", message_id)] if message_id else []
+        hashes += [key_hash("k", topic, key) for key in dict.fromkeys(keys)]
+        try:
+            while hashes:
+                file = self.files[-1]
+                if file.count == file.capacity:
+                    file = self._create(int(file.path.name) + 1)
+                    self.files.append(file)
+                room = file.capacity - file.count
+                file.add(hashes[:room], offset)
+                self._stale_headers.add(file)
+                hashes = hashes[room:]
+        except OSError:
+            if self.failed_from is None:
+                log.exception("cannot index the record at commit log offset %d", offset)
+                self.failed_from = offset
 
     def lookup_id(self, message_id: str) -> list[int]:
-        self._loaded.wait()
-        with self._lock:
-            return list(self.by_id.get(message_id, ()))
+        """Candidate offsets of a message id, in commit log order."""
+        return self._lookup(key_hash("i", "", message_id))
 
     def lookup_key(self, topic: str, key: str) -> list[int]:
-        self._loaded.wait()
+        """Candidate offsets of a key of a topic, in commit log order."""
+        return self._lookup(key_hash("k", topic, key))
+
+    def _lookup(self, hash_: int) -> list[int]:
+        found: set[int] = set()
         with self._lock:
-            return list(self.by_key.get((topic, key), ()))
+            for file in reversed(self.files):
+                found.update(file.lookup(hash_))
+        return sorted(found)
 
-    def drop_beyond(self, commit_log_end: int) -> None:
-        """Forget offsets at or past the end of the commit log (a torn tail), in the file
-        and in what is not yet written. Called during recovery, before ``start_loading``."""
-        if self.max_indexed < commit_log_end:
-            return
-        self._pending = [line for line in self._pending if _offset_of(line) < commit_log_end]
-        self._late = [entry for entry in self._late if entry[3] < commit_log_end]
-        keep = 0
-        for line in self._raw.splitlines(keepends=True):
-            if _offset_of(line) >= commit_log_end:
-                break
-            keep += len(line)
-        os.ftruncate(self.fd, keep)
-        self._raw = self._raw[:keep]
-        self.file_size = keep
-        self.max_indexed = commit_log_end - 1
-
-    def unpersisted(self) -> tuple[int, bytes]:
-        """``(file position, bytes)`` of lines not yet written (call under the store's
-        write lock; write them with ``persist`` outside it)."""
+    def delete_below(self, commit_log_min: int) -> int:
+        """Delete the oldest files whose entries all point below ``commit_log_min`` (never
+        the newest); returns how many."""
+        deleted = 0
         with self._lock:
-            data = "".join(self._pending).encode("utf-8")
-            self._pending = []
-        start, self.file_size = self.file_size, self.file_size + len(data)
-        return start, data
+            while len(self.files) > 1 and self.files[0].high_offset < commit_log_min:
+                file = self.files.pop(0)
+                self._stale_headers.discard(file)
+                file.close()
+                file.path.unlink()
+                deleted += 1
+        return deleted
 
-    def persist(self, start: int, data: bytes) -> None:
-        """Write and fsync lines from ``unpersisted``; on failure the file is cut back to
-        ``start`` and the lines are raised for a later retry (``restore``)."""
-        if not data:
-            return
-        try:
-            if os.pwrite(self.fd, data, start) != len(data):
-                raise OSError(errno.ENOSPC, "short write")
-            os.fsync(self.fd)
-        except OSError:
-            os.ftruncate(self.fd, start)
-            raise
+    def unpersisted(self) -> list[IndexFile]:
+        """The files whose header is behind (call under the store's write lock; write
+        them with ``persist`` outside it)."""
+        stale, self._stale_headers = self._stale_headers, set()
+        newest = self.files[-1]
+        if newest.indexed_through != self.max_indexed:
+            stale.add(newest)  # the newest file carries ``max_indexed``
+        return list(stale)
 
-    def restore(self, start: int, data: bytes) -> None:
-        """Put back lines whose ``persist`` failed, ahead of any added since."""
-        with self._lock:
-            self._pending.insert(0, data.decode("utf-8"))
-        self.file_size = start
+    def persist(self, files: Iterable[IndexFile]) -> None:
+        """Write the headers of ``files`` and fsync them (entries and slots included)."""
+        for file in files:
+            if file is self.files[-1]:
+                file.indexed_through = self.max_indexed
+            file.write_header()
+            os.fsync(file.fd)
+
+    def restore(self, files: Iterable[IndexFile]) -> None:
+        """Take back files whose ``persist`` failed, to retry at the next checkpoint."""
+        self._stale_headers.update(file for file in files if file in self.files)
 
     def close(self) -> None:
-        self._loaded.wait()
-        os.close(self.fd)
+        """Close every file (``persist`` first to keep what was added)."""
+        with self._lock:
+            for file in self.files:
+                file.close()
+            self.files = []
+

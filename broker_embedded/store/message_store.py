@@ -7,7 +7,7 @@ Data directory layout::
                               directory was created with
     commitlog/<offset:020d>   segment files
     consumequeue/<topic>/<queue_id>/<queue offset:020d>   consume queue files
-    index/index.log
+    index/<number:010d>       index files (hash slots and entries, see ``index.py``)
     checkpoint                JSON: ``verified`` (the commit log offset up to which the
                               log is verified and the consume queues and index are
                               durable), ``commitlog_flushed``, ``consumequeue_dispatched``,
@@ -20,15 +20,17 @@ everything appended so far while later ones queue behind it (group commit). A re
 is dispatched to its consume queue and the index, and listeners are told, only once
 durable, so a consumer can never read a record that a crash could take back. In ``async``
 mode records are dispatched at once and a background thread fsyncs every
-``async_flush_interval_s``. Consume queue and index files are written at checkpoints
-(every ``checkpoint_interval_s`` and on close); in between the new entries live in memory.
+``async_flush_interval_s``. Consume queue files are written at checkpoints (every
+``checkpoint_interval_s`` and on close); in between the new entries live in memory. Index
+files are written as records are dispatched and fsync'd at checkpoints.
 
 Recovery (on open): records from the checkpoint's ``verified`` offset on are verified
 (CRC); a bad record in the last segment with nothing intact after it is a torn tail and is
 truncated; a bad record before intact ones, or in a closed segment, raises
-``CorruptLogError``. Consume queue and index entries past the end are dropped and missing
-ones rebuilt; a deleted ``consumequeue/`` or ``index/`` is rebuilt from the first segment,
-byte-identical.
+``CorruptLogError``. Consume queue entries past the end are dropped and missing ones
+rebuilt; index entries past the checkpoint are added again (lookups drop duplicates and
+confirm each offset against the record there, so a stale entry is never returned); a
+deleted ``consumequeue/`` or ``index/`` is rebuilt from the first segment, byte-identical.
 
 Dispatch listeners are told of records dispatched after the store is open, never of those
 replayed during recovery: the broker core rebuilds its state with ``scan()`` (or by
@@ -89,7 +91,9 @@ class MessageStore:
         started = time.monotonic()
         try:
             self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
-            self.index = MessageIndex(self.data_dir / "index" / "index.log")
+            self.index = MessageIndex(
+                self.data_dir / "index", self.config.index_slots, self.config.index_entries
+            )
             self._recover()
         except BaseException:
             os.close(self._lock_file)  # a failed open (e.g. CorruptLogError) frees the directory
@@ -160,6 +164,7 @@ class MessageStore:
                 if queue_id.isdigit():
                     self._queue(topic_dir.name, int(queue_id))
         replay_from = 0 if (rebuild_queues or rebuild_index) else verified
+        self.index.rewind(verified)
         if replay_from < verified:
             for record in self.commitlog.scan(replay_from, verified):
                 self._dispatch(record, notify=False)
@@ -169,8 +174,6 @@ class MessageStore:
         for queue in self._queues.values():
             queue.truncate_beyond(end)
             queue.drop_below(self.commitlog.min_offset)
-        self.index.drop_beyond(end)
-        self.index.start_loading()
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)
@@ -353,6 +356,8 @@ class MessageStore:
         with self._flush_lock:
             with self._write_lock:
                 verified = self._dispatched_end
+                if self.index.failed_from is not None:
+                    verified = min(verified, self.index.failed_from)
                 queue_writes = [
                     (queue, *queue.unpersisted())
                     for queue in self._queues.values() if queue.persisted < queue.max_offset
@@ -362,7 +367,7 @@ class MessageStore:
             try:
                 for queue, start, data in queue_writes:
                     queue.persist(start, data)
-                self.index.persist(*index_write)
+                self.index.persist(index_write)
                 index_written = True
                 self._write_checkpoint_file({
                     "verified": verified,
@@ -374,7 +379,7 @@ class MessageStore:
                 })
             except OSError as exc:
                 if not index_written:
-                    self.index.restore(*index_write)
+                    self.index.restore(index_write)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise StoreFullError(f"disk full while checkpointing {self.data_dir}") from exc
                 raise
@@ -445,12 +450,24 @@ class MessageStore:
         return low
 
     def lookup_message_id(self, message_id: str) -> list[int]:
-        first = self.commitlog.min_offset
-        return [offset for offset in self.index.lookup_id(message_id) if offset >= first]
+        return [
+            offset for offset in self.index.lookup_id(message_id)
+            if (head := self._head_at(offset)) and head[1].get(PROPERTY_MESSAGE_ID) == message_id
+        ]
 
     def lookup_key(self, topic: str, key: str) -> list[int]:
-        first = self.commitlog.min_offset
-        return [offset for offset in self.index.lookup_key(topic, key) if offset >= first]
+        return [
+            offset for offset in self.index.lookup_key(topic, key)
+            if (head := self._head_at(offset))
+            and head[0] == topic and key in head[1].get(PROPERTY_KEYS, "").split()
+        ]
+
+    def _head_at(self, offset: int) -> tuple[str, dict[str, str]] | None:
+        """Topic and properties of the durable record at an index entry's offset; None
+        if the offset is outside the log or no record starts there (a stale entry)."""
+        if not self.commitlog.min_offset <= offset < self._dispatched_end:
+            return None
+        return self.commitlog.read_head(offset)
 
     def stored_after(self, message_id: str, offset: int, topics: tuple[str, ...]) -> bool:
         """Whether message ``message_id`` was stored after commit log ``offset`` in one of
@@ -491,6 +508,7 @@ class MessageStore:
                 first = self.commitlog.min_offset
                 for queue in self._queues.values():
                     queue.drop_below(first)
+                self.index.delete_below(first)
         return deleted
 
     # -- closing --------------------------------------------------------------------------

@@ -1,0 +1,270 @@
+"""The on-disk index: chains, collisions, rolled files, crashes, rebuilds, retention, memory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.index import HEADER_SIZE, MessageIndex
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import StoredRecord
+from tests.store.test_message_store import tiny_filesystem  # noqa: F401 (a fixture)
+
+# Three slots and seven entries a file: every chain is long, every slot is shared, and a
+# few hundred records fill dozens of files.
+TINY = StoreConfig(segment_size=8192, checkpoint_interval_s=3600, index_slots=3, index_entries=7)
+
+
+def record(topic: str = "orders", body: bytes = b"x" * 40, **props: str) -> StoredRecord:
+    return StoredRecord(topic=topic, queue_id=0, body=body, properties=props)
+
+
+def fill(store: MessageStore, count: int) -> list[StoredRecord]:
+    return [
+        store.put(record(topic=f"t{n % 2}", UNIQ_KEY=f"id{n}", KEYS=f"k{n % 5} all"))
+        for n in range(count)
+    ]
+
+
+def every_lookup(store: MessageStore, count: int) -> dict[str, list[int]]:
+    found = {f"id{n}": store.lookup_message_id(f"id{n}") for n in range(count)}
+    for topic in ("t0", "t1"):
+        for key in [f"k{n}" for n in range(5)] + ["all"]:
+            found[f"{topic}/{key}"] = store.lookup_key(topic, key)
+    return found
+
+
+def expected_lookups(stored: list[StoredRecord]) -> dict[str, list[int]]:
+    expected = {r.properties["UNIQ_KEY"]: [r.commit_log_offset] for r in stored}
+    for topic in ("t0", "t1"):
+        for key in [f"k{n}" for n in range(5)] + ["all"]:
+            expected[f"{topic}/{key}"] = [
+                r.commit_log_offset for r in stored
+                if r.topic == topic and key in r.properties["KEYS"].split()
+            ]
+    return expected
+
+
+def test_lookups_with_long_chains_shared_slots_and_many_files_survive_reopen(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, TINY) as store:
+        stored = fill(store, 300)
+        assert every_lookup(store, 300) == expected_lookups(stored)
+        assert store.lookup_message_id("id300") == [] and store.lookup_key("t0", "k9") == []
+    assert len(list((tmp_path / "index").iterdir())) >= 300 * 3 // 7
+    with MessageStore(tmp_path, TINY) as store:
+        assert every_lookup(store, 300) == expected_lookups(stored)
+        many = store.put(record(UNIQ_KEY="many", KEYS=" ".join(f"m{n}" for n in range(20))))
+        assert all(store.lookup_key("orders", f"m{n}") == [many.commit_log_offset] for n in range(20))
+    with MessageStore(tmp_path, TINY) as store:  # a record's entries span four files
+        assert store.lookup_message_id("many") == [many.commit_log_offset]
+        assert store.lookup_key("orders", "m19") == [many.commit_log_offset]
+
+
+def test_entries_written_after_the_last_header_are_found_and_extended_after_a_crash(tmp_path: Path) -> None:
+    crashed = MessageIndex(tmp_path, slots=2, entries=1000)
+    for offset in range(100):
+        crashed.add("t", f"id{offset}", [f"k{offset % 3}"], offset)
+    # No persist, no close: the header still says "empty", as after a crash.
+    index = MessageIndex(tmp_path, slots=2, entries=1000)
+    assert index.files[0].count == 200
+    for offset in range(100, 150):  # appended after the counted entries, not over them
+        index.add("t", f"id{offset}", [f"k{offset % 3}"], offset)
+    assert [index.lookup_id(f"id{n}") for n in range(150)] == [[n] for n in range(150)]
+    assert index.lookup_key("t", "k1") == list(range(1, 150, 3))
+    crashed.close()
+    index.close()
+
+
+def test_replayed_records_are_skipped_and_rewound_ones_are_not_doubled(tmp_path: Path) -> None:
+    index = MessageIndex(tmp_path, slots=4, entries=16)
+    for offset in range(0, 100, 10):
+        index.add("t", f"id{offset}", ["k"], offset)
+    index.add("t", "other", ["k"], 50)  # at or below the highest indexed offset: skipped
+    assert index.lookup_id("other") == []
+    index.rewind(50)  # recovery replays from a checkpoint at 50
+    for offset in range(50, 100, 10):
+        index.add("t", f"id{offset}", ["k"], offset)
+    assert index.lookup_key("t", "k") == list(range(0, 100, 10))
+    assert index.lookup_id("id60") == [60]
+    assert sum(file.count for file in index.files) == 30  # the duplicates are on disk
+    index.close()
+
+
+def _torn_store(tmp_path: Path) -> StoredRecord:
+    """A store whose last record is cut in half after it was indexed."""
+    with MessageStore(tmp_path, TINY) as store:
+        for n in range(5):
+            store.put(record(UNIQ_KEY=f"keep{n}", KEYS="k"))
+        last = store.put(record(body=b"torn" * 10, UNIQ_KEY="torn-id", KEYS="k"))
+    os.remove(tmp_path / "checkpoint")  # as after a crash between checkpoints
+    segment = sorted((tmp_path / "commitlog").iterdir())[-1]
+    with segment.open("r+b") as f:
+        f.truncate(last.commit_log_offset - int(segment.name) + last.size // 2)
+    return last
+
+
+def test_a_stale_entry_past_a_torn_tail_is_never_returned(tmp_path: Path) -> None:
+    torn = _torn_store(tmp_path)
+    with MessageStore(tmp_path, TINY) as store:
+        assert store.index.lookup_id("torn-id") == [torn.commit_log_offset]  # still on disk
+        assert store.lookup_message_id("torn-id") == []
+        assert torn.commit_log_offset not in store.lookup_key("orders", "k")
+        # Another record now starts where the torn one did: found under its own id only.
+        again = store.put(record(topic="other", UNIQ_KEY="new-id", KEYS="k"))
+        assert again.commit_log_offset == torn.commit_log_offset
+        assert store.lookup_message_id("torn-id") == []
+        assert store.lookup_message_id("new-id") == [again.commit_log_offset]
+        assert torn.commit_log_offset not in store.lookup_key("orders", "k")
+        assert store.lookup_key("other", "k") == [again.commit_log_offset]
+    with MessageStore(tmp_path, TINY) as store:
+        assert store.lookup_message_id("torn-id") == []
+        assert store.lookup_message_id("new-id") == [again.commit_log_offset]
+        assert len(store.lookup_key("orders", "k")) == 5
+
+
+def test_a_deleted_index_is_rebuilt_with_the_same_lookups_and_bytes(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, TINY) as store:
+        stored = fill(store, 120)
+    files = {path.name: path.read_bytes() for path in (tmp_path / "index").iterdir()}
+    shutil.rmtree(tmp_path / "index")
+    with MessageStore(tmp_path, TINY) as store:
+        assert every_lookup(store, 120) == expected_lookups(stored)
+    assert {path.name: path.read_bytes() for path in (tmp_path / "index").iterdir()} == files
+
+
+@pytest.mark.parametrize("damage", ["garbage header", "cut short", "legacy line file"])
+def test_an_unreadable_or_legacy_index_is_rebuilt_with_a_warning(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with MessageStore(tmp_path, TINY) as store:
+        stored = fill(store, 60)
+    index_dir = tmp_path / "index"
+    middle = sorted(index_dir.iterdir())[5]
+    if damage == "garbage header":
+        with middle.open("r+b") as f:
+            f.write(os.urandom(HEADER_SIZE))
+    elif damage == "cut short":
+        with middle.open("r+b") as f:
+            f.truncate(HEADER_SIZE + 10)
+    else:
+        shutil.rmtree(index_dir)
+        index_dir.mkdir()
+        (index_dir / "index.log").write_text("iorders\x1fid0\x1f0\n")
+    with caplog.at_level(logging.WARNING), MessageStore(tmp_path, TINY) as store:
+        assert every_lookup(store, 60) == expected_lookups(stored)
+    assert not (index_dir / "index.log").exists()
+    if damage != "legacy line file":
+        assert "rebuilding the index" in caplog.text
+
+
+def test_retention_deletes_index_files_below_the_log_minimum(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, TINY) as store:
+        stored = fill(store, 300)
+        before = sorted(path.name for path in (tmp_path / "index").iterdir())
+        assert store.delete_expired_segments(now_ms=2**62) > 0
+        first = store.commitlog.min_offset
+        after = sorted(path.name for path in (tmp_path / "index").iterdir())
+        assert before[0] not in after and after == before[-len(after):]
+        assert all(file.high_offset >= first for file in store.index.files)
+        kept = [r for r in stored if r.commit_log_offset >= first]
+        gone = {f"id{n}": [] for n, r in enumerate(stored) if r.commit_log_offset < first}
+        assert gone and every_lookup(store, 300) == gone | expected_lookups(kept)
+    with MessageStore(tmp_path, TINY) as store:
+        assert store.lookup_message_id("id299") == [stored[-1].commit_log_offset]
+
+
+CHILD = r"""
+import sys, threading
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import StoredRecord
+from tests.store.test_message_store import tiny_filesystem  # noqa: F401 (a fixture)
+store = MessageStore(sys.argv[1], StoreConfig(
+    segment_size=64 * 1024, checkpoint_interval_s=0.2, index_slots=64, index_entries=500))
+out = threading.Lock()
+def work(w):
+    for n in range(10**6):
+        r = store.put(StoredRecord(topic="load", queue_id=w, body=b"x" * 50,
+                                   properties={"UNIQ_KEY": f"{w}-{n}", "KEYS": f"w{w}"}))
+        with out:
+            print(f"{w}-{n} {r.commit_log_offset}", flush=True)
+for w in range(4):
+    threading.Thread(target=work, args=(w,), daemon=True).start()
+threading.Event().wait()
+"""
+
+
+@pytest.mark.slow
+def test_every_acknowledged_record_is_found_by_id_after_sigkill(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    acknowledged: list[str] = []
+    for line in child.stdout:
+        acknowledged.append(line)
+        if len(acknowledged) >= 4000:
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    acknowledged.extend(child.stdout.read().splitlines())
+    child.wait()
+    assert len(list((tmp_path / "index").iterdir())) > 4
+    with MessageStore(tmp_path) as store:
+        for line in acknowledged:
+            message_id, offset = line.split()
+            assert store.lookup_message_id(message_id) == [int(offset)], message_id
+        for w in range(4):
+            by_key = store.lookup_key("load", f"w{w}")
+            acked = sorted(int(line.split()[1]) for line in acknowledged if line.startswith(f"{w}-"))
+            assert by_key[: len(acked)] == acked
+            assert len(by_key) == store.queue_max_offset("load", w)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_memory_does_not_grow_with_indexed_entries(tmp_path: Path) -> None:
+    index = MessageIndex(tmp_path, slots=1 << 16, entries=1 << 17)  # three files
+    for offset in range(1000):  # warm up the allocator and the first file
+        index.add("orders", f"warm-{offset}", [], offset)
+    before = _rss_bytes()
+    for offset in range(1000, 151_000):
+        index.add("orders", f"message-{offset:012d}", [f"order-{offset % 50_000}"], offset)
+    grown = _rss_bytes() - before
+    entries = 300_000
+    assert grown < 20 * entries, f"{grown / entries:.1f} bytes per entry"
+    assert index.lookup_id("message-000000100000") == [100_000]
+    assert len(index.lookup_key("orders", "order-7")) == 3
+    assert len(index.files) == 3
+    index.close()
+
+
+def test_entries_a_full_disk_refused_are_indexed_at_the_next_open(
+    tiny_filesystem: Path,  # noqa: F811
+) -> None:
+    ballast = tiny_filesystem / "ballast"
+    ballast.write_bytes(b"b" * 160 * 1024)
+    data_dir = tiny_filesystem / "store"
+    # A large, sparse slot table: every new id lands on a page of its own, until none is left.
+    config = StoreConfig(segment_size=32 * 1024, checkpoint_interval_s=3600, index_slots=1 << 20)
+    with MessageStore(data_dir, config) as store:
+        stored = []
+        while store.index.failed_from is None:
+            stored.append(store.put(record(body=b"", UNIQ_KEY=f"id{len(stored)}")))
+        stored += [store.put(record(body=b"", UNIQ_KEY=f"id{len(stored) + n}")) for n in range(3)]
+        assert store.lookup_message_id(f"id{len(stored) - 4}") == []  # the refused entry
+        ballast.unlink()  # space for the closing checkpoint, which stays below that entry
+    with MessageStore(data_dir, config) as store:
+        assert [store.lookup_message_id(f"id{n}") for n in range(len(stored))] == [
+            [r.commit_log_offset] for r in stored
+        ]
