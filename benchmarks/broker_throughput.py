@@ -26,54 +26,20 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
+
+from _common import halfmoon_server, in_processes, redis_server, repeat, timed
 
 from broker_embedded import AsyncBrokerClient, BrokerClient, Message
 from broker_embedded.store.message_store import MessageStore
 
 SIZES = (256, 1024)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_port(port: int) -> None:
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(port)
-
-
-def timed(seconds: float, step: Callable[[], int]) -> float:
-    """Run ``step`` (returns how many operations it did) for ``seconds``; ops per second."""
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        done += step()
-    return done / (time.perf_counter() - start)
-
-
-def repeat(call: Callable[[], object]) -> Callable[[], int]:
-    """A ``timed`` step that makes one call."""
-
-    def step() -> int:
-        call()
-        return 1
-
-    return step
 
 
 # -- our broker ---------------------------------------------------------------------------
@@ -116,30 +82,15 @@ async def _drain(url: str, topic: str) -> int:
 
 
 def halfmoon(seconds: float, work: Path) -> dict[str, float]:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(work / "hm"), "--port", str(port),
-         "--log-level", "WARNING"],
-    )
-    wait_port(port)
-    url = f"tcp://127.0.0.1:{port}"
     results: dict[str, float] = {}
-    try:
+    with halfmoon_server(work / "hm") as url:
         client = BrokerClient(url, timeout_s=30)
         for size in SIZES:
             body = b"x" * size
             results[f"sequential {size}B"] = timed(seconds, repeat(functools.partial(_send_one, client, body)))
             for label, in_flight, batch in (("in flight", 128, 1), ("in flight, batches of 64", 4, 64)):
-                queue: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-                procs = [mp.Process(target=_inflight_worker, args=(url, body, in_flight, batch, seconds, queue))
-                         for _ in range(4)]
-                start = time.perf_counter()
-                for p in procs:
-                    p.start()
-                total = sum(queue.get() for _ in procs)
-                for p in procs:
-                    p.join()
-                results[f"{label} {size}B"] = total / (time.perf_counter() - start)
+                results[f"{label} {size}B"] = in_processes(
+                    4, _inflight_worker, (url, body, in_flight, batch, seconds))
             topic = f"bench-drain-{size}"
             client.create_topic(topic, 4)
             prefill = 20_000
@@ -157,9 +108,6 @@ def halfmoon(seconds: float, work: Path) -> dict[str, float]:
             received = asyncio.run(_drain(url, topic))
             results[f"receive+ack {size}B"] = received / (time.perf_counter() - start)
         client.close()
-    finally:
-        server.terminate()
-        server.wait()
     return results
 
 
@@ -201,15 +149,8 @@ def recovery(mib: int, work: Path) -> dict[str, float]:
 def redis_streams(seconds: float, work: Path) -> dict[str, float]:
     import redis
 
-    port = free_port()
-    folder = work / "redis"
-    folder.mkdir()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                               "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-                              stdout=subprocess.DEVNULL)
-    wait_port(port)
     results: dict[str, float] = {}
-    try:
+    with redis_server(work / "redis") as port:
         r = redis.Redis(port=port)
         for size in SIZES:
             body = b"x" * size
@@ -235,9 +176,6 @@ def redis_streams(seconds: float, work: Path) -> dict[str, float]:
                 r.xack(stream, "g", *ids)
                 received += len(ids)
             results[f"receive+ack {size}B"] = received / (time.perf_counter() - start)
-    finally:
-        server.terminate()
-        server.wait()
     return results
 
 
