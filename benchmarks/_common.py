@@ -6,6 +6,7 @@ Benchmarks run as scripts (``./dev bench NAME``), so this module is imported as
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
 import socket
@@ -13,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,20 @@ def repeat(call: Callable[[], object]) -> Callable[[], int]:
         return 1
 
     return step
+
+
+async def concurrently(in_flight: int, seconds: float, step: Callable[[], Awaitable[int]]) -> int:
+    """Keep ``in_flight`` loops of ``step`` (returns how many operations it did) running
+    for ``seconds``; the operations done."""
+    stop = time.perf_counter() + seconds
+
+    async def loop() -> int:
+        done = 0
+        while time.perf_counter() < stop:
+            done += await step()
+        return done
+
+    return sum(await asyncio.gather(*(loop() for _ in range(in_flight))))
 
 
 def in_processes(processes: int, target: Callable[..., None], args: tuple[Any, ...]) -> float:
