@@ -15,9 +15,11 @@ the broker's alone, and a restart starts a new interpreter):
    config), timing the open (restart time), RSS after it; 8 pending transactions, then
    ``checks.run_once()`` timed 5 times (median), then those 8 committed; a latency window
    of ``--window`` s: ``--writers`` threads doing send_half + END COMMIT one after the
-   other while another thread calls ``write_snapshots()`` every ``--snapshot-every`` s
-   (the store's checkpoint and the broker's check rounds run as usual); the sizes of the
-   snapshot files in the data directory; close.
+   other, paced to ``--rate`` tx/s in all (latency is each call's own time; a writer
+   that falls behind does not burst), while another thread calls ``write_snapshots()``
+   every ``--snapshot-every`` s (the store's checkpoint and the broker's check rounds run
+   as usual); the sizes of the snapshot files in the data directory; close. The window's
+   transactions stay in the history: run k measures size + the earlier runs' windows.
 
 Figures are medians over the runs, (min-max) beside them. Uses only ``EmbeddedBroker``'s
 constructor, ``send_half``, ``end_transaction``, ``checks.run_once``, ``write_snapshots``
@@ -62,7 +64,7 @@ ROWS: tuple[tuple[str, str, str, str, float], ...] = (
     ("send_half+END p50 (ms)", "p50_s", ",.2f", "", 1000.0),
     ("send_half+END p99 (ms)", "p99_s", ",.2f", "", 1000.0),
     ("send_half+END worst (ms)", "worst_s", ",.1f", "<= 50 ms", 1000.0),
-    ("tx/s during the window", "window_tx_s", ",.0f", "", 1.0),
+    ("tx/s done in the window", "window_tx_s", ",.0f", "", 1.0),
     ("write_snapshots() call (ms, worst)", "snapshot_call_s", ",.1f", "", 1000.0),
     ("snapshot files (MiB)", "snapshot_bytes", ",.2f", "", 1 / 2**20),
     ("restart: open returns (s)", "restart_s", ",.2f", "<= 3 s at 1M", 1.0),
@@ -147,9 +149,10 @@ def _time_check_round(broker: EmbeddedBroker, run: int) -> float | None:
     return statistics.median(times)
 
 
-def _latency_window(broker: EmbeddedBroker, run: int, seconds: float, writers: int,
+def _latency_window(broker: EmbeddedBroker, run: int, seconds: float, writers: int, rate: float,
                     snapshot_every: float) -> dict[str, Any]:
-    """Send_half+END latencies from ``writers`` threads while snapshots are written."""
+    """Send_half+END latencies from ``writers`` threads, together ``rate`` tx/s (0: as fast
+    as they can), while snapshots are written."""
     latencies: list[list[float]] = [[] for _ in range(writers)]
     snapshot_calls: list[float] = []
     stop = time.perf_counter() + seconds
@@ -163,11 +166,14 @@ def _latency_window(broker: EmbeddedBroker, run: int, seconds: float, writers: i
             snapshot_calls.append(time.perf_counter() - begun)
 
     def writer(index: int) -> None:
-        n = 0
+        interval = writers / rate if rate else 0.0
+        n, next_at = 0, time.perf_counter() + index * interval / writers
         while time.perf_counter() < stop:
+            time.sleep(max(0.0, next_at - time.perf_counter()))
             begun = time.perf_counter()
             transaction(broker, f"window-{run}-{index}-{n}")
             latencies[index].append(time.perf_counter() - begun)
+            next_at = max(next_at + interval, begun)  # after a stall, no burst to catch up
             n += 1
 
     snapshotter = threading.Thread(target=snapshots)
@@ -178,7 +184,7 @@ def _latency_window(broker: EmbeddedBroker, run: int, seconds: float, writers: i
     snapshotter.join()
     merged = [x for per_thread in latencies for x in per_thread]
     return {"p50_s": percentile(merged, 0.5), "p99_s": percentile(merged, 0.99), "worst_s": max(merged),
-            "window_tx_s": len(merged) / elapsed, "snapshot_call_s": max(snapshot_calls, default=None),
+            "window_tx_s": len(merged) / elapsed, "window_tx": len(merged), "snapshot_call_s": max(snapshot_calls, default=None),
             "snapshots_in_window": len(snapshot_calls)}
 
 
@@ -188,7 +194,7 @@ def snapshot_bytes(data_dir: Path) -> int:
 
 
 def measure(data_dir: Path, history: int, rss_empty: int, run: int, seconds: float, writers: int,
-            snapshot_every: float) -> None:
+            rate: float, snapshot_every: float) -> None:
     """Restart on ``data_dir`` and measure a broker holding ``history`` transactions."""
     start = time.perf_counter()
     broker = EmbeddedBroker(data_dir, BrokerConfig())
@@ -197,7 +203,7 @@ def measure(data_dir: Path, history: int, rss_empty: int, run: int, seconds: flo
     result: dict[str, Any] = {"restart_s": restart_s,
                               "rss_after_restart_per_tx": (rss_bytes() - rss_empty) / history}
     result["check_round_s"] = _time_check_round(broker, run)
-    result.update(_latency_window(broker, run, seconds, writers, snapshot_every))
+    result.update(_latency_window(broker, run, seconds, writers, rate, snapshot_every))
     result["snapshot_bytes"] = snapshot_bytes(data_dir)
     start = time.perf_counter()
     broker.close()
@@ -225,9 +231,12 @@ def one_size(size: int, args: argparse.Namespace, work: Path) -> dict[str, list[
         print(f"  aborted at {built['aborted_at']:,}: RSS over {args.max_rss_gib} GiB", file=sys.stderr)
         samples["aborted_at"] = [float(built["aborted_at"])]
         return samples
+    history = size
     for run in range(args.runs):
-        measured = child(["--child", "measure", str(data_dir), str(size), str(built["rss_empty"]), str(run),
-                          str(args.window), str(args.writers), str(args.snapshot_every)], args.child_timeout)
+        measured = child(["--child", "measure", str(data_dir), str(history), str(built["rss_empty"]), str(run),
+                          str(args.window), str(args.writers), str(args.rate), str(args.snapshot_every)],
+                         args.child_timeout)
+        history += measured["window_tx"] + PENDING
         print(f"  run {run + 1}: {json.dumps(measured)}", file=sys.stderr, flush=True)
         for key, value in measured.items():
             if value is not None:
@@ -236,9 +245,11 @@ def one_size(size: int, args: argparse.Namespace, work: Path) -> dict[str, list[
     return samples
 
 
-def print_table(results: dict[int, dict[str, list[float]]], runs: int) -> None:
+def print_table(results: dict[int, dict[str, list[float]]], args: argparse.Namespace) -> None:
     sizes = list(results)
-    print(f"transaction history in one broker: median of {runs} runs (min-max); build and live RSS once per size")
+    print(f"transaction history in one broker: median of {args.runs} runs (min-max); build and live RSS once "
+          f"per size; latency window {args.window:g} s, {args.writers} writers, {args.rate:,.0f} tx/s offered "
+          f"(0 = unpaced), write_snapshots() every {args.snapshot_every:g} s")
     print(f"{'figure':<38}" + "".join(f"{f'{size:,} tx':>30}" for size in sizes) + f"{'target':>16}")
     for label, key, fmt, target, scale in ROWS:
         cells = "".join(f"{summary([v * scale for v in results[size].get(key, [])], fmt):>30}" for size in sizes)
@@ -255,7 +266,7 @@ def main() -> None:
             build(Path(data_dir), int(rest[0]), int(rest[1]), int(rest[2]))
         else:
             measure(Path(data_dir), int(rest[0]), int(rest[1]), int(rest[2]), float(rest[3]), int(rest[4]),
-                    float(rest[5]))
+                    float(rest[5]), float(rest[6]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -263,6 +274,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="measure runs (restarts) per size")
     parser.add_argument("--window", type=float, default=6.0, help="latency window (s)")
     parser.add_argument("--writers", type=int, default=4, help="threads in the latency window")
+    parser.add_argument("--rate", type=float, default=1000.0,
+                        help="tx/s offered in the latency window, all writers together (0: unpaced)")
     parser.add_argument("--snapshot-every", type=float, default=1.5, help="write_snapshots() period (s)")
     parser.add_argument("--build-threads", type=int, default=2)
     parser.add_argument("--max-rss-gib", type=float, default=12.0, help="abort a build above this RSS")
@@ -277,7 +290,7 @@ def main() -> None:
         results = {size: one_size(size, args, work) for size in sizes}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_table(results, args.runs)
+    print_table(results, args)
 
 
 if __name__ == "__main__":
