@@ -1,6 +1,7 @@
-"""Broker throughput, side by side with Redis Streams and RabbitMQ on this machine.
+"""Broker throughput, side by side with Redis and RabbitMQ on this machine.
 
     ./dev bench broker_throughput [--seconds 5] [--recovery-mib 1024] [--skip-peers]
+                                  [--tx-only] [--repeat 3]
 
 All durable: our broker in sync flush mode (a send is acknowledged after fsync), a private
 redis-server with ``appendonly yes, appendfsync always``, RabbitMQ with publisher
@@ -14,7 +15,15 @@ Workloads, for 256 B and 1 KiB bodies:
 * receive+ack: drain a pre-filled queue, acking every message (ours: batches of 256 with
   per-message acks pipelined on one asyncio connection; Redis: batches of 64, one
   multi-id XACK per batch; RabbitMQ: prefetch 64, basic_ack, which does not wait);
-* recovery: SIGKILL a writer with ``--recovery-mib`` of log, time the reopen.
+* recovery: SIGKILL a writer with ``--recovery-mib`` of log, time the reopen;
+* transactions (256 B, one message each; ``--tx-only`` runs only these): ours
+  SEND_HALF then END_TRANSACTION COMMIT, each waiting for its answer, against a fresh
+  server; Redis: HSET of the half message, then one MULTI/EXEC with the commit's writes
+  (XADD of the message, DEL of the half, HSET of the resolution). Sequential: one
+  connection, one transaction at a time; in flight: 4 processes x 32 transactions at a
+  time (ours on one asyncio connection per process, Redis on a pool of 32).
+
+``--repeat N`` runs everything N times and prints the median (min-max).
 """
 
 from __future__ import annotations
@@ -26,54 +35,36 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
-from broker_embedded import AsyncBrokerClient, BrokerClient, Message
+from _common import (
+    concurrently,
+    halfmoon_server,
+    in_processes,
+    redis_server,
+    repeat,
+    summary,
+    timed,
+)
+
+from broker_embedded import AsyncBrokerClient, BrokerClient, Message, Resolution
 from broker_embedded.store.message_store import MessageStore
 
 SIZES = (256, 1024)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_port(port: int) -> None:
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(port)
-
-
-def timed(seconds: float, step: Callable[[], int]) -> float:
-    """Run ``step`` (returns how many operations it did) for ``seconds``; ops per second."""
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        done += step()
-    return done / (time.perf_counter() - start)
-
-
-def repeat(call: Callable[[], object]) -> Callable[[], int]:
-    """A ``timed`` step that makes one call."""
-
-    def step() -> int:
-        call()
-        return 1
-
-    return step
+PROCESSES = 4
+TX_BODY = b"x" * 256
+TX_IN_FLIGHT_PER_PROCESS = 32
+TX_SEQUENTIAL = "tx sequential 256B (tx/s)"
+TX_IN_FLIGHT = f"tx in flight, {PROCESSES} procs x {TX_IN_FLIGHT_PER_PROCESS} 256B (tx/s)"
+TARGETS = {TX_SEQUENTIAL: ">= 1,500", TX_IN_FLIGHT: ">= 8,000"}
 
 
 # -- our broker ---------------------------------------------------------------------------
@@ -81,26 +72,41 @@ def _send_one(client: BrokerClient, body: bytes) -> None:
     client.send(Message("bench-seq", body))
 
 
-def _inflight_worker(url: str, body: bytes, in_flight: int, batch: int, seconds: float,
+def _tx_one(client: BrokerClient, body: bytes) -> None:
+    """One transaction of one message: the half message, then END_TRANSACTION COMMIT."""
+    tx_id = uuid.uuid4().hex
+    client.send_half(Message("bench-tx", body), producer_group="bench", transaction_id=tx_id)
+    client.end_transaction(tx_id, Resolution.COMMIT, producer_group="bench")
+
+
+async def _send_step(client: AsyncBrokerClient, body: bytes, batch: int) -> int:
+    """A send, or (``batch`` > 1) a SEND_BATCH_MESSAGE of ``batch`` messages."""
+    if batch == 1:
+        await client.send(Message("bench-inflight", body))
+    else:
+        await client.send_batch([Message("bench-inflight", body) for _ in range(batch)])
+    return batch
+
+
+async def _tx_step(client: AsyncBrokerClient, body: bytes, batch: int) -> int:
+    """``_tx_one`` on the asyncio client (``batch`` is unused: one message per transaction)."""
+    tx_id = uuid.uuid4().hex
+    await client.send_half(Message("bench-tx", body), producer_group="bench", transaction_id=tx_id)
+    await client.end_transaction(tx_id, Resolution.COMMIT, producer_group="bench")
+    return 1
+
+
+Step = Callable[[AsyncBrokerClient, bytes, int], Awaitable[int]]
+
+
+def _inflight_worker(url: str, step: Step, body: bytes, in_flight: int, batch: int, seconds: float,
                      out: mp.Queue) -> None:  # type: ignore[type-arg]
-    """One process, one pipelined asyncio connection keeping ``in_flight`` requests
-    outstanding, each a send or (``batch`` > 1) a SEND_BATCH_MESSAGE of ``batch`` messages."""
+    """One process, one pipelined asyncio connection keeping ``in_flight`` ``step`` loops
+    running; puts how many operations they did on ``out``."""
 
     async def run() -> int:
         async with AsyncBrokerClient(url, timeout_s=30) as client:
-            stop = time.perf_counter() + seconds
-
-            async def sender() -> int:
-                sent = 0
-                while time.perf_counter() < stop:
-                    if batch == 1:
-                        await client.send(Message("bench-inflight", body))
-                    else:
-                        await client.send_batch([Message("bench-inflight", body) for _ in range(batch)])
-                    sent += batch
-                return sent
-
-            return sum(await asyncio.gather(*(sender() for _ in range(in_flight))))
+            return await concurrently(in_flight, seconds, functools.partial(step, client, body, batch))
 
     out.put(asyncio.run(run()))
 
@@ -116,30 +122,15 @@ async def _drain(url: str, topic: str) -> int:
 
 
 def halfmoon(seconds: float, work: Path) -> dict[str, float]:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(work / "hm"), "--port", str(port),
-         "--log-level", "WARNING"],
-    )
-    wait_port(port)
-    url = f"tcp://127.0.0.1:{port}"
     results: dict[str, float] = {}
-    try:
+    with halfmoon_server(work / "hm") as url:
         client = BrokerClient(url, timeout_s=30)
         for size in SIZES:
             body = b"x" * size
             results[f"sequential {size}B"] = timed(seconds, repeat(functools.partial(_send_one, client, body)))
             for label, in_flight, batch in (("in flight", 128, 1), ("in flight, batches of 64", 4, 64)):
-                queue: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-                procs = [mp.Process(target=_inflight_worker, args=(url, body, in_flight, batch, seconds, queue))
-                         for _ in range(4)]
-                start = time.perf_counter()
-                for p in procs:
-                    p.start()
-                total = sum(queue.get() for _ in procs)
-                for p in procs:
-                    p.join()
-                results[f"{label} {size}B"] = total / (time.perf_counter() - start)
+                results[f"{label} {size}B"] = in_processes(
+                    PROCESSES, _inflight_worker, (url, _send_step, body, in_flight, batch, seconds))
             topic = f"bench-drain-{size}"
             client.create_topic(topic, 4)
             prefill = 20_000
@@ -157,10 +148,17 @@ def halfmoon(seconds: float, work: Path) -> dict[str, float]:
             received = asyncio.run(_drain(url, topic))
             results[f"receive+ack {size}B"] = received / (time.perf_counter() - start)
         client.close()
-    finally:
-        server.terminate()
-        server.wait()
     return results
+
+
+def halfmoon_tx(seconds: float, work: Path) -> dict[str, float]:
+    """Transactions over TCP against a fresh sync-flush server."""
+    with halfmoon_server(work / "hm-tx") as url, BrokerClient(url, timeout_s=30) as client:
+        return {
+            TX_SEQUENTIAL: timed(seconds, repeat(functools.partial(_tx_one, client, TX_BODY))),
+            TX_IN_FLIGHT: in_processes(PROCESSES, _inflight_worker,
+                                       (url, _tx_step, TX_BODY, TX_IN_FLIGHT_PER_PROCESS, 1, seconds)),
+        }
 
 
 RECOVERY_WRITER = r"""
@@ -192,24 +190,16 @@ def recovery(mib: int, work: Path) -> dict[str, float]:
     start = time.perf_counter()
     store = MessageStore(folder)
     elapsed = time.perf_counter() - start
-    size = store.commitlog.write_offset
     store.close()
-    return {f"recovery after SIGKILL, {size / 2**20:.0f} MiB log (s)": elapsed}
+    return {f"recovery after SIGKILL, {mib} MiB log (s)": elapsed}
 
 
 # -- peers --------------------------------------------------------------------------------
 def redis_streams(seconds: float, work: Path) -> dict[str, float]:
     import redis
 
-    port = free_port()
-    folder = work / "redis"
-    folder.mkdir()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                               "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-                              stdout=subprocess.DEVNULL)
-    wait_port(port)
     results: dict[str, float] = {}
-    try:
+    with redis_server(work / "redis") as port:
         r = redis.Redis(port=port)
         for size in SIZES:
             body = b"x" * size
@@ -235,9 +225,60 @@ def redis_streams(seconds: float, work: Path) -> dict[str, float]:
                 r.xack(stream, "g", *ids)
                 received += len(ids)
             results[f"receive+ack {size}B"] = received / (time.perf_counter() - start)
-    finally:
-        server.terminate()
-        server.wait()
+    return results
+
+
+def _redis_tx_one(r: Any, body: bytes) -> None:
+    """The Redis rendering of a transaction: the half message stored (HSET), then one
+    MULTI/EXEC doing the commit: the message into its stream, the half deleted, the
+    resolution kept."""
+    tx_id = uuid.uuid4().hex
+    r.hset(f"half:{tx_id}", mapping={"topic": "bench-tx", "body": body})
+    pipe = r.pipeline(transaction=True)
+    pipe.xadd("bench-tx", {"b": body})
+    pipe.delete(f"half:{tx_id}")
+    pipe.hset("tx-state", tx_id, "committed")
+    pipe.execute()
+
+
+async def _redis_tx_step(r: Any, body: bytes) -> int:
+    """``_redis_tx_one`` on the asyncio client."""
+    tx_id = uuid.uuid4().hex
+    await r.hset(f"half:{tx_id}", mapping={"topic": "bench-tx", "body": body})
+    pipe = r.pipeline(transaction=True)
+    pipe.xadd("bench-tx", {"b": body})
+    pipe.delete(f"half:{tx_id}")
+    pipe.hset("tx-state", tx_id, "committed")
+    await pipe.execute()
+    return 1
+
+
+def _redis_tx_worker(port: int, in_flight: int, seconds: float,
+                     out: mp.Queue) -> None:  # type: ignore[type-arg]
+    """One process, ``in_flight`` concurrent transactions on a pool of connections."""
+    import redis.asyncio
+
+    async def run() -> int:
+        r = redis.asyncio.Redis(port=port, max_connections=in_flight)
+        try:
+            return await concurrently(in_flight, seconds, functools.partial(_redis_tx_step, r, TX_BODY))
+        finally:
+            await r.aclose()
+
+    out.put(asyncio.run(run()))
+
+
+def redis_tx(seconds: float, work: Path) -> dict[str, float]:
+    """Transactions against a fresh AOF-always redis-server."""
+    import redis
+
+    with redis_server(work / "redis-tx") as port:
+        r = redis.Redis(port=port)
+        results = {
+            TX_SEQUENTIAL: timed(seconds, repeat(functools.partial(_redis_tx_one, r, TX_BODY))),
+            TX_IN_FLIGHT: in_processes(PROCESSES, _redis_tx_worker, (port, TX_IN_FLIGHT_PER_PROCESS, seconds)),
+        }
+        r.close()
     return results
 
 
@@ -279,26 +320,47 @@ def rabbitmq(seconds: float) -> dict[str, float]:
     return results
 
 
+Columns = dict[str, dict[str, list[float]]]
+
+
+def measure_into(columns: Columns, column: str, results: dict[str, float]) -> None:
+    """Add one run's figures to ``columns`` (samples per column and row)."""
+    for row, value in results.items():
+        columns.setdefault(column, {}).setdefault(row, []).append(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--recovery-mib", type=int, default=1024)
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--tx-only", action="store_true", help="only the transactional workloads")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per figure; the median is printed")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hm-bench-"))
+    ours, redis_column = "halfmoon (sync fsync)", "Redis (AOF always)"
+    columns: Columns = {}
     try:
-        columns = {"halfmoon (sync fsync)": halfmoon(args.seconds, work)}
-        columns["halfmoon (sync fsync)"].update(recovery(args.recovery_mib, work))
-        if not args.skip_peers:
-            columns["Redis Streams (AOF always)"] = redis_streams(args.seconds, work)
-            columns["RabbitMQ (confirms)"] = rabbitmq(args.seconds)
+        for run in range(args.repeat):
+            if not args.tx_only:
+                measure_into(columns, ours, halfmoon(args.seconds, work / f"{run}"))
+                measure_into(columns, ours, recovery(args.recovery_mib, work / f"{run}"))
+            measure_into(columns, ours, halfmoon_tx(args.seconds, work / f"{run}"))
+            if not args.skip_peers:
+                if not args.tx_only:
+                    measure_into(columns, redis_column, redis_streams(args.seconds, work / f"{run}"))
+                    measure_into(columns, "RabbitMQ (confirms)", rabbitmq(args.seconds))
+                measure_into(columns, redis_column, redis_tx(args.seconds, work / f"{run}"))
+            shutil.rmtree(work / f"{run}", ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = list(dict.fromkeys(k for column in columns.values() for k in column))
-    print(f"{'workload (ops/s unless noted)':<44}" + "".join(f"{name:>28}" for name in columns))
+    if args.repeat > 1:
+        print(f"median of {args.repeat} runs (min-max)")
+    print(f"{'workload (ops/s unless noted)':<48}" + "".join(f"{name:>34}" for name in columns) + f"{'target':>12}")
     for row in rows:
-        cells = "".join(f"{columns[name].get(row, float('nan')):>28,.1f}" for name in columns)
-        print(f"{row:<44}{cells}")
+        cells = "".join(f"{summary(columns[name].get(row, [])):>34}" for name in columns)
+        print(f"{row:<48}{cells}{TARGETS.get(row, ''):>12}")
 
 
 if __name__ == "__main__":

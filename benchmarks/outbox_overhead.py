@@ -16,7 +16,6 @@ In one run, on a fresh database and a broker server process:
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+from _common import free_port, percentile, wait_port
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -39,12 +39,6 @@ app = MetaData()
 orders = Table("bench_orders", app, Column("id", String(40), primary_key=True), Column("amount", Integer))
 relay_outbox = Table("bench_relay_outbox", app, Column("id", Integer, primary_key=True, autoincrement=True),
                      Column("order_id", String(40)), Column("committed_at", Float))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_clients(clients: int, seconds: float, call: Callable[[], None]) -> float:
@@ -65,11 +59,6 @@ def run_clients(clients: int, seconds: float, call: Callable[[], None]) -> float
     return sum(counts) / (time.perf_counter() - start)
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else float("nan")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="per variant and client count")
@@ -86,12 +75,7 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(work / "b"),
                                "--port", str(port), "--log-level", "WARNING"])
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_port(port)
         engine = create_engine(url, pool_size=20)
         app.create_all(engine)
         outbox_metadata.create_all(engine)
