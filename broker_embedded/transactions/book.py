@@ -162,6 +162,7 @@ class TransactionBook:
                     self.committed += 1
                 else:
                     self.rolled_back += 1
+                self._compact_due()
             elif op.op == OP_CHECK:
                 tx.check_times = max(tx.check_times, op.n)
             elif op.op == OP_PARK and tx.state is TransactionState.PENDING:
@@ -175,6 +176,15 @@ class TransactionBook:
     def _schedule(self, tx: Transaction, when_ms: int) -> None:
         tx.next_check_ms = when_ms
         heapq.heappush(self._due, (when_ms, next(self._sequence), tx.transaction_id))
+
+    def _compact_due(self) -> None:
+        """Drop the heap entries of transactions that left (amortised O(1) per resolution)."""
+        if len(self._due) > 2 * len(self.by_id) + 1024:
+            self._due = [
+                (tx.next_check_ms, next(self._sequence), tx.transaction_id)
+                for tx in self.by_id.values() if tx.state is TransactionState.PENDING
+            ]
+            heapq.heapify(self._due)
 
     def reschedule(self, tx: Transaction, when_ms: int) -> None:
         """Check ``tx`` again at ``when_ms`` (if it is still pending then)."""

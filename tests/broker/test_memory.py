@@ -1,0 +1,47 @@
+"""Memory must not grow with history: resolved transactions, ids and queue entries live on disk."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.writes import EndCall, HalfCall
+
+BATCH = 250
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _complete_transactions(broker: EmbeddedBroker, first: int, count: int) -> None:
+    """``count`` transactions of one 256-byte message each, sent and committed in batches."""
+    for start in range(first, first + count, BATCH):
+        ids = [f"tx-{n}" for n in range(start, start + BATCH)]
+        halves = broker.produce([HalfCall(Message("orders", b"x" * 256, keys=(i,)), "shop", i) for i in ids])
+        ends = broker.produce([EndCall(i, Resolution.COMMIT, "shop") for i in ids])
+        assert not [o for o in halves + ends if isinstance(o, Exception)]
+
+
+def test_rss_does_not_grow_with_completed_transactions(tmp_path: Path) -> None:
+    config = BrokerConfig(store=StoreConfig(checkpoint_interval_s=0.2), transaction_timeout_s=600)
+    with EmbeddedBroker(tmp_path / "broker", config) as broker:
+        _complete_transactions(broker, 0, 10_000)  # warm-up: arenas, files, caches
+        broker.store.checkpoint()
+        gc.collect()
+        before = _rss_bytes()
+        measured = 30_000
+        _complete_transactions(broker, 10_000, measured)
+        broker.store.checkpoint()
+        gc.collect()
+        growth_per_transaction = (_rss_bytes() - before) / measured
+        assert broker.book.by_id == {}
+        assert broker.stats().extra["committed"] == 40_000
+        assert broker.end_transaction("tx-5", Resolution.COMMIT, producer_group="shop").applied is False
+        assert broker.query_by_key("orders", "tx-39999")
+    # the issue's bound; the old in-memory book and index took ~1.5 KB per transaction
+    assert growth_per_transaction <= 100, f"{growth_per_transaction:.0f} bytes of RSS per transaction"
