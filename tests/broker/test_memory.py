@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import gc
-import os
 from pathlib import Path
 
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.writes import EndCall, HalfCall
+from tests.store.load_writer import rss_bytes
 
 BATCH = 250
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _complete_transactions(broker: EmbeddedBroker, first: int, count: int) -> None:
@@ -33,12 +28,12 @@ def test_rss_does_not_grow_with_completed_transactions(tmp_path: Path) -> None:
         _complete_transactions(broker, 0, 10_000)  # warm-up: arenas, files, caches
         broker.store.checkpoint()
         gc.collect()
-        before = _rss_bytes()
+        before = rss_bytes()
         measured = 30_000
         _complete_transactions(broker, 10_000, measured)
         broker.store.checkpoint()
         gc.collect()
-        growth_per_transaction = (_rss_bytes() - before) / measured
+        growth_per_transaction = (rss_bytes() - before) / measured
         assert broker.book.by_id == {}
         assert broker.stats().extra["committed"] == 40_000
         assert broker.end_transaction("tx-5", Resolution.COMMIT, producer_group="shop").applied is False

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import resource
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +15,7 @@ from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.consume_queue import ENTRY, ConsumeQueue, file_name, tag_hash
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
+from tests.store.load_writer import load_until_killed, rss_bytes
 
 
 def expected(n: int) -> tuple[int, int]:
@@ -231,52 +230,23 @@ print("retried", queue.persisted, queue.max_offset)
     assert queue.entries(0, 100) == [(1000 + n, 10) for n in range(40)]
 
 
-CHILD = r"""
-import sys, threading
-from broker_embedded.store.config import StoreConfig
-from broker_embedded.store.message_store import MessageStore
-from broker_embedded.store.record import StoredRecord
-config = StoreConfig(segment_size=64 * 1024, checkpoint_interval_s=0.05, consume_queue_file_entries=50)
-store = MessageStore(sys.argv[1], config)
-out = threading.Lock()
-def work(w):
-    for n in range(100000):
-        r = store.put(StoredRecord(topic="load", queue_id=w, body=f"{w}:{n}".encode() * 8,
-                                   properties={"UNIQ_KEY": f"{w}-{n}"}))
-        with out:
-            print(f"{w} {r.queue_offset} {w}-{n}", flush=True)
-for w in range(4):
-    threading.Thread(target=work, args=(w,), daemon=True).start()
-threading.Event().wait()
-"""
-
-
 @pytest.mark.slow
 def test_sigkill_while_writing_keeps_every_acknowledged_record_once_in_its_queue(tmp_path: Path) -> None:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    assert child.stdout is not None
-    acknowledged: list[str] = []
-    for line in child.stdout:
-        acknowledged.append(line)
-        if len(acknowledged) >= 2000:
-            break
-    os.kill(child.pid, signal.SIGKILL)
-    acknowledged.extend(child.stdout.read().splitlines())
-    child.wait()
+    acknowledged = load_until_killed(tmp_path, 2000, segment_size=64 * 1024, checkpoint_interval_s=0.05,
+                                     consume_queue_file_entries=50)
     assert len(files(tmp_path / "consumequeue" / "load" / "0")) > 1  # checkpoints crossed files
     with MessageStore(tmp_path) as store:
         assert store.config.consume_queue_file_entries == 50
         for w in range(4):
             seen = [r.properties["UNIQ_KEY"] for r in store.read_queue("load", w, 0, 10**6)]
             assert seen == [f"{w}-{n}" for n in range(len(seen))], "lost, doubled or reordered"
-            acked = [line.split()[2] for line in acknowledged if line.startswith(f"{w} ")]
+            acked = [a.message_id for a in acknowledged if a.writer == w]
             assert seen[: len(acked)] == acked
 
 
 def resident_bytes() -> int:
     gc.collect()
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize()
+    return rss_bytes()
 
 
 def test_memory_does_not_grow_with_checkpointed_entries(tmp_path: Path) -> None:

@@ -5,9 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.index import HEADER_SIZE, MessageIndex
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
+from tests.store.load_writer import load_until_killed, rss_bytes
 from tests.store.test_message_store import tiny_filesystem  # noqa: F401 (a fixture)
 
 # Three slots and seven entries a file: every chain is long, every slot is shared, and a
@@ -181,66 +179,29 @@ def test_retention_deletes_index_files_below_the_log_minimum(tmp_path: Path) -> 
         assert store.lookup_message_id("id299") == [stored[-1].commit_log_offset]
 
 
-CHILD = r"""
-import sys, threading
-from broker_embedded.store.config import StoreConfig
-from broker_embedded.store.message_store import MessageStore
-from broker_embedded.store.record import StoredRecord
-from tests.store.test_message_store import tiny_filesystem  # noqa: F401 (a fixture)
-store = MessageStore(sys.argv[1], StoreConfig(
-    segment_size=64 * 1024, checkpoint_interval_s=0.2, index_slots=64, index_entries=500))
-out = threading.Lock()
-def work(w):
-    for n in range(10**6):
-        r = store.put(StoredRecord(topic="load", queue_id=w, body=b"x" * 50,
-                                   properties={"UNIQ_KEY": f"{w}-{n}", "KEYS": f"w{w}"}))
-        with out:
-            print(f"{w}-{n} {r.commit_log_offset}", flush=True)
-for w in range(4):
-    threading.Thread(target=work, args=(w,), daemon=True).start()
-threading.Event().wait()
-"""
-
-
 @pytest.mark.slow
 def test_every_acknowledged_record_is_found_by_id_after_sigkill(tmp_path: Path) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout is not None
-    acknowledged: list[str] = []
-    for line in child.stdout:
-        acknowledged.append(line)
-        if len(acknowledged) >= 4000:
-            break
-    os.kill(child.pid, signal.SIGKILL)
-    acknowledged.extend(child.stdout.read().splitlines())
-    child.wait()
+    acknowledged = load_until_killed(tmp_path, 4000, segment_size=64 * 1024, checkpoint_interval_s=0.2,
+                                     index_slots=64, index_entries=500)
     assert len(list((tmp_path / "index").iterdir())) > 4
     with MessageStore(tmp_path) as store:
-        for line in acknowledged:
-            message_id, offset = line.split()
-            assert store.lookup_message_id(message_id) == [int(offset)], message_id
+        for a in acknowledged:
+            assert store.lookup_message_id(a.message_id) == [a.commit_log_offset], a.message_id
         for w in range(4):
             by_key = store.lookup_key("load", f"w{w}")
-            acked = sorted(int(line.split()[1]) for line in acknowledged if line.startswith(f"{w}-"))
+            acked = sorted(a.commit_log_offset for a in acknowledged if a.writer == w)
             assert by_key[: len(acked)] == acked
             assert len(by_key) == store.queue_max_offset("load", w)
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_memory_does_not_grow_with_indexed_entries(tmp_path: Path) -> None:
     index = MessageIndex(tmp_path, slots=1 << 16, entries=1 << 17)  # three files
     for offset in range(1000):  # warm up the allocator and the first file
         index.add("orders", f"warm-{offset}", [], offset)
-    before = _rss_bytes()
+    before = rss_bytes()
     for offset in range(1000, 151_000):
         index.add("orders", f"message-{offset:012d}", [f"order-{offset % 50_000}"], offset)
-    grown = _rss_bytes() - before
+    grown = rss_bytes() - before
     entries = 300_000
     assert grown < 20 * entries, f"{grown / entries:.1f} bytes per entry"
     assert index.lookup_id("message-000000100000") == [100_000]

@@ -22,6 +22,7 @@ from broker_embedded.errors import (
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
+from tests.store.load_writer import load_until_killed
 
 SMALL = StoreConfig(segment_size=4096, checkpoint_interval_s=3600)
 
@@ -341,43 +342,13 @@ def test_a_full_disk_refuses_the_write_and_leaves_no_partial_record(tiny_filesys
         assert store.get(after.commit_log_offset).body == b"after"
 
 
-CHILD = r"""
-import sys, threading
-from broker_embedded.store.config import StoreConfig
-from broker_embedded.store.message_store import MessageStore
-from broker_embedded.store.record import StoredRecord
-store = MessageStore(sys.argv[1], StoreConfig(segment_size=64 * 1024, checkpoint_interval_s=0.3))
-out = threading.Lock()
-def work(w):
-    for n in range(100000):
-        r = store.put(StoredRecord(topic="load", queue_id=w, body=f"{w}:{n}".encode() * 8,
-                                   properties={"UNIQ_KEY": f"{w}-{n}"}))
-        with out:
-            print(f"{w} {r.queue_offset} {w}-{n}", flush=True)
-for w in range(4):
-    threading.Thread(target=work, args=(w,), daemon=True).start()
-threading.Event().wait()
-"""
-
-
 @pytest.mark.slow
 def test_sigkill_during_sync_load_loses_no_acknowledged_record(tmp_path: Path) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True
-    )
-    acknowledged: list[str] = []
-    assert child.stdout is not None
-    for line in child.stdout:
-        acknowledged.append(line)
-        if len(acknowledged) >= 3000:
-            break
-    child.kill()
-    acknowledged.extend(child.stdout.read().splitlines())
-    child.wait()
+    acknowledged = load_until_killed(tmp_path, 3000, segment_size=64 * 1024, checkpoint_interval_s=0.3)
     with MessageStore(tmp_path) as store:
         for w in range(4):
             seen = [r.properties["UNIQ_KEY"] for r in store.read_queue("load", w, 0, 10**6)]
             assert len(seen) == len(set(seen)), "a record is there twice"
             assert [int(k.split("-")[1]) for k in seen] == list(range(len(seen))), "torn or reordered"
-            acked = [line.split()[2] for line in acknowledged if line.startswith(f"{w} ")]
+            acked = [a.message_id for a in acknowledged if a.writer == w]
             assert seen[: len(acked)] == acked

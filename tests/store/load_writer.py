@@ -1,0 +1,80 @@
+"""A child process that loads a ``MessageStore`` until SIGKILLed, for crash tests, and RSS.
+
+``python -m tests.store.load_writer DATA_DIR CONFIG_JSON``: four threads put records of
+topic ``load`` (queue = writer, id ``<writer>-<n>``, key ``w<writer>``) and print one line
+per acknowledged record: ``<writer> <queue offset> <message id> <commit log offset>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import StoredRecord
+
+
+@dataclass(frozen=True)
+class Acknowledged:
+    writer: int
+    queue_offset: int
+    message_id: str
+    commit_log_offset: int
+
+
+def rss_bytes() -> int:
+    """This process's resident set size."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def load_until_killed(data_dir: Path, lines: int, **config: Any) -> list[Acknowledged]:
+    """Run the writer on ``data_dir`` with ``StoreConfig(**config)``, SIGKILL it once it
+    acknowledged ``lines`` records, and return every record it acknowledged."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, "-m", "tests.store.load_writer", str(data_dir), json.dumps(config)],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout is not None
+    output: list[str] = []
+    try:
+        for line in child.stdout:
+            output.append(line)
+            if len(output) >= lines:
+                break
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+    output.extend(child.stdout.read().splitlines())
+    child.wait()
+    acknowledged = []
+    for line in output:
+        writer, queue_offset, message_id, offset = line.split()
+        acknowledged.append(Acknowledged(int(writer), int(queue_offset), message_id, int(offset)))
+    return acknowledged
+
+
+def _write(store: MessageStore, writer: int, out: threading.Lock) -> None:
+    for n in range(10**7):
+        stored = store.put(StoredRecord(topic="load", queue_id=writer, body=f"{writer}:{n}".encode() * 8,
+                                        properties={"UNIQ_KEY": f"{writer}-{n}", "KEYS": f"w{writer}"}))
+        with out:
+            print(writer, stored.queue_offset, f"{writer}-{n}", stored.commit_log_offset, flush=True)
+
+
+def main() -> None:
+    store = MessageStore(sys.argv[1], StoreConfig(**json.loads(sys.argv[2])))
+    out = threading.Lock()
+    for writer in range(4):
+        threading.Thread(target=_write, args=(store, writer, out), daemon=True).start()
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
