@@ -229,5 +229,7 @@ def kill_later(server: Killable, delay_s: float) -> threading.Thread:
 
 
 def kill_delays(tries: int, max_ms: int = 20) -> list[float]:
-    """``tries`` delays spread over 0..``max_ms`` ms (seconds), each used as often."""
-    return [((n * 7) % (max_ms + 1)) / 1000 for n in range(tries)]
+    """``tries`` delays (seconds) cycling over every whole ms of 0..``max_ms``, in a
+    scattered order so a short run still covers the whole range."""
+    step = next(s for s in (8, 5, 3, 2, 1) if (max_ms + 1) % s)
+    return [((n * step) % (max_ms + 1)) / 1000 for n in range(tries)]
