@@ -167,9 +167,9 @@ class MessageStore:
         self.index.rewind(verified)
         if replay_from < verified:
             for record in self.commitlog.scan(replay_from, verified):
-                self._dispatch(record, notify=False)
+                self._dispatch(record)
         for record in self.commitlog.recover(verified):
-            self._dispatch(record, notify=False)
+            self._dispatch(record)
         end = self.commitlog.write_offset
         for queue in self._queues.values():
             queue.truncate_beyond(end)
@@ -314,10 +314,19 @@ class MessageStore:
                 self._flush_state.notify_all()
 
     def _dispatch_all(self, records: list[StoredRecord]) -> None:
+        """Dispatch records made durable together, then tell the listeners of each: when a
+        listener hears of a record, every record written with it is readable (a decision
+        is never applied before the records it implies are in their queues)."""
         for record in records:
-            self._dispatch(record, notify=True)
+            self._dispatch(record)
+        for record in records:
+            for listener in self._listeners:
+                try:
+                    listener(record)
+                except Exception:
+                    log.exception("dispatch listener failed for offset %d", record.commit_log_offset)
 
-    def _dispatch(self, record: StoredRecord, notify: bool) -> None:
+    def _dispatch(self, record: StoredRecord) -> None:
         self._queue(record.topic, record.queue_id).append(
             record.queue_offset, record.commit_log_offset, record.size,
             record.properties.get(PROPERTY_TAG, ""),
@@ -329,12 +338,6 @@ class MessageStore:
         )
         self._dispatched_end = record.commit_log_offset + record.size
         self._last_store_ms = record.store_timestamp_ms
-        if notify:
-            for listener in self._listeners:
-                try:
-                    listener(record)
-                except Exception:
-                    log.exception("dispatch listener failed for offset %d", record.commit_log_offset)
 
     def add_dispatch_listener(self, listener: DispatchListener) -> None:
         """Be told of every record once it is durable and dispatched."""

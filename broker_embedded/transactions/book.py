@@ -48,7 +48,9 @@ class Transaction:
     transaction_id: str
     producer_group: str
     halves: list[HalfRef] = field(default_factory=list)
-    timeout_ms: int = 0
+    #: The longest per-message transaction timeout, None when no message set one (the
+    #: broker's default, as configured now, applies).
+    timeout_ms: int | None = None
     state: TransactionState = TransactionState.PENDING
     check_times: int = 0
     next_check_ms: int = 0
@@ -71,20 +73,20 @@ class Transaction:
         return [h.commit_log_offset for h in self.halves]
 
 
-def transaction_timeout_ms(record: StoredRecord, default_s: float) -> int:
-    """A half message's check timeout; a stored value that is not a sane number falls
-    back to the default (a bad property is logged, never fatal)."""
+def transaction_timeout_ms(record: StoredRecord) -> int | None:
+    """A half message's own check timeout, None if it has none; a stored value that is
+    not a sane number counts as none (logged, never fatal)."""
     raw = record.properties.get(codec.TRANSACTION_TIMEOUT)
     if raw is None:
-        return int(default_s * 1000)
+        return None
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        log.warning("half message at %d has transaction timeout %r; using %ss",
-                    record.commit_log_offset, raw, default_s)
-        return int(default_s * 1000)
+        log.warning("half message at %d has transaction timeout %r; using the default",
+                    record.commit_log_offset, raw)
+        return None
     return int(min(value, 86_400.0) * 1000)
 
 
@@ -93,7 +95,7 @@ class _SavedTransaction(msgspec.Struct, array_like=True):
     producer_group: str
     state: str
     check_times: int
-    timeout_ms: int
+    timeout_ms: int | None
     halves: list[tuple[int, int, str, int, int]]
 
 
@@ -142,9 +144,11 @@ class TransactionBook:
             tx.halves.append(HalfRef(record.commit_log_offset, record.size,
                                      props.get(PROPERTY_MESSAGE_ID, ""),
                                      record.born_timestamp_ms, record.store_timestamp_ms))
-            tx.timeout_ms = max(tx.timeout_ms, transaction_timeout_ms(record, self.default_timeout_s))
+            own = transaction_timeout_ms(record)
+            if own is not None:
+                tx.timeout_ms = max(tx.timeout_ms or 0, own)
             if tx.state is TransactionState.PENDING:
-                self._schedule(tx, record.store_timestamp_ms + tx.timeout_ms)
+                self._schedule(tx, self.first_check_ms(tx))
 
     def apply(self, op: Op, queue_offset: int) -> None:
         """Apply a dispatched (or replayed) op record; replays are skipped."""
@@ -173,6 +177,11 @@ class TransactionBook:
                 self._schedule(tx, op.ts)
 
     # -- checking -------------------------------------------------------------------------
+    def first_check_ms(self, tx: Transaction) -> int:
+        """Store time of the newest half message plus the transaction's timeout."""
+        timeout_ms = tx.timeout_ms if tx.timeout_ms is not None else int(self.default_timeout_s * 1000)
+        return max(h.store_ms for h in tx.halves) + timeout_ms
+
     def _schedule(self, tx: Transaction, when_ms: int) -> None:
         tx.next_check_ms = when_ms
         heapq.heappush(self._due, (when_ms, next(self._sequence), tx.transaction_id))
@@ -250,7 +259,7 @@ class TransactionBook:
                                  TransactionState(saved.state), saved.check_times)
                 self.by_id[tx.transaction_id] = tx
                 if tx.state is TransactionState.PENDING:
-                    self._schedule(tx, max(h.store_ms for h in halves) + tx.timeout_ms)
+                    self._schedule(tx, self.first_check_ms(tx))
 
     def clear(self) -> None:
         with self.lock:
