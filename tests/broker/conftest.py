@@ -14,7 +14,8 @@ from broker_embedded import BrokerConfig, CheckRequest, EmbeddedBroker, Resoluti
 from broker_embedded.store.config import StoreConfig
 
 FAST = BrokerConfig(
-    store=StoreConfig(segment_size=256 * 1024, checkpoint_interval_s=0.5),
+    # small index files: the crash tests copy whole data directories, and a copy is not sparse
+    store=StoreConfig(segment_size=256 * 1024, checkpoint_interval_s=0.5, index_slots=4096, index_entries=16384),
     transaction_timeout_s=0.3,
     check_interval_s=0.3,
     check_max=3,
