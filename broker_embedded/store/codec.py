@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import crc32c
 import msgspec
@@ -33,6 +34,7 @@ _U32 = struct.Struct(">I")
 HEAD_SIZE = _HEAD.size
 MIN_RECORD_SIZE = _HEAD.size + _FIXED.size + 2 * _U32.size
 _PEEK_SIZE = 512  # bytes read first by decode_head: the header, topic and properties mostly
+_SALVAGE_PROPERTIES = 64 * 1024  # the most property bytes decode_head reads from a damaged record
 
 _encode_props = msgspec.msgpack.Encoder().encode
 _decode_props = msgspec.msgpack.Decoder(dict[str, str]).decode
@@ -40,6 +42,16 @@ _decode_props = msgspec.msgpack.Decoder(dict[str, str]).decode
 
 class RecordError(ValueError):
     """The bytes at an offset are not a complete, intact record."""
+
+
+class RecordHead(NamedTuple):
+    """What a record's header says about it, its body unread."""
+
+    topic: str
+    properties: dict[str, str]
+    queue_id: int
+    queue_offset: int
+    size: int
 
 
 def encode(
@@ -69,10 +81,24 @@ def encode(
 
 
 def encode_blank(length: int) -> bytes:
-    """Filler that closes a segment whose remaining space cannot hold the next record."""
+    """Filler of ``length`` bytes: it closes a segment whose remaining space cannot hold the
+    next record, and ``repair`` puts it where damaged bytes were. Under ``HEAD_SIZE`` bytes
+    it is plain zeros, valid only at the end of a segment."""
     if length < HEAD_SIZE:
         return b"\0" * length
     return _HEAD.pack(length, BLANK_MAGIC, 0) + b"\0" * (length - HEAD_SIZE)
+
+
+def blank_length(buf: bytes, pos: int) -> int:
+    """The length of the intact blank filler at ``pos`` (magic, length within ``buf``,
+    zeros after it), or 0 if there is none."""
+    if len(buf) - pos < HEAD_SIZE:
+        return 0
+    total, magic, crc = _HEAD.unpack_from(buf, pos)
+    if magic != BLANK_MAGIC or crc or not HEAD_SIZE <= total <= len(buf) - pos:
+        return 0
+    zeros = total - HEAD_SIZE
+    return total if buf.count(0, pos + HEAD_SIZE, pos + total) == zeros else 0
 
 
 def peek_length(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
@@ -83,18 +109,21 @@ def peek_length(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     return total, magic
 
 
-def decode_head(read: Callable[[int, int], bytes]) -> tuple[str, dict[str, str]]:
-    """Topic and properties of a record, its body left unread (no crc check).
+def decode_head(read: Callable[[int, int], bytes], salvage: bool = False) -> RecordHead:
+    """Topic, properties and place of a record, its body left unread (no crc check).
 
     ``read(position, length)`` returns the record's bytes; ``RecordError`` if no record
-    starts there."""
+    starts there. ``salvage=True`` ignores the length and magic (a damaged record whose
+    other fields may still say what it was; ``size`` is then 0)."""
     head = read(0, _PEEK_SIZE)
     if len(head) < MIN_RECORD_SIZE:
         raise RecordError("truncated header")
     total, magic, _ = _HEAD.unpack_from(head, 0)
-    topic_len = _FIXED.unpack_from(head, HEAD_SIZE)[-1]
+    queue_id, _, queue_offset, _, _, topic_len = _FIXED.unpack_from(head, HEAD_SIZE)
     props_at = HEAD_SIZE + _FIXED.size + topic_len + _U32.size
-    if magic != RECORD_MAGIC or props_at + _U32.size > total:
+    if salvage:
+        total = props_at + _U32.size + _SALVAGE_PROPERTIES  # the length field may be damaged
+    elif magic != RECORD_MAGIC or props_at + _U32.size > total:
         raise RecordError(f"no record (magic {magic:#x}, length {total})")
     try:
         if len(head) < props_at:
@@ -108,7 +137,10 @@ def decode_head(read: Callable[[int, int], bytes]) -> tuple[str, dict[str, str]]
         if len(head) < end:
             raise RecordError("truncated properties")
         topic = head[HEAD_SIZE + _FIXED.size : props_at - _U32.size].decode()
-        return topic, _decode_props(head[props_at:end]) if props_len else {}
+        properties = _decode_props(head[props_at:end]) if props_len else {}
+        if salvage and not topic:
+            raise RecordError("no topic")
+        return RecordHead(topic, properties, queue_id, queue_offset, 0 if salvage else total)
     except (struct.error, UnicodeDecodeError, msgspec.DecodeError) as exc:
         raise RecordError(f"undecodable topic or properties: {exc}") from exc
 

@@ -2,7 +2,8 @@
 
 A segment is named by the commit log offset of its first byte, zero-padded to 20 digits.
 A record never straddles two segments: when the next record does not fit, the rest of the
-segment is closed with a blank filler and the record starts the next segment.
+segment is closed with a blank filler and the record starts the next segment. A blank
+filler may also stand where ``repair`` moved damaged bytes aside; readers skip it.
 Appends are sequential and happen under the caller's lock; reads are random (``pread``).
 """
 
@@ -12,10 +13,12 @@ import errno
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CorruptLogError, StoreFullError
 from . import codec
+from .files import fsync_directory
 from .record import StoredRecord
 
 log = logging.getLogger("broker_embedded.store.commitlog")
@@ -57,56 +60,47 @@ class CommitLog:
         self._dirty: set[Segment] = set()
 
     # -- recovery -------------------------------------------------------------------------
-    def recover(self, verified_offset: int) -> Iterator[StoredRecord]:
-        """Verify records from ``verified_offset`` on, truncate a torn tail, yield the good ones.
+    def check_layout(self, verified_offset: int) -> None:
+        """``LogDamageError`` if checkpointed records are missing: a segment file, the end of
+        a closed segment (shorter than ``segment_size``), or the log ends before
+        ``verified_offset``. One ``fstat`` per segment."""
+        gaps = layout_gaps(
+            [(segment.base_offset, os.fstat(segment.fd).st_size) for segment in self.segments],
+            self.segment_size, verified_offset,
+        )
+        if gaps:
+            raise LogDamageError(self.directory, gaps[0])
 
-        A record that fails its check in the last segment with nothing intact after it is a
-        torn tail (an append the crash interrupted, never acknowledged): it and everything
-        after are truncated. A bad record in an earlier, closed segment, or one followed by
-        an intact record, is corruption of acknowledged data: ``CorruptLogError``.
+    def recover(self, verified_offset: int) -> Iterator[StoredRecord]:
+        """Verify records from ``verified_offset`` on (after ``check_layout``), truncate a
+        torn tail, yield the good records.
+
+        A bad record (or zeros) in the last segment with nothing intact after it is a torn
+        tail (an append the crash interrupted, never acknowledged): it and everything after
+        are truncated. A bad record in a closed segment, or one followed by an intact record,
+        is damage to acknowledged data: ``LogDamageError``, and nothing is truncated.
         """
         if not self.segments:
             return
-        offset = max(verified_offset, self.segments[0].base_offset)
+        offset = self.write_offset = max(verified_offset, self.segments[0].base_offset)
         for index, segment in enumerate(self.segments):
             if segment.end_offset <= offset:
                 continue
-            is_last = index == len(self.segments) - 1
             data = segment.pread(0, segment.size)
-            pos = offset - segment.base_offset
-            while pos < len(data):
-                if segment.size - pos < codec.HEAD_SIZE:
-                    pos = segment.size  # zero filler too short for a blank header
-                    break
-                total, magic = codec.peek_length(data, pos)
-                if magic == codec.BLANK_MAGIC and pos + total == segment.size:
-                    pos = segment.size
-                    break
-                if total == 0 and magic == 0 and not any(data[pos : pos + codec.HEAD_SIZE]):
-                    break  # zeros: the end of what was written
-                try:
-                    record = codec.decode(data, pos, segment.base_offset + pos)
-                except codec.RecordError as exc:
-                    if not is_last or _intact_record_after(data, pos + 1, segment.base_offset):
-                        raise CorruptLogError(
-                            f"corrupt record at commit log offset {segment.base_offset + pos} "
-                            f"in segment {segment.path.name} ({exc}), "
-                            + ("followed by intact records" if is_last else "a closed segment")
-                        ) from exc
-                    log.warning(
-                        "truncating torn tail at commit log offset %d (%s)",
-                        segment.base_offset + pos, exc,
-                    )
-                    self._zero_from(segment, pos)
-                    break
-                yield record
-                pos += total
-            offset = segment.base_offset + pos
-            if is_last:
-                self.write_offset = offset
-            elif pos < segment.size:
-                raise CorruptLogError(f"closed segment {segment.path.name} ends early at {offset}")
-        self.write_offset = max(self.write_offset, offset)
+            end = segment.base_offset + len(data)
+            for item in walk(data, segment.base_offset, offset - segment.base_offset, segment.size):
+                if isinstance(item, StoredRecord):
+                    yield item
+                    continue
+                if index < len(self.segments) - 1:
+                    raise LogDamageError(self.directory, item, "a closed segment")
+                if item.end < end:
+                    raise LogDamageError(self.directory, item, "followed by intact records")
+                log.warning("truncating a torn tail at commit log offset %d (%s, %d bytes)",
+                            item.start, item.detail, item.end - item.start)
+                self._zero_from(segment, item.start - segment.base_offset)
+                end = item.start
+            offset = self.write_offset = end
 
     def _zero_from(self, segment: Segment, position: int) -> None:
         os.ftruncate(segment.fd, position)
@@ -219,9 +213,9 @@ class CommitLog:
         total, _ = codec.peek_length(head, 0)
         return self.read(offset, total)
 
-    def read_head(self, offset: int) -> tuple[str, dict[str, str]] | None:
-        """Topic and properties of the record at ``offset``, body unread; None when no
-        record starts there."""
+    def read_head(self, offset: int) -> codec.RecordHead | None:
+        """Topic, properties and place of the record at ``offset``, body unread; None when
+        no record starts there."""
         segment = self._segment_of(offset)
         position = offset - segment.base_offset
         try:
@@ -230,21 +224,18 @@ class CommitLog:
             return None
 
     def scan(self, from_offset: int, to_offset: int) -> Iterator[StoredRecord]:
-        """Every record in ``[from_offset, to_offset)``, in order."""
+        """Every record in ``[from_offset, to_offset)``, in order; ``LogDamageError`` at
+        bytes that are neither a record nor a filler."""
         for segment in list(self.segments):
             if segment.end_offset <= from_offset or segment.base_offset >= to_offset:
                 continue
             start = max(from_offset, segment.base_offset) - segment.base_offset
             end = min(to_offset, segment.end_offset) - segment.base_offset
             data = segment.pread(start, end - start)
-            pos = 0
-            while pos < len(data):
-                total, magic = codec.peek_length(data, pos)
-                if magic != codec.RECORD_MAGIC:
-                    break
-                yield codec.decode(data, pos, segment.base_offset + start + pos)
-                pos += total
-            from_offset = segment.end_offset
+            for item in walk(data, segment.base_offset + start, 0, segment.size - start):
+                if not isinstance(item, StoredRecord):
+                    raise LogDamageError(self.directory, item)
+                yield item
 
     def _segment_of(self, offset: int) -> Segment:
         for segment in reversed(self.segments):
@@ -279,26 +270,101 @@ class CommitLog:
         self.segments = []
 
 
-def _intact_record_after(data: bytes, start: int, base_offset: int) -> bool:
-    """Whether an intact record begins anywhere in ``data`` at or after ``start``.
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Commit log bytes ``[start, end)`` that hold no intact record: ``kind`` is
+    ``"damaged"`` (bytes that are not a record), ``"zeros"`` or ``"missing"`` (the bytes
+    are not there: a deleted segment, a closed segment or a log cut short)."""
 
-    Runs only when recovery meets a bad record; the C-level ``find`` for the magic keeps
-    it fast even over a whole segment.
-    """
+    start: int
+    end: int
+    kind: str
+    detail: str
+
+
+class LogDamageError(CorruptLogError):
+    """The commit log lost or damaged records that may have been acknowledged: the store
+    refuses to open (it would drop them, and append over them)."""
+
+    def __init__(self, directory: Path, gap: Gap, context: str = "") -> None:
+        self.gap = gap
+        self.segment = directory / f"{segment_base(gap.start, directory):020d}"
+        data_dir = directory.parent
+        where = f"segment {self.segment.name}" + (f", {context}" if context else "")
+        super().__init__(
+            f"commit log damaged at offset {gap.start} in {where} "
+            f"({gap.detail}, {gap.end - gap.start} bytes {gap.kind}); the store refuses to open "
+            f"rather than drop or overwrite acknowledged records: see `halfmoon-broker fsck "
+            f"--data-dir {data_dir}`, salvage with `halfmoon-broker repair --data-dir {data_dir}`"
+        )
+
+
+def segment_base(offset: int, directory: Path) -> int:
+    """The start offset of the segment file in ``directory`` holding ``offset`` (that of
+    the first segment if it lies before all of them)."""
+    bases = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    return max((base for base in bases if base <= offset), default=bases[0] if bases else 0)
+
+
+def layout_gaps(segments: list[tuple[int, int]], segment_size: int, verified: int) -> list[Gap]:
+    """Where records are missing from a log of ``segments`` (start offset, file size):
+    between segments, at the end of a closed segment, and before ``verified`` (the
+    checkpoint) at the end of the log."""
+    gaps: list[Gap] = []
+    for index, (base, size) in enumerate(segments):
+        if index + 1 < len(segments):
+            if size != segment_size:
+                gaps.append(Gap(base + size, base + segment_size, "missing",
+                                f"closed segment {base:020d} is {size} bytes, not {segment_size}"))
+            following = segments[index + 1][0]
+            if following != base + segment_size:
+                gaps.append(Gap(base + segment_size, following, "missing",
+                                f"segment files missing from {base + segment_size:020d}"))
+        elif base + size < verified:
+            gaps.append(Gap(base + size, verified, "missing",
+                            f"the log ends at {base + size}, shorter than the checkpoint ({verified})"))
+    if not segments and verified > 0:
+        gaps.append(Gap(0, verified, "missing",
+                        f"no segment files, shorter than the checkpoint ({verified})"))
+    return gaps
+
+
+def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord | Gap]:
+    """The intact records of a segment's ``data`` from ``pos`` on, and a ``Gap`` for each
+    run of bytes between them that is neither a record nor a blank filler (``base``: the
+    segment's start offset; ``size``: its full size). After a gap the walk goes on at the
+    next intact record, found by its magic and crc."""
+    length = len(data)
+    while pos < length:
+        if size - pos < codec.HEAD_SIZE and data.count(0, pos) == length - pos:
+            return  # the zero filler of a segment's last few bytes
+        filler = codec.blank_length(data, pos)
+        if filler:
+            pos += filler
+            continue
+        try:
+            record = codec.decode(data, pos, base + pos)
+        except codec.RecordError as exc:
+            # a gap is never shorter than a blank header, so that repair can fill it
+            resume = next_intact(data, pos + codec.HEAD_SIZE, base)
+            zeros = data.count(0, pos, resume) == resume - pos
+            yield Gap(base + pos, base + resume, "zeros" if zeros else "damaged", str(exc))
+            pos = resume
+            continue
+        yield record
+        pos += record.size
+
+
+def next_intact(data: bytes, start: int, base: int) -> int:
+    """Where the first intact record at or after ``start`` begins in ``data`` (``len(data)``
+    if none does). The C-level ``find`` for the magic keeps it fast over a whole segment."""
     magic = codec.RECORD_MAGIC.to_bytes(4, "big")
     found = data.find(magic, start + 4)
     while found >= 0:
         try:
-            codec.decode(data, found - 4, base_offset + found - 4)
-            return True
+            codec.decode(data, found - 4, base + found - 4)
+            return found - 4
         except codec.RecordError:
             found = data.find(magic, found + 1)
-    return False
+    return len(data)
 
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

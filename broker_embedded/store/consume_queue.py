@@ -13,6 +13,11 @@ rebuilt after retention deleted its head starts with a hole of zero entries in i
 file. The files are derived data: the store rebuilds them from the commit log when they
 are missing or behind.
 
+An entry of size 0 is a *hole*: a queue offset whose record is gone (damage that
+``halfmoon-broker repair`` moved aside, or the head retention deleted). Its commit log
+offset is that of the next record of the queue (or of the last one, for holes at the end),
+so entries stay in commit log order; readers skip holes.
+
 Memory does not grow with the queue: entries appended since the last checkpoint wait in a
 ``bytearray`` (already packed) and are written and fsync'd by ``persist``; a failed write
 (disk full) is undone and retried at the next checkpoint, so a file never holds a partial
@@ -27,6 +32,7 @@ finished on the next open.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import struct
@@ -35,7 +41,9 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-from .commitlog import fsync_directory
+from .files import fsync_directory
+
+log = logging.getLogger("broker_embedded.store.consume_queue")
 
 ENTRY = struct.Struct(">QIQ")
 ENTRY_SIZE = ENTRY.size  # 20
@@ -96,11 +104,7 @@ class ConsumeQueue:
                 fsync_directory(directory.parent)
         if directory.is_file():
             self._convert_single_file(converting)
-        names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
-        firsts = sorted(int(name) for name in names if name.isdigit())
-        if any(first % entries_per_file for first in firsts):
-            raise ValueError(f"{directory}: files not made with {entries_per_file} entries each")
-        numbers = [first // entries_per_file for first in firsts]
+        numbers = self._numbers()
         self._low = numbers[0] if numbers else 0  # first file number
         self._persisted = self._low * entries_per_file  # queue offset where the files end
         if numbers:
@@ -125,23 +129,41 @@ class ConsumeQueue:
 
     # -- writing --------------------------------------------------------------------------
     def append(self, queue_offset: int, commit_offset: int, size: int, tag: str) -> bool:
-        """Add the entry for ``queue_offset``; False if it is already there (replay)."""
+        """Add the entry for ``queue_offset``; False if it is already there (replay).
+
+        Offsets skipped since the last entry become holes (their records are gone)."""
         with self._lock:
             end = self.max_offset
             if queue_offset < end:
                 return False
             if queue_offset != end:
                 if end:
-                    raise ValueError(
-                        f"{self.directory}: queue offset {queue_offset} after {end} entries"
-                    )
-                # Rebuilt after retention deleted the head: the entries before stay a hole
-                # (zeros once written: commit log offset 0, never readable).
-                self._delete_files(self._low, queue_offset // self.entries_per_file)
-                self._low = queue_offset // self.entries_per_file
-                self._persisted = self.min_offset = queue_offset
+                    log.warning("%s: queue offsets %d to %d have no record in the commit log; "
+                                "left as holes", self.directory, end, queue_offset - 1)
+                    self._pending += ENTRY.pack(commit_offset, 0, 0) * (queue_offset - end)
+                else:
+                    self._start_at(queue_offset)
             self._pending += ENTRY.pack(commit_offset, size, tag_hash(tag))
             return True
+
+    def _start_at(self, queue_offset: int) -> None:
+        """Make an empty queue start at ``queue_offset`` (rebuilt after retention deleted
+        its head: the entries before stay a hole, zeros once written; under ``_lock``)."""
+        self._delete_files(self._low, queue_offset // self.entries_per_file)
+        self._low = queue_offset // self.entries_per_file
+        self._persisted = self.min_offset = queue_offset
+
+    def reserve(self, next_offset: int) -> None:
+        """Raise ``max_offset`` to ``next_offset`` with holes, so that queue offsets whose
+        records were lost are never given to new records (written at the next ``persist``)."""
+        end = self.max_offset
+        if next_offset <= end:
+            return
+        last = self.entry(end - 1)[0] if self.min_offset < end else 0
+        with self._lock:
+            if not end:
+                self._start_at(next_offset - 1)  # one hole entry, so that a file holds the end
+            self._pending += ENTRY.pack(last, 0, 0) * (next_offset - self.max_offset)
 
     def unpersisted(self) -> tuple[int, bytes]:
         """``(first entry, bytes)`` of the entries not yet in the files (write them with
@@ -192,8 +214,11 @@ class ConsumeQueue:
 
     def truncate_beyond(self, commit_log_end: int) -> None:
         """Drop entries that point at or past the end of the commit log (a torn tail)."""
-        keep = self._first_at_or_above(commit_log_end)
-        if keep == self.max_offset:
+        self.truncate_to(self._first_at_or_above(commit_log_end))
+
+    def truncate_to(self, keep: int) -> None:
+        """Drop the entries from queue offset ``keep`` (at least ``min_offset``) on."""
+        if keep >= self.max_offset:
             return
         with self._lock:
             if keep >= self._persisted:
@@ -208,6 +233,25 @@ class ConsumeQueue:
             self._persisted = keep
             self.min_offset = min(self.min_offset, keep)
 
+    def reset(self) -> None:
+        """Drop every entry and file, to rebuild the queue from the commit log."""
+        with self._lock:
+            for number in self._numbers():
+                self._delete_files(number, number + 1)
+            self._low = self._persisted = self.min_offset = 0
+            self._pending = bytearray()
+
+    def intact_end(self) -> int:
+        """The queue offset up to which the files are whole: where the first missing or
+        short file before the last one starts (``max_offset`` if there is none)."""
+        per_file = self.entries_per_file
+        present = set(self._numbers())
+        for number in range(self._low, (self._persisted - 1) // per_file):
+            path = self.directory / file_name(number * per_file)
+            if number not in present or path.stat().st_size != per_file * ENTRY_SIZE:
+                return max(number * per_file, self.min_offset)
+        return self.max_offset
+
     def drop_below(self, commit_log_min: int) -> None:
         """Raise ``min_offset`` past entries whose record retention deleted, and delete the
         files that lie wholly below it (all but the last file)."""
@@ -221,24 +265,37 @@ class ConsumeQueue:
 
     # -- reading --------------------------------------------------------------------------
     def entry(self, queue_offset: int) -> tuple[int, int]:
-        """``(commit log offset, size)`` of a queue offset in ``[min_offset, max_offset)``."""
-        found = self.entries(queue_offset, 1)
-        if not found or queue_offset < self.min_offset:  # also when retention just passed it
+        """``(commit log offset, size)`` of a queue offset in ``[min_offset, max_offset)``,
+        a hole (size 0) included."""
+        start, data = self._read_from(queue_offset, 1)
+        if start != queue_offset or not data:  # also when retention just passed it
             raise IndexError(f"queue offset {queue_offset} is not in {self.directory}")
-        return found[0]
+        offset, size, _ = ENTRY.unpack(data)
+        return offset, size
 
     def entries(self, start: int, count: int) -> list[tuple[int, int]]:
         """``(commit log offset, size)`` of up to ``count`` entries from ``start`` (from
-        ``min_offset`` if below it): one ``pread`` per file, the rest from memory."""
+        ``min_offset`` if below it), holes skipped: one ``pread`` per file, the rest from
+        memory."""
+        found: list[tuple[int, int]] = []
+        while len(found) < count:
+            start, data = self._read_from(start, count - len(found))
+            if not data:
+                break
+            found += [(offset, size) for offset, size, _ in ENTRY.iter_unpack(data) if size]
+            start += len(data) // ENTRY_SIZE
+        return found
+
+    def _read_from(self, start: int, count: int) -> tuple[int, bytes]:
+        """``(first, entries)``: up to ``count`` packed entries from ``start`` or, below
+        ``min_offset``, from ``first`` = ``min_offset``."""
         while True:
             start = max(start, self.min_offset)
             try:
-                data = self._read(start, count)
+                return start, self._read(start, count)
             except FileNotFoundError:  # retention deleted the file under us: start higher
                 if start >= self.min_offset:
                     raise
-                continue
-            return [(offset, size) for offset, size, _ in ENTRY.iter_unpack(data)]
 
     def _read(self, start: int, count: int) -> bytes:
         with self._lock:
@@ -273,6 +330,15 @@ class ConsumeQueue:
         return low
 
     # -- files ----------------------------------------------------------------------------
+    def _numbers(self) -> list[int]:
+        """The numbers of the queue's files, ascending."""
+        directory = self.directory
+        names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+        firsts = sorted(int(name) for name in names if name.isdigit())
+        if any(first % self.entries_per_file for first in firsts):
+            raise ValueError(f"{directory}: files not made with {self.entries_per_file} entries each")
+        return [first // self.entries_per_file for first in firsts]
+
     def _file(self, number: int, create: bool = False) -> _File:
         """File ``number`` from the small descriptor cache, opening it if needed."""
         with self._files_lock:

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from .commitlog import fsync_directory
+from .files import fsync_directory
 
 log = logging.getLogger("broker_embedded.store.index")
 
@@ -216,14 +216,33 @@ class MessageIndex:
         try:
             for path in paths:
                 files.append(IndexFile.open(path))
+                if int(path.name) != int(paths[0].name) + len(files) - 1:
+                    raise IndexFileError(f"the files before {path.name} are missing")
         except (OSError, IndexFileError) as exc:
             log.warning("index file %s is unreadable (%s); rebuilding the index", path, exc)
-            for file in files:
-                file.close()
-            for path in paths:
-                path.unlink()
+            self._delete(files)
             return []
         return files
+
+    def _delete(self, files: list[IndexFile]) -> None:
+        for file in files:
+            file.close()
+        for path in self.directory.iterdir():
+            if path.name.isdigit():
+                path.unlink()
+
+    def clear(self) -> None:
+        """Delete every file and start anew (the store then indexes the whole log again)."""
+        with self._lock:
+            self._delete(self.files)
+            self._stale_headers.clear()
+            self.max_indexed = -1
+            self.files = [self._create(0)]
+
+    @property
+    def file_numbers(self) -> tuple[int, int]:
+        """The numbers of the oldest and the newest index file."""
+        return int(self.files[0].path.name), int(self.files[-1].path.name)
 
     def _create(self, number: int) -> IndexFile:
         return IndexFile.create(

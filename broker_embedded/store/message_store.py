@@ -10,8 +10,11 @@ Data directory layout::
     index/<number:010d>       index files (hash slots and entries, see ``index.py``)
     checkpoint                JSON: ``verified`` (the commit log offset up to which the
                               log is verified and the consume queues and index are
-                              durable), ``commitlog_flushed``, ``consumequeue_dispatched``,
-                              ``index_dispatched``, ``last_store_ms``, ``written_ms``
+                              durable), ``queues`` (each queue's entry count), ``index``
+                              (first and last index file, the last indexed offset),
+                              ``commitlog_min``, ``commitlog_flushed``,
+                              ``consumequeue_dispatched``, ``index_dispatched``,
+                              ``last_store_ms``, ``written_ms``
 
 Writes: ``put``/``put_batch`` encode, then append under the write lock with one ``pwrite``
 per segment touched (all or nothing: a full disk rolls the batch back). In ``sync`` flush
@@ -24,13 +27,19 @@ mode records are dispatched at once and a background thread fsyncs every
 ``checkpoint_interval_s`` and on close); in between the new entries live in memory. Index
 files are written as records are dispatched and fsync'd at checkpoints.
 
-Recovery (on open): records from the checkpoint's ``verified`` offset on are verified
-(CRC); a bad record in the last segment with nothing intact after it is a torn tail and is
-truncated; a bad record before intact ones, or in a closed segment, raises
-``CorruptLogError``. Consume queue entries past the end are dropped and missing ones
-rebuilt; index entries past the checkpoint are added again (lookups drop duplicates and
-confirm each offset against the record there, so a stale entry is never returned); a
-deleted ``consumequeue/`` or ``index/`` is rebuilt from the first segment, byte-identical.
+Recovery (on open): the commit log's shape is checked against the checkpoint (no segment
+missing, closed segments whole, the log at least as long as ``verified``), then every
+consume queue and the index against the checkpoint and the log: files whole, as many
+entries as the checkpoint counted, the last entry pointing at its record. What is missing
+or short is rebuilt from the commit log, from the queue's last good entry (or the index's
+last indexed record) on, with a warning; a deleted ``consumequeue/`` or ``index/`` is
+rebuilt byte-identical. Records from ``verified`` on are verified (CRC): a bad record, or
+zeros, in the last segment with nothing intact after it is a torn tail and is truncated;
+one with intact records after it, or in a closed segment, raises ``LogDamageError`` (a
+``CorruptLogError``) and nothing is changed: ``halfmoon-broker repair`` salvages such a
+directory. Consume queue entries past the end are dropped; index entries past the
+checkpoint are added again (lookups drop duplicates and confirm each offset against the
+record there, so a stale entry is never returned).
 
 Dispatch listeners are told of records dispatched after the store is open, never of those
 replayed during recovery: the broker core rebuilds its state with ``scan()`` (or by
@@ -47,11 +56,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ..errors import (
     BrokerClosedError,
+    CorruptLogError,
     DataDirLockedError,
     MessageTooLargeError,
     StoreFullError,
@@ -60,15 +71,69 @@ from . import codec
 from .commitlog import CommitLog
 from .config import StoreConfig
 from .consume_queue import ConsumeQueue
+from .files import write_atomically
 from .index import MessageIndex
 from .interface import DispatchListener
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 
 log = logging.getLogger("broker_embedded.store")
+T = TypeVar("T")
+
+
+CHECKPOINT = "checkpoint"
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def fitting(items: Iterable[T], size: Callable[[T], int], max_bytes: int | None) -> list[T]:
+    """The leading ``items`` whose sizes add up to at most ``max_bytes`` (None: all of
+    them), and always the first one; taken lazily, so none past the cut is produced."""
+    kept: list[T] = []
+    total = 0
+    for item in items:
+        total += size(item)
+        if kept and max_bytes is not None and total > max_bytes:
+            break
+        kept.append(item)
+    return kept
+
+
+def lock_directory(data_dir: Path, shared: bool = False) -> int:
+    """Take the data directory's lock and return the descriptor that holds it (``shared``:
+    for read-only tools, the lock file must exist). ``DataDirLockedError`` while another
+    store holds it, also from another process."""
+    fd = os.open(data_dir / "lock", os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirLockedError(f"data directory {data_dir} is in use by another broker") from None
+    return fd
+
+
+def read_checkpoint(data_dir: Path) -> dict[str, Any]:
+    """The checkpoint's fields (see the module docstring); empty if there is none."""
+    try:
+        fields = json.loads((data_dir / CHECKPOINT).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
+def pinned_layout(data_dir: Path, config: StoreConfig) -> StoreConfig:
+    """``config`` with the segment size and consume queue file entries that ``store.json``
+    pins for ``data_dir`` (read only)."""
+    meta = data_dir / "store.json"
+    pinned = json.loads(meta.read_text()) if meta.exists() else {}
+    return dataclasses.replace(
+        config,
+        segment_size=int(pinned.get("segment_size", config.segment_size)),
+        consume_queue_file_entries=int(
+            pinned.get("consume_queue_file_entries", config.consume_queue_file_entries)
+        ),
+    )
 
 
 class MessageStore:
@@ -77,7 +142,7 @@ class MessageStore:
     def __init__(self, data_dir: Path | str, config: StoreConfig | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = self._acquire_directory_lock()
+        self._lock_file = lock_directory(self.data_dir)
         self.config = self._pin_layout(config or StoreConfig())
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -111,60 +176,48 @@ class MessageStore:
         self._background.start()
 
     # -- opening --------------------------------------------------------------------------
-    def _acquire_directory_lock(self) -> int:
-        fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DataDirLockedError(
-                f"data directory {self.data_dir} is in use by another broker"
-            ) from None
-        return fd
-
     def _pin_layout(self, config: StoreConfig) -> StoreConfig:
         """Commit log segments and consume queue files keep the size they were created
         with, whatever a later config says (a directory from before consume queue files
         were split takes the configured count)."""
-        meta = self.data_dir / "store.json"
-        pinned = json.loads(meta.read_text()) if meta.exists() else {}
+        pinned_config = pinned_layout(self.data_dir, config)
         layout = {
-            "segment_size": int(pinned.get("segment_size", config.segment_size)),
-            "consume_queue_file_entries": int(
-                pinned.get("consume_queue_file_entries", config.consume_queue_file_entries)
-            ),
+            "segment_size": pinned_config.segment_size,
+            "consume_queue_file_entries": pinned_config.consume_queue_file_entries,
         }
-        pinned_config = dataclasses.replace(
-            config, segment_size=layout["segment_size"],
-            consume_queue_file_entries=layout["consume_queue_file_entries"],
-        )
         if pinned_config != config:
             log.info("using the data directory's layout %s", layout)
-        if layout != pinned:
+        meta = self.data_dir / "store.json"
+        if not meta.exists() or json.loads(meta.read_text()) != layout:
             meta.write_text(json.dumps(layout))
         return pinned_config
 
-    def _checkpoint_path(self) -> Path:
-        return self.data_dir / "checkpoint"
-
-    def _read_checkpoint(self) -> int:
-        try:
-            return int(json.loads(self._checkpoint_path().read_text())["verified"])
-        except (FileNotFoundError, ValueError, KeyError):
-            return 0
-
     def _recover(self) -> None:
-        verified = self._read_checkpoint()
+        """Check the commit log's shape, verify the consume queues and the index against the
+        checkpoint and the log (rebuilding what is missing or short), replay the records
+        after the checkpoint, drop entries past the recovered end."""
+        checkpoint = read_checkpoint(self.data_dir)
+        verified = int(checkpoint.get("verified", 0))
+        self.commitlog.check_layout(verified)
+        counts: dict[str, dict[str, int]] | None = checkpoint.get("queues")
         queue_dir = self.data_dir / "consumequeue"
-        rebuild_queues = not queue_dir.exists()
-        rebuild_index = self.index.max_indexed < 0
         for topic_dir in sorted(queue_dir.iterdir()) if queue_dir.exists() else []:
             for queue_path in sorted(topic_dir.iterdir()):
-                queue_id = queue_path.name.partition(".")[0]  # also "<id>.converting"
-                if queue_id.isdigit():
-                    self._queue(topic_dir.name, int(queue_id))
-        replay_from = 0 if (rebuild_queues or rebuild_index) else verified
-        self.index.rewind(verified)
+                name = queue_path.name.partition(".")[0]  # also "<id>.converting"
+                if name.isdigit():
+                    self._queue(topic_dir.name, int(name))
+        for topic, by_id in (counts or {}).items():
+            for name in by_id:
+                self._queue(topic, int(name))  # a deleted queue comes back empty
+        index_from = self._index_from(checkpoint, verified)
+        rebuilt = self._cut_damaged_queues(counts, verified)
+        starts = [start for start, _ in rebuilt.values()]
+        if counts is None and verified:
+            log.info("a checkpoint without queue counts: verifying every consume queue against "
+                     "the whole commit log once")
+            starts.append(self.commitlog.min_offset)
+        replay_from = max(min([verified, index_from, *starts]), self.commitlog.min_offset)
+        self.index.rewind(min(verified, index_from))
         if replay_from < verified:
             for record in self.commitlog.scan(replay_from, verified):
                 self._dispatch(record)
@@ -174,6 +227,73 @@ class MessageStore:
         for queue in self._queues.values():
             queue.truncate_beyond(end)
             queue.drop_below(self.commitlog.min_offset)
+        for (topic, queue_id), (_, had) in rebuilt.items():
+            if counts is not None:
+                log.warning(
+                    "consume queue %s/%d had %d entries, the checkpoint says %d: rebuilt from "
+                    "the commit log, %d entries now", topic, queue_id, had,
+                    counts.get(topic, {}).get(str(queue_id), 0), self._queues[(topic, queue_id)].max_offset,
+                )
+
+    def _index_from(self, checkpoint: dict[str, Any], verified: int) -> int:
+        """Where records must be indexed again from: ``verified`` when the index holds
+        everything the checkpoint says it does; the end of what it holds when newer files
+        are missing; 0 (all of the log) when it has no file or older files are missing."""
+        index = self.index
+        saved = checkpoint.get("index")
+        if index.max_indexed < 0 or saved is None:
+            return 0 if index.max_indexed < 0 else verified
+        first, last, through = saved
+        present_first, present_last = index.file_numbers
+        if present_first > first and checkpoint.get("commitlog_min") == self.commitlog.min_offset:
+            log.warning("index files %d to %d are missing: rebuilding the whole index",
+                        first, present_first - 1)
+            index.clear()
+            return 0
+        if present_last < last or index.max_indexed < through:
+            log.warning("the index ends at commit log offset %d, the checkpoint says %d: "
+                        "indexing the records after it again", index.max_indexed, through)
+            return index.max_indexed
+        return verified
+
+    def _cut_damaged_queues(
+        self, counts: dict[str, dict[str, int]] | None, verified: int
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """Verify every queue: its files whole, as long as the checkpoint says, its last
+        entry pointing at its record. Cut a damaged queue back to what is good (all of it if
+        the last entry is wrong); return, per queue to rebuild, the commit log offset to
+        rebuild it from and the entries it had. With no ``counts`` (an older checkpoint)
+        every queue is verified against the whole log once."""
+        rebuild: dict[tuple[str, int], tuple[int, int]] = {}
+        for key, queue in self._queues.items():
+            had = queue.max_offset
+            good = queue.intact_end()
+            queue.truncate_to(good)
+            start = self._after_last_entry(key, queue, verified)
+            if start is None:
+                queue.reset()
+                start = self.commitlog.min_offset
+            expected = None if counts is None else counts.get(key[0], {}).get(str(key[1]), 0)
+            if expected is None or good < max(expected, had) or queue.max_offset < good:
+                rebuild[key] = (start, had)
+        return rebuild
+
+    def _after_last_entry(self, key: tuple[str, int], queue: ConsumeQueue, verified: int) -> int | None:
+        """The commit log offset after the queue's last entry (the log's start for an empty
+        queue), or None when that entry does not point at its record."""
+        if queue.max_offset <= queue.min_offset:
+            return self.commitlog.min_offset
+        queue_offset = queue.max_offset - 1
+        try:
+            offset, size = queue.entry(queue_offset)
+            if not size or offset >= verified:  # a hole, or an entry recovery checks later
+                return offset
+            head = self.commitlog.read_head(offset)
+        except (OSError, IndexError, CorruptLogError):  # its file gone, or no segment there
+            head = None
+        if head is None or (head.topic, head.queue_id, head.queue_offset, head.size) != (*key, queue_offset, size):
+            return None
+        return offset + size
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)
@@ -358,13 +478,17 @@ class MessageStore:
         self.flush()
         with self._flush_lock:
             with self._write_lock:
-                verified = self._dispatched_end
+                verified = min(self._dispatched_end, self._flushed)
                 if self.index.failed_from is not None:
                     verified = min(verified, self.index.failed_from)
                 queue_writes = [
                     (queue, *queue.unpersisted())
                     for queue in self._queues.values() if queue.persisted < queue.max_offset
                 ]
+                counts: dict[str, dict[str, int]] = {}
+                for (topic, queue_id), queue in self._queues.items():
+                    counts.setdefault(topic, {})[str(queue_id)] = queue.max_offset
+                index_state = [*self.index.file_numbers, self.index.max_indexed]
                 index_write = self.index.unpersisted()
             index_written = False
             try:
@@ -379,6 +503,9 @@ class MessageStore:
                     "index_dispatched": verified,
                     "last_store_ms": self._last_store_ms,
                     "written_ms": _now_ms(),
+                    "queues": counts,
+                    "index": index_state,
+                    "commitlog_min": self.commitlog.min_offset,
                 })
             except OSError as exc:
                 if not index_written:
@@ -387,16 +514,9 @@ class MessageStore:
                     raise StoreFullError(f"disk full while checkpointing {self.data_dir}") from exc
                 raise
 
-    def _write_checkpoint_file(self, fields: dict[str, int]) -> None:
-        path = self._checkpoint_path()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(fields))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+    def _write_checkpoint_file(self, fields: dict[str, Any]) -> None:
+        path = self.data_dir / CHECKPOINT
+        write_atomically(path, json.dumps(fields).encode())
 
     def _run_background(self) -> None:
         last_checkpoint = time.monotonic()
@@ -415,12 +535,15 @@ class MessageStore:
         """Read one record by its commit log offset."""
         return self.commitlog.read_at(commit_log_offset)
 
-    def read_queue(self, topic: str, queue_id: int, offset: int, max_records: int) -> list[StoredRecord]:
-        """Records of a consume queue from ``offset`` (empty past the end)."""
+    def read_queue(self, topic: str, queue_id: int, offset: int, max_records: int,
+                   max_bytes: int | None = None) -> list[StoredRecord]:
+        """Records of a consume queue from ``offset`` (empty past the end), as many as fit
+        in ``max_bytes`` of record size (at least one)."""
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             return []
-        return [self.commitlog.read(*entry) for entry in queue.entries(offset, max_records)]
+        entries = fitting(queue.entries(offset, max_records), lambda entry: entry[1], max_bytes)
+        return [self.commitlog.read(*entry) for entry in entries]
 
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get((topic, queue_id))
@@ -446,7 +569,9 @@ class MessageStore:
         low, high = queue.min_offset, queue.max_offset
         while low < high:
             middle = (low + high) // 2
-            if self.commitlog.read(*queue.entry(middle)).store_timestamp_ms < timestamp_ms:
+            offset, size = queue.entry(middle)
+            # a hole (size 0) counts as late enough: a replay from it misses nothing
+            if size and self.commitlog.read(offset, size).store_timestamp_ms < timestamp_ms:
                 low = middle + 1
             else:
                 high = middle
@@ -455,17 +580,17 @@ class MessageStore:
     def lookup_message_id(self, message_id: str) -> list[int]:
         return [
             offset for offset in self.index.lookup_id(message_id)
-            if (head := self._head_at(offset)) and head[1].get(PROPERTY_MESSAGE_ID) == message_id
+            if (head := self._head_at(offset)) and head.properties.get(PROPERTY_MESSAGE_ID) == message_id
         ]
 
     def lookup_key(self, topic: str, key: str) -> list[int]:
         return [
             offset for offset in self.index.lookup_key(topic, key)
             if (head := self._head_at(offset))
-            and head[0] == topic and key in head[1].get(PROPERTY_KEYS, "").split()
+            and head.topic == topic and key in head.properties.get(PROPERTY_KEYS, "").split()
         ]
 
-    def _head_at(self, offset: int) -> tuple[str, dict[str, str]] | None:
+    def _head_at(self, offset: int) -> codec.RecordHead | None:
         """Topic and properties of the durable record at an index entry's offset; None
         if the offset is outside the log or no record starts there (a stale entry)."""
         if not self.commitlog.min_offset <= offset < self._dispatched_end:
@@ -484,6 +609,15 @@ class MessageStore:
         """Every durable record from an offset, in commit log order."""
         start = max(from_commit_log_offset, self.commitlog.min_offset)
         return self.commitlog.scan(start, self._dispatched_end)
+
+    def reserve_queue_offsets(self, topic: str, queue_id: int, next_offset: int) -> None:
+        """Let the queue's next record get ``next_offset`` or later: the offsets below it
+        that hold no record become holes (``repair`` keeps the offsets of lost records from
+        being given to new ones, which consumers past them would skip). For an idle store."""
+        self.flush()
+        with self._write_lock:
+            self._queue(topic, queue_id).reserve(next_offset)
+            self._next_offset.pop((topic, queue_id), None)
 
     # -- retention ------------------------------------------------------------------------
     def set_retention_guard(self, guard: Callable[[], int | None]) -> None:

@@ -1,0 +1,154 @@
+"""``repair``: salvage a stopped store's data directory that ``fsck`` found damaged.
+
+Every intact record stays where it is, at its commit log offset and queue offset. The
+bytes of each damaged range are copied to ``damaged/<UTC time>/<offset:020d>`` with the
+check's report (``report.json``) and fsync'd, and only then replaced in the log: by a
+blank filler inside the log (a missing segment file or the missing end of a closed
+segment is filled the same way), by truncation at its end. The consume queues, the index
+and the checkpoint are derived data: they are deleted, and opening the store rebuilds them
+from the repaired log, verifying every record. Queue offsets of lost records become holes,
+and no queue hands out an offset it had before (a consumer past it would skip the new
+record). A crash during a repair leaves a directory that the store refuses to open and
+that ``repair`` salvages again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import codec
+from .commitlog import Gap
+from .config import StoreConfig
+from .files import fsync_directory
+from .message_store import CHECKPOINT, MessageStore, pinned_layout
+from .verify import Report, inspect, locked
+
+
+@dataclass
+class RepairReport:
+    """What ``repair`` did: the check before it, where the damaged bytes went, what was
+    lost and which queue offsets were kept from reuse."""
+
+    check: Report
+    moved_to: Path | None
+    reserved: dict[tuple[str, int], int]
+
+    @property
+    def lost_records(self) -> bool:
+        """Whether acknowledged records were damaged or missing (a torn tail was not)."""
+        return bool(self.check.gaps)
+
+    def to_json(self) -> dict[str, Any]:
+        check = self.check.to_json()
+        return {
+            "data_dir": check["data_dir"], "salvaged_records": self.check.records,
+            "moved_to": str(self.moved_to) if self.moved_to else None,
+            "gaps": check["gaps"], "torn_tail": check["torn_tail"], "lost": check["lost"],
+            "problems": check["problems"],
+            "reserved": [[topic, queue_id, offset] for (topic, queue_id), offset in sorted(self.reserved.items())],
+        }
+
+    def lines(self) -> list[str]:
+        """The report for a terminal."""
+        check = self.check
+        lines = [f"{check.data_dir}: {check.records} intact records kept; consume queues, index "
+                 "and checkpoint rebuilt"]
+        if self.moved_to:
+            moved = sum(gap.end - gap.start for gap in check.gaps if gap.kind != "missing")
+            lines.append(f"{len(check.gaps)} damaged or missing ranges; {moved} bytes moved to {self.moved_to}")
+        lines += [f"  {gap.kind} {gap.start}-{gap.end}: {gap.detail}" for gap in check.gaps]
+        if check.lost:
+            lines.append(f"lost records ({len(check.lost)}):")
+            lines += [f"  {message.describe()}" for message in check.lost]
+        elif check.gaps:
+            lines.append("the lost records are not known by id (no consume queue entry or header names them)")
+        lines += [f"queue {topic}/{queue_id} continues at offset {offset} (lost offsets are not reused)"
+                  for (topic, queue_id), offset in sorted(self.reserved.items())]
+        return lines
+
+
+def repair(data_dir: Path) -> RepairReport:
+    """Salvage ``data_dir`` (see the module docstring); the store opens afterwards."""
+    with locked(data_dir, shared=False):
+        check = inspect(data_dir)
+        config = pinned_layout(data_dir, StoreConfig())
+        aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
+        moved_to = _move_aside(data_dir, config.segment_size, aside, check) if aside else None
+        for derived in ("consumequeue", "index"):
+            shutil.rmtree(data_dir / derived, ignore_errors=True)
+        (data_dir / CHECKPOINT).unlink(missing_ok=True)
+        fsync_directory(data_dir)
+        log_dir = data_dir / "commitlog"
+        last_base = max((int(p.name) for p in log_dir.iterdir() if p.name.isdigit()), default=0)
+        for gap in [*check.gaps, *([check.torn_tail] if check.torn_tail else [])]:
+            _fill(log_dir, config.segment_size, gap, last_base)
+        fsync_directory(log_dir)
+    raised: dict[tuple[str, int], int] = {}
+    with MessageStore(data_dir, config) as store:
+        for (topic, queue_id), offset in _offsets_in_use(check).items():
+            if store.queue_max_offset(topic, queue_id) < offset:
+                store.reserve_queue_offsets(topic, queue_id, offset)
+                raised[(topic, queue_id)] = offset
+    return RepairReport(check, moved_to, raised)
+
+
+def _move_aside(data_dir: Path, segment_size: int, gaps: list[Gap], check: Report) -> Path:
+    """Copy the bytes of ``gaps`` and the report under ``damaged/``, durably."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = data_dir / "damaged" / stamp
+    suffix = 0
+    while target.exists():
+        suffix += 1
+        target = data_dir / "damaged" / f"{stamp}-{suffix}"
+    target.mkdir(parents=True)
+    for gap in gaps:
+        segment = data_dir / "commitlog" / f"{gap.start - gap.start % segment_size:020d}"
+        with segment.open("rb") as source:
+            source.seek(gap.start % segment_size)
+            _write_durably(target / f"{gap.start:020d}", source.read(gap.end - gap.start))
+    _write_durably(target / "report.json", json.dumps(check.to_json(), indent=2).encode())
+    fsync_directory(target)
+    fsync_directory(target.parent)
+    fsync_directory(data_dir)
+    return target
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fill(directory: Path, segment_size: int, gap: Gap, last_base: int) -> None:
+    """Put a blank filler where ``gap`` was, or cut the log where it ends the last segment
+    (``last_base``); nothing past the last segment (a log cut short ends there). fsync'd."""
+    for base in range(gap.start - gap.start % segment_size, min(gap.end, last_base + 1), segment_size):
+        start, end = max(gap.start, base) - base, min(gap.end, base + segment_size) - base
+        fd = os.open(directory / f"{base:020d}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if base == last_base and end >= size:
+                os.ftruncate(fd, min(start, size))
+            else:
+                os.pwrite(fd, codec.encode_blank(end - start), start)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _offsets_in_use(check: Report) -> dict[tuple[str, int], int]:
+    """Per queue, the next queue offset it must hand out at least: past every offset the
+    checkpoint counted and every lost record's."""
+    reserved = dict(check.queue_counts)
+    for message in check.lost:
+        if message.topic is not None and message.queue_id is not None and message.queue_offset is not None:
+            key = (message.topic, message.queue_id)
+            reserved[key] = max(reserved.get(key, 0), message.queue_offset + 1)
+    return reserved

@@ -1,0 +1,365 @@
+"""``fsck``: a read-only check of a stopped store's data directory.
+
+Walks every commit log segment and verifies every record (magic, crc), past damage to the
+next intact record; checks the log's shape against the checkpoint (no segment missing,
+closed segments whole, the log as long as the checkpoint says); compares every record with
+its consume queue entry and its index entries; and names the records the damage took,
+from the queue entries that point into it and from what can still be read of a damaged
+record's header. Start-up takes care of some findings by itself (a torn tail after the
+checkpoint, queue and index entries after it): those are notes, the rest problems.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import os
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import codec
+from .commitlog import Gap, layout_gaps, walk
+from .config import StoreConfig
+from .consume_queue import ENTRY, ENTRY_SIZE, file_name
+from .index import IndexFile, IndexFileError, key_hash
+from .message_store import lock_directory, pinned_layout, read_checkpoint
+from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
+
+_OPEN_FILES = 64  # descriptors the check keeps open at once
+
+
+@dataclass(frozen=True, slots=True)
+class LostMessage:
+    """A record that damage took, with what is known of it (None: unknown)."""
+
+    commit_log_offset: int
+    topic: str | None = None
+    queue_id: int | None = None
+    queue_offset: int | None = None
+    message_id: str | None = None
+
+    def describe(self) -> str:
+        where = f"{self.topic}/{self.queue_id}@{self.queue_offset}" if self.topic else "unknown queue"
+        return f"{self.message_id or 'unknown id'} ({where}, commit log offset {self.commit_log_offset})"
+
+
+@dataclass
+class Report:
+    """What ``check`` found. ``gaps`` are damaged or missing commit log ranges holding
+    acknowledged records; ``torn_tail`` is the end of the log that start-up truncates."""
+
+    data_dir: Path
+    records: int = 0
+    segments: int = 0
+    checkpoint: int = 0
+    log_end: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    torn_tail: Gap | None = None
+    lost: list[LostMessage] = field(default_factory=list)
+    #: per queue, the entry count the checkpoint recorded
+    queue_counts: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "data_dir": str(self.data_dir), "ok": self.ok, "records": self.records,
+            "segments": self.segments, "checkpoint": self.checkpoint, "log_end": self.log_end,
+            "problems": self.problems, "notes": self.notes,
+            "gaps": [dataclasses.asdict(gap) for gap in self.gaps],
+            "torn_tail": dataclasses.asdict(self.torn_tail) if self.torn_tail else None,
+            "lost": [dataclasses.asdict(message) for message in self.lost],
+        }
+
+    def lines(self) -> list[str]:
+        """The report for a terminal."""
+        lines = [f"{self.data_dir}: {self.records} intact records in {self.segments} segments, "
+                 f"log end {self.log_end}, checkpoint {self.checkpoint}"]
+        lines += [f"PROBLEM {problem}" for problem in self.problems]
+        lines += [f"note: {note}" for note in self.notes]
+        if self.lost:
+            lines.append(f"lost records ({len(self.lost)}):")
+            lines += [f"  {message.describe()}" for message in self.lost]
+        if self.problems:
+            lines.append(f"salvage with `halfmoon-broker repair --data-dir {self.data_dir}`")
+        return lines
+
+
+class _Files:
+    """Read-only descriptors of a few files at a time (least recently used closed)."""
+
+    def __init__(self) -> None:
+        self._open: OrderedDict[Path, int] = OrderedDict()
+
+    def pread(self, path: Path, length: int, position: int) -> bytes:
+        fd = self._open.get(path)
+        if fd is None:
+            fd = self._open[path] = os.open(path, os.O_RDONLY)
+            while len(self._open) > _OPEN_FILES:
+                os.close(self._open.popitem(last=False)[1])
+        self._open.move_to_end(path)
+        return os.pread(fd, length, position)
+
+    def close(self) -> None:
+        for fd in self._open.values():
+            os.close(fd)
+        self._open.clear()
+
+
+@dataclass
+class _Queue:
+    """One consume queue's files (read only) and what the check found in them."""
+
+    directory: Path
+    per_file: int
+    count: int = 0  # entries in the files: the last file's number and size
+    last_seen: int = -1  # the highest queue offset of an intact record
+    missing: int = 0  # records before the checkpoint without their entry
+    wrong: int = 0  # entries pointing elsewhere than their record
+    first_bad: int | None = None
+    skipped: list[int] = field(default_factory=list)  # queue offsets with no intact record
+
+    def __post_init__(self) -> None:
+        firsts = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit()) \
+            if self.directory.is_dir() else []
+        if firsts:
+            size = (self.directory / file_name(firsts[-1])).stat().st_size
+            self.count = firsts[-1] + size // ENTRY_SIZE
+
+    def entry(self, files: _Files, queue_offset: int) -> tuple[int, int] | None:
+        """``(commit log offset, size)`` of an entry, None if its file lacks it."""
+        number, index = divmod(queue_offset, self.per_file)
+        try:
+            raw = files.pread(self.directory / file_name(number * self.per_file), ENTRY_SIZE, index * ENTRY_SIZE)
+        except FileNotFoundError:
+            return None
+        if len(raw) < ENTRY_SIZE:
+            return None
+        offset, size, _ = ENTRY.unpack(raw)
+        return offset, size
+
+    def bad(self, queue_offset: int) -> None:
+        if self.first_bad is None or queue_offset < self.first_bad:
+            self.first_bad = queue_offset
+
+
+@contextmanager
+def locked(data_dir: Path, shared: bool) -> Iterator[None]:
+    """Hold the data directory's lock (``DataDirLockedError`` while a store has it open);
+    a shared lock needs no lock file where no store ever made one."""
+    if shared and not (data_dir / "lock").exists():
+        yield
+        return
+    fd = lock_directory(data_dir, shared)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def check(data_dir: Path) -> Report:
+    """Check a stopped store's directory without changing anything."""
+    with locked(data_dir, shared=True):
+        return inspect(data_dir)
+
+
+def inspect(data_dir: Path) -> Report:
+    """``check`` for a caller that holds the directory's lock."""
+    config = pinned_layout(data_dir, StoreConfig())
+    checkpoint = read_checkpoint(data_dir)
+    report = Report(data_dir, checkpoint=int(checkpoint.get("verified", 0)))
+    for topic, by_id in (checkpoint.get("queues") or {}).items():
+        report.queue_counts.update({(topic, int(queue_id)): count for queue_id, count in by_id.items()})
+    files = _Files()
+    try:
+        _Inspection(data_dir, config, report, files).run()
+    finally:
+        files.close()
+    return report
+
+
+class _Inspection:
+    """One pass of ``inspect`` over a directory."""
+
+    def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.report = report
+        self.files = files
+        self.queues: dict[tuple[str, int], _Queue] = {}
+        self._open_queues()
+        self.index = self._open_index()
+        #: the offsets an index file holds for a hash: a key shared by many records has a
+        #: long chain, walked once rather than once per record
+        self._indexed = functools.lru_cache(maxsize=4096)(
+            lambda number, hash_: frozenset(self.index[number].lookup(hash_)))
+        self.unindexed = [0, 0]  # records before / after the checkpoint missing from the index
+        self.first_unindexed: int | None = None
+
+    def run(self) -> None:
+        report = self.report
+        directory = self.data_dir / "commitlog"
+        paths = sorted(p for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+        layout = [(int(path.name), path.stat().st_size) for path in paths]
+        report.segments = len(paths)
+        gaps = layout_gaps(layout, self.config.segment_size, report.checkpoint)
+        for number, (path, (base, _)) in enumerate(zip(paths, layout, strict=True)):
+            data = path.read_bytes()
+            tail: StoredRecord | Gap | None = None
+            for tail in walk(data, base, 0, self.config.segment_size):
+                if isinstance(tail, StoredRecord):
+                    self._record(tail)
+                else:
+                    gaps.append(tail)
+            report.log_end = base + len(data)
+            if (number == len(paths) - 1 and isinstance(tail, Gap) and tail.end == report.log_end
+                    and tail.start >= report.checkpoint):
+                gaps.remove(tail)
+                report.torn_tail = tail
+                report.log_end = tail.start
+                report.notes.append(f"torn tail of {tail.end - tail.start} bytes at offset {tail.start} "
+                                    f"({tail.detail}): never acknowledged, start-up truncates it")
+        report.gaps = sorted(gaps, key=lambda gap: gap.start)
+        for gap in report.gaps:
+            report.problems.append(f"commit log: {gap.end - gap.start} bytes {gap.kind} at offset "
+                                   f"{gap.start} ({gap.detail})")
+        self._find_lost()
+        self._report_queues()
+        self._report_index()
+
+    # -- consume queues -------------------------------------------------------------------
+    def _open_queues(self) -> None:
+        root = self.data_dir / "consumequeue"
+        for topic_dir in sorted(root.iterdir()) if root.is_dir() else []:
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if queue_dir.name.isdigit():
+                    if queue_dir.is_file():
+                        self.report.notes.append(f"consume queue {topic_dir.name}/{queue_dir.name}: "
+                                                 "the old single-file layout, converted on start")
+                        continue
+                    self._queue(topic_dir.name, int(queue_dir.name))
+        for topic, queue_id in self.report.queue_counts:  # the checkpoint's, maybe deleted
+            self._queue(topic, queue_id)
+
+    def _queue(self, topic: str, queue_id: int) -> _Queue:
+        queue = self.queues.get((topic, queue_id))
+        if queue is None:
+            directory = self.data_dir / "consumequeue" / topic / str(queue_id)
+            queue = self.queues[(topic, queue_id)] = _Queue(directory, self.config.consume_queue_file_entries)
+        return queue
+
+    def _record(self, record: StoredRecord) -> None:
+        self.report.records += 1
+        queue = self._queue(record.topic, record.queue_id)
+        if queue.last_seen >= 0:
+            queue.skipped += range(queue.last_seen + 1, record.queue_offset)
+        queue.last_seen = max(queue.last_seen, record.queue_offset)
+        entry = queue.entry(self.files, record.queue_offset)
+        if entry is None:
+            if record.commit_log_offset < self.report.checkpoint:
+                queue.missing += 1
+                queue.bad(record.queue_offset)
+        elif entry != (record.commit_log_offset, record.size):
+            queue.wrong += 1
+            queue.bad(record.queue_offset)
+        self._check_index(record)
+
+    def _report_queues(self) -> None:
+        for (topic, queue_id), queue in sorted(self.queues.items()):
+            name = f"consume queue {topic}/{queue_id}"
+            if queue.missing or queue.wrong:
+                self.report.problems.append(
+                    f"{name}: {queue.missing} entries missing, {queue.wrong} wrong "
+                    f"(from queue offset {queue.first_bad} on)")
+            expected = self.report.queue_counts.get((topic, queue_id), 0)
+            if queue.count < expected and queue.last_seen < 0:
+                self.report.problems.append(
+                    f"{name}: {queue.count} entries, the checkpoint counted {expected}")
+            end = max(self.report.log_end, self.report.checkpoint)
+            past = sum(1 for n in range(queue.last_seen + 1, queue.count)
+                       if (entry := queue.entry(self.files, n)) and entry[0] >= end)
+            if past:
+                self.report.notes.append(f"{name}: {past} entries past the end of the log (a torn "
+                                         "tail), dropped on start")
+
+    # -- what was lost ---------------------------------------------------------------------
+    def _find_lost(self) -> None:
+        """Name the records in the gaps: by the queue entries pointing into them (offsets
+        skipped by intact records, or after the last one), else by a damaged header."""
+        gaps = self.report.gaps
+        starts = [gap.start for gap in gaps]
+        lost: dict[int, LostMessage] = {}
+        for (topic, queue_id), queue in self.queues.items():
+            for queue_offset in [*queue.skipped, *range(queue.last_seen + 1, queue.count)]:
+                entry = queue.entry(self.files, queue_offset)
+                if entry is None or not entry[1]:
+                    continue  # no entry, or a hole: a loss repaired before
+                at = bisect.bisect_right(starts, entry[0]) - 1
+                if at >= 0 and entry[0] < gaps[at].end:
+                    head = self._salvage(entry[0])
+                    lost[entry[0]] = LostMessage(
+                        entry[0], topic, queue_id, queue_offset,
+                        head.properties.get(PROPERTY_MESSAGE_ID) if head else None)
+        for gap in gaps:
+            if gap.kind != "missing" and gap.start not in lost and (head := self._salvage(gap.start)):
+                lost[gap.start] = LostMessage(gap.start, head.topic, head.queue_id, head.queue_offset,
+                                              head.properties.get(PROPERTY_MESSAGE_ID))
+        self.report.lost = sorted(lost.values(), key=lambda message: message.commit_log_offset)
+
+    def _salvage(self, offset: int) -> codec.RecordHead | None:
+        """What the header of a damaged record at ``offset`` still says, if anything."""
+        base = offset - offset % self.config.segment_size
+        path = self.data_dir / "commitlog" / f"{base:020d}"
+        try:
+            return codec.decode_head(
+                lambda start, length: self.files.pread(path, length, offset - base + start), salvage=True)
+        except (codec.RecordError, FileNotFoundError):
+            return None
+
+    # -- the index --------------------------------------------------------------------------
+    def _open_index(self) -> list[IndexFile]:
+        directory = self.data_dir / "index"
+        paths = sorted(p for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+        opened: list[IndexFile] = []
+        for path in paths:
+            try:
+                opened.append(IndexFile.open(path))
+            except (OSError, IndexFileError) as exc:
+                self.report.problems.append(f"index file {path.name} is unreadable ({exc})")
+        numbers = [int(path.name) for path in paths]
+        if numbers and numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+            self.report.problems.append(f"index files missing between {numbers[0]} and {numbers[-1]}")
+        return opened
+
+    def _check_index(self, record: StoredRecord) -> None:
+        message_id = record.properties.get(PROPERTY_MESSAGE_ID)
+        hashes = [key_hash("i", "", message_id)] if message_id else []
+        hashes += [key_hash("k", record.topic, key)
+                   for key in dict.fromkeys(record.properties.get(PROPERTY_KEYS, "").split())]
+        offset = record.commit_log_offset
+        files = [number for number, file in enumerate(self.index) if file.low_offset <= offset <= file.high_offset]
+        if all(any(offset in self._indexed(number, hash_) for number in files) for hash_ in hashes):
+            return
+        self.unindexed[offset >= self.report.checkpoint] += 1
+        if self.first_unindexed is None:
+            self.first_unindexed = offset
+
+    def _report_index(self) -> None:
+        before, after = self.unindexed
+        if before:
+            self.report.problems.append(f"index: {before} records before the checkpoint are not in it "
+                                        f"(first at commit log offset {self.first_unindexed})")
+        if after:
+            self.report.notes.append(f"index: {after} records after the checkpoint are not in it "
+                                     "(indexed on start)")
+        for file in self.index:
+            file.close()

@@ -1,0 +1,251 @@
+"""``halfmoon-broker fsck`` and ``repair`` on damaged data directories (issue 10, finding 3).
+
+Each directory is written by a real store or broker and damaged on disk; the tools run
+through the real CLI; after a repair the store or broker must open, every intact record
+must be readable, and it must stay so across restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_embedded import EmbeddedBroker, Message
+from broker_embedded.cli import main
+from broker_embedded.errors import CorruptLogError
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import StoredRecord
+from tests.store.damage import crash_image, cut, fingerprint, flip, segments, zero
+from tests.store.test_damaged_files import BROKER, STORE, RecordingChecker, crashed_store, record
+
+ROOT = Path(__file__).parents[2]
+
+
+def tool(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    """Run ``fsck``/``repair`` with ``--json`` through the CLI: (exit code, report)."""
+    code = main([*argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def ids(store: MessageStore, topic: str = "orders", queue_id: int = 0) -> list[str]:
+    return [r.properties["UNIQ_KEY"] for r in store.read_queue(topic, queue_id, 0, 10_000)]
+
+
+def test_fsck_of_a_clean_directory_exits_0_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with MessageStore(tmp_path, STORE) as store:
+        for n in range(300):
+            store.put(record(n, queue_id=n % 3))
+    before = fingerprint(tmp_path)
+    code, report = tool(capsys, "fsck", "--data-dir", str(tmp_path))
+    assert code == 0, report
+    assert (report["ok"], report["records"], report["problems"], report["lost"]) == (True, 300, [], [])
+    assert fingerprint(tmp_path) == before
+
+
+def test_a_zeroed_header_is_found_by_fsck_and_salvaged_by_repair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, stored = crashed_store(tmp_path, count=400)
+    victim = stored[-30]
+    zero(data, victim.commit_log_offset, 12)
+    before = fingerprint(data)
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 1 and not report["ok"]
+    assert fingerprint(data) == before
+    assert [(g["start"], g["end"], g["kind"]) for g in report["gaps"]] == [
+        (victim.commit_log_offset, victim.commit_log_offset + victim.size, "damaged")
+    ]
+    assert [(m["message_id"], m["queue_offset"]) for m in report["lost"]] == [("id370", 370)]
+
+    code, repaired = tool(capsys, "repair", "--data-dir", str(data))
+    assert code == 1  # records were lost
+    assert [m["message_id"] for m in repaired["lost"]] == ["id370"]
+    moved = Path(repaired["moved_to"])
+    assert moved.parent == data / "damaged"
+    aside = {p.name: p.read_bytes() for p in moved.iterdir() if p.name != "report.json"}
+    assert [len(b) for b in aside.values()] == [victim.size]
+    assert repaired["salvaged_records"] == 399
+    for restart in range(2):
+        with MessageStore(data, STORE) as store:
+            added = [f"id{n}" for n in range(400, 400 + restart)]
+            assert ids(store) == [f"id{n}" for n in range(400) if n != 370] + added
+            assert store.lookup_message_id("id371") == [stored[371].commit_log_offset]
+            assert store.put(record(400 + restart)).queue_offset == 400 + restart
+    assert tool(capsys, "fsck", "--data-dir", str(data))[0] == 0
+
+
+def test_a_flipped_byte_in_a_multi_mib_body_before_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = replace(STORE, segment_size=8 << 20)
+    big = b"B" * (3 << 20)
+    with MessageStore(tmp_path, config) as store:
+        stored = [store.put(record(n, body=big if n % 10 == 5 else None)) for n in range(40)]
+    flip(tmp_path, stored[15].commit_log_offset + stored[15].size // 2)
+    code, report = tool(capsys, "fsck", "--data-dir", str(tmp_path))
+    assert code == 1
+    assert [(m["message_id"], m["topic"], m["queue_offset"]) for m in report["lost"]] == [("id15", "orders", 15)]
+    assert tool(capsys, "repair", "--data-dir", str(tmp_path))[0] == 1
+    assert len((next((tmp_path / "damaged").iterdir()) / f"{stored[15].commit_log_offset:020d}").read_bytes()) == stored[15].size
+    for _ in range(2):
+        with MessageStore(tmp_path, config) as store:
+            survivors = store.read_queue("orders", 0, 0, 100)
+            assert [r.properties["UNIQ_KEY"] for r in survivors] == [f"id{n}" for n in range(40) if n != 15]
+            assert [r.body for r in survivors if len(r.body) > 1000] == [big] * 3
+
+
+def test_damage_across_a_segment_boundary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with MessageStore(tmp_path, STORE) as store:
+        stored = [store.put(record(n)) for n in range(400)]
+    second = int(segments(tmp_path)[1].name)
+    last_of_first = [r for r in stored if r.commit_log_offset < second][-1]
+    first_of_second = next(r for r in stored if r.commit_log_offset == second)
+    zero(tmp_path, last_of_first.commit_log_offset, second - last_of_first.commit_log_offset)  # and the filler
+    zero(tmp_path, second, first_of_second.size)
+    code, report = tool(capsys, "fsck", "--data-dir", str(tmp_path))
+    assert code == 1
+    lost = [last_of_first.queue_offset, first_of_second.queue_offset]
+    assert [m["queue_offset"] for m in report["lost"]] == lost
+    code, repaired = tool(capsys, "repair", "--data-dir", str(tmp_path))
+    assert code == 1 and [m["queue_offset"] for m in repaired["lost"]] == lost
+    for _ in range(2):
+        with MessageStore(tmp_path, STORE) as store:
+            assert ids(store) == [f"id{n}" for n in range(400) if n not in lost]
+            assert all(store.get(r.commit_log_offset).body == r.body for r in stored if r.queue_offset not in lost)
+
+
+def test_a_broker_whose_checkpointed_tail_was_cut_starts_after_repair_without_reusing_offsets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = replace(BROKER, store=replace(BROKER.store, segment_size=1 << 20))
+    with EmbeddedBroker(tmp_path, config) as broker:
+        for n in range(300):
+            broker.send(Message("orders", b"%d" % n + b"." * 1000))
+        depths = broker.list_topics()
+    cut(segments(tmp_path)[-1], 64 * 1024)
+    with pytest.raises(CorruptLogError, match="shorter than the checkpoint"):
+        EmbeddedBroker(tmp_path, config)
+    code, repaired = tool(capsys, "repair", "--data-dir", str(tmp_path))
+    assert code == 1
+    lost = [m for m in repaired["lost"] if m["topic"] == "orders"]
+    assert 50 < len(lost) < 70
+    for restart in range(2):
+        with EmbeddedBroker(tmp_path, config) as broker:
+            assert broker.list_topics() == depths  # lost offsets are holes, never reused
+            received = []
+            while batch := broker.receive(f"g{restart}", "orders", max_messages=64):
+                received += batch
+                for item in batch:
+                    broker.ack(f"g{restart}", item.receipt_handle)
+            assert len(received) == 300 - len(lost)
+            assert {(m["queue_id"], m["queue_offset"]) for m in lost}.isdisjoint(
+                (r.queue_id, r.queue_offset) for r in received
+            )
+
+
+def test_fsck_reports_and_repair_rebuilds_deleted_queues_and_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with MessageStore(tmp_path, STORE) as store:
+        stored = [store.put(record(n, queue_id=n % 2)) for n in range(300)]
+    subprocess.run(["rm", "-rf", str(tmp_path / "consumequeue" / "orders" / "1")], check=True)
+    sorted((tmp_path / "index").iterdir())[3].unlink()
+    code, report = tool(capsys, "fsck", "--data-dir", str(tmp_path))
+    assert code == 1 and report["gaps"] == [] and report["lost"] == []
+    assert any("orders/1" in p for p in report["problems"]) and any("index" in p for p in report["problems"])
+    code, repaired = tool(capsys, "repair", "--data-dir", str(tmp_path))
+    assert code == 0 and repaired["lost"] == [] and repaired["salvaged_records"] == 300
+    assert not (tmp_path / "damaged").exists()
+    assert tool(capsys, "fsck", "--data-dir", str(tmp_path))[0] == 0
+    with MessageStore(tmp_path, STORE) as store:
+        assert len(ids(store, queue_id=0)) == len(ids(store, queue_id=1)) == 150
+        assert all(store.lookup_message_id(r.properties["UNIQ_KEY"]) == [r.commit_log_offset] for r in stored)
+
+
+def test_the_tools_run_as_commands_and_refuse_a_directory_in_use(tmp_path: Path) -> None:
+    data, _ = crashed_store(tmp_path)
+    zero(data, 0, 12)
+    command = [sys.executable, "-m", "broker_embedded"]
+    fsck = subprocess.run([*command, "fsck", "--data-dir", str(data)], capture_output=True, text=True, cwd=ROOT)
+    assert fsck.returncode == 1
+    assert "offset 0" in fsck.stdout and "id0" in fsck.stdout and "halfmoon-broker repair" in fsck.stdout
+    with MessageStore(tmp_path / "other", STORE):
+        for name in ("fsck", "repair"):
+            busy = subprocess.run([*command, name, "--data-dir", str(tmp_path / "other")],
+                                  capture_output=True, text=True, cwd=ROOT)
+            assert busy.returncode == 2 and "in use" in busy.stderr
+    repair = subprocess.run([*command, "repair", "--data-dir", str(data)], capture_output=True, text=True, cwd=ROOT)
+    assert repair.returncode == 1 and "id0" in repair.stdout
+    with MessageStore(data, STORE) as store:
+        assert ids(store) == [f"id{n}" for n in range(1, 300)]
+
+
+def test_a_crash_image_with_a_torn_tail_is_clean_for_fsck(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with MessageStore(tmp_path / "live", STORE) as store:
+        stored: list[StoredRecord] = [store.put(record(n)) for n in range(50)]
+        data = crash_image(tmp_path / "live", tmp_path / "crashed")
+    cut(segments(data)[-1], stored[-1].size // 2)  # the last append torn: never acknowledged
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 0 and report["records"] == 49
+    assert any("torn tail" in note for note in report["notes"])
+    with MessageStore(data, STORE) as store:
+        assert len(ids(store)) == 49
+
+
+
+@pytest.mark.parametrize("damage", ["middle segment deleted", "closed segment cut short"])
+def test_repair_fills_missing_segment_bytes_and_the_store_opens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    with MessageStore(tmp_path, STORE) as store:
+        stored = [store.put(record(n)) for n in range(600)]
+    files = segments(tmp_path)
+    assert len(files) >= 3
+    second, third = int(files[1].name), int(files[2].name)
+    if damage == "middle segment deleted":
+        files[1].unlink()
+        gone = {r.queue_offset for r in stored if second <= r.commit_log_offset < third}
+    else:
+        cut(files[0], 1000)
+        gone = {r.queue_offset for r in stored if second - 1000 < r.commit_log_offset + r.size <= second}
+    with pytest.raises(CorruptLogError):
+        MessageStore(tmp_path, STORE)
+    code, repaired = tool(capsys, "repair", "--data-dir", str(tmp_path))
+    assert code == 1 and gone
+    assert [m["queue_offset"] for m in repaired["lost"]] == sorted(gone)
+    for restart in range(2):
+        with MessageStore(tmp_path, STORE) as store:
+            added = [f"id{n}" for n in range(600, 600 + restart)]
+            assert ids(store) == [f"id{n}" for n in range(600) if n not in gone] + added
+            assert store.put(record(600 + restart)).queue_offset == 600 + restart
+    assert tool(capsys, "fsck", "--data-dir", str(tmp_path))[0] == 0
+
+
+def test_a_pending_transaction_whose_half_message_was_lost_is_parked_and_the_others_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    live = tmp_path / "live"
+    with EmbeddedBroker(live, replace(BROKER, transaction_timeout_s=600, snapshot_interval_s=3600)) as broker:
+        lost = broker.send_half(Message("orders", b"lost"), producer_group="pg", transaction_id="lost")
+        broker.send_half(Message("orders", b"kept"), producer_group="pg", transaction_id="kept")
+        half = broker.store.lookup_message_id(lost.message_id)[0]
+        broker.write_snapshots()  # the book knows both transactions; only the log is damaged
+    zero(live, half, 12)
+    assert tool(capsys, "repair", "--data-dir", str(live))[0] == 1
+    checker = RecordingChecker()
+    with EmbeddedBroker(live, BROKER, checker) as broker:
+        assert checker.asked.wait(10)
+        for _ in range(100):
+            if [p.transaction_id for p in broker.list_parked()] == ["lost"]:
+                break
+            checker.asked.wait(0.1)
+        assert [p.transaction_id for p in broker.list_parked()] == ["lost"]
+        assert {r.transaction_id for r in checker.requests} == {"kept"}
