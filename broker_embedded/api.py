@@ -48,7 +48,10 @@ class ParkedTransaction:
 
 @dataclass(frozen=True, slots=True)
 class BrokerStats:
-    """A snapshot for the admin CLI: depths, backlogs, and the transaction counters."""
+    """A snapshot for the admin CLI: depths, backlogs, and the transaction counters.
+
+    ``unanswered_check_groups``: each producer group whose checks have gone unanswered for
+    over two check intervals (no checker of the group answered), and for how many seconds."""
 
     topics: tuple[TopicInfo, ...]
     pending_half: int
@@ -57,6 +60,7 @@ class BrokerStats:
     consumer_lag: dict[str, dict[str, int]] = field(default_factory=dict)
     dlq_depth: dict[str, int] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    unanswered_check_groups: dict[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -70,6 +74,10 @@ class TransactionChecker(Protocol):
     """
 
     def request_check(self, request: CheckRequest) -> bool: ...
+
+
+#: The longest a receive may wait, or a received message stay invisible: one day.
+MAX_DURATION_S = 86_400.0
 
 
 class BrokerAPI(Protocol):
@@ -134,12 +142,15 @@ class BrokerAPI(Protocol):
         max_messages: int = 32,
         invisible_duration_s: float = 30.0,
         wait_s: float = 0.0,
+        max_bytes: int | None = None,
     ) -> list[ReceivedMessage]:
         """Receive up to ``max_messages`` for a consumer group, long-polling up to ``wait_s``.
 
         Received messages are invisible to the group for ``invisible_duration_s``; a message
         not acked by then comes back with ``delivery_attempt + 1`` after a growing back-off,
-        and after ``max_delivery_attempts`` it moves to ``%DLQ%<group>``.
+        and after ``max_delivery_attempts`` it moves to ``%DLQ%<group>``. ``max_bytes``
+        bounds the stored size of the messages returned (the first always comes); a
+        message left out stays as it was: visible, its delivery not counted.
         """
         ...
 
@@ -152,8 +163,10 @@ class BrokerAPI(Protocol):
         ...
 
     # -- reading, admin -------------------------------------------------------------------
-    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[StoredMessage]:
-        """Read a queue from ``offset`` (replay); does not affect consumer groups."""
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+             max_bytes: int | None = None) -> list[StoredMessage]:
+        """Read a queue from ``offset`` (replay); does not affect consumer groups.
+        ``max_bytes`` bounds the stored size of the messages returned (the first always comes)."""
         ...
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -164,24 +177,41 @@ class BrokerAPI(Protocol):
         """Find a message by its id (the newest copy in a user topic)."""
         ...
 
-    def query_by_key(self, topic: str, key: str, max_messages: int = 64) -> list[StoredMessage]:
-        """Find messages of a topic by one of their keys."""
+    def query_by_key(self, topic: str, key: str, max_messages: int = 64,
+                     max_bytes: int | None = None) -> list[StoredMessage]:
+        """The newest messages of a topic with one of their keys, oldest first; as many as
+        ``max_bytes`` of stored size allows (the newest always comes)."""
         ...
 
     def list_parked(self) -> list[ParkedTransaction]:
         """Transactions parked after ``check_max`` unanswered checks."""
         ...
 
-    def resolve_parked(self, transaction_id: str, resolution: Resolution) -> EndTransactionResult:
-        """Resolve a parked transaction by hand (admin)."""
+    def resolve_parked(
+        self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
+    ) -> EndTransactionResult:
+        """Resolve a parked transaction (admin).
+
+        By default the broker sends one check-back to the checker of the transaction's
+        producer group (the Celery checker, or a connected producer), waits up to
+        ``wait_s`` for its answer and applies it: the fenced transaction_log decides.
+        ``CheckUnansweredError`` when no checker takes the check, none answers in time, or
+        the answer is UNKNOWN; nothing changes then (``applied`` is False in the result when
+        the checker's own END already recorded the answer).
+
+        ``force=Resolution.COMMIT`` or ``ROLLBACK`` records that resolution without a check:
+        the transaction_log is not read, so forcing COMMIT on a transaction whose database
+        transaction rolled back delivers a phantom message.
+        """
         ...
 
     def recheck_parked(self, transaction_id: str) -> None:
         """Put a parked transaction back under check with a fresh check count (admin)."""
         ...
 
-    def list_dlq(self, group: str, max_messages: int = 64) -> list[StoredMessage]:
-        """Messages dead-lettered for a consumer group."""
+    def list_dlq(self, group: str, max_messages: int = 64, max_bytes: int | None = None) -> list[StoredMessage]:
+        """The newest messages dead-lettered for a consumer group, oldest first; as many as
+        ``max_bytes`` of stored size allows (the newest always comes)."""
         ...
 
     def resend_dlq(self, group: str, message_id: str) -> SendResult:

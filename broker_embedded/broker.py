@@ -11,6 +11,7 @@ restart costs what is pending, not what is past. The TCP server serves this same
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -20,36 +21,46 @@ from typing import Any
 import msgspec
 
 from . import codec
-from .api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo, TransactionChecker
+from .api import (
+    MAX_DURATION_S,
+    BrokerStats,
+    CheckCallback,
+    ParkedTransaction,
+    TopicInfo,
+    TransactionChecker,
+)
 from .checkers import ProducerCallbackChecker
 from .config import BrokerConfig
 from .consumption import ConsumerGroups
-from .delay import DelayService, now_ms, route_record, validate_delay
-from .errors import BrokerClosedError, BrokerError, MessageTooLargeError
+from .delay import DelayService, now_ms, route_record
+from .errors import BrokerClosedError, BrokerError, InvalidMessageError
 from .message import (
     EndTransactionResult,
     Message,
+    MessageLimits,
     ReceivedMessage,
     Resolution,
     SendResult,
     StoredMessage,
     TransactionState,
 )
-from .store.message_store import MessageStore
+from .store.files import write_atomically
+from .store.message_store import MessageStore, fitting
 from .store.record import StoredRecord
 from .topic_registry import TopicRegistry
 from .topics import (
     CONSUMER_STATE_TOPIC,
     RETRY_PREFIX,
     validate_group,
-    validate_identifiers,
     validate_user_topic,
 )
 from .transactions import CheckService, TransactionBook, TransactionService
-from .transactions.service import write_atomically
-from .writes import EndCall, HalfCall, SendCall, Staged, WriteCall
+from .writes import AnyWriteCall, EndCall, ForcedResolveCall, HalfCall, SendCall, Staged
 
 log = logging.getLogger("broker_embedded.broker")
+
+#: The longest an operator's ``resolve_parked`` waits for the checker's answer.
+MAX_RESOLVE_WAIT_S = 300.0
 
 
 class EmbeddedBroker:
@@ -62,6 +73,7 @@ class EmbeddedBroker:
         checker: TransactionChecker | None = None,
     ) -> None:
         self.config = config or BrokerConfig()
+        self._limits = MessageLimits(self.config.max_body_size, self.config.max_properties_size)
         self.data_dir = Path(data_dir)
         self._closed = threading.Event()
         self.store = MessageStore(self.data_dir, self.config.store)
@@ -148,25 +160,12 @@ class EmbeddedBroker:
     def _queue_count(self, topic: str) -> int:
         return self.topics.queues.get(topic) or self.store.queues().get(topic, 0)
 
-    def _validate(self, message: Message) -> int:
-        """Check a message; the queue it goes to."""
-        self._check_open()
-        if not isinstance(message.body, bytes | bytearray | memoryview):
-            raise TypeError("message body must be bytes")
-        if len(message.body) > self.config.max_body_size:
-            raise MessageTooLargeError(
-                f"body of {len(message.body)} bytes exceeds the limit of {self.config.max_body_size}"
-            )
-        validate_delay(message)
-        validate_identifiers(message)
-        return self.topics.select_queue(message)
-
     def _check_open(self) -> None:
         if self._closed.is_set():
             raise BrokerClosedError("the broker is closed")
 
     # -- producing ------------------------------------------------------------------------
-    def produce(self, calls: Sequence[WriteCall]) -> list[Any]:
+    def produce(self, calls: Sequence[AnyWriteCall]) -> list[Any]:
         """Run write calls as one batch: each is staged (a call that fails staging gets its
         error and writes nothing), all their records go into one append and one fsync, and
         each call gets its result or exception, in order. The server groups concurrent
@@ -199,19 +198,22 @@ class EmbeddedBroker:
                 outcomes.append(exc)
         return outcomes
 
-    def _stage(self, call: WriteCall) -> Staged:
+    def _stage(self, call: AnyWriteCall) -> Staged:
+        self._check_open()
+        call.validate(self._limits)
         if isinstance(call, SendCall):
             message = call.message
-            queue_id = self._validate(message)
+            queue_id = self.topics.select_queue(message)
             record = route_record(message.topic, queue_id, codec.message_properties(message),
                                   bytes(message.body), now_ms())
             return Staged([record], lambda stored: self._send_result(message, stored[0]))
         if isinstance(call, HalfCall):
-            return self.transactions.stage_half(call, self._validate(call.message))
-        self._check_open()
-        return self.transactions.stage_end(call)
+            return self.transactions.stage_half(call, self.topics.select_queue(call.message))
+        if isinstance(call, EndCall):
+            return self.transactions.stage_end(call)
+        return self.transactions.stage_forced(call)
 
-    def _one(self, call: WriteCall) -> Any:
+    def _one(self, call: AnyWriteCall) -> Any:
         outcome = self.produce([call])[0]
         if isinstance(outcome, Exception):
             raise outcome
@@ -260,14 +262,16 @@ class EmbeddedBroker:
     # -- consuming ------------------------------------------------------------------------
     def receive(
         self, group: str, topic: str, *, max_messages: int = 32,
-        invisible_duration_s: float = 30.0, wait_s: float = 0.0,
+        invisible_duration_s: float = 30.0, wait_s: float = 0.0, max_bytes: int | None = None,
     ) -> list[ReceivedMessage]:
         self._check_open()
         validate_group(group)
         self.topics.ensure(topic)
-        if max_messages < 1 or invisible_duration_s <= 0:
-            raise ValueError("max_messages must be >= 1 and invisible_duration_s > 0")
-        return self.consumers.receive(group, topic, max_messages, int(invisible_duration_s * 1000), wait_s)
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise InvalidMessageError(f"max_messages must be a whole number >= 1, not {max_messages!r}")
+        invisible_ms = _duration_ms("invisible_duration_s", invisible_duration_s)
+        _duration_ms("wait_s", wait_s, zero_allowed=True)
+        return self.consumers.receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes)
 
     def ack(self, group: str, receipt_handle: str) -> None:
         self._check_open()
@@ -275,14 +279,15 @@ class EmbeddedBroker:
 
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         self._check_open()
-        if invisible_duration_s <= 0:
-            raise ValueError("invisible_duration_s must be > 0")
-        return self.consumers.change_invisible_duration(group, receipt_handle, int(invisible_duration_s * 1000))
+        return self.consumers.change_invisible_duration(
+            group, receipt_handle, _duration_ms("invisible_duration_s", invisible_duration_s))
 
     # -- reading, admin -------------------------------------------------------------------
-    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[StoredMessage]:
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+             max_bytes: int | None = None) -> list[StoredMessage]:
         validate_user_topic(topic)
-        return [codec.stored_message_of(r) for r in self.store.read_queue(topic, queue_id, offset, max_messages)]
+        records = self.store.read_queue(topic, queue_id, offset, max_messages, max_bytes)
+        return [codec.stored_message_of(r) for r in records]
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         validate_user_topic(topic)
@@ -295,34 +300,43 @@ class EmbeddedBroker:
                 return codec.stored_message_of(record)
         return None
 
-    def query_by_key(self, topic: str, key: str, max_messages: int = 64) -> list[StoredMessage]:
+    def query_by_key(self, topic: str, key: str, max_messages: int = 64,
+                     max_bytes: int | None = None) -> list[StoredMessage]:
         offsets = self.store.lookup_key(topic, key)[-max_messages:]
-        return [codec.stored_message_of(self.store.get(o)) for o in offsets]
+        newest_first = (self.store.get(o) for o in reversed(offsets))
+        return [codec.stored_message_of(r) for r in reversed(fitting(newest_first, lambda r: r.size, max_bytes))]
 
     def list_parked(self) -> list[ParkedTransaction]:
         return self.transactions.list_parked()
 
-    def resolve_parked(self, transaction_id: str, resolution: Resolution) -> EndTransactionResult:
-        tx = self.transactions.parked(transaction_id)
-        return self.end_transaction(transaction_id, resolution, producer_group=tx.producer_group)
+    def resolve_parked(
+        self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
+    ) -> EndTransactionResult:
+        if force is not None:
+            return self._one(ForcedResolveCall(transaction_id, force))  # type: ignore[no-any-return]
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 < wait_s <= MAX_RESOLVE_WAIT_S:
+            raise ValueError(f"wait_s {wait_s!r} is not in (0, {MAX_RESOLVE_WAIT_S:g}] seconds")
+        resolution, producer_group = self.transactions.ask_checker(transaction_id, wait_s)
+        # the checker's own answer is being recorded: this END joins it, or repeats it
+        return self.end_transaction(transaction_id, resolution, producer_group=producer_group)
 
     def recheck_parked(self, transaction_id: str) -> None:
         self.transactions.recheck(transaction_id)
 
-    def list_dlq(self, group: str, max_messages: int = 64) -> list[StoredMessage]:
+    def list_dlq(self, group: str, max_messages: int = 64, max_bytes: int | None = None) -> list[StoredMessage]:
         validate_group(group)
         return [
             codec.stored_message_of(StoredRecord(
                 r.properties.get(codec.REAL_TOPIC, r.topic), r.queue_id, r.body, r.properties, r.flags,
                 r.born_timestamp_ms, r.store_timestamp_ms, r.queue_offset, r.commit_log_offset, r.size,
             ))
-            for r in self.consumers.list_dlq(group, max_messages)
+            for r in self.consumers.list_dlq(group, max_messages, max_bytes)
         ]
 
     def resend_dlq(self, group: str, message_id: str) -> SendResult:
         validate_group(group)
         stored = self.consumers.resend_dlq(group, message_id)
-        return SendResult(message_id, stored.properties[codec.REAL_TOPIC], 0, stored.queue_offset,
+        return SendResult(message_id, stored.properties.get(codec.REAL_TOPIC, ""), 0, stored.queue_offset,
                           stored.commit_log_offset)
 
     def stats(self) -> BrokerStats:
@@ -345,6 +359,7 @@ class EmbeddedBroker:
                 "delayed": len(self.delays),
                 "commit_log_bytes": self.store.commitlog.write_offset,
             },
+            unanswered_check_groups=self.checks.unanswered.seconds(),
         )
 
     # -- services -------------------------------------------------------------------------
@@ -409,3 +424,13 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _duration_ms(name: str, seconds: float, zero_allowed: bool = False) -> int:
+    """``seconds`` in milliseconds; ``InvalidMessageError`` unless it is a finite number in
+    (0, ``MAX_DURATION_S``] (``[0, ...]`` when ``zero_allowed``)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
+            or not (0 <= seconds if zero_allowed else 0 < seconds) or seconds > MAX_DURATION_S:
+        low = "[0" if zero_allowed else "(0"
+        raise InvalidMessageError(f"{name} must be a number of seconds in {low}, {MAX_DURATION_S:g}], not {seconds!r}")
+    return int(seconds * 1000)

@@ -20,7 +20,9 @@ idempotent consumer absorbs it. Dead-lettered messages themselves are written du
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -30,11 +32,11 @@ from dataclasses import dataclass, field
 import msgspec
 
 from . import codec
-from .errors import BrokerClosedError, UnknownReceiptError, UnknownTopicError
+from .errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
 from .message import ReceivedMessage
-from .store.message_store import MessageStore
+from .store.message_store import MessageStore, fitting
 from .store.record import PROPERTY_MESSAGE_ID, StoredRecord
-from .topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic
+from .topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic, validate_group
 
 log = logging.getLogger("broker_embedded.consumption")
 
@@ -80,13 +82,35 @@ encode_snapshot = msgspec.msgpack.Encoder().encode
 decode_snapshot = msgspec.msgpack.Decoder(Snapshot).decode
 
 
+def events_of(record: StoredRecord) -> list[Event]:
+    """The events of a stored record; none (logged) when it cannot be decoded."""
+    try:
+        return decode_events(record.body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.error("undecodable consumer progress record at commit log offset %d skipped: %s",
+                  record.commit_log_offset, exc)
+        return []
+
+
+def _names_a_group(event: Event) -> bool:
+    """Whether a stored dead-letter event names a usable group (its DLQ is a topic name)."""
+    try:
+        validate_group(event.g)
+    except InvalidTopicError:
+        log.error("dead-letter event of message %r names group %r; no DLQ copy redone", event.m, event.g)
+        return False
+    return True
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
 @dataclass
 class Delivery:
-    """A message read past the floor and not yet done."""
+    """A message read past the floor and not yet done. Its ``record`` is kept without its
+    body (read again when it is delivered), so a queue's deliveries in flight hold headers,
+    not megabytes of bodies."""
 
     record: StoredRecord
     attempt: int = 0
@@ -158,7 +182,7 @@ class ConsumerGroups:
         dead: list[tuple[Event, StoredRecord]] = []
         with self.lock:
             for record in records:
-                for event in decode_events(record.body):
+                for event in events_of(record):
                     progress = self._progress((event.g, event.s, event.t, event.q))
                     if event.e == EVENT_DELIVERED:
                         if event.o >= progress.floor and event.o not in progress.done_above:
@@ -171,9 +195,10 @@ class ConsumerGroups:
                 progress.next_offset = progress.floor
         missing = [
             self._dead_letter_copy(event.g, original, event.n)
-            for event, record in dead
+            for event, record in dead if _names_a_group(event)
             for original in self.store.read_queue(event.t, event.q, event.o, 1)
-            if not self.store.stored_after(event.m, record.commit_log_offset, (dlq_topic(event.g),))
+            if original.properties.get(PROPERTY_MESSAGE_ID) == event.m
+            and not self.store.stored_after(event.m, record.commit_log_offset, (dlq_topic(event.g),))
         ]
         if missing:
             self.store.put_batch(missing)
@@ -223,19 +248,23 @@ class ConsumerGroups:
 
     def receive(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, wait_s: float,
+        max_bytes: int | None = None,
     ) -> list[ReceivedMessage]:
-        """Up to ``max_messages`` deliverable messages, long-polling up to ``wait_s``."""
+        """Up to ``max_messages`` deliverable messages, long-polling up to ``wait_s``; as
+        many as fit in ``max_bytes`` of record size (at least one)."""
         deadline = time.monotonic() + wait_s
         while True:
             with self.lock:
                 if self.closed:
                     raise BrokerClosedError("the broker closed while receiving")
-                delivered, dead = self._collect(group, topic, max_messages, invisible_ms)
+                delivered, dead = self._collect(group, topic, max_messages, invisible_ms, max_bytes)
             events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
             events += [self._event(EVENT_DEAD, group, topic, key, d) for key, d in dead]
             if events:
                 # dead-letterings: the decision (event) first, with the DLQ copies, durable
-                self._persist(events, [self._dead_letter_copy(group, d.record, d.attempt) for _, d in dead])
+                copies = [self._dead_letter_copy(group, self.store.get(d.record.commit_log_offset), d.attempt)
+                          for _, d in dead]
+                self._persist(events, copies)
             if delivered:
                 return [self._received(key, d) for key, d in delivered]
             remaining = deadline - time.monotonic()
@@ -249,11 +278,12 @@ class ConsumerGroups:
         return queues + [(retry_topic(group), 0)]
 
     def _collect(
-        self, group: str, topic: str, max_messages: int, invisible_ms: int
+        self, group: str, topic: str, max_messages: int, invisible_ms: int, max_bytes: int | None,
     ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]]]:
         now = now_ms()
         delivered: list[tuple[ProgressKey, Delivery]] = []
         dead: list[tuple[ProgressKey, Delivery]] = []
+        room = max_bytes if max_bytes is not None else sys.maxsize
         for stored_topic, queue_id in self._sources(group, topic):
             key = (group, topic, stored_topic, queue_id)
             progress = self._progress(key)
@@ -275,6 +305,9 @@ class ConsumerGroups:
                     if message_group:
                         busy_groups.discard(message_group)
                     continue
+                if delivered and delivery.record.size > room:
+                    return delivered, dead  # left as it is, for the next receive
+                room -= delivery.record.size
                 delivery.attempt += 1
                 delivery.receipt = uuid.uuid4().hex[:16]
                 backoff = self.retry_backoff_ms[min(delivery.attempt - 1, len(self.retry_backoff_ms) - 1)]
@@ -302,7 +335,8 @@ class ConsumerGroups:
                 if stored_topic != topic and record.properties.get(codec.REAL_TOPIC) != topic:
                     progress.mark_done(offset)  # a resend meant for another subscription
                     continue
-                progress.pending[offset] = Delivery(record, progress.attempts.pop(offset, 0))
+                progress.pending[offset] = Delivery(dataclasses.replace(record, body=b""),
+                                                    progress.attempts.pop(offset, 0))
 
     def _event(self, kind: str, group: str, topic: str, key: ProgressKey, d: Delivery) -> Event:
         return Event(
@@ -310,12 +344,16 @@ class ConsumerGroups:
             d.record.properties.get("UNIQ_KEY", ""), now_ms(),
         )
 
+    @staticmethod
+    def _receipt_handle(key: ProgressKey, delivery: Delivery) -> str:
+        return "|".join((key[1], key[2], str(key[3]), str(delivery.record.queue_offset), delivery.receipt))
+
     def _received(self, key: ProgressKey, delivery: Delivery) -> ReceivedMessage:
+        """The delivery as handed to the consumer, its body read from the commit log."""
         record = delivery.record
-        handle = "|".join((key[1], key[2], str(key[3]), str(record.queue_offset), delivery.receipt))
         return ReceivedMessage(
-            message=codec.message_of(record, key[1]),
-            receipt_handle=handle,
+            message=codec.message_of(self.store.get(record.commit_log_offset), key[1]),
+            receipt_handle=self._receipt_handle(key, delivery),
             delivery_attempt=delivery.attempt,
             queue_id=record.queue_id,
             queue_offset=record.queue_offset,
@@ -339,12 +377,15 @@ class ConsumerGroups:
         props.setdefault(codec.REAL_TOPIC, record.topic)
         return StoredRecord(dlq_topic(group), 0, record.body, props)
 
-    def list_dlq(self, group: str, max_messages: int) -> list[StoredRecord]:
-        """The newest ``max_messages`` dead letters of a group, oldest first."""
+    def list_dlq(self, group: str, max_messages: int, max_bytes: int | None = None) -> list[StoredRecord]:
+        """The newest ``max_messages`` dead letters of a group that fit in ``max_bytes`` of
+        record size (at least one), oldest first."""
         topic = dlq_topic(group)
         end = self.store.queue_max_offset(topic, 0)
         start = max(self.store.queue_min_offset(topic, 0), end - max_messages)
-        return self.store.read_queue(topic, 0, start, end - start)
+        newest_first = (record for offset in range(end - 1, start - 1, -1)
+                        for record in self.store.read_queue(topic, 0, offset, 1))
+        return fitting(newest_first, lambda record: record.size, max_bytes)[::-1]
 
     def resend_dlq(self, group: str, message_id: str) -> StoredRecord:
         """Send a dead letter to the group's retry topic (only that group gets it again)."""
@@ -392,7 +433,7 @@ class ConsumerGroups:
             key, _, delivery = self._lookup(group, handle)
             delivery.receipt = uuid.uuid4().hex[:16]
             delivery.visible_at_ms = delivery.expires_at_ms = now_ms() + invisible_ms
-            return self._received(key, delivery).receipt_handle
+            return self._receipt_handle(key, delivery)
 
     # -- admin ----------------------------------------------------------------------------
     def lag(self) -> dict[str, dict[str, int]]:

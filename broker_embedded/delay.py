@@ -20,12 +20,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from .codec import DELAY_LEVEL, DELIVER_AT, REAL_QUEUE_ID, REAL_TOPIC, without
-from .errors import InvalidMessageError
-from .message import DELAY_LEVELS_S, Message
+from .codec import (
+    DELAY_LEVEL,
+    DELIVER_AT,
+    REAL_QUEUE_ID,
+    REAL_TOPIC,
+    PropertyError,
+    delay_level_property,
+    deliver_at_property,
+    int_property,
+    without,
+)
+from .errors import InvalidTopicError
+from .message import DELAY_LEVELS_S
 from .store.message_store import MessageStore
 from .store.record import PROPERTY_MESSAGE_ID, StoredRecord
-from .topics import SCHEDULE_TOPIC
+from .topics import MAX_QUEUES, SCHEDULE_TOPIC, validate_user_topic
 
 log = logging.getLogger("broker_embedded.delay")
 
@@ -38,23 +48,28 @@ def now_ms() -> int:
 
 def due_at_ms(properties: Mapping[str, str], from_ms: int) -> int | None:
     """When a message (its record properties) is due, counted from ``from_ms``; None if
-    it is not delayed."""
-    if DELIVER_AT in properties:
-        return int(properties[DELIVER_AT])
-    level = int(properties.get(DELAY_LEVEL, "0"))
+    it is not delayed. ``PropertyError`` for a delay that is not one."""
+    deliver_at = deliver_at_property(properties)
+    if deliver_at is not None:
+        return deliver_at
+    level = delay_level_property(properties)
     if level:
         return from_ms + DELAY_LEVELS_S[level - 1] * 1000
     return None
 
 
-def validate_delay(message: Message) -> None:
-    """``InvalidMessageError`` for a delay level outside 1..18 or both delay kinds at once."""
-    if not 0 <= message.delay_level <= len(DELAY_LEVELS_S):
-        raise InvalidMessageError(
-            f"delay level {message.delay_level} is not in 1..{len(DELAY_LEVELS_S)}"
-        )
-    if message.delay_level and message.deliver_at_ms is not None:
-        raise InvalidMessageError("give either delay_level or deliver_at_ms, not both")
+def target_of(record: StoredRecord) -> tuple[str, int]:
+    """The real topic and queue a stored record is bound for (its ``REAL_TOPIC`` and
+    ``REAL_QID``); ``PropertyError`` when they are absent or name no user queue."""
+    topic = record.properties.get(REAL_TOPIC, "")
+    try:
+        validate_user_topic(topic)
+    except InvalidTopicError as exc:
+        raise PropertyError(f"{REAL_TOPIC}={topic!r}: {exc}") from None
+    queue_id = int_property(record.properties, REAL_QUEUE_ID, 0, MAX_QUEUES - 1)
+    if queue_id is None:
+        raise PropertyError(f"no {REAL_QUEUE_ID}")
+    return topic, queue_id
 
 
 def route_record(topic: str, queue_id: int, props: dict[str, str], body: bytes,
@@ -63,7 +78,7 @@ def route_record(topic: str, queue_id: int, props: dict[str, str], body: bytes,
     message_due = due_at_ms(props, delay_from_ms)
     if message_due is not None and message_due > now_ms():
         props = {**props, REAL_TOPIC: topic, REAL_QUEUE_ID: str(queue_id), DUE_AT: str(message_due)}
-        return StoredRecord(SCHEDULE_TOPIC, int(props.get(DELAY_LEVEL, "0")), body, props,
+        return StoredRecord(SCHEDULE_TOPIC, delay_level_property(props), body, props,
                             born_timestamp_ms=born_ms)
     props = without(props, DELAY_LEVEL, DELIVER_AT, DUE_AT)
     return StoredRecord(topic, queue_id, body, props, born_timestamp_ms=born_ms)
@@ -86,9 +101,10 @@ class DelayService:
             self._add(record)
 
     def _add(self, record: StoredRecord) -> None:
+        """Watch a delayed message; one with no usable destination is left where it is (logged)."""
         with self._lock:
             self._applied[record.queue_id] = max(self._applied.get(record.queue_id, 0), record.queue_offset + 1)
-            if record.commit_log_offset in self._waiting:
+            if record.commit_log_offset in self._waiting or _unusable(record):
                 return
             self._waiting[record.commit_log_offset] = (record.queue_id, record.queue_offset)
             heapq.heappush(self._heap, (_due(record), record.commit_log_offset))
@@ -104,8 +120,8 @@ class DelayService:
             try:
                 record = self.store.get(offset)
                 props = without(record.properties, REAL_TOPIC, REAL_QUEUE_ID, DUE_AT, DELAY_LEVEL, DELIVER_AT)
-                self.store.put(StoredRecord(record.properties[REAL_TOPIC], int(record.properties[REAL_QUEUE_ID]),
-                                            record.body, props, born_timestamp_ms=record.born_timestamp_ms))
+                self.store.put(StoredRecord(*target_of(record), record.body, props,
+                                            born_timestamp_ms=record.born_timestamp_ms))
             except Exception:
                 with self._lock:
                     heapq.heappush(self._heap, (due_ms, offset))  # try again next tick
@@ -119,7 +135,8 @@ class DelayService:
         for queue_id in range(self.store.queues().get(SCHEDULE_TOPIC, 0)):
             for record in read_all(SCHEDULE_TOPIC, queue_id, marks.get(queue_id, 0)):
                 message_id = record.properties.get(PROPERTY_MESSAGE_ID, "")
-                if self.store.stored_after(message_id, record.commit_log_offset, (record.properties[REAL_TOPIC],)):
+                topic = record.properties.get(REAL_TOPIC, "")
+                if self.store.stored_after(message_id, record.commit_log_offset, (topic,)):
                     with self._lock:
                         self._applied[queue_id] = max(self._applied.get(queue_id, 0), record.queue_offset + 1)
                 else:
@@ -152,6 +169,18 @@ class DelayService:
 
     def __len__(self) -> int:
         return len(self._waiting)
+
+
+def _unusable(record: StoredRecord) -> bool:
+    """Whether a delayed message has no destination to deliver to (logged; it stays in
+    the schedule topic, where an operator can read it)."""
+    try:
+        target_of(record)
+    except PropertyError as exc:
+        log.error("delayed message at commit log offset %d cannot be delivered (%s); left in %s",
+                  record.commit_log_offset, exc, SCHEDULE_TOPIC)
+        return True
+    return False
 
 
 def _due(record: StoredRecord) -> int:

@@ -51,6 +51,14 @@ class TransactionConflictError(BrokerError):
     code = "TRANSACTION_CONFLICT"
 
 
+class CheckUnansweredError(BrokerError):
+    """An operator's check of a parked transaction got no COMMIT or ROLLBACK: no checker of
+    its producer group took the check, none answered in time, or the answer was UNKNOWN.
+    Nothing was changed."""
+
+    code = "CHECK_UNANSWERED"
+
+
 class UnknownReceiptError(BrokerError):
     """ACK or CHANGE_INVISIBLE_DURATION with a receipt handle that is unknown or expired."""
 
@@ -61,6 +69,12 @@ class MalformedFrameError(BrokerError):
     """A protocol frame could not be decoded."""
 
     code = "MALFORMED_FRAME"
+
+
+class ReplyTooLargeError(BrokerError):
+    """An answer would exceed the protocol's frame limit; the server sent this instead."""
+
+    code = "REPLY_TOO_LARGE"
 
 
 class UnknownRequestCodeError(BrokerError):
@@ -93,6 +107,12 @@ class AuthenticationError(BrokerError):
     code = "AUTHENTICATION_FAILED"
 
 
+class ExportPathError(BrokerError):
+    """EXPORT_MESSAGES named a directory outside the server's export root."""
+
+    code = "EXPORT_PATH_REFUSED"
+
+
 class BrokerClosedError(BrokerError):
     """The broker (or the client) was closed."""
 
@@ -103,6 +123,13 @@ class BrokerUnavailableError(BrokerError):
     """The client could not reach the broker (connection refused, reset, or closed)."""
 
     code = "BROKER_UNAVAILABLE"
+
+
+class ServerBusyError(BrokerUnavailableError):
+    """The server refused the work for now: it is at one of its limits (connections, long
+    polls of one connection; see ``ServerLimits``). Retry later."""
+
+    code = "SERVER_BUSY"
 
 
 class RequestTimeoutError(BrokerUnavailableError):

@@ -23,10 +23,11 @@ import msgspec
 
 from . import codec
 from .broker import EmbeddedBroker
-from .consumption import EVENT_ACKED, EVENT_DELIVERED, decode_events
+from .consumption import EVENT_ACKED, EVENT_DELIVERED, events_of
 from .message import TransactionState
 from .store.record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
-from .topics import CONSUMER_STATE_TOPIC, HALF_TOPIC, OP_HALF_TOPIC, SCHEDULE_TOPIC
+from .topics import CONSUMER_STATE_TOPIC, HALF_TOPIC, MAX_QUEUES, OP_HALF_TOPIC, SCHEDULE_TOPIC
+from .transactions.book import read_half
 from .transactions.ops import FINAL_STATES, Op, decode_op
 
 _STATES = {
@@ -40,12 +41,13 @@ _STATES = {
 def _row(record: StoredRecord, state: str, transaction_id: str | None, producer_group: str | None,
          commit_ms: int | None) -> dict[str, Any]:
     props = record.properties
+    real_queue = codec.tolerant(record, lambda p: codec.int_property(p, codec.REAL_QUEUE_ID, 0, MAX_QUEUES - 1), None)
     return {
         "message_id": props.get(PROPERTY_MESSAGE_ID, ""),
         "transaction_id": transaction_id,
         "producer_group": producer_group,
         "topic": props.get(codec.REAL_TOPIC, record.topic),
-        "queue_id": int(props.get(codec.REAL_QUEUE_ID, record.queue_id)),
+        "queue_id": record.queue_id if real_queue is None else real_queue,
         "keys": props.get(PROPERTY_KEYS, ""),
         "tag": props.get(PROPERTY_TAG, ""),
         "state": state,
@@ -59,7 +61,7 @@ def _row(record: StoredRecord, state: str, transaction_id: str | None, producer_
 def _decode_op(record: StoredRecord) -> Op | None:
     try:
         return decode_op(record.body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 
@@ -75,7 +77,7 @@ def transaction_states(broker: EmbeddedBroker) -> dict[str, tuple[TransactionSta
     open_states = {tx.transaction_id: tx.state for tx in broker.book}
     states: dict[str, tuple[TransactionState, int | None]] = {}
     for half in broker.iter_queue(HALF_TOPIC):
-        transaction_id = half.properties[codec.TRANSACTION_ID]
+        transaction_id = read_half(half).transaction_id
         final = resolved.get(transaction_id)
         if final is not None:
             state = FINAL_STATES[final.op]
@@ -91,7 +93,7 @@ def delivery_rows(broker: EmbeddedBroker) -> Iterator[dict[str, Any]]:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     broker.store.flush()  # progress events are written without waiting for their fsync
     for record in broker.iter_queue(CONSUMER_STATE_TOPIC):
-        for event in decode_events(record.body):
+        for event in events_of(record):
             row = rows.setdefault((event.g, event.m), {
                 "message_id": event.m, "consumer_group": event.g, "topic": event.s, "delivery_attempts": 0,
                 "first_delivered_ms": 0, "acked_ms": None, "dead_lettered": False,
@@ -124,7 +126,7 @@ def collect(broker: EmbeddedBroker) -> tuple[list[dict[str, Any]], list[dict[str
                 rows[message_id] = _row(record, "normal", None, None, None)
     states = transaction_states(broker)
     for half in broker.iter_queue(HALF_TOPIC):
-        transaction_id = half.properties[codec.TRANSACTION_ID]
+        transaction_id = read_half(half).transaction_id
         state, commit_ms = states[transaction_id]
         row = _row(half, _STATES[state], transaction_id, half.properties.get(codec.PRODUCER_GROUP), commit_ms)
         rows[row["message_id"]] = row

@@ -1,11 +1,17 @@
-"""The values that cross the broker's API: messages, results, and check requests."""
+"""The values that cross the broker's API (messages, results, check requests) and the
+validation of a message before anything of it is stored."""
 
 from __future__ import annotations
 
 import enum
+import math
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from .errors import InvalidMessageError, MessageTooLargeError
+from .topics import MAX_ID_LENGTH, validate_user_topic
 
 #: RocketMQ's 18 delay levels, in seconds; level ``n`` is ``DELAY_LEVELS_S[n - 1]``.
 DELAY_LEVELS_S: tuple[int, ...] = (
@@ -20,7 +26,8 @@ def new_message_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A message as a producer sends it.
+    """A message as a producer sends it. The body is bytes (or a bytearray or memoryview);
+    anything else raises ``InvalidMessageError`` here, at construction.
 
     ``delay_level`` (1..18) or ``deliver_at_ms`` (epoch milliseconds) delays delivery; on a
     transactional message the delay starts at commit. ``message_group`` makes delivery FIFO
@@ -38,6 +45,11 @@ class Message:
     deliver_at_ms: int | None = None
     message_group: str | None = None
     transaction_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.body, bytes | bytearray | memoryview):
+            raise InvalidMessageError(f"message body must be bytes, bytearray or memoryview, not "
+                                      f"{type(self.body).__name__} (encode text; see outbox.json_message)")
 
 
 class Resolution(enum.Enum):
@@ -118,3 +130,119 @@ class CheckRequest:
     transaction_id: str
     message: Message
     check_times: int
+
+
+# -- validation ---------------------------------------------------------------------------
+#: Longest tag, key, property name and message group, in characters.
+MAX_NAME_LENGTH = 127
+#: The keys, tag, message group and user properties of one message together, in UTF-8 bytes.
+MAX_PROPERTIES_BYTES = 32 * 1024
+#: The longest transaction timeout a half message may ask for (one day).
+MAX_TRANSACTION_TIMEOUT_S = 86_400.0
+#: How far ahead ``deliver_at_ms`` may lie (RocketMQ 5's ``timerMaxDelaySec``: 3 days).
+MAX_DELIVER_AHEAD_MS = 3 * 86_400_000
+
+
+def is_name(value: object, max_length: int = MAX_NAME_LENGTH) -> bool:
+    """Whether ``value`` is a name the broker stores and reads back intact: a string of 1 to
+    ``max_length`` printable characters without whitespace (ids, keys, tags, groups)."""
+    return isinstance(value, str) and 0 < len(value) <= max_length and value.isprintable() \
+        and not any(c.isspace() for c in value)
+
+
+def _utf8_size(value: str, what: str) -> int:
+    try:
+        return len(value.encode())
+    except UnicodeEncodeError:
+        raise InvalidMessageError(f"{what} is not valid text (a lone surrogate)") from None
+
+
+def validate_transaction_id(transaction_id: object) -> None:
+    """``InvalidMessageError`` unless a transaction id has 1 to 64 printable characters and
+    no whitespace (it fits the framework's VARCHAR(64) columns)."""
+    if not is_name(transaction_id, MAX_ID_LENGTH):
+        raise InvalidMessageError(f"a transaction id has 1 to {MAX_ID_LENGTH} printable characters and no whitespace, "
+                       f"not {transaction_id!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageLimits:
+    """The sizes a broker accepts (``BrokerConfig.max_body_size``/``max_properties_size``);
+    None: not checked, for clients that do not know the broker's limit."""
+
+    max_body_size: int | None = None
+    max_properties_size: int = MAX_PROPERTIES_BYTES
+
+
+def validate_message(message: Message, limits: MessageLimits = MessageLimits()) -> None:
+    """Refuse a message that could not be stored and read back as sent, before anything
+    is stored: ``InvalidTopicError`` / ``ReservedTopicError`` for its topic,
+    ``MessageTooLargeError`` for a body or properties over ``limits`` and ``InvalidMessageError`` for any other
+    field of the wrong type or out of range."""
+    if not isinstance(message, Message):
+        raise InvalidMessageError(f"expected a Message, got {type(message).__name__}")
+    validate_user_topic(message.topic)
+    if not isinstance(message.body, bytes | bytearray | memoryview):
+        raise InvalidMessageError(f"message body must be bytes, not {type(message.body).__name__}")
+    if limits.max_body_size is not None and len(message.body) > limits.max_body_size:
+        raise MessageTooLargeError(f"body of {len(message.body)} bytes exceeds the limit of {limits.max_body_size}")
+    if not is_name(message.message_id, MAX_ID_LENGTH):
+        raise InvalidMessageError(f"a message id has 1 to {MAX_ID_LENGTH} printable characters and no whitespace, "
+                       f"not {message.message_id!r}")
+    size = _validate_names(message)
+    size += _validate_user_properties(message.properties)
+    if size > limits.max_properties_size:
+        raise MessageTooLargeError(f"keys, tag, message group and properties take {size} bytes; the limit is "
+                       f"{limits.max_properties_size}")
+    _validate_delay(message)
+    timeout = message.transaction_timeout_s
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float)
+        or not (math.isfinite(timeout) and 0 < timeout <= MAX_TRANSACTION_TIMEOUT_S)
+    ):
+        raise InvalidMessageError(f"transaction_timeout_s {timeout!r} is not a number of seconds in "
+                       f"(0, {MAX_TRANSACTION_TIMEOUT_S:g}]")
+
+
+def _validate_names(message: Message) -> int:
+    """Keys, tag and message group; their size in bytes."""
+    if not isinstance(message.keys, tuple | list):
+        raise InvalidMessageError(f"keys must be a tuple of strings, not {type(message.keys).__name__}")
+    for key in message.keys:
+        if not is_name(key):
+            raise InvalidMessageError(f"key {key!r} is not 1 to {MAX_NAME_LENGTH} printable characters without whitespace")
+    if message.tag != "" and not is_name(message.tag):
+        raise InvalidMessageError(f"tag {message.tag!r} is not up to {MAX_NAME_LENGTH} printable characters without whitespace")
+    if message.message_group is not None and not is_name(message.message_group):
+        raise InvalidMessageError(f"message group {message.message_group!r} is not 1 to {MAX_NAME_LENGTH} printable "
+                       "characters without whitespace")
+    return sum(len(name.encode()) for name in (*message.keys, message.tag, message.message_group or ""))
+
+
+def _validate_user_properties(properties: Mapping[str, str]) -> int:
+    """Property names and values; their size in bytes."""
+    if not isinstance(properties, Mapping):
+        raise InvalidMessageError(f"properties must be a mapping of strings, not {type(properties).__name__}")
+    size = 0
+    for name, value in properties.items():
+        if not is_name(name):
+            raise InvalidMessageError(f"property name {name!r} is not 1 to {MAX_NAME_LENGTH} printable characters "
+                           "without whitespace")
+        if not isinstance(value, str):
+            raise InvalidMessageError(f"property {name!r} has a {type(value).__name__} value; values are strings")
+        size += len(name) + _utf8_size(value, f"the value of property {name!r}")
+    return size
+
+
+def _validate_delay(message: Message) -> None:
+    level, at = message.delay_level, message.deliver_at_ms
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= len(DELAY_LEVELS_S):
+        raise InvalidMessageError(f"delay level {level!r} is not in 1..{len(DELAY_LEVELS_S)} (0: no delay)")
+    if at is None:
+        return
+    if level:
+        raise InvalidMessageError("give either delay_level or deliver_at_ms, not both")
+    latest = time.time_ns() // 1_000_000 + MAX_DELIVER_AHEAD_MS
+    if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= latest:
+        raise InvalidMessageError(f"deliver_at_ms {at!r} is not an epoch time in milliseconds at most "
+                       f"{MAX_DELIVER_AHEAD_MS // 86_400_000} days ahead")

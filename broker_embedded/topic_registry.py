@@ -8,14 +8,14 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import threading
 import zlib
 from pathlib import Path
 
 from .errors import UnknownTopicError
 from .message import Message
-from .topics import validate_user_topic
+from .store.files import write_atomically
+from .topics import MAX_QUEUES, validate_user_topic
 
 log = logging.getLogger("broker_embedded.topics")
 
@@ -46,8 +46,8 @@ class TopicRegistry:
     def create(self, topic: str, queues: int) -> int:
         """Create ``topic`` with ``queues`` queues unless it exists; its queue count."""
         validate_user_topic(topic)
-        if not 1 <= queues <= 256:
-            raise ValueError("a topic has 1 to 256 queues")
+        if not 1 <= queues <= MAX_QUEUES:
+            raise ValueError(f"a topic has 1 to {MAX_QUEUES} queues")
         with self._lock:
             if topic not in self.queues:
                 self.queues[topic] = queues
@@ -73,8 +73,4 @@ class TopicRegistry:
         return next(self._round_robin) % queues
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.queues, sort_keys=True))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.queues, sort_keys=True).encode())

@@ -6,6 +6,9 @@ server collects the calls that arrive together and hands them to
 records it writes), every staged record goes into one ``MessageStore.put_batch`` (one
 append, one fsync), and each call then gets its own result or the typed error that
 refused it. A call that fails staging fails alone; the others are still written.
+
+Each call type has one ``validate`` that checks every field it writes, before anything is
+staged: a refused call stores nothing, and nothing stored can fail its own replay.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .message import Message, Resolution
+from .errors import InvalidMessageError
+from .message import Message, MessageLimits, Resolution, validate_message, validate_transaction_id
 from .store.record import StoredRecord
+from .topics import validate_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,9 @@ class SendCall:
     """``send(message)``."""
 
     message: Message
+
+    def validate(self, limits: MessageLimits) -> None:
+        validate_message(self.message, limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +40,11 @@ class HalfCall:
     message: Message
     producer_group: str
     transaction_id: str
+
+    def validate(self, limits: MessageLimits) -> None:
+        validate_message(self.message, limits)
+        validate_group(self.producer_group)
+        validate_transaction_id(self.transaction_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +56,33 @@ class EndCall:
     producer_group: str
     from_check: bool = False
 
+    def validate(self, limits: MessageLimits) -> None:
+        validate_transaction_id(self.transaction_id)
+        validate_group(self.producer_group)
+        if not isinstance(self.resolution, Resolution):
+            raise InvalidMessageError(f"resolution {self.resolution!r} is not a Resolution")
+        if not isinstance(self.from_check, bool):
+            raise InvalidMessageError(f"from_check {self.from_check!r} is not a bool")
 
+
+@dataclass(frozen=True, slots=True)
+class ForcedResolveCall:
+    """``resolve_parked(transaction_id, force=resolution)``: an operator's COMMIT or
+    ROLLBACK of a parked transaction, recorded without a check-back."""
+
+    transaction_id: str
+    resolution: Resolution
+
+    def validate(self, limits: MessageLimits) -> None:
+        validate_transaction_id(self.transaction_id)
+        if self.resolution not in (Resolution.COMMIT, Resolution.ROLLBACK):
+            raise InvalidMessageError(f"a forced resolution is COMMIT or ROLLBACK, not {self.resolution!r}")
+
+
+#: The write requests of the wire protocol.
 WriteCall = SendCall | HalfCall | EndCall
+#: Every call ``EmbeddedBroker.produce`` stages.
+AnyWriteCall = WriteCall | ForcedResolveCall
 
 
 def _nothing() -> None:

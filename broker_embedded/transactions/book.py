@@ -15,7 +15,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,8 +22,12 @@ from dataclasses import dataclass, field
 import msgspec
 
 from .. import codec
-from ..message import Resolution, TransactionState
+from ..codec import PropertyError
+from ..delay import due_at_ms, target_of
+from ..errors import InvalidTopicError
+from ..message import Resolution, TransactionState, is_name
 from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from ..topics import MAX_ID_LENGTH, validate_group
 from .ops import FINAL_STATES, OP_CHECK, OP_PARK, OP_RECHECK, Op
 
 log = logging.getLogger("broker_embedded.transactions")
@@ -59,6 +62,9 @@ class Transaction:
     ended: threading.Event | None = None
     #: Half messages of this transaction being written right now.
     joining: int = 0
+    #: Why the transaction cannot be committed (a stored half message is unusable): it is
+    #: parked at once for an operator, who can only roll it back. Empty for a sound one.
+    problem: str = ""
 
     @property
     def born_ms(self) -> int:
@@ -73,21 +79,49 @@ class Transaction:
         return [h.commit_log_offset for h in self.halves]
 
 
-def transaction_timeout_ms(record: StoredRecord) -> int | None:
-    """A half message's own check timeout, None if it has none; a stored value that is
-    not a sane number counts as none (logged, never fatal)."""
-    raw = record.properties.get(codec.TRANSACTION_TIMEOUT)
-    if raw is None:
-        return None
+@dataclass(frozen=True, slots=True)
+class HalfFields:
+    """What the broker reads of a stored half message. ``problem`` says why it cannot be
+    committed (empty when it can): a record of an older version, or one damaged behind a
+    valid CRC, is read as far as it goes and never stops a start."""
+
+    transaction_id: str
+    producer_group: str
+    message_id: str
+    #: The message's own check timeout in ms; None for none, or for an unusable one (the
+    #: broker's default applies, which is harmless).
+    timeout_ms: int | None
+    real_topic: str
+    real_queue_id: int
+    problem: str
+
+
+def read_half(record: StoredRecord) -> HalfFields:
+    """The fields of a half message; an unusable transaction id reads as
+    ``unreadable-tx-at-<offset>`` so the message can still be parked and resolved."""
+    props = record.properties
+    problems: list[str] = []
+    transaction_id = props.get(codec.TRANSACTION_ID, "")
+    if not is_name(transaction_id, MAX_ID_LENGTH):
+        problems.append(f"{codec.TRANSACTION_ID}={transaction_id!r}")
+        transaction_id = f"unreadable-tx-at-{record.commit_log_offset}"
+    group = props.get(codec.PRODUCER_GROUP, "")
     try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        log.warning("half message at %d has transaction timeout %r; using the default",
-                    record.commit_log_offset, raw)
-        return None
-    return int(min(value, 86_400.0) * 1000)
+        validate_group(group)
+    except InvalidTopicError:
+        problems.append(f"{codec.PRODUCER_GROUP}={group!r}")
+    message_id = props.get(PROPERTY_MESSAGE_ID, "")
+    if not is_name(message_id, MAX_ID_LENGTH):
+        problems.append(f"{PROPERTY_MESSAGE_ID}={message_id!r}")
+    real_topic, real_queue_id = "", 0
+    try:
+        real_topic, real_queue_id = target_of(record)
+        due_at_ms(props, 0)
+    except PropertyError as exc:
+        problems.append(str(exc))
+    timeout_s = codec.tolerant(record, codec.timeout_property, None)
+    return HalfFields(transaction_id, group, message_id, None if timeout_s is None else int(timeout_s * 1000),
+                      real_topic, real_queue_id, "; ".join(problems))
 
 
 class _SavedTransaction(msgspec.Struct, array_like=True):
@@ -97,6 +131,7 @@ class _SavedTransaction(msgspec.Struct, array_like=True):
     check_times: int
     timeout_ms: int | None
     halves: list[tuple[int, int, str, int, int]]
+    problem: str = ""
 
 
 class BookSnapshot(msgspec.Struct):
@@ -136,17 +171,18 @@ class TransactionBook:
             if record.queue_offset < self.half_applied:
                 return
             self.half_applied = record.queue_offset + 1
-            props = record.properties
-            tx_id = props[codec.TRANSACTION_ID]
-            tx = self.by_id.get(tx_id)
+            half = read_half(record)
+            tx = self.by_id.get(half.transaction_id)
             if tx is None:
-                tx = self.by_id[tx_id] = Transaction(tx_id, props[codec.PRODUCER_GROUP])
-            tx.halves.append(HalfRef(record.commit_log_offset, record.size,
-                                     props.get(PROPERTY_MESSAGE_ID, ""),
+                tx = self.by_id[half.transaction_id] = Transaction(half.transaction_id, half.producer_group)
+            tx.halves.append(HalfRef(record.commit_log_offset, record.size, half.message_id,
                                      record.born_timestamp_ms, record.store_timestamp_ms))
-            own = transaction_timeout_ms(record)
-            if own is not None:
-                tx.timeout_ms = max(tx.timeout_ms or 0, own)
+            if half.timeout_ms is not None:
+                tx.timeout_ms = max(tx.timeout_ms or 0, half.timeout_ms)
+            if half.problem and not tx.problem:
+                tx.problem = f"half message at commit log offset {record.commit_log_offset}: {half.problem}"
+                log.error("transaction %s cannot be committed (%s); it goes to the parked transactions",
+                          tx.transaction_id, tx.problem)
             if tx.state is TransactionState.PENDING:
                 self._schedule(tx, self.first_check_ms(tx))
 
@@ -178,7 +214,10 @@ class TransactionBook:
 
     # -- checking -------------------------------------------------------------------------
     def first_check_ms(self, tx: Transaction) -> int:
-        """Store time of the newest half message plus the transaction's timeout."""
+        """Store time of the newest half message plus the transaction's timeout; at once
+        for a transaction that cannot be committed (the next round parks it)."""
+        if tx.problem:
+            return 0
         timeout_ms = tx.timeout_ms if tx.timeout_ms is not None else int(self.default_timeout_s * 1000)
         return max(h.store_ms for h in tx.halves) + timeout_ms
 
@@ -238,6 +277,7 @@ class TransactionBook:
                 _SavedTransaction(
                     tx.transaction_id, tx.producer_group, tx.state.value, tx.check_times, tx.timeout_ms,
                     [(h.commit_log_offset, h.size, h.message_id, h.born_ms, h.store_ms) for h in tx.halves],
+                    tx.problem,
                 )
                 for tx in self.by_id.values()
             ]
@@ -256,7 +296,7 @@ class TransactionBook:
                 if not halves:
                     continue
                 tx = Transaction(saved.transaction_id, saved.producer_group, halves, saved.timeout_ms,
-                                 TransactionState(saved.state), saved.check_times)
+                                 TransactionState(saved.state), saved.check_times, problem=saved.problem)
                 self.by_id[tx.transaction_id] = tx
                 if tx.state is TransactionState.PENDING:
                     self._schedule(tx, self.first_check_ms(tx))

@@ -18,8 +18,6 @@ id through the index once the transaction has left memory).
 from __future__ import annotations
 
 import logging
-import math
-import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,24 +28,24 @@ from .. import codec
 from ..api import ParkedTransaction, TransactionChecker
 from ..config import BrokerConfig
 from ..errors import (
+    CheckUnansweredError,
     CorruptLogError,
     InvalidMessageError,
     TransactionConflictError,
     UnknownTransactionError,
 )
 from ..message import EndTransactionResult, Message, Resolution, SendResult, TransactionState
+from ..store.files import write_atomically
 from ..store.message_store import MessageStore
-from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from ..store.record import StoredRecord
 from ..topics import (
     CHECK_MAX_TOPIC,
     HALF_TOPIC,
-    MAX_ID_LENGTH,
     OP_HALF_TOPIC,
     SCHEDULE_TOPIC,
-    validate_group,
 )
-from ..writes import EndCall, HalfCall, Staged
-from .book import Transaction, TransactionBook
+from ..writes import EndCall, ForcedResolveCall, HalfCall, Staged
+from .book import Transaction, TransactionBook, read_half
 from .check_service import CheckService, now_ms
 from .ops import (
     FINAL_STATES,
@@ -80,35 +78,6 @@ def answered(value: object) -> Staged:
     return Staged([], lambda _: value)
 
 
-def validate_transaction_id(transaction_id: str) -> None:
-    if not transaction_id or len(transaction_id) > MAX_ID_LENGTH or not transaction_id.isprintable() \
-            or any(c.isspace() for c in transaction_id):
-        raise InvalidMessageError(
-            f"a transaction id has 1 to {MAX_ID_LENGTH} printable characters and no whitespace"
-        )
-
-
-def validate_transaction_timeout(message: Message) -> None:
-    timeout = message.transaction_timeout_s
-    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= 86_400):
-        raise InvalidMessageError(f"transaction_timeout_s {timeout!r} is not in (0, 86400] seconds")
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: written, fsync'd, renamed, directory fsync'd."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
 class TransactionService:
     """Transactions of one broker: staging of SEND_HALF / END, the book, the check service."""
 
@@ -131,10 +100,7 @@ class TransactionService:
 
     # -- SEND_HALF ------------------------------------------------------------------------
     def stage_half(self, call: HalfCall, queue_id: int) -> Staged:
-        """Validate a half message (already checked as a message) and stage its record."""
-        validate_group(call.producer_group)
-        validate_transaction_id(call.transaction_id)
-        validate_transaction_timeout(call.message)
+        """Stage the record of a validated half message bound for queue ``queue_id``."""
         message = call.message
         props = codec.message_properties(message)
         props.update({
@@ -175,8 +141,34 @@ class TransactionService:
     def stage_end(self, call: EndCall) -> Staged:
         """Stage a COMMIT (op + real messages), a ROLLBACK (op), or the answer to a repeat."""
         if call.from_check:
-            self.checks.answered(call.transaction_id)
+            self.checks.answered(call.transaction_id, call.producer_group, call.resolution)
             log.info("transaction %s: check-back answer %s", call.transaction_id, call.resolution.value)
+        return self._stage_end(call, "check-back answer" if call.from_check else "producer")
+
+    def stage_forced(self, call: ForcedResolveCall) -> Staged:
+        """Stage an operator's COMMIT or ROLLBACK of a parked transaction, recorded as given:
+        no check-back, its transaction_log is not read."""
+        tx = self.parked(call.transaction_id)
+        log.warning("transaction %s: %s forced by an operator without a check-back",
+                    call.transaction_id, call.resolution.value)
+        return self._stage_end(EndCall(call.transaction_id, call.resolution, tx.producer_group),
+                               "an operator (forced, no check-back)")
+
+    def ask_checker(self, transaction_id: str, wait_s: float) -> tuple[Resolution, str]:
+        """An operator's resolve of a parked transaction: the COMMIT or ROLLBACK its
+        producer group's checker answers now, and that group. ``CheckUnansweredError`` for
+        no answer or UNKNOWN (nothing changes)."""
+        tx = self.parked(transaction_id)
+        answer = self.checks.ask_now(tx, wait_s)
+        if answer is Resolution.UNKNOWN:
+            raise CheckUnansweredError(
+                f"the checker of producer group {tx.producer_group!r} answered UNKNOWN for transaction "
+                f"{transaction_id} (its local transaction may still hold its transaction_log row); nothing changed"
+            )
+        log.info("transaction %s: the operator's check-back answered %s", transaction_id, answer.value)
+        return answer, tx.producer_group
+
+    def _stage_end(self, call: EndCall, source: str) -> Staged:
         with self.book.lock:
             tx = self.book.by_id.get(call.transaction_id)
             if tx is None or tx.producer_group != call.producer_group:
@@ -209,7 +201,6 @@ class TransactionService:
         except BaseException:
             self._end_failed(tx)
             raise
-        source = "check-back answer" if call.from_check else "producer"
 
         def finish(_: list[StoredRecord]) -> EndTransactionResult:
             assert tx is not None and tx.ended is not None
@@ -267,11 +258,33 @@ class TransactionService:
     def _read_halves(self, offsets: list[int]) -> Iterator[StoredRecord]:
         return (self.store.get(offset) for offset in offsets)
 
+    def _halves_of(self, op: Op) -> Iterator[StoredRecord]:
+        """The half messages a stored op names; an offset that holds no half message of its
+        transaction (a damaged op) is logged and skipped."""
+        for offset in op.h:
+            try:
+                record = self.store.get(offset)
+            except CorruptLogError as exc:
+                log.error("%s op of transaction %s: %s", op.op, op.tx, exc)
+                continue
+            if record.topic == HALF_TOPIC and read_half(record).transaction_id == op.tx:
+                yield record
+            else:
+                log.error("%s op of transaction %s names commit log offset %d, which holds no half message "
+                          "of it; skipped", op.op, op.tx, offset)
+
     def _committed_copy(self, half: StoredRecord, committed_ms: int) -> StoredRecord:
-        """The real message of a committed half message; a delay counts from the commit."""
+        """The real message of a committed half message; a delay counts from the commit.
+        ``InvalidMessageError`` for a half message that cannot be committed."""
+        fields = read_half(half)
+        if fields.problem:
+            raise InvalidMessageError(
+                f"transaction {fields.transaction_id} cannot be committed: its half message at commit log "
+                f"offset {half.commit_log_offset} has {fields.problem}; roll it back"
+            )
         props = codec.without(half.properties, *_HALF_ONLY_PROPERTIES)
-        return self.route(half.properties[codec.REAL_TOPIC], int(half.properties[codec.REAL_QUEUE_ID]),
-                          props, half.body, committed_ms, half.born_timestamp_ms)
+        return self.route(fields.real_topic, fields.real_queue_id, props, half.body, committed_ms,
+                          half.born_timestamp_ms)
 
     @staticmethod
     def _parked_copy(half: StoredRecord, check_times: int) -> StoredRecord:
@@ -294,9 +307,10 @@ class TransactionService:
                     or tx.ending is not None:
                 return
         op = self._decision(tx, OP_PARK)
-        self.store.put_batch([op_record(op), *(self._parked_copy(h, op.n) for h in self._read_halves(op.h))])
-        log.warning("transaction %s parked in %s after %d unanswered checks",
-                    tx.transaction_id, CHECK_MAX_TOPIC, tx.check_times)
+        self.store.put_batch([op_record(op), *(self._parked_copy(h, op.n) for h in self._halves_of(op))])
+        log.warning("transaction %s parked in %s %s", tx.transaction_id, CHECK_MAX_TOPIC,
+                    f"because it cannot be committed ({tx.problem})" if tx.problem
+                    else f"after {tx.check_times} unanswered checks")
 
     def parked(self, transaction_id: str) -> Transaction:
         tx = self.book.get(transaction_id)
@@ -356,18 +370,17 @@ class TransactionService:
         missing: list[StoredRecord] = []
         redone: set[str] = set()
         for op, op_stored in decided:
-            try:
-                halves = list(self._read_halves(op.h))
-            except CorruptLogError as exc:
-                log.error("cannot redo %s of transaction %s: %s", op.op, op.tx, exc)
-                continue
-            for half in halves:
+            for half in self._halves_of(op):
+                fields = read_half(half)
+                if fields.problem:
+                    log.error("cannot redo the %s of transaction %s for its half message at commit log offset "
+                              "%d: %s", op.op, op.tx, half.commit_log_offset, fields.problem)
+                    continue
                 if op.op == OP_COMMIT:
-                    topics: tuple[str, ...] = (half.properties[codec.REAL_TOPIC], SCHEDULE_TOPIC)
+                    topics: tuple[str, ...] = (fields.real_topic, SCHEDULE_TOPIC)
                 else:
                     topics = (CHECK_MAX_TOPIC,)
-                if not self.store.stored_after(half.properties.get(PROPERTY_MESSAGE_ID, ""),
-                                               op_stored.commit_log_offset, topics):
+                if not self.store.stored_after(fields.message_id, op_stored.commit_log_offset, topics):
                     missing.append(self._committed_copy(half, op.ts) if op.op == OP_COMMIT
                                    else self._parked_copy(half, op.n))
                     redone.add(op.tx)

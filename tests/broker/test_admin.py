@@ -67,8 +67,8 @@ def test_parked_transaction_is_a_durable_record_and_never_checked(broker_factory
     time.sleep(1.0)  # several check intervals
     assert later.requests == [] and broker.stats().parked == 1
     with pytest.raises(UnknownTransactionError):
-        broker.resolve_parked("not-parked", Resolution.COMMIT)
-    assert broker.resolve_parked("t1", Resolution.ROLLBACK).applied
+        broker.resolve_parked("not-parked", force=Resolution.COMMIT)
+    assert broker.resolve_parked("t1", force=Resolution.ROLLBACK).applied
     assert broker.list_parked() == [] and broker.receive("g", "orders", wait_s=0.3) == []
 
 

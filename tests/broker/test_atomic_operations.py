@@ -214,12 +214,14 @@ def prepare_park(tmp_path: Path) -> Prepared:
     (copies to TRANS_CHECK_MAX_TIME_TOPIC and the park op) is the cut operation."""
     data = tmp_path / "broker"
     checker = GatedChecker(Resolution.UNKNOWN)
-    broker = EmbeddedBroker(data, FAST, checker)
+    # this broker never parks (its check_max is out of reach): no timing decides where the
+    # cut starts; the broker reopened with FAST has spent its check_max and parks at once
+    broker = EmbeddedBroker(data, replace(FAST, check_max=1_000), checker)
     checker.broker = broker
     checker.release()
     ids, bodies = send_halves(broker)
-    assert wait_until(lambda: len(checker.requests) >= FAST.check_max, 10)
-    assert broker.transaction_state(TX) is PENDING  # the park comes a check interval later
+    assert wait_until(lambda: len(checker.requests) >= FAST.check_max, 15)
+    assert broker.transaction_state(TX) is PENDING
     start = keep_before(broker, tmp_path / "before")
     broker = EmbeddedBroker(data, FAST, checker)
     checker.broker = broker
@@ -241,7 +243,7 @@ def check_park(data: Path, ids: list[str]) -> str | None:
         problem = observe(broker, ids)
         if problem is not None:
             return problem
-        broker.resolve_parked(TX, Resolution.COMMIT)
+        broker.resolve_parked(TX, force=Resolution.COMMIT)
         problem = observe(broker, ids)
         return None if problem is None else "after resolving the parked transaction: " + problem
     finally:

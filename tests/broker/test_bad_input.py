@@ -82,3 +82,17 @@ def test_bad_transaction_ids_are_refused(broker_factory, transaction_id) -> None
         broker.send_half(Message("orders", b"x"), producer_group="pg", transaction_id=transaction_id)
     with pytest.raises(InvalidTopicError):
         broker.send_half(Message("orders", b"x"), producer_group="bad group", transaction_id="t")
+
+
+@pytest.mark.parametrize("argument", ["wait_s", "invisible_duration_s"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 86_401.0, "1", True])
+def test_bad_receive_durations_are_refused_and_deliver_nothing(broker_factory, argument, value) -> None:
+    broker = broker_factory()
+    kept = broker.send(Message("orders", b"ok"))
+    with pytest.raises(InvalidMessageError):
+        broker.receive("g", "orders", **{argument: value})
+    [received] = broker.receive("g", "orders", max_messages=10)
+    assert (received.message.message_id, received.delivery_attempt) == (kept.message_id, 1)
+    with pytest.raises(InvalidMessageError):
+        broker.change_invisible_duration("g", received.receipt_handle, float("nan") if argument == "wait_s" else value)
+    broker.ack("g", received.receipt_handle)

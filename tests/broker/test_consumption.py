@@ -8,7 +8,7 @@ import time
 import pytest
 
 from broker_embedded import Message, Resolution
-from broker_embedded.errors import BrokerClosedError, UnknownReceiptError
+from broker_embedded.errors import BrokerClosedError, InvalidMessageError, UnknownReceiptError
 
 from .conftest import eventually
 
@@ -67,7 +67,7 @@ def test_change_invisible_duration_returns_a_new_handle(broker_factory) -> None:
     broker = broker_factory()
     broker.send(Message("orders", b"x"))
     received = broker.receive("g", "orders", invisible_duration_s=0.1)[0]
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidMessageError):
         broker.change_invisible_duration("g", received.receipt_handle, 0)
     handle = broker.change_invisible_duration("g", received.receipt_handle, 5)
     time.sleep(0.3)

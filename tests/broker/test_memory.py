@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import tracemalloc
 from pathlib import Path
 
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution
@@ -40,3 +41,25 @@ def test_rss_does_not_grow_with_completed_transactions(tmp_path: Path) -> None:
         assert broker.query_by_key("orders", "tx-39999")
     # the issue's bound; the old in-memory book and index took ~1.5 KB per transaction
     assert growth_per_transaction <= 100, f"{growth_per_transaction:.0f} bytes of RSS per transaction"
+
+
+def test_deliveries_in_flight_do_not_hold_their_bodies(tmp_path: Path) -> None:
+    """A group reads ahead up to ``max_inflight_per_queue`` messages per queue; with 1 MiB
+    bodies that must cost headers, not the bodies (which are read again on delivery)."""
+    body = b"b" * (1024 * 1024)
+    with EmbeddedBroker(tmp_path / "broker", BrokerConfig(default_queues=1)) as broker:
+        sent = [broker.send(Message("orders", body)).message_id for _ in range(150)]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            [first] = broker.receive("g", "orders", max_messages=1)  # reads ahead the whole queue
+            gc.collect()
+            held, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert first.message.body == body
+        assert held < 20 * 1024 * 1024, f"{held / 2**20:.0f} MiB held for 150 deliveries in flight"
+        broker.ack("g", first.receipt_handle)
+        rest = broker.receive("g", "orders", max_messages=200, max_bytes=1 << 40)
+        assert [r.message.message_id for r in rest] == sent[1:]
+        assert all(r.message.body == body for r in rest)

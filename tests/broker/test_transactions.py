@@ -84,7 +84,7 @@ def test_unknown_answers_lead_to_rechecks_then_parking_and_admin_resolution(brok
     broker.close()
     broker = broker_factory()  # no checker: parked state survives restart
     assert broker.transaction_state("t1") is TransactionState.PARKED
-    broker.resolve_parked("t1", Resolution.COMMIT)
+    broker.resolve_parked("t1", force=Resolution.COMMIT)
     assert [r.message.body for r in broker.receive("g", "orders", wait_s=2)] == [b"a"]
 
 
