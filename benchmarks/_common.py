@@ -105,9 +105,9 @@ def rss_bytes() -> int:
 
 
 @contextmanager
-def halfmoon_server(data_dir: Path, *extra: str) -> Iterator[str]:
+def halfmoon_process(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A ``python -m broker_embedded serve`` process on a free port (sync flush unless
-    ``extra`` says otherwise); yields its ``tcp://`` URL, terminates it on exit."""
+    ``extra`` says otherwise); yields it and its port, terminates it on exit."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(data_dir), "--port", str(port),
@@ -115,10 +115,17 @@ def halfmoon_server(data_dir: Path, *extra: str) -> Iterator[str]:
     )
     try:
         wait_port(port)
-        yield f"tcp://127.0.0.1:{port}"
+        yield server, port
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+@contextmanager
+def halfmoon_server(data_dir: Path, *extra: str) -> Iterator[str]:
+    """``halfmoon_process``; yields its ``tcp://`` URL."""
+    with halfmoon_process(data_dir, *extra) as (_, port):
+        yield f"tcp://127.0.0.1:{port}"
 
 
 @contextmanager

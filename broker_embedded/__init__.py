@@ -4,7 +4,7 @@ from .aio_client import AsyncBrokerClient
 from .api import BrokerAPI, BrokerStats, ParkedTransaction, TopicInfo, TransactionChecker
 from .broker import EmbeddedBroker
 from .client import BrokerClient
-from .config import BrokerConfig
+from .config import BrokerConfig, ServerLimits
 from .errors import BrokerError
 from .message import (
     DELAY_LEVELS_S,
@@ -35,6 +35,7 @@ __all__ = [
     "ReceivedMessage",
     "Resolution",
     "SendResult",
+    "ServerLimits",
     "StoredMessage",
     "TopicInfo",
     "TransactionChecker",

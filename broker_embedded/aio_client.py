@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .api import BrokerStats, ParkedTransaction, TopicInfo
-from .auth import credentials
-from .client import TcpClientSettings, pushed_check
+from .auth import CHALLENGE_REQUEST, credentials
+from .client import TcpClientSettings, pushed_check, refusal
 from .errors import (
     BrokerClosedError,
     BrokerError,
@@ -47,6 +47,7 @@ from .protocol import (
     decode_frame,
     encode_frame,
     outcome_from_wire,
+    request_body,
     to_wire,
     unwrap_response,
 )
@@ -65,6 +66,7 @@ class _AsyncLink:
         self.writer = writer
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.failure: str | None = None
+        self.error: type[BrokerUnavailableError] = BrokerUnavailableError
         self.task: asyncio.Task[None] | None = None
         self.outgoing: list[bytes] = []
 
@@ -79,14 +81,14 @@ class _AsyncLink:
         if frames and not self.writer.is_closing():
             self.writer.write(b"".join(frames))
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, error: type[BrokerUnavailableError] = BrokerUnavailableError) -> None:
         if self.failure is None:
-            self.failure = reason
+            self.failure, self.error = reason, error
         pending, self.pending = self.pending, {}
         self.writer.close()
         for future in pending.values():
             if not future.done():
-                future.set_exception(BrokerUnavailableError(reason))
+                future.set_exception(error(reason))
 
 
 class AsyncBrokerClient(TcpClientSettings):
@@ -128,8 +130,9 @@ class AsyncBrokerClient(TcpClientSettings):
             link.task = asyncio.create_task(self._read_loop(link))
             try:
                 if self.access_key and self.secret_key:
+                    challenge = await self._exchange(link, RequestCode.AUTHENTICATE, CHALLENGE_REQUEST)
                     await self._exchange(link, RequestCode.AUTHENTICATE,
-                                         credentials(self.access_key, self.secret_key))
+                                         credentials(self.access_key, self.secret_key, challenge))
                 for group in list(self._producers):
                     await self._exchange(link, RequestCode.HEART_BEAT, {"producer_group": group})
             except BrokerError as exc:
@@ -147,6 +150,9 @@ class AsyncBrokerClient(TcpClientSettings):
                     if kind is Kind.PUSH:
                         self._on_push(code, body)
                         continue
+                    if (refused := refusal(request_id, body)) is not None:
+                        link.fail(str(refused), type(refused))
+                        return
                     future = link.pending.pop(request_id, None)
                     if future is not None and not future.done():
                         future.set_result(body)
@@ -175,7 +181,7 @@ class AsyncBrokerClient(TcpClientSettings):
     async def _exchange(self, link: _AsyncLink, code: RequestCode, arguments: dict[str, Any],
                         extra_wait_s: float = 0.0) -> Any:
         if link.failure is not None:
-            raise BrokerUnavailableError(link.failure)
+            raise link.error(link.failure)
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.pending[request_id] = future
@@ -197,7 +203,7 @@ class AsyncBrokerClient(TcpClientSettings):
         return await self._exchange(await self._connection(), code, arguments, extra_wait_s)
 
     async def _call(self, method: str, extra_wait_s: float = 0.0, **arguments: Any) -> Any:
-        raw = await self._request(CODES[method], {k: to_wire(v) for k, v in arguments.items()}, extra_wait_s)
+        raw = await self._request(CODES[method], request_body(arguments), extra_wait_s)
         return convert_result(method, raw)
 
     # -- BrokerAPI, as coroutines ---------------------------------------------------------
@@ -247,10 +253,11 @@ class AsyncBrokerClient(TcpClientSettings):
             await self._request(RequestCode.UNREGISTER_CLIENT, {"producer_group": producer_group})
 
     async def receive(self, group: str, topic: str, *, max_messages: int = 32,
-                      invisible_duration_s: float = 30.0, wait_s: float = 0.0) -> list[ReceivedMessage]:
+                      invisible_duration_s: float = 30.0, wait_s: float = 0.0,
+                      max_bytes: int | None = None) -> list[ReceivedMessage]:
         return await self._call(  # type: ignore[no-any-return]
             "receive", extra_wait_s=wait_s, group=group, topic=topic, max_messages=max_messages,
-            invisible_duration_s=invisible_duration_s, wait_s=wait_s,
+            invisible_duration_s=invisible_duration_s, wait_s=wait_s, max_bytes=max_bytes,
         )
 
     async def ack(self, group: str, receipt_handle: str) -> None:
@@ -262,9 +269,10 @@ class AsyncBrokerClient(TcpClientSettings):
             invisible_duration_s=invisible_duration_s,
         )
 
-    async def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[StoredMessage]:
+    async def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+                   max_bytes: int | None = None) -> list[StoredMessage]:
         return await self._call(  # type: ignore[no-any-return]
-            "read", topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages
+            "read", topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages, max_bytes=max_bytes
         )
 
     async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -275,24 +283,29 @@ class AsyncBrokerClient(TcpClientSettings):
     async def query_by_id(self, message_id: str) -> StoredMessage | None:
         return await self._call("query_by_id", message_id=message_id)  # type: ignore[no-any-return]
 
-    async def query_by_key(self, topic: str, key: str, max_messages: int = 64) -> list[StoredMessage]:
+    async def query_by_key(self, topic: str, key: str, max_messages: int = 64,
+                           max_bytes: int | None = None) -> list[StoredMessage]:
         return await self._call(  # type: ignore[no-any-return]
-            "query_by_key", topic=topic, key=key, max_messages=max_messages
+            "query_by_key", topic=topic, key=key, max_messages=max_messages, max_bytes=max_bytes
         )
 
     async def list_parked(self) -> list[ParkedTransaction]:
         return await self._call("list_parked")  # type: ignore[no-any-return]
 
-    async def resolve_parked(self, transaction_id: str, resolution: Resolution) -> EndTransactionResult:
+    async def resolve_parked(
+        self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
+    ) -> EndTransactionResult:
         return await self._call(  # type: ignore[no-any-return]
-            "resolve_parked", transaction_id=transaction_id, resolution=resolution
+            "resolve_parked", extra_wait_s=wait_s, transaction_id=transaction_id, force=force, wait_s=wait_s
         )
 
     async def recheck_parked(self, transaction_id: str) -> None:
         await self._call("recheck_parked", transaction_id=transaction_id)
 
-    async def list_dlq(self, group: str, max_messages: int = 64) -> list[StoredMessage]:
-        return await self._call("list_dlq", group=group, max_messages=max_messages)  # type: ignore[no-any-return]
+    async def list_dlq(self, group: str, max_messages: int = 64, max_bytes: int | None = None) -> list[StoredMessage]:
+        return await self._call(  # type: ignore[no-any-return]
+            "list_dlq", group=group, max_messages=max_messages, max_bytes=max_bytes
+        )
 
     async def resend_dlq(self, group: str, message_id: str) -> SendResult:
         return await self._call("resend_dlq", group=group, message_id=message_id)  # type: ignore[no-any-return]

@@ -1,16 +1,24 @@
 """``python -m broker_embedded`` (or ``halfmoon-broker``): run the server and administer it.
 
     serve   --data-dir DIR [--host 127.0.0.1] [--port 9876] [--flush sync|async]
-            [--checker module:factory] [--access-key K --secret-key S]
+            [--checker module:factory] [--access-key K --secret-key S] [--export-root DIR]
+            [--max-connections 1024] [--idle-timeout 300]
     topics  create NAME [--queues N] | list
     stats
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
     receive GROUP TOPIC [--max N] [--wait S] [--no-ack]
     query   --id ID | --topic T --key K
     tx      state ID
-    parked  list | resolve ID commit|rollback | recheck ID
+    parked  list | resolve ID [--wait S] | resolve ID commit|rollback --force | recheck ID
     dlq     list GROUP | resend GROUP ID
-    export  --out DIR [--format parquet|jsonl]
+    export  --out DIR [--format parquet|jsonl]   (over TCP: DIR under the server's export root)
+    fsck    --data-dir DIR [--json]      check a stopped broker's files (exit 1: problems)
+    repair  --data-dir DIR [--json]      salvage them (exit 1: records were lost)
+
+``parked resolve ID`` asks the checker of the transaction's producer group (one check-back:
+the fenced transaction_log decides) and applies its answer; when no checker answers it
+says so and changes nothing. ``--force`` records the given resolution without reading the
+transaction_log, with a warning.
 
 Admin commands talk to a running server (``--url tcp://127.0.0.1:9876``, or the
 ``HALFMOON_BROKER_URL`` environment variable) or open a stopped broker's ``--data-dir``.
@@ -22,29 +30,45 @@ import argparse
 import asyncio
 import dataclasses
 import gc
-import importlib
 import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .api import BrokerAPI
 from .broker import EmbeddedBroker
-from .config import BrokerConfig
-from .errors import BrokerError
+from .cli_tools import load_attribute, quiet_on_broken_pipe
+from .config import BrokerConfig, ServerLimits
+from .errors import BrokerError, UnknownTopicError, UnknownTransactionError
 from .message import Message, Resolution
 from .server import BrokerServer, run_server
 from .store.config import StoreConfig
+from .store.repair import repair
+from .store.verify import check
+
+#: The exit statuses, as --help shows them.
+EXIT_STATUS = """exit status:
+  0    done (an empty list from topics/parked/dlq list or receive is not an error)
+  1    not found: the message, key, transaction or topic named does not exist
+       (query, tx state, parked resolve/recheck, dlq resend); one line "not found: ..." on stderr.
+       fsck: problems found; repair: records were lost
+  2    usage, configuration or broker error; one line "error: Type: reason" on stderr
+  141  the output pipe closed early (halfmoon-broker stats | head): nothing more is written
+"""
+EXIT_NOT_FOUND = 1
+EXIT_ERROR = 2
 
 
-def _load_checker_factory(spec: str) -> Any:
-    module_name, _, attribute = spec.partition(":")
-    if not attribute:
-        raise SystemExit(f"--checker must be module:factory, got {spec!r}")
-    return getattr(importlib.import_module(module_name), attribute)
+class NotFoundError(LookupError):
+    """A lookup named something the broker does not have."""
+
+
+#: Broker errors that mean the same: what was named does not exist.
+NOT_FOUND_ERRORS = (NotFoundError, UnknownTransactionError, UnknownTopicError)
 
 
 def tune_gc_for_server() -> None:
@@ -63,10 +87,13 @@ def serve(args: argparse.Namespace) -> int:
         transaction_timeout_s=args.transaction_timeout,
         check_interval_s=args.check_interval,
         check_max=args.check_max,
+        export_root=Path(args.export_root).resolve() if args.export_root else None,
+        limits=ServerLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
     )
+    factory: Any = load_attribute(args.checker, "--checker") if args.checker else None
     broker = EmbeddedBroker(args.data_dir, config)
-    if args.checker:
-        broker.set_checker(_load_checker_factory(args.checker)(broker))
+    if factory is not None:
+        broker.set_checker(factory(broker))
     server = BrokerServer(broker, args.host, args.port, args.access_key, args.secret_key)
     tune_gc_for_server()
 
@@ -113,6 +140,15 @@ def _print(value: Any) -> None:
     print(json.dumps(plain(value), indent=2, default=str))
 
 
+#: What ``parked resolve ID commit|rollback --force`` risks, printed before it acts.
+_FORCE_WARNINGS = {
+    "commit": "WARNING: forcing COMMIT of transaction {id} without a check-back: its transaction_log is not "
+              "read. If its database transaction rolled back, consumers receive a phantom message.",
+    "rollback": "WARNING: forcing ROLLBACK of transaction {id} without a check-back: its transaction_log is "
+                "not read. If its database transaction committed, its messages are never delivered.",
+}
+
+
 def admin(args: argparse.Namespace) -> int:
     broker = _broker(args)
     try:
@@ -132,34 +168,57 @@ def admin(args: argparse.Namespace) -> int:
                     broker.ack(args.group, item.receipt_handle)
             _print(received)
         elif command == "query":
-            _print(broker.query_by_id(args.id) if args.id else broker.query_by_key(args.topic, args.key))
+            found = broker.query_by_id(args.id) if args.id else broker.query_by_key(args.topic, args.key)
+            if not found:
+                raise NotFoundError(f"no message with id {args.id!r}" if args.id
+                                    else f"no message with key {args.key!r} in topic {args.topic!r}")
+            _print(found)
         elif command == "tx":
             _print(broker.transaction_state(args.id))
         elif command == "parked":
             if args.action == "list":
                 _print(broker.list_parked())
+            elif args.action == "resolve" and args.force:
+                print(_FORCE_WARNINGS[args.resolution].format(id=args.id), file=sys.stderr)
+                _print(broker.resolve_parked(args.id, force=Resolution(args.resolution)))
             elif args.action == "resolve":
-                _print(broker.resolve_parked(args.id, Resolution(args.resolution)))
+                _print(broker.resolve_parked(args.id, wait_s=args.wait))
             else:
                 broker.recheck_parked(args.id)
                 print(f"transaction {args.id} is under check again")
         elif command == "dlq":
             _print(broker.list_dlq(args.group) if args.action == "list" else broker.resend_dlq(args.group, args.id))
         elif command == "export":
-            out = os.path.abspath(args.out)
             if isinstance(broker, EmbeddedBroker):
                 from .export import export_messages
 
-                _print(export_messages(broker, out, args.format))
-            else:
-                _print(broker.export(out, args.format))  # type: ignore[attr-defined]
+                _print(export_messages(broker, os.path.abspath(args.out), args.format))
+            else:  # DIR is on the server's machine, under its export root
+                _print(broker.export(args.out, args.format))  # type: ignore[attr-defined]
         return 0
     finally:
         broker.close()
 
 
+def store_tool(args: argparse.Namespace) -> int:
+    """``fsck`` (read only; 1 when it finds problems) or ``repair`` (1 when records were
+    lost) of a stopped broker's data directory."""
+    data_dir = Path(args.data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"no data directory {data_dir}")
+    if args.command == "fsck":
+        found = check(data_dir)
+        lines, as_json, code = found.lines(), found.to_json(), 0 if found.ok else 1
+    else:
+        repaired = repair(data_dir)
+        lines, as_json, code = repaired.lines(), repaired.to_json(), 1 if repaired.lost_records else 0
+    print(json.dumps(as_json, indent=2) if args.json else "\n".join(lines))
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="broker_embedded", description="halfmoon's embedded broker")
+    parser = argparse.ArgumentParser(prog="halfmoon-broker", description="halfmoon's embedded broker",
+                                     epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the broker as a TCP server")
@@ -171,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--transaction-timeout", type=float, default=6.0)
     s.add_argument("--check-interval", type=float, default=5.0)
     s.add_argument("--check-max", type=int, default=15)
+    s.add_argument("--export-root", help="the only directory EXPORT_MESSAGES may write under "
+                   "(default: DATA_DIR/exports)")
+    s.add_argument("--max-connections", type=int, default=ServerLimits.max_connections)
+    s.add_argument("--idle-timeout", type=float, default=ServerLimits.idle_timeout_s,
+                   help="close a connection with nothing in flight after this many seconds without a request")
     s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker")
     s.add_argument("--access-key")
     s.add_argument("--secret-key")
@@ -214,7 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("parked", help="transactions parked after check_max checks")
     p.add_argument("action", choices=["list", "resolve", "recheck"])
     p.add_argument("id", nargs="?")
-    p.add_argument("resolution", nargs="?", choices=["commit", "rollback"])
+    p.add_argument("resolution", nargs="?", choices=["commit", "rollback"],
+                   help="with --force: record this resolution without a check-back")
+    p.add_argument("--force", action="store_true",
+                   help="skip the check-back and its transaction_log (may deliver a phantom)")
+    p.add_argument("--wait", type=float, default=10.0,
+                   help="seconds to wait for the checker's answer (default 10)")
     client_options(p)
     d = sub.add_parser("dlq", help="dead-lettered messages of a group")
     d.add_argument("action", choices=["list", "resend"])
@@ -222,9 +291,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("id", nargs="?")
     client_options(d)
     e = sub.add_parser("export", help="export messages and deliveries for reconciliation")
-    e.add_argument("--out", required=True)
+    e.add_argument("--out", required=True, help="with --url: relative to the server's export root, "
+                   "or an absolute path inside it")
     e.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
     client_options(e)
+    for name, text in (("fsck", "check a stopped broker's data directory (read only)"),
+                       ("repair", "salvage a damaged data directory of a stopped broker")):
+        f = sub.add_parser(name, help=text)
+        f.add_argument("--data-dir", required=True)
+        f.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
@@ -237,21 +312,31 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("query needs --id ID, or --topic T and --key K")
     if command == "parked" and action in ("resolve", "recheck") and not args.id:
         parser.error(f"parked {action} needs a transaction ID")
-    if command == "parked" and action == "resolve" and not args.resolution:
-        parser.error("parked resolve needs commit or rollback")
+    if command == "parked" and action == "resolve" and bool(args.resolution) != args.force:
+        parser.error("parked resolve ID asks the producer group's checker; to record commit or rollback "
+                     "without it, give both the resolution and --force")
     if command == "dlq" and action == "resend" and not args.id:
         parser.error("dlq resend needs a message ID")
 
 
+@quiet_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; the exit status is in ``EXIT_STATUS``."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_arguments(parser, args)
     try:
+        if args.command in ("fsck", "repair"):
+            return store_tool(args)
         return serve(args) if args.command == "serve" else admin(args)
+    except BrokenPipeError:
+        raise  # an OSError, but not a failure: quiet_on_broken_pipe ends the command
+    except NOT_FOUND_ERRORS as exc:
+        print(f"not found: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
     except (BrokerError, ValueError, OSError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import msgspec
 
 from .api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo
-from .auth import credentials
+from .auth import CHALLENGE_REQUEST, credentials
 from .errors import (
     BrokerClosedError,
     BrokerError,
@@ -49,6 +49,7 @@ from .protocol import (
     decode_frame,
     encode_frame,
     outcome_from_wire,
+    request_body,
     to_wire,
     unwrap_response,
 )
@@ -73,12 +74,13 @@ class _Link:
         self.send_lock = threading.Lock()
         self.pending: dict[int, Future[Any]] = {}
         self.failure: str | None = None
+        self.error: type[BrokerUnavailableError] = BrokerUnavailableError
 
-    def fail(self, reason: str) -> None:
-        """Mark the link dead and fail everything waiting on it."""
+    def fail(self, reason: str, error: type[BrokerUnavailableError] = BrokerUnavailableError) -> None:
+        """Mark the link dead and fail everything waiting on it with ``error``."""
         with self.lock:
             if self.failure is None:
-                self.failure = reason
+                self.failure, self.error = reason, error
             pending, self.pending = self.pending, {}
         try:
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread, sends FIN now
@@ -87,7 +89,7 @@ class _Link:
         self.sock.close()
         for future in pending.values():
             if not future.done():
-                future.set_exception(BrokerUnavailableError(reason))
+                future.set_exception(error(reason))
 
 
 class TcpClientSettings:
@@ -101,6 +103,20 @@ class TcpClientSettings:
         self.connect_timeout_s = connect_timeout_s
         self.access_key = access_key
         self.secret_key = secret_key
+
+
+def refusal(request_id: int, body: Any) -> BrokerUnavailableError | None:
+    """The error of an answer to no request (id 0) saying the server will not serve the
+    connection (``ServerBusyError`` past its connection cap), or None."""
+    if request_id != 0:
+        return None
+    try:
+        unwrap_response(body)
+    except BrokerUnavailableError as exc:
+        return exc
+    except (BrokerError, ValueError):
+        return None
+    return None
 
 
 def pushed_check(code: int, body: Any) -> CheckRequest | None:
@@ -152,7 +168,9 @@ class BrokerClient(TcpClientSettings):
                              name=f"broker-client-{self.port}").start()
             try:
                 if self.access_key and self.secret_key:
-                    self._exchange(link, RequestCode.AUTHENTICATE, credentials(self.access_key, self.secret_key))
+                    challenge = self._exchange(link, RequestCode.AUTHENTICATE, CHALLENGE_REQUEST)
+                    self._exchange(link, RequestCode.AUTHENTICATE,
+                                   credentials(self.access_key, self.secret_key, challenge))
                 for group in list(self._producers):
                     self._exchange(link, RequestCode.HEART_BEAT, {"producer_group": group})
             except BrokerError as exc:
@@ -170,6 +188,9 @@ class BrokerClient(TcpClientSettings):
                     if kind is Kind.PUSH:
                         self._on_push(code, body)
                         continue
+                    if (refused := refusal(request_id, body)) is not None:
+                        link.fail(str(refused), type(refused))
+                        return
                     with link.lock:
                         future = link.pending.pop(request_id, None)
                     if future is not None and not future.done():
@@ -198,7 +219,7 @@ class BrokerClient(TcpClientSettings):
         future: Future[Any] = Future()
         with link.lock:
             if link.failure is not None:
-                raise BrokerUnavailableError(link.failure)
+                raise link.error(link.failure)
             link.pending[request_id] = future
         try:
             with link.send_lock:
@@ -219,7 +240,7 @@ class BrokerClient(TcpClientSettings):
         return self._exchange(self._connection(), code, arguments, extra_wait_s)
 
     def _call(self, method: str, extra_wait_s: float = 0.0, **arguments: Any) -> Any:
-        raw = self._request(CODES[method], {k: to_wire(v) for k, v in arguments.items()}, extra_wait_s)
+        raw = self._request(CODES[method], request_body(arguments), extra_wait_s)
         return convert_result(method, raw)
 
     # -- BrokerAPI ------------------------------------------------------------------------
@@ -268,10 +289,11 @@ class BrokerClient(TcpClientSettings):
             self._request(RequestCode.UNREGISTER_CLIENT, {"producer_group": producer_group})
 
     def receive(self, group: str, topic: str, *, max_messages: int = 32,
-                invisible_duration_s: float = 30.0, wait_s: float = 0.0) -> list[ReceivedMessage]:
+                invisible_duration_s: float = 30.0, wait_s: float = 0.0,
+                max_bytes: int | None = None) -> list[ReceivedMessage]:
         return self._call(  # type: ignore[no-any-return]
             "receive", extra_wait_s=wait_s, group=group, topic=topic, max_messages=max_messages,
-            invisible_duration_s=invisible_duration_s, wait_s=wait_s,
+            invisible_duration_s=invisible_duration_s, wait_s=wait_s, max_bytes=max_bytes,
         )
 
     def ack(self, group: str, receipt_handle: str) -> None:
@@ -283,9 +305,10 @@ class BrokerClient(TcpClientSettings):
             invisible_duration_s=invisible_duration_s,
         )
 
-    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[StoredMessage]:
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+             max_bytes: int | None = None) -> list[StoredMessage]:
         return self._call(  # type: ignore[no-any-return]
-            "read", topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages
+            "read", topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages, max_bytes=max_bytes
         )
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -296,24 +319,29 @@ class BrokerClient(TcpClientSettings):
     def query_by_id(self, message_id: str) -> StoredMessage | None:
         return self._call("query_by_id", message_id=message_id)  # type: ignore[no-any-return]
 
-    def query_by_key(self, topic: str, key: str, max_messages: int = 64) -> list[StoredMessage]:
+    def query_by_key(self, topic: str, key: str, max_messages: int = 64,
+                     max_bytes: int | None = None) -> list[StoredMessage]:
         return self._call(  # type: ignore[no-any-return]
-            "query_by_key", topic=topic, key=key, max_messages=max_messages
+            "query_by_key", topic=topic, key=key, max_messages=max_messages, max_bytes=max_bytes
         )
 
     def list_parked(self) -> list[ParkedTransaction]:
         return self._call("list_parked")  # type: ignore[no-any-return]
 
-    def resolve_parked(self, transaction_id: str, resolution: Resolution) -> EndTransactionResult:
+    def resolve_parked(
+        self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
+    ) -> EndTransactionResult:
         return self._call(  # type: ignore[no-any-return]
-            "resolve_parked", transaction_id=transaction_id, resolution=resolution
+            "resolve_parked", extra_wait_s=wait_s, transaction_id=transaction_id, force=force, wait_s=wait_s
         )
 
     def recheck_parked(self, transaction_id: str) -> None:
         self._call("recheck_parked", transaction_id=transaction_id)
 
-    def list_dlq(self, group: str, max_messages: int = 64) -> list[StoredMessage]:
-        return self._call("list_dlq", group=group, max_messages=max_messages)  # type: ignore[no-any-return]
+    def list_dlq(self, group: str, max_messages: int = 64, max_bytes: int | None = None) -> list[StoredMessage]:
+        return self._call(  # type: ignore[no-any-return]
+            "list_dlq", group=group, max_messages=max_messages, max_bytes=max_bytes
+        )
 
     def resend_dlq(self, group: str, message_id: str) -> SendResult:
         return self._call("resend_dlq", group=group, message_id=message_id)  # type: ignore[no-any-return]

@@ -11,7 +11,9 @@ A frame is a 4-byte big-endian length followed by a msgpack array
 Requests are pipelined: a client may have many in flight on one connection and answers
 come back as they finish, matched by ``request_id``. Argument and result types are taken
 from :class:`broker_embedded.api.BrokerAPI`'s type hints, so both ends agree by
-construction.
+construction. The server reads a frame's envelope first (``read_frame``) and decodes the
+body as the typed request of its code (``broker_embedded.requests``); answers carrying
+messages are cut to fit ``MAX_FRAME_BYTES`` (``message_budget``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ import enum
 import struct
 import typing
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -95,22 +96,61 @@ METHODS: dict[RequestCode, str] = {
 CODES: dict[str, RequestCode] = {method: code for code, method in METHODS.items()}
 
 
-@dataclass(frozen=True)
-class Signature:
-    """Argument and return types of one ``BrokerAPI`` method."""
+#: The result type of each method a request code calls (clients convert answers to it).
+RESULTS: dict[str, Any] = {
+    method: typing.get_type_hints(getattr(BrokerAPI, method))["return"] for method in METHODS.values()
+}
 
-    arguments: dict[str, Any]
-    result: Any
+#: The most messages one frame carries: a request sends, or an answer returns, no more.
+MAX_MESSAGES = 1024
+#: Request ids are integers from 0 to 2**64 - 1 (the largest msgpack integer).
+RequestId = Annotated[int, msgspec.Meta(ge=0)]
+#: Replies carry error texts up to this many characters (they may quote the request).
+MAX_ERROR_CHARS = 500
+#: A message in a reply takes at most its stored size (``StoredRecord.size``) plus 1/32 of
+#: it (a key of 32+ characters has a longer header on the wire than the space that
+#: separates keys in the store) plus this: field names, numbers, a receipt handle.
+MESSAGE_OVERHEAD_BYTES = 1024
+#: The envelope and ``{"ok": [...]}`` around a reply's messages.
+REPLY_HEAD_BYTES = 64
 
 
-SIGNATURES: dict[str, Signature] = {}
-for _method in METHODS.values():
-    _hints = typing.get_type_hints(getattr(BrokerAPI, _method))
-    _result = _hints.pop("return")
-    SIGNATURES[_method] = Signature(_hints, _result)
+def message_budget(max_messages: int) -> int:
+    """The stored bytes of messages a reply carrying up to ``max_messages`` can hold
+    within ``MAX_FRAME_BYTES``: the ``max_bytes`` the server gives the broker."""
+    return (MAX_FRAME_BYTES - REPLY_HEAD_BYTES - max_messages * MESSAGE_OVERHEAD_BYTES) * 32 // 33
+
+
+class Frame(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """A frame's envelope; its body stays encoded until its request code says what it is."""
+
+    code: int
+    request_id: RequestId
+    kind: Kind
+    body: msgspec.Raw
+
+
+class FrameError(MalformedFrameError):
+    """A frame whose envelope could not be read, with the ``request_code`` and
+    ``request_id`` it starts with where they are readable (0 where not), for the reply."""
+
+    def __init__(self, message: str, request_code: int, request_id: int) -> None:
+        super().__init__(message)
+        self.request_code = request_code
+        self.request_id = request_id
+
+
+#: What msgspec raises for bytes that do not decode to the type asked for (text that is
+#: not UTF-8 is a UnicodeDecodeError, nesting past its limit a RecursionError).
+UNDECODABLE = (msgspec.DecodeError, RecursionError, UnicodeDecodeError)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
+_frame_decoder = msgspec.msgpack.Decoder(Frame)
+_code_decoder = msgspec.msgpack.Decoder(int)
+_request_id_decoder = msgspec.msgpack.Decoder(RequestId)
+#: Code and request id are small scalars: a msgpack int or float takes at most 9 bytes.
+_MAX_SCALAR_BYTES = 9
 
 
 def encode_frame(code: int, request_id: int, kind: Kind, body: Any) -> bytes:
@@ -120,10 +160,24 @@ def encode_frame(code: int, request_id: int, kind: Kind, body: Any) -> bytes:
 
 
 class FrameBuffer:
-    """Cuts a byte stream into frame payloads, however the bytes arrive."""
+    """Cuts a byte stream into frame payloads, however the bytes arrive. It holds only the
+    bytes received, never room for a frame's declared length ahead of them."""
 
     def __init__(self) -> None:
         self._data = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held of the frame still arriving."""
+        return len(self._data)
+
+    @property
+    def expected(self) -> int:
+        """The declared size (length prefix included) of the frame still arriving; 0 until
+        its length prefix is in."""
+        if len(self._data) < LENGTH.size:
+            return 0
+        return LENGTH.size + int(LENGTH.unpack_from(self._data)[0])
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         """The payloads completed by ``data``, in order; a length over ``MAX_FRAME_BYTES``
@@ -145,37 +199,73 @@ class FrameBuffer:
             del self._data[:position]
 
 
+def read_frame(payload: bytes) -> Frame:
+    """The envelope of a frame payload; ``FrameError`` if it is not one. The body is only
+    skipped over, which costs milliseconds for 8 MiB of anything and stops at msgspec's
+    nesting limit (``RecursionError``)."""
+    try:
+        return _frame_decoder.decode(payload)
+    except UNDECODABLE as exc:
+        raise FrameError(f"undecodable frame: {exc}", *_readable_head(payload)) from None
+
+
+def _readable_head(payload: bytes) -> tuple[int, int]:
+    """``(code, request_id)`` read one by one from the start of a refused frame's array,
+    each 0 unless it is there and valid."""
+    header = payload[:1]
+    if not header or not (0x90 <= header[0] <= 0x9F or header[0] in (0xDC, 0xDD)):
+        return 0, 0
+    code_start = {0xDC: 3, 0xDD: 5}.get(header[0], 1)  # after an array 16 or 32 header
+    code_end = _scalar_end(payload, code_start)
+    if code_end is None:
+        return 0, 0
+    id_end = _scalar_end(payload, code_end)
+    code = _valid_or_zero(_code_decoder, payload[code_start:code_end])
+    return code, 0 if id_end is None else _valid_or_zero(_request_id_decoder, payload[code_end:id_end])
+
+
+def _valid_or_zero(decoder: msgspec.msgpack.Decoder[int], data: bytes) -> int:
+    try:
+        return decoder.decode(data)
+    except UNDECODABLE:
+        return 0
+
+
+def _scalar_end(payload: bytes, start: int) -> int | None:
+    """Where the msgpack scalar at ``start`` ends: the shortest prefix that decodes."""
+    for end in range(start + 1, min(start + _MAX_SCALAR_BYTES, len(payload)) + 1):
+        try:
+            _decoder.decode(payload[start:end])
+        except UNDECODABLE:
+            continue
+        return end
+    return None
+
+
 def decode_frame(payload: bytes) -> tuple[int, int, Kind, Any]:
-    """``(code, request_id, kind, body)`` of a frame payload; ``MalformedFrameError`` if not."""
+    """``(code, request_id, kind, body)`` of a frame payload, the body decoded as it is
+    (clients, for answers and pushes); ``MalformedFrameError`` if not a frame."""
+    frame = read_frame(payload)
     try:
-        code, request_id, kind, body = _decoder.decode(payload)
-        return int(code), int(request_id), Kind(kind), body
-    except (msgspec.DecodeError, ValueError, TypeError) as exc:
-        raise MalformedFrameError(f"undecodable frame: {exc}") from None
-
-
-def convert_arguments(method: str, raw: Any) -> dict[str, Any]:
-    """Typed keyword arguments for ``method`` from a request body."""
-    if not isinstance(raw, dict):
-        raise MalformedFrameError(f"{method}: arguments must be a map")
-    signature = SIGNATURES[method]
-    unknown = set(raw) - set(signature.arguments)
-    if unknown:
-        raise MalformedFrameError(f"{method}: unknown arguments {sorted(unknown)}")
-    try:
-        return {name: msgspec.convert(value, signature.arguments[name]) for name, value in raw.items()}
-    except msgspec.ValidationError as exc:
-        raise MalformedFrameError(f"{method}: {exc}") from None
+        return frame.code, frame.request_id, frame.kind, _decoder.decode(frame.body)
+    except UNDECODABLE as exc:
+        raise MalformedFrameError(f"undecodable frame body: {exc}") from None
 
 
 def convert_result(method: str, raw: Any) -> Any:
     """The typed result of ``method`` from a response body."""
-    return msgspec.convert(raw, SIGNATURES[method].result)
+    return msgspec.convert(raw, RESULTS[method])
 
 
 def to_wire(value: Any) -> Any:
     """Plain msgpack-able data for a dataclass, enum or container (bytes stay binary)."""
     return msgspec.to_builtins(value, builtin_types=(bytes,))
+
+
+def request_body(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A request body of keyword arguments; one left None takes the server's default (so
+    a server that does not know an optional argument is only sent it when it is used)."""
+    return {name: to_wire(value) for name, value in arguments.items() if value is not None}
 
 
 def unwrap_response(body: Any) -> Any:
@@ -188,10 +278,15 @@ def unwrap_response(body: Any) -> Any:
     return body.get("ok")
 
 
+def error_to_wire(error: BrokerError) -> dict[str, Any]:
+    """``{"error": [code, message]}``, the message cut to ``MAX_ERROR_CHARS``."""
+    return {"error": [error.code, str(error)[:MAX_ERROR_CHARS]]}
+
+
 def outcome_to_wire(outcome: Any) -> dict[str, Any]:
     """One item of a batch answer: ``{"ok": result}`` or ``{"error": [code, message]}``."""
     if isinstance(outcome, BrokerError):
-        return {"error": [outcome.code, str(outcome)]}
+        return error_to_wire(outcome)
     return {"ok": to_wire(outcome)}
 
 

@@ -67,7 +67,7 @@ def test_admin_apis_round_trip_over_tcp(thread_server) -> None:
         client.recheck_parked("t-park")
         wait_until(lambda: len(silent) >= 2)
         wait_until(client.list_parked)
-        assert client.resolve_parked("t-park", Resolution.COMMIT).state is TransactionState.COMMITTED
+        assert client.resolve_parked("t-park", force=Resolution.COMMIT).state is TransactionState.COMMITTED
         assert client.list_parked() == []
 
         # a message never acked goes to the DLQ after one attempt, and can be resent

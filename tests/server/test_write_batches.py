@@ -1,0 +1,50 @@
+"""How the server's write batcher cuts batches: bounded by weight, a connection's writes in
+order, other connections' small writes not held behind one connection's big ones."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from broker_embedded.server import _Batcher
+
+MIB = 1024 * 1024
+
+
+def test_a_small_write_goes_ahead_of_another_sources_big_ones_and_each_source_keeps_its_order() -> None:
+    batches: list[list[str]] = []
+    release = threading.Event()
+
+    def run_batch(items: list[tuple[str, int]]) -> list[str]:
+        batches.append([name for name, _ in items])
+        release.wait(10)  # the first batch runs while the others queue
+        return [name for name, _ in items]
+
+    async def scenario() -> list[Any]:
+        tasks: set[asyncio.Task[None]] = set()
+        with ThreadPoolExecutor(2) as executor:
+            batcher = _Batcher(run_batch, executor, tasks.add, max_batches=1,
+                               weigh=lambda item: item[1], max_batch_weight=4 * MIB)
+            loop = asyncio.get_running_loop()
+            done: list[asyncio.Future[Any]] = []
+
+            def submit(name: str, size: int, source: str) -> None:
+                future = loop.create_future()
+                done.append(future)
+                batcher.submit((name, size), future.set_result, source)
+
+            submit("first", 10, "a")
+            await asyncio.sleep(0.05)  # the first batch is running now
+            submit("a-big-1", 4 * MIB, "a")
+            submit("a-big-2", 4 * MIB, "a")
+            submit("a-small", 10, "a")  # after a's big ones: it waits for them
+            submit("b-small", 10, "b")  # another connection: goes with the next batch
+            submit("c-big", 4 * MIB, "c")
+            release.set()
+            return list(await asyncio.gather(*done))
+
+    answers = asyncio.run(scenario())
+    assert answers == ["first", "a-big-1", "a-big-2", "a-small", "b-small", "c-big"]
+    assert batches == [["first"], ["a-big-1", "b-small"], ["a-big-2", "a-small"], ["c-big"]]
