@@ -5,8 +5,10 @@
                      [--grace-seconds 60] [--max-lost 0] [--max-phantom 0]
                      [--max-duplicate-effect 0] [--threshold NAME=N ...]
                      [--master local[*]] [--conf key=value ...]
+                     [--postgres-read auto|jdbc|sqlalchemy]
 
-Exit status 0 when every threshold holds, 1 when one is breached, 2 on bad input.
+Exit status 0 when every threshold holds, 1 when one is breached, 2 on bad input (or
+``--postgres-read jdbc`` without the PostgreSQL JDBC driver).
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from broker_embedded.cli_tools import quiet_on_broken_pipe
+
+from ..errors import ConfigurationError
 from .classify import GATES
-from .inputs import export_files
+from .inputs import POSTGRES_READS, export_files
 from .job import ReconcileInputs, ReconcileOptions, reconcile
 from .session import build_session
 
@@ -73,9 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
     parser.add_argument("--jdbc-partitions", type=int, default=4)
+    parser.add_argument("--postgres-read", choices=POSTGRES_READS, default="auto",
+                        help="PostgreSQL through JDBC (needs the driver jar), through SQLAlchemy on the "
+                        "driver, or auto: JDBC when the driver is there (default)")
     return parser
 
 
+@quiet_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job; 0 when every threshold holds, 1 when one is breached, 2 on bad input."""
     args = build_parser().parse_args(argv)
@@ -97,10 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ReconcileInputs(args.producer_db, args.consumer_db, args.broker_export),
             ReconcileOptions(
                 out_dir=args.out, since_ms=since_ms, until_ms=until_ms, grace_s=args.grace_seconds,
-                jdbc_partitions=args.jdbc_partitions, thresholds=thresholds,
+                jdbc_partitions=args.jdbc_partitions, thresholds=thresholds, postgres_read=args.postgres_read,
             ),
         )
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ConfigurationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:

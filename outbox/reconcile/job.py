@@ -13,7 +13,14 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from .classify import ANOMALIES, GATES, classify, sanity
-from .inputs import CONSUMED_MESSAGE, TRANSACTION_LOG, read_export, union_tables
+from .inputs import (
+    CONSUMED_MESSAGE,
+    POSTGRES_READS,
+    TRANSACTION_LOG,
+    read_export,
+    union_tables,
+    use_jdbc,
+)
 from .report import write_html
 
 HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
@@ -33,7 +40,9 @@ class ReconcileInputs:
 
 @dataclass
 class ReconcileOptions:
-    """Output directory, time window (epoch ms), grace period and pass/fail thresholds."""
+    """Output directory, time window (epoch ms), grace period, pass/fail thresholds, and how
+    PostgreSQL is read (``postgres_read``: ``auto``, ``jdbc`` or ``sqlalchemy``; see
+    ``inputs.use_jdbc``)."""
 
     out_dir: str
     since_ms: int | None = None
@@ -42,8 +51,12 @@ class ReconcileOptions:
     now_ms: int | None = None
     thresholds: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
     jdbc_partitions: int = 4
+    postgres_read: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.postgres_read not in POSTGRES_READS:
+            raise ValueError(f"postgres_read must be one of {', '.join(POSTGRES_READS)}, "
+                             f"got {self.postgres_read!r}")
         unknown = sorted(set(self.thresholds) - set(GATES))
         if unknown:
             raise ValueError(f"unknown thresholds {unknown}; known: {', '.join(GATES)}")
@@ -127,8 +140,9 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
     out.mkdir(parents=True, exist_ok=True)
     now_ms = options.now_ms or int(time.time() * 1000)
     progress("reading producer databases, consumer databases and the broker export")
-    transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions)
-    consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions)
+    jdbc = use_jdbc(spark, options.postgres_read, [*inputs.producer_databases, *inputs.consumer_databases])
+    transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions, jdbc)
+    consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions, jdbc)
     messages, deliveries = read_export(spark, inputs.broker_export)
     progress("classifying transactions")
     classified = classify(transaction_log, messages, deliveries, consumed, now_ms,

@@ -1,4 +1,8 @@
-"""A SparkSession with defaults sized for a small machine; ``--master`` and ``--conf`` pass through."""
+"""A SparkSession with defaults sized for a small machine; ``--master`` and ``--conf`` pass through.
+
+The PostgreSQL JDBC driver is the jar named by ``HALFMOON_POSTGRES_JDBC_JAR`` (default
+Debian's ``/usr/share/java/postgresql.jar``), added to ``spark.jars`` when it exists.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,16 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+#: The setting naming the PostgreSQL JDBC jar, and its default (``libpostgresql-jdbc-java``).
+JDBC_JAR_SETTING = "HALFMOON_POSTGRES_JDBC_JAR"
+DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
+POSTGRES_DRIVER_CLASS = "org.postgresql.Driver"
+#: How to give Spark the driver, for messages that say it is missing.
+HOW_TO_ADD_JDBC_DRIVER = (
+    f"install it (apt-get install libpostgresql-jdbc-java puts it in {DEFAULT_JDBC_JAR}), "
+    f"or set {JDBC_JAR_SETTING}=/path/to/postgresql.jar, or pass --conf spark.jars=/path/to/postgresql.jar "
+    "(spark-submit: --jars)"
+)
 
 SMALL_MACHINE_CONF = {
     "spark.sql.shuffle.partitions": "4",
@@ -20,14 +33,25 @@ SMALL_MACHINE_CONF = {
 }
 
 
+def postgres_jdbc_jar() -> Path:
+    """Where the PostgreSQL JDBC jar is expected (``HALFMOON_POSTGRES_JDBC_JAR`` or Debian's)."""
+    return Path(os.environ.get(JDBC_JAR_SETTING) or DEFAULT_JDBC_JAR)
+
+
+def has_postgres_driver(spark: SparkSession) -> bool:
+    """Whether the session's JVM can load the PostgreSQL JDBC driver (however it was added)."""
+    return bool(spark._jvm.org.apache.spark.util.Utils.classIsLoadable(POSTGRES_DRIVER_CLASS))  # type: ignore[union-attr]
+
+
 def build_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,
                   app_name: str = "halfmoon-reconcile") -> SparkSession:
-    """Get or create the session; adds the Debian PostgreSQL JDBC jar when it is installed."""
+    """Get or create the session; adds the PostgreSQL JDBC jar when it is installed."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {**SMALL_MACHINE_CONF, **(conf or {})}
-    if POSTGRES_JDBC_JAR.exists() and "spark.jars" not in settings:
-        settings["spark.jars"] = str(POSTGRES_JDBC_JAR)
+    jar = postgres_jdbc_jar()
+    if jar.exists() and "spark.jars" not in settings:
+        settings["spark.jars"] = str(jar)
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
