@@ -133,7 +133,7 @@ class ShopDemo:
             env["SHOP_MEMBER_CRASH_AT"] = "7"
         supervisor.add("broker", python_module(
             "broker_embedded", "serve", "--data-dir", str(self.work / "broker"), "--port", str(broker_port),
-            "--transaction-timeout", "2", "--check-interval", "2",
+            "--transaction-timeout", "2", "--check-interval", "2", "--export-root", str(self.work / "broker-export"),
             "--checker", "outbox.integrations.celery.checker:make_checker",
         ), env, ready=lambda: port_answers(broker_port)).start()
         _say(f"  broker        {broker_url} (data in {self.work / 'broker'})")

@@ -1,42 +1,88 @@
 """Transactional messages for Python web apps, RocketMQ style.
 
-The SQLAlchemy flavour lives here; the Django app is ``outbox.integrations.django``.
+The core (messages, producer, the fencing rule, the message template, the idempotent
+consumer's rule) imports no ORM. The SQLAlchemy flavour's names (``transactional_message``,
+``install``, ``send``, ``check_transaction``, ``idempotent_consumer``) are loaded from
+``outbox.integrations.sqlalchemy`` on first use, so ``import outbox`` works without
+SQLAlchemy; the Django app is ``outbox.integrations.django``.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from broker_embedded import Message, Resolution
 
-from .consumer import idempotent_consumer, run_consumer
-from .decorator import transactional_message
+from .consumer import run_consumer
+from .context import current_transaction_id
 from .errors import (
     BodyNotSerializableError,
     BrokerUnavailable,
+    BrokerUnavailableError,
     ConfigurationError,
     OutboxError,
     SavepointError,
+    SchemaMissingError,
     TransactionFencedError,
 )
-from .integrations.sqlalchemy.session import install, send
-from .messages import json_message, message_json
+from .messages import OutboxJSONEncoder, json_message, message_json
 from .producer import Producer, TransactionListener
-from .transaction_log import check_transaction
+from .template import MessageTemplate
+
+if TYPE_CHECKING:
+    from .integrations.sqlalchemy.consumer import idempotent_consumer as idempotent_consumer
+    from .integrations.sqlalchemy.decorator import transactional_message as transactional_message
+    from .integrations.sqlalchemy.fence import check_transaction as check_transaction
+    from .integrations.sqlalchemy.session import install as install
+    from .integrations.sqlalchemy.session import send as send
+
+#: The SQLAlchemy flavour's names, and the module each comes from.
+_SQLALCHEMY_NAMES = {
+    "check_transaction": "outbox.integrations.sqlalchemy.fence",
+    "idempotent_consumer": "outbox.integrations.sqlalchemy.consumer",
+    "install": "outbox.integrations.sqlalchemy.session",
+    "send": "outbox.integrations.sqlalchemy.session",
+    "transactional_message": "outbox.integrations.sqlalchemy.decorator",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _SQLALCHEMY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name != "sqlalchemy":
+            raise
+        raise ImportError(f"outbox.{name} is the SQLAlchemy flavour: pip install 'halfmoon[sqlalchemy]' "
+                          "(Django apps use outbox.integrations.django)", name=name) from exc
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SQLALCHEMY_NAMES})
+
 
 __all__ = [
     "BodyNotSerializableError",
     "BrokerUnavailable",
+    "BrokerUnavailableError",
     "ConfigurationError",
     "Message",
+    "MessageTemplate",
     "OutboxError",
+    "OutboxJSONEncoder",
     "Producer",
     "Resolution",
     "SavepointError",
+    "SchemaMissingError",
     "TransactionFencedError",
     "TransactionListener",
-    "check_transaction",
-    "idempotent_consumer",
-    "install",
+    "current_transaction_id",
     "json_message",
     "message_json",
     "run_consumer",
-    "send",
-    "transactional_message",
 ]

@@ -7,42 +7,44 @@
 
 ``--handler`` names either a plain ``handler(session, received)``, which ``consume`` makes
 idempotent for ``--group`` against ``--database-url``, or a handler already wrapped by
-``@idempotent_consumer`` (used as it is). Settings default to the ``OUTBOX_*``
-environment variables.
+``@idempotent_consumer`` (used as it is); it is imported from the current directory too,
+as ``gunicorn`` and ``celery -A`` do. Settings default to the ``OUTBOX_*`` environment
+variables.
+
+Exit status: 0 done; 2 a usage, configuration, outbox or broker error, said in one line on
+stderr (``outbox consume: cannot import handler 'x:y': No module named 'x'``); 141 the
+output pipe closed early (``outbox check ... | head``).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
-
-from sqlalchemy.orm import sessionmaker
 
 from broker_embedded import Resolution, connect
+from broker_embedded.cli_tools import SpecImportError, load_attribute, quiet_on_broken_pipe
+from broker_embedded.errors import BrokerError
 
-from .consumer import GROUP_ATTRIBUTE, Handler, idempotent_consumer, run_consumer, stop_on_signals
+from .consumer import Handler, run_consumer, stop_on_signals
 from .errors import ConfigurationError, OutboxError
-from .integrations.sqlalchemy.engine import create_engine
+from .idempotency import GROUP_ATTRIBUTE
 from .settings import OutboxSettings
-from .transaction_log import check_transaction
-
-
-def _import(spec: str) -> object:
-    module, _, attribute = spec.partition(":")
-    return getattr(importlib.import_module(module), attribute)
 
 
 def _consumer_handler(args: argparse.Namespace, settings: OutboxSettings) -> Handler:
-    function = _import(args.handler)
+    function = load_attribute(args.handler, "handler")
     if not callable(function):
         raise ConfigurationError(f"--handler {args.handler} is not callable")
     group = getattr(function, GROUP_ATTRIBUTE, None)
     if group is None:
+        from sqlalchemy.orm import sessionmaker
+
+        from .integrations.sqlalchemy.consumer import idempotent_consumer
+        from .integrations.sqlalchemy.engine import create_engine
+
         engine = create_engine(args.database_url or settings.database_url)
         return idempotent_consumer(args.group, sessionmaker(engine))(function)
     if group != args.group:
@@ -63,8 +65,12 @@ def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
 
 
 def check(args: argparse.Namespace, settings: OutboxSettings) -> int:
-    engine = create_engine(args.database_url or settings.database_for(args.group))
-    resolution = check_transaction(engine, args.transaction_id, args.group, settings.check_lock_timeout_ms)
+    from .integrations.sqlalchemy.engine import checker_engine
+    from .integrations.sqlalchemy.fence import check_transaction
+
+    engine = checker_engine(args.database_url or settings.database_for(args.group), settings.check_connect_timeout_s)
+    resolution = check_transaction(engine, args.transaction_id, args.group, settings.check_lock_timeout_ms,
+                                   settings.check_statement_timeout_ms)
     print(resolution.name)
     if args.send and resolution is not Resolution.UNKNOWN:
         broker = connect(args.broker_url or settings.broker_url)
@@ -76,27 +82,27 @@ def check(args: argparse.Namespace, settings: OutboxSettings) -> int:
 
 
 def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
-    from alembic import command
-    from alembic.config import Config
+    from .integrations.alembic import upgrade
 
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "alembic.ini").is_file() or not (root / "migrations").is_dir():
-        raise ConfigurationError(f"no alembic.ini and migrations/ beside the package in {root}; "
-                                 "run from a halfmoon source checkout")
-    config = Config(str(root / "alembic.ini"))
-    config.set_main_option("script_location", str(root / "migrations"))
-    config.set_main_option("sqlalchemy.url", args.database_url or settings.database_url)
-    command.upgrade(config, "head")
+    upgrade(args.database_url or settings.database_url)
     return 0
 
 
+#: What the commands need beyond the core (the ``sqlalchemy`` extra); imported when they run.
+_SQLALCHEMY_MODULES = frozenset({"sqlalchemy", "alembic"})
+
+
+@quiet_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; 0 done, 2 an error said in one line on stderr (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["reconcile"]:
         from .reconcile.cli import main as reconcile_main
 
         return int(reconcile_main(argv[1:]))
-    parser = argparse.ArgumentParser(prog="outbox", description="halfmoon's transactional outbox")
+    parser = argparse.ArgumentParser(prog="outbox", description="halfmoon's transactional outbox",
+                                     epilog=__doc__.split("\n\n")[-1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("consume", help="run an idempotent consumer")
     c.add_argument("--group", required=True)
@@ -120,8 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = OutboxSettings.from_env()
         return {"consume": consume, "check": check, "migrate": migrate}[args.command](args, settings)
-    except OutboxError as exc:
+    except (OutboxError, BrokerError, SpecImportError) as exc:
         print(f"outbox {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in _SQLALCHEMY_MODULES:
+            raise
+        print(f"outbox {args.command}: needs SQLAlchemy and Alembic: pip install 'halfmoon[sqlalchemy]'",
+              file=sys.stderr)
         return 2
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker_embedded.errors import BrokerUnavailableError
+from broker_embedded import errors as broker_errors
 
 
 class OutboxError(Exception):
@@ -13,9 +13,14 @@ class BodyNotSerializableError(OutboxError, TypeError):
     """The message body could not be serialised; nothing was sent."""
 
 
-class BrokerUnavailable(OutboxError, BrokerUnavailableError):
+class BrokerUnavailableError(OutboxError, broker_errors.BrokerUnavailableError):
     """The broker could not be reached to send a message (a half message: nothing ran,
-    nothing was written). Wraps the broker client's error, kept as ``__cause__``."""
+    nothing was written). Wraps the broker client's error, kept as ``__cause__``; also a
+    ``broker_embedded.errors.BrokerUnavailableError``."""
+
+
+#: The former name of ``BrokerUnavailableError``.
+BrokerUnavailable = BrokerUnavailableError
 
 
 class TransactionFencedError(OutboxError):
@@ -30,3 +35,8 @@ class SavepointError(OutboxError):
 
 class ConfigurationError(OutboxError):
     """A setting is missing or invalid."""
+
+
+class SchemaMissingError(ConfigurationError):
+    """A framework table (``outbox_transaction_log``, ``outbox_consumed_message``) does not
+    exist in the database; the message names the command that creates it."""

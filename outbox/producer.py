@@ -23,9 +23,9 @@ from broker_embedded import (
     SendResult,
     connect,
 )
-from broker_embedded.errors import BrokerUnavailableError
+from broker_embedded import errors as broker_errors
 
-from .errors import BrokerUnavailable
+from .errors import BrokerUnavailableError
 
 log = logging.getLogger("outbox.producer")
 
@@ -70,22 +70,22 @@ class Producer:
     def send(self, message: Message) -> SendResult:
         """A normal message, visible at once (after its delay, if any).
 
-        Raises ``BrokerUnavailable`` when the broker cannot be reached."""
+        Raises ``BrokerUnavailableError`` when the broker cannot be reached."""
         try:
             return self.broker.send(message)
-        except BrokerUnavailableError as exc:
-            raise BrokerUnavailable(f"message {message.message_id} not sent: {exc}") from exc
+        except broker_errors.BrokerUnavailableError as exc:
+            raise BrokerUnavailableError(f"message {message.message_id} not sent: {exc}") from exc
 
     def send_half(self, message: Message, transaction_id: str) -> SendResult:
         """A half message of ``transaction_id``: stored, invisible until COMMIT.
 
-        Raises ``BrokerUnavailable`` when the broker cannot be reached: the caller must not
+        Raises ``BrokerUnavailableError`` when the broker cannot be reached: the caller must not
         run its local transaction."""
         try:
             return self.broker.send_half(message, producer_group=self.producer_group,
                                          transaction_id=transaction_id)
-        except BrokerUnavailableError as exc:
-            raise BrokerUnavailable(
+        except broker_errors.BrokerUnavailableError as exc:
+            raise BrokerUnavailableError(
                 f"half message {message.message_id} of transaction {transaction_id} not sent: {exc}"
             ) from exc
 

@@ -2,12 +2,15 @@
 
 | variable | default | meaning |
 | --- | --- | --- |
-| ``OUTBOX_BROKER_URL`` | ``tcp://127.0.0.1:9876`` | the broker (``tcp://`` or ``embedded://``) |
+| ``HALFMOON_BROKER_URL`` | ``tcp://127.0.0.1:9876`` | the broker (``tcp://`` or ``embedded://``) |
+| ``OUTBOX_BROKER_URL`` | | older name of ``HALFMOON_BROKER_URL`` (an error if both differ) |
 | ``OUTBOX_DATABASE_URL`` | ``sqlite:///outbox.sqlite3`` | the database with transaction_log |
 | ``OUTBOX_GROUP_DATABASES`` | ``{}`` | JSON map producer group -> database URL, for the checker |
 | ``OUTBOX_CELERY_BROKER_URL`` | ``filesystem://`` | Celery transport (``redis://...`` in production) |
 | ``OUTBOX_CELERY_DATA_DIR`` | ``.halfmoon/celery`` | folder of the server-less filesystem transport |
 | ``OUTBOX_CHECK_LOCK_TIMEOUT_MS`` | ``2000`` | how long a check waits on a running transaction |
+| ``OUTBOX_CHECK_CONNECT_TIMEOUT_S`` | ``5`` | a check's PostgreSQL connection attempt gives up after this |
+| ``OUTBOX_CHECK_STATEMENT_TIMEOUT_MS`` | ``5000`` | each statement of a check (PostgreSQL) gives up after this |
 """
 
 from __future__ import annotations
@@ -15,41 +18,96 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from .errors import ConfigurationError
+
+DEFAULT_BROKER_URL = "tcp://127.0.0.1:9876"
+#: The broker URL's environment variables, the first one winning; both set and different
+#: is a ``ConfigurationError`` (a producer and its checker on two brokers never meet).
+BROKER_URL_VARIABLES = ("HALFMOON_BROKER_URL", "OUTBOX_BROKER_URL")
+
+
+class ConflictingBrokerUrlsError(ConfigurationError):
+    """``HALFMOON_BROKER_URL`` and ``OUTBOX_BROKER_URL`` are both set, to different URLs."""
+
+
+def validated_broker_url(url: object, where: str) -> str:
+    """``url`` if it is ``tcp://host:port`` or ``embedded://path``; ``ConfigurationError``
+    naming ``where`` it came from otherwise."""
+    parsed = urlparse(url) if isinstance(url, str) else None
+    if parsed is None or not (
+        (parsed.scheme == "tcp" and parsed.hostname and _has_port(parsed.netloc))
+        or (parsed.scheme == "embedded" and (parsed.netloc or parsed.path))
+    ):
+        raise ConfigurationError(f"{where} must be a tcp://host:port or embedded:///path URL, not {url!r}")
+    return str(url)
+
+
+def _has_port(netloc: str) -> bool:
+    port = netloc.rpartition(":")[2]
+    return port.isdigit() and 0 < int(port) < 65536
+
+
+def broker_url_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """The broker URL of ``HALFMOON_BROKER_URL`` or its older name ``OUTBOX_BROKER_URL``
+    (unset or empty: None); ``ConfigurationError`` if both are set and differ, or for a
+    URL that is not ``tcp://`` or ``embedded://``."""
+    env = os.environ if env is None else env
+    given = {name: env[name] for name in BROKER_URL_VARIABLES if env.get(name)}
+    if len(set(given.values())) > 1:
+        raise ConflictingBrokerUrlsError(
+            "HALFMOON_BROKER_URL and OUTBOX_BROKER_URL name different brokers "
+            f"({given['HALFMOON_BROKER_URL']!r}, {given['OUTBOX_BROKER_URL']!r}): set one of them"
+        )
+    if not given:
+        return None
+    name, url = next(iter(given.items()))  # HALFMOON_BROKER_URL first
+    return validated_broker_url(url, name)
 
 
 @dataclass(frozen=True)
 class OutboxSettings:
     """The framework's settings; ``from_env()`` reads them from the environment."""
 
-    broker_url: str = "tcp://127.0.0.1:9876"
+    broker_url: str = DEFAULT_BROKER_URL
     database_url: str = "sqlite:///outbox.sqlite3"
     group_databases: dict[str, str] = field(default_factory=dict)
     celery_broker_url: str = "filesystem://"
     celery_data_dir: Path = Path(".halfmoon/celery")
     check_lock_timeout_ms: int = 2000
+    check_connect_timeout_s: int = 5
+    check_statement_timeout_ms: int = 5000
+
+    def __post_init__(self) -> None:
+        if self.check_connect_timeout_s <= 0 or self.check_statement_timeout_ms <= 0:
+            raise ConfigurationError("the check's connect and statement timeouts must be positive")
 
     @classmethod
     def from_env(cls, **overrides: object) -> OutboxSettings:
-        """Settings from ``OUTBOX_*`` variables; keyword ``overrides`` win over both."""
+        """Settings from the environment variables; keyword ``overrides`` win over them."""
         env = os.environ
         try:
             groups = json.loads(env.get("OUTBOX_GROUP_DATABASES", "{}"))
-            timeout = int(env.get("OUTBOX_CHECK_LOCK_TIMEOUT_MS", "2000"))
+            timeouts = {name: int(env.get(variable, getattr(cls, name))) for name, variable in (
+                ("check_lock_timeout_ms", "OUTBOX_CHECK_LOCK_TIMEOUT_MS"),
+                ("check_connect_timeout_s", "OUTBOX_CHECK_CONNECT_TIMEOUT_S"),
+                ("check_statement_timeout_ms", "OUTBOX_CHECK_STATEMENT_TIMEOUT_MS"),
+            )}
         except ValueError as exc:
             raise ConfigurationError(f"bad outbox setting: {exc}") from None
         if not isinstance(groups, dict):
             raise ConfigurationError("OUTBOX_GROUP_DATABASES must be a JSON object")
         settings = cls(
-            broker_url=env.get("OUTBOX_BROKER_URL", cls.broker_url),
+            broker_url=broker_url_from_env(env) or cls.broker_url,
             database_url=env.get("OUTBOX_DATABASE_URL", cls.database_url),
             group_databases={str(k): str(v) for k, v in groups.items()},
             celery_broker_url=env.get("OUTBOX_CELERY_BROKER_URL", cls.celery_broker_url),
             celery_data_dir=Path(env.get("OUTBOX_CELERY_DATA_DIR", str(cls.celery_data_dir))),
-            check_lock_timeout_ms=timeout,
+            **timeouts,
         )
         return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
 

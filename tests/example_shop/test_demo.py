@@ -62,7 +62,8 @@ def assert_tampered_copy_is_caught(spark, shop: Path, copy: Path) -> None:
                                  "FROM outbox_consumed_message ORDER BY message_id")).all()
         deleted, doubled = rows[0], rows[1]
         conn.execute(text("DELETE FROM outbox_consumed_message WHERE message_id = :m"), {"m": deleted[1]})
-        insert = text("INSERT INTO outbox_consumed_message VALUES (:g, :m, :t, :x, :c)")
+        insert = text("INSERT INTO outbox_consumed_message (consumer_group, message_id, topic, transaction_id, "
+                      "consumed_at) VALUES (:g, :m, :t, :x, :c)")
         conn.execute(insert, {"g": doubled[0], "m": doubled[1] + "-again", "t": doubled[2], "x": doubled[3],
                               "c": doubled[4]})
         conn.execute(insert, {"g": doubled[0], "m": rolled_back["message_id"], "t": "order.paid",

@@ -39,3 +39,16 @@ def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
     broker = EmbeddedBroker(tmp_path / "broker", config)
     yield broker
     broker.close()
+
+
+@pytest.fixture
+def celery_url(redis_url: str) -> Iterator[str]:
+    """A Redis database of the Celery tests' own (``redis_url``'s is shared with other tests)."""
+    import redis
+
+    url = redis_url.rsplit("/", 1)[0] + "/13"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()

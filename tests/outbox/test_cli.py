@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import create_engine, inspect, select, text
 
 from broker_embedded import BrokerClient, Message
+from outbox.integrations.sqlalchemy.fence import record_committed
 from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
-from outbox.transaction_log import record_committed
 
 from ..server.conftest import ServerProcess
 

@@ -14,8 +14,8 @@ from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution, T
 from broker_embedded.export import transaction_states
 from broker_embedded.store.config import StoreConfig
 from outbox import Producer, check_transaction
+from outbox.integrations.sqlalchemy.fence import record_committed
 from outbox.producer import TRANSACTION_ID_PROPERTY
-from outbox.transaction_log import record_committed
 
 
 class LogListener:

@@ -325,3 +325,95 @@ def test_closing_a_session_mid_transaction_sends_rollback_and_forgets_the_id(fac
     assert _states(broker)[second] is TransactionState.COMMITTED
     assert [r.message.body for r in broker.receive("g", "order.paid", max_messages=10, wait_s=1)] == [b"next"]
     session.close()
+
+
+def test_decorator_sends_ordinary_values_and_takes_an_encoder(factory, broker) -> None:
+    import datetime
+    import json
+    import uuid
+    from decimal import Decimal
+
+    producer = Producer(broker, "shop")
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+
+    @transactional_message(producer, factory, topic="order.paid")
+    def pay(session: Session, order_id: uuid.UUID, amount: Decimal, at: datetime.datetime) -> None:
+        session.execute(orders.insert().values(id=str(order_id)[:32], amount=int(amount)))
+
+    class Cents(json.JSONEncoder):
+        def default(self, o: object) -> object:
+            return int(o * 100) if isinstance(o, Decimal) else super().default(o)
+
+    @transactional_message(producer, factory, topic="order.refunded", encoder=Cents,
+                           properties={"source": "shop"})
+    def refund(session: Session, amount: Decimal) -> None:
+        pass
+
+    order_id = uuid.UUID(int=7)
+    pay(order_id, Decimal("12.50"), when)
+    refund(Decimal("1.25"))
+    (paid,) = broker.receive("g", "order.paid", wait_s=2)
+    assert message_json(paid.message) == {"order_id": str(order_id), "amount": "12.50",
+                                          "at": "2026-01-02T03:04:05+00:00"}
+    (refunded,) = broker.receive("g", "order.refunded", wait_s=2)
+    assert message_json(refunded.message) == {"amount": 125}
+    assert dict(refunded.message.properties) == {"source": "shop"}
+    with pytest.raises(BodyNotSerializableError):
+        refund({"not", "json"})
+
+
+def test_decorator_sets_fixed_group_and_properties_and_current_transaction_id(factory, broker) -> None:
+    from outbox import current_transaction_id
+
+    producer = Producer(broker, "shop")
+    seen: list[tuple[str | None, str | None]] = []
+
+    @transactional_message(producer, factory, topic="order.paid", message_group="orders",
+                           properties=lambda order_id: {"order": order_id})
+    def pay(session: Session, order_id: str) -> None:
+        seen.append((current_transaction_id(), current_transaction_id(session)))
+
+    assert current_transaction_id() is None
+    pay("o1")
+    (paid,) = broker.receive("g", "order.paid", wait_s=2)
+    assert paid.message.message_group == "orders" and dict(paid.message.properties) == {"order": "o1"}
+    assert seen == [(paid.transaction_id, paid.transaction_id)]
+    assert current_transaction_id() is None
+
+
+def test_transaction_timeout_brings_the_first_check_back_forward(factory, broker) -> None:
+    """The broker's own first check is an hour away (conftest); the message asks for 0.2 s."""
+    import threading
+
+    checked = threading.Event()
+    broker.register_producer("shop", lambda request: checked.set())
+
+    class DroppedEnd:
+        def __getattr__(self, name):
+            return getattr(broker, name)
+
+        def end_transaction(self, *args, **kwargs):
+            raise BrokerUnavailableError("connection reset")
+
+    @transactional_message(Producer(DroppedEnd(), "shop"), factory, topic="order.paid",  # type: ignore[arg-type]
+                           transaction_timeout_s=0.2)
+    def pay(session: Session, order_id: str) -> None:
+        pass
+
+    pay("o1")
+    assert checked.wait(60)
+
+
+def test_a_message_from_unusable_arguments_is_refused_before_anything(factory, broker) -> None:
+    from broker_embedded.errors import InvalidMessageError
+
+    ran = []
+
+    @transactional_message(Producer(broker, "shop"), factory, topic="order.paid",
+                           keys=lambda order_id: [order_id])
+    def pay(session: Session, order_id: str) -> None:
+        ran.append(order_id)
+
+    with pytest.raises(InvalidMessageError):
+        pay("two words")
+    assert ran == [] and _states(broker) == {}

@@ -34,6 +34,15 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
     return prepare_engine(sqlalchemy.create_engine(url, **kwargs))
 
 
+def checker_engine(url: str, connect_timeout_s: int) -> Engine:
+    """An engine for answering check-backs: a PostgreSQL connection attempt gives up after
+    ``connect_timeout_s`` (psycopg's own default is 130 s), so a database that accepts
+    connections and never answers costs a check that long instead of a worker thread."""
+    postgres = sqlalchemy.make_url(url).get_backend_name() == "postgresql"
+    return create_engine(url, pool_pre_ping=True,
+                         connect_args={"connect_timeout": connect_timeout_s} if postgres else {})
+
+
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None  # the driver must not emit its own BEGIN
     dbapi_connection.execute("PRAGMA journal_mode=WAL")

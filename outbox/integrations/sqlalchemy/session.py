@@ -34,23 +34,21 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from broker_embedded import Message, Resolution
 
+from ...context import SESSION_INFO_KEY, LocalTransaction
+from ...context import current_transaction_id as current_transaction_id  # the session's, given one
 from ...errors import ConfigurationError, SavepointError
 from ...producer import Producer, new_transaction_id
-from ...transaction_log import record_committed
+from .fence import record_committed
 
 log = logging.getLogger("outbox.sqlalchemy")
 
-_STATE_KEY = "halfmoon.outbox"
 _PRODUCER_KEY = "halfmoon.producer"
 
 
 @dataclass
-class PendingTransaction:
+class PendingTransaction(LocalTransaction):
     """What a session's current transaction has sent."""
 
-    transaction_id: str
-    producer: Producer
-    message_ids: list[str] = field(default_factory=list)
     #: The savepoints that were open when a message was sent (a rollback of any poisons).
     savepoints: list[SessionTransaction] = field(default_factory=list)
     #: Set when such a savepoint rolled back: the commit must fail.
@@ -77,7 +75,7 @@ def install(target: Any, producer: Producer) -> None:
 
 def send(session: Session, message: Message) -> str:
     """Send ``message`` as part of the session's transaction; returns the transaction id."""
-    pending: PendingTransaction | None = session.info.get(_STATE_KEY)
+    pending: PendingTransaction | None = session.info.get(SESSION_INFO_KEY)
     if pending is None:
         producer: Producer | None = session.info.get(_PRODUCER_KEY)
         if producer is None:
@@ -86,7 +84,7 @@ def send(session: Session, message: Message) -> str:
             raise SavepointError("send the first message of a transaction outside any SAVEPOINT")
         pending = PendingTransaction(new_transaction_id(), producer)
         producer.send_half(message, pending.transaction_id)
-        session.info[_STATE_KEY] = pending
+        session.info[SESSION_INFO_KEY] = pending
         record_committed(session, pending.transaction_id, producer.producer_group)
     else:
         pending.producer.send_half(message, pending.transaction_id)
@@ -99,22 +97,24 @@ def send(session: Session, message: Message) -> str:
     return pending.transaction_id
 
 
-def current_transaction_id(session: Session) -> str | None:
-    """The transaction id of the session's messages so far, if any."""
-    pending: PendingTransaction | None = session.info.get(_STATE_KEY)
-    return pending.transaction_id if pending else None
+def local_transaction(session: Session) -> PendingTransaction:
+    """The session's current transaction, which has sent a message."""
+    pending: PendingTransaction | None = session.info.get(SESSION_INFO_KEY)
+    if pending is None:
+        raise ConfigurationError("the session's transaction has sent no message yet")
+    return pending
 
 
 def _finish(session: Session, resolution: Resolution) -> None:
     if session.in_nested_transaction():
         return  # a SAVEPOINT ended; the messages follow the outermost transaction
-    pending: PendingTransaction | None = session.info.pop(_STATE_KEY, None)
+    pending: PendingTransaction | None = session.info.pop(SESSION_INFO_KEY, None)
     if pending is not None:
         pending.producer.finish(pending.transaction_id, resolution)
 
 
 def _before_commit(session: Session) -> None:
-    pending: PendingTransaction | None = session.info.get(_STATE_KEY)
+    pending: PendingTransaction | None = session.info.get(SESSION_INFO_KEY)
     if pending is not None and pending.poisoned and session.get_nested_transaction() is None:
         raise SavepointError(
             f"transaction {pending.transaction_id} sent message(s) in a SAVEPOINT that rolled back; "
@@ -123,7 +123,7 @@ def _before_commit(session: Session) -> None:
 
 
 def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None:
-    pending: PendingTransaction | None = session.info.get(_STATE_KEY)
+    pending: PendingTransaction | None = session.info.get(SESSION_INFO_KEY)
     if pending is not None and previous.nested and any(previous is s for s in pending.savepoints):
         pending.poisoned = True
 
@@ -138,7 +138,7 @@ def _after_transaction_end(session: Session, transaction: SessionTransaction) ->
     open) rolled back, so it sends ROLLBACK, and the session's next transaction starts
     with a new transaction id."""
     if transaction.parent is None:
-        pending: PendingTransaction | None = session.info.pop(_STATE_KEY, None)
+        pending: PendingTransaction | None = session.info.pop(SESSION_INFO_KEY, None)
         if pending is not None:
             pending.producer.finish(pending.transaction_id, Resolution.ROLLBACK)
 

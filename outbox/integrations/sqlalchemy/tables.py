@@ -1,33 +1,65 @@
-"""The framework's two tables, as SQLAlchemy Core (Alembic and the Django app create the same)."""
+"""The framework's two tables, as SQLAlchemy Core.
+
+Alembic (``outbox.integrations.alembic``) and the Django app create these same tables,
+column for column and constraint for constraint (``tests/outbox/test_schema_parity.py``).
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, MetaData, PrimaryKeyConstraint, String, Table
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Identity,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+)
+
+from ...schema import (
+    COMMITTED,
+    CONSUMED_MESSAGE,
+    GROUP_LENGTH,
+    MESSAGE_ID_LENGTH,
+    ROLLED_BACK,
+    STATE_LENGTH,
+    TOPIC_LENGTH,
+    TRANSACTION_ID_LENGTH,
+    TRANSACTION_LOG,
+)
 
 metadata = MetaData()
+
+#: Django's ``BigAutoField``: ``bigint`` identity on PostgreSQL; on SQLite only an
+#: ``INTEGER PRIMARY KEY`` takes the rowid, so the column is ``INTEGER`` there.
+AUTO_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 #: One row per transaction id: COMMITTED by the producer's own transaction (its first
 #: statement), or ROLLED_BACK by a checker's fence.
 transaction_log = Table(
-    "outbox_transaction_log",
+    TRANSACTION_LOG,
     metadata,
-    Column("transaction_id", String(64), primary_key=True),
-    Column("producer_group", String(128), nullable=False),
-    Column("state", String(16), nullable=False),
+    Column("transaction_id", String(TRANSACTION_ID_LENGTH), primary_key=True),
+    Column("producer_group", String(GROUP_LENGTH), nullable=False),
+    Column("state", String(STATE_LENGTH), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 
-#: One row per message a consumer group handled, written with the handler's own writes.
+#: One row per message a consumer group handled, written with the handler's own writes;
+#: the unique (consumer_group, message_id) is what makes a redelivery a no-op.
 consumed_message = Table(
-    "outbox_consumed_message",
+    CONSUMED_MESSAGE,
     metadata,
-    Column("consumer_group", String(128), nullable=False),
-    Column("message_id", String(64), nullable=False),
-    Column("topic", String(255), nullable=False),
-    Column("transaction_id", String(64), nullable=True),
+    Column("id", AUTO_ID, Identity(), primary_key=True),
+    Column("consumer_group", String(GROUP_LENGTH), nullable=False),
+    Column("message_id", String(MESSAGE_ID_LENGTH), nullable=False),
+    Column("topic", String(TOPIC_LENGTH), nullable=False),
+    Column("transaction_id", String(TRANSACTION_ID_LENGTH), nullable=True),
     Column("consumed_at", DateTime(timezone=True), nullable=False),
-    PrimaryKeyConstraint("consumer_group", "message_id", name="pk_outbox_consumed_message"),
+    UniqueConstraint("consumer_group", "message_id", name="uniq_outbox_consumed_message"),
+    sqlite_autoincrement=True,
 )
 
-COMMITTED = "COMMITTED"
-ROLLED_BACK = "ROLLED_BACK"
+__all__ = ["COMMITTED", "ROLLED_BACK", "consumed_message", "metadata", "transaction_log"]

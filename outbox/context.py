@@ -1,0 +1,56 @@
+"""The local transaction a ``@transactional_message`` call is running, per context.
+
+Both decorators set it for the duration of the decorated function, so code inside can
+ask ``current_transaction_id()`` and add messages to the same transaction. A SQLAlchemy
+session also keeps its own transaction's in ``session.info`` (sessions used without the
+decorator): ``current_transaction_id(session)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .producer import Producer
+
+#: Where a SQLAlchemy session keeps its ``LocalTransaction`` (``session.info[...]``).
+SESSION_INFO_KEY = "halfmoon.outbox"
+
+
+@dataclass
+class LocalTransaction:
+    """A local transaction that sends messages: its id, its producer, what it sent."""
+
+    transaction_id: str
+    producer: Producer
+    message_ids: list[str] = field(default_factory=list)
+
+
+_running: contextvars.ContextVar[LocalTransaction | None] = contextvars.ContextVar(
+    "halfmoon_outbox_transaction", default=None)
+
+
+@contextlib.contextmanager
+def running(transaction: LocalTransaction) -> Iterator[LocalTransaction]:
+    """Make ``transaction`` the running one inside the block."""
+    token = _running.set(transaction)
+    try:
+        yield transaction
+    finally:
+        _running.reset(token)
+
+
+def running_transaction() -> LocalTransaction | None:
+    """The transaction of the ``@transactional_message`` call running now, if any."""
+    return _running.get()
+
+
+def current_transaction_id(session: Any = None) -> str | None:
+    """The transaction id of the running ``@transactional_message`` call (either
+    integration), or with ``session``, of that SQLAlchemy session's current transaction
+    once it sent a message; None otherwise."""
+    transaction = running_transaction() if session is None else session.info.get(SESSION_INFO_KEY)
+    return transaction.transaction_id if transaction else None

@@ -1,0 +1,69 @@
+"""The idempotent consumer's rule, ORM-free: record, or skip a duplicate.
+
+A handler's effects and the ``(consumer_group, message_id)`` row of
+``outbox_consumed_message`` commit in one database transaction. The row goes first: a
+redelivered message finds it (a unique-key violation), its transaction rolls back, and
+the handler does not run again; the wrapper answers False (skipped, ack it). Each
+integration supplies the transaction and the insert (``record_or_skip``); the statement
+is ``OutboxSQL.record_consumed``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from broker_embedded import ReceivedMessage
+
+from .sql import OutboxSQL
+
+log = logging.getLogger("outbox.consumer")
+
+#: Set on handlers made by an ``idempotent_consumer``: the consumer group they record.
+GROUP_ATTRIBUTE = "outbox_consumer_group"
+
+
+class AlreadyConsumed(Exception):
+    """Raised by the insert when the group already handled the message (a duplicate)."""
+
+
+@dataclass(frozen=True)
+class ConsumedRow:
+    """The ``outbox_consumed_message`` row of one handled message."""
+
+    consumer_group: str
+    message_id: str
+    topic: str
+    transaction_id: str | None
+
+    @classmethod
+    def of(cls, group: str, received: ReceivedMessage) -> ConsumedRow:
+        return cls(group, received.message.message_id, received.message.topic, received.transaction_id)
+
+    def params(self, sql: OutboxSQL) -> tuple[object, ...]:
+        """The parameters of ``sql.record_consumed``, in their order."""
+        return (self.consumer_group, self.message_id, self.topic, self.transaction_id,
+                sql.timestamp(datetime.now(UTC)))
+
+
+def record_or_skip(
+    group: str,
+    received: ReceivedMessage,
+    transaction: Callable[[], AbstractContextManager[Any]],
+    record: Callable[[ConsumedRow], None],
+    handle: Callable[[], Any],
+) -> bool:
+    """In one ``transaction()``: ``record`` the row (it raises ``AlreadyConsumed`` for a
+    duplicate), then ``handle``. True if handled, False if skipped as a duplicate."""
+    try:
+        with transaction():
+            record(ConsumedRow.of(group, received))
+            handle()
+    except AlreadyConsumed:
+        log.info("message %s already consumed by %s; skipped", received.message.message_id, group)
+        return False
+    return True

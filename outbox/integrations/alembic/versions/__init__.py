@@ -1,0 +1,1 @@
+"""halfmoon's Alembic revisions (branch ``halfmoon``); Alembic skips this file."""

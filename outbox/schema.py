@@ -1,0 +1,22 @@
+"""The framework's tables, ORM-free: names, states and sizes every integration shares.
+
+The SQLAlchemy tables (``outbox.integrations.sqlalchemy.tables``), the Alembic revisions
+and the Django models create these same tables from these names.
+"""
+
+from __future__ import annotations
+
+#: One row per transaction id: COMMITTED by the producer's own transaction (its first
+#: statement), or ROLLED_BACK by a checker's fence.
+TRANSACTION_LOG = "outbox_transaction_log"
+#: One row per message a consumer group handled, written with the handler's own writes.
+CONSUMED_MESSAGE = "outbox_consumed_message"
+
+COMMITTED = "COMMITTED"
+ROLLED_BACK = "ROLLED_BACK"
+
+TRANSACTION_ID_LENGTH = 64
+MESSAGE_ID_LENGTH = 64
+GROUP_LENGTH = 128
+TOPIC_LENGTH = 255
+STATE_LENGTH = 16

@@ -1,0 +1,127 @@
+"""The framework tables' SQL, per dialect, as plain strings any driver runs; and what a
+driver error means for the framework (a lock timeout, a missing table).
+
+Both integrations run these statements: SQLAlchemy with ``exec_driver_sql``, Django on
+its cursors. Supported: PostgreSQL and SQLite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import ConfigurationError, SchemaMissingError
+from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
+
+#: SQLSTATEs of PostgreSQL's lock_timeout and statement_timeout.
+TIMEOUT_SQLSTATES = frozenset({"55P03", "57014"})
+#: SQLSTATE of PostgreSQL's "relation does not exist".
+UNDEFINED_TABLE_SQLSTATE = "42P01"
+
+#: Runs one statement with its parameters and returns the rows it produced (maybe none).
+Execute = Callable[[str, Sequence[Any]], Sequence[Sequence[Any]]]
+
+
+@dataclass(frozen=True)
+class OutboxSQL:
+    """The statements of one dialect, with the driver's placeholder (``%s``: psycopg and
+    Django's cursors; ``?``: sqlite3)."""
+
+    dialect: str
+    placeholder: str = "%s"
+
+    def _values(self, count: int) -> str:
+        return ", ".join([self.placeholder] * count)
+
+    @property
+    def record_transaction(self) -> str:
+        """The producer's insert; parameters: ``fence.row_params(...)``."""
+        return (f"INSERT INTO {TRANSACTION_LOG} (transaction_id, producer_group, state, created_at) "
+                f"VALUES ({self._values(4)})")
+
+    @property
+    def fence(self) -> str:
+        """The checker's insert-if-absent; parameters: ``fence.row_params(...)``."""
+        return f"{self.record_transaction} ON CONFLICT (transaction_id) DO NOTHING"
+
+    @property
+    def read_state(self) -> str:
+        """The row's state; parameter: the transaction id."""
+        return f"SELECT state FROM {TRANSACTION_LOG} WHERE transaction_id = {self.placeholder}"
+
+    @property
+    def record_consumed(self) -> str:
+        """The idempotent consumer's insert; parameters: ``ConsumedRow.params(...)``."""
+        return (f"INSERT INTO {CONSUMED_MESSAGE} (consumer_group, message_id, topic, transaction_id, "
+                f"consumed_at) VALUES ({self._values(5)})")
+
+    @property
+    def begin(self) -> str:
+        """Starts the checker's transaction (SQLite: takes the write lock at once)."""
+        return "BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN"
+
+    def connection_setup(self, lock_timeout_ms: int) -> list[str]:
+        """Before the checker's transaction begins: on SQLite the busy timeout of its own
+        connection is the lock timeout."""
+        return [f"PRAGMA busy_timeout = {int(lock_timeout_ms)}"] if self.dialect == "sqlite" else []
+
+    def transaction_setup(self, lock_timeout_ms: int, statement_timeout_ms: int) -> list[str]:
+        """First statements of the checker's transaction (PostgreSQL's timeouts)."""
+        if self.dialect != "postgresql":
+            return []
+        return [f"SET LOCAL lock_timeout = '{int(lock_timeout_ms)}ms'",
+                f"SET LOCAL statement_timeout = '{int(statement_timeout_ms)}ms'"]
+
+    def timestamp(self, moment: datetime) -> object:
+        """``moment`` as the driver stores it: aware for PostgreSQL; naive UTC text on
+        SQLite, the format SQLAlchemy and Django both write and read there."""
+        if self.dialect == "sqlite":
+            return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+        return moment
+
+
+def outbox_sql(dialect: str, placeholder: str = "%s") -> OutboxSQL:
+    """The statements of ``dialect`` (``postgresql`` or ``sqlite``); ``ConfigurationError``
+    for any other database."""
+    if dialect not in ("postgresql", "sqlite"):
+        raise ConfigurationError(f"the outbox tables work on PostgreSQL and SQLite, not {dialect}")
+    return OutboxSQL(dialect, placeholder)
+
+
+def driver_errors(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the driver errors it wraps (SQLAlchemy's ``orig``, Django's ``__cause__``)."""
+    found: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in found):
+        found.append(current)
+        current = getattr(current, "orig", None) or current.__cause__
+    return found
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    return getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """Whether a driver error is a lock or statement timeout (a check answers UNKNOWN):
+    SQLSTATE 55P03/57014 on PostgreSQL, ``database is locked`` on SQLite."""
+    for error in driver_errors(exc):
+        message = str(error).lower()
+        if _sqlstate(error) in TIMEOUT_SQLSTATES or "lock timeout" in message \
+                or "database is locked" in message:
+            return True
+    return False
+
+
+def schema_missing(exc: BaseException, database: str, remedy: str) -> SchemaMissingError | None:
+    """A ``SchemaMissingError`` if the driver error says a framework table does not exist
+    (``remedy``: the command that creates it), else None."""
+    for error in driver_errors(exc):
+        message = str(error)
+        missing = _sqlstate(error) == UNDEFINED_TABLE_SQLSTATE or "no such table" in message
+        for table in (TRANSACTION_LOG, CONSUMED_MESSAGE):
+            if missing and table in message:
+                return SchemaMissingError(f"table {table} does not exist in {database}: run {remedy}")
+    return None
