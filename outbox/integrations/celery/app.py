@@ -1,4 +1,5 @@
-"""The Celery app whose task answers the broker's check-backs.
+"""The standalone Celery app that answers the broker's check-backs, for services without
+a Celery app of their own (yours can run the task instead: ``register(app)``).
 
 Run a worker for a producer group with Celery's own command::
 
@@ -13,27 +14,10 @@ server-less ``filesystem://`` under ``OUTBOX_CELERY_DATA_DIR``; set
 
 from __future__ import annotations
 
-import functools
-import logging
-
 from celery import Celery
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
-
-from broker_embedded import BrokerAPI, BrokerError, Resolution, connect
 
 from ...settings import OutboxSettings
-from ...transaction_log import check_transaction
-from ..sqlalchemy.engine import create_engine
-
-log = logging.getLogger("outbox.celery")
-
-CHECK_TASK = "outbox.check_transaction"
-
-
-def check_queue(producer_group: str) -> str:
-    """The Celery queue of a producer group's check-backs."""
-    return f"outbox.check.{producer_group}"
+from .check_back import register
 
 
 def make_app(settings: OutboxSettings) -> Celery:
@@ -64,41 +48,4 @@ def make_app(settings: OutboxSettings) -> Celery:
 
 settings = OutboxSettings.from_env()
 app = make_app(settings)
-
-
-@functools.cache
-def _engine(url: str) -> Engine:
-    return create_engine(url, pool_pre_ping=True)
-
-
-@functools.cache
-def _broker(url: str) -> BrokerAPI:
-    return connect(url)
-
-
-@app.task(name=CHECK_TASK)
-def check_transaction_task(producer_group: str, transaction_id: str, message_id: str | None = None) -> str:
-    """Answer one check-back: the fencing check, then END_TRANSACTION to the broker.
-
-    ``message_id`` (the half message the broker checked) is only logged: the answer is
-    per transaction. UNKNOWN (lock timeout, or the database is unreachable) sends
-    nothing; the broker checks again at its next interval."""
-    log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
-    try:
-        resolution = check_transaction(
-            _engine(settings.database_for(producer_group)), transaction_id, producer_group,
-            settings.check_lock_timeout_ms,
-        )
-    except SQLAlchemyError as exc:
-        log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
-                    transaction_id, exc)
-        return Resolution.UNKNOWN.value
-    if resolution is not Resolution.UNKNOWN:
-        try:
-            _broker(settings.broker_url).end_transaction(
-                transaction_id, resolution, producer_group=producer_group, from_check=True
-            )
-        except BrokerError as exc:
-            log.warning("answer %s for %s not delivered: %s; the broker will check again",
-                        resolution.value, transaction_id, exc)
-    return resolution.value
+check_transaction_task = register(app, settings=settings)

@@ -1,4 +1,4 @@
-"""The checker's Celery app under its documented name::
+"""The standalone checker app under its documented name::
 
     celery -A outbox.integrations.celery.worker worker -Q outbox.check.<group> --pool threads
 """

@@ -1,0 +1,106 @@
+"""The check-back task: its name, its queues, its one body, and its registration in an app.
+
+The broker's Celery checker sends task ``outbox.check_transaction(producer_group,
+transaction_id, message_id)`` to queue ``outbox.check.<producer group>``. Whichever Celery
+app runs it (yours through ``register(app)``, a Django project's through autodiscovery of
+``outbox.integrations.django.tasks``, or the standalone ``outbox.integrations.celery.worker``),
+the body is ``answer_check_back``: the fence decides, END_TRANSACTION tells the broker.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from broker_embedded import BrokerAPI, BrokerError, Resolution, connect
+
+from ...settings import OutboxSettings
+from ..sqlalchemy.engine import checker_engine
+from ..sqlalchemy.fence import check_transaction
+
+log = logging.getLogger("outbox.celery")
+
+CHECK_TASK = "outbox.check_transaction"
+
+#: What a check-back asks: ``answer(transaction_id, producer_group)``, by the fence.
+Answer = Callable[[str, str], Resolution]
+
+#: Options of the check task in any app: no result to store (the broker gets the answer),
+#: acknowledged after it ran (a worker killed mid-check leaves it to another worker).
+TASK_OPTIONS: dict[str, Any] = {"name": CHECK_TASK, "ignore_result": True, "acks_late": True}
+
+
+def check_queue(producer_group: str) -> str:
+    """The Celery queue of a producer group's check-backs."""
+    return f"outbox.check.{producer_group}"
+
+
+def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_group: str,
+                      transaction_id: str, message_id: str | None = None) -> str:
+    """Answer one check-back: ``answer`` (the fencing check), then END_TRANSACTION to
+    ``broker()``; the resolution's value.
+
+    ``message_id`` (the half message the broker checked) is only logged: the answer is
+    per transaction. UNKNOWN (a lock, statement or connect timeout, or the database is
+    unreachable) sends nothing; the broker checks again at its next interval."""
+    log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
+    try:
+        resolution = answer(transaction_id, producer_group)
+    except SQLAlchemyError as exc:
+        log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
+                    transaction_id, exc)
+        return Resolution.UNKNOWN.value
+    if resolution is not Resolution.UNKNOWN:
+        try:
+            broker().end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=True)
+        except BrokerError as exc:
+            log.warning("answer %s for %s not delivered: %s; the broker will check again",
+                        resolution.value, transaction_id, exc)
+    return resolution.value
+
+
+@functools.cache
+def broker_client(url: str) -> BrokerAPI:
+    """This process's connection to the broker at ``url``, opened on first use."""
+    return connect(url)
+
+
+@functools.cache
+def _engine(url: str, connect_timeout_s: int) -> Engine:
+    return checker_engine(url, connect_timeout_s)
+
+
+def fence_answer(settings: OutboxSettings) -> Answer:
+    """The fence on each group's database (``settings.database_for(group)``), bounded by
+    the settings' connect, lock and statement timeouts."""
+
+    def answer(transaction_id: str, producer_group: str) -> Resolution:
+        engine = _engine(settings.database_for(producer_group), settings.check_connect_timeout_s)
+        return check_transaction(engine, transaction_id, producer_group,
+                                 settings.check_lock_timeout_ms, settings.check_statement_timeout_ms)
+
+    return answer
+
+
+def register(app: Celery, *, answer: Answer | None = None, settings: OutboxSettings | None = None) -> Any:
+    """Register the check-back task in ``app``; returns the task.
+
+    ``settings`` (default: ``OutboxSettings.from_env()``) give the broker that receives the
+    answers and, unless ``answer`` is given, the databases the fence runs on. Run a worker
+    on the group's queue: ``celery -A yourapp worker -Q celery,outbox.check.<group>``."""
+    settings = settings or OutboxSettings.from_env()
+    fence = answer or fence_answer(settings)
+    broker_url = settings.broker_url
+
+    def check_transaction_task(producer_group: str, transaction_id: str, message_id: str | None = None) -> str:
+        """Answer one check-back of the broker (see ``answer_check_back``)."""
+        return answer_check_back(fence, lambda: broker_client(broker_url), producer_group, transaction_id,
+                                 message_id)
+
+    return app.task(**TASK_OPTIONS, shared=False)(check_transaction_task)  # in ``app`` alone

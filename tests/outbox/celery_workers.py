@@ -1,0 +1,60 @@
+"""Real ``celery worker`` processes for the tests, each logging to its own file."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+#: "Stops promptly": far below the minutes a hung check held the worker before.
+STOP_BOUND_S = 30
+
+
+class CeleryWorker:
+    """``celery -A app worker -Q queues --pool threads`` with ``env`` added to the environment."""
+
+    def __init__(self, log: Path, app: str, queues: list[str], env: dict[str, str], *, threads: int = 2,
+                 cwd: Path | None = None) -> None:
+        self.log = log
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        if cwd is not None:  # the app's module is found there
+            environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", ",".join(queues),
+                 "--pool", "threads", "-c", str(threads), "--loglevel", "INFO",
+                 "--without-mingle", "--without-gossip", "--without-heartbeat"],
+                env=environment, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+            )
+
+    def count(self, pattern: str) -> int:
+        """Lines of the worker's log matching the regular expression ``pattern``."""
+        return len(re.findall(pattern, self.log.read_text(errors="replace")))
+
+    def stop(self) -> int:
+        """SIGTERM; the exit status (fails the test if the worker outlives ``STOP_BOUND_S``)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_BOUND_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker ignored SIGTERM for {STOP_BOUND_S}s (see {self.log})")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.1)
