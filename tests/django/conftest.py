@@ -32,6 +32,10 @@ if HAS_POSTGRES:
     os.environ["HALFMOON_DJANGO_PG_NAME"] = PG_NAME
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.django.settings"
 django.setup()
+# The settings are loaded now. Left in the environment, the variable would reach every
+# subprocess of the run: the Celery workers' Django fixup and the users' manage.py
+# (``setdefault``) would take this project's settings for their own.
+del os.environ["DJANGO_SETTINGS_MODULE"]
 
 
 @pytest.fixture(scope="session", autouse=True)

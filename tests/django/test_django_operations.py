@@ -11,45 +11,34 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError
-from django.test import Client, override_settings
+from django.test import override_settings
 
 from broker_embedded import (
     BrokerClient,
     BrokerConfig,
-    CheckRequest,
     EmbeddedBroker,
     Message,
     Resolution,
     TransactionState,
 )
 from broker_embedded.errors import BrokerUnavailableError
-from outbox import BrokerUnavailable, Producer
-from outbox.integrations.django.checks import fenced_answer
+from outbox import BrokerUnavailable, ConfigurationError, Producer
 from outbox.integrations.django.conf import outbox_settings, producer
+from outbox.integrations.django.fence import fenced_answer
 from outbox.integrations.django.models import TransactionLog
 from outbox.integrations.django.transactional import current_transaction_id, transactional_message
 from tests.django.shop.models import Account
+from tests.django.support import PENDING_URL, admin_client, eventually, park
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def eventually(condition: Callable[[], object], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition did not hold in time")
 
 
 def _closed_port() -> int:
@@ -138,12 +127,12 @@ def test_lock_timeout_answers_unknown_and_the_next_check_is_final(alias) -> None
     @transactional_message(topic="order.paid", using=alias)
     def pay(name: str) -> str:
         tx = current_transaction_id() or ""
-        answers.append(fenced_answer(tx, alias, lock_timeout_ms=300))  # another connection
+        answers.append(fenced_answer(tx, using=alias, lock_timeout_ms=300))  # another connection
         return tx
 
     tx = pay("alice")
     assert answers == [Resolution.UNKNOWN]
-    assert fenced_answer(tx, alias) is Resolution.COMMIT
+    assert fenced_answer(tx, using=alias) is Resolution.COMMIT
 
 
 @pytest.mark.parametrize("bad", [
@@ -158,26 +147,14 @@ def test_bad_settings_are_improperly_configured(bad) -> None:
         outbox_settings()
 
 
-class _SilentChecker:
-    """Takes every check-back and never answers, so transactions end up parked."""
-
-    def request_check(self, request: CheckRequest) -> bool:
-        return True
-
-
 @pytest.fixture
 def parked(tmp_path: Path, alias: str) -> Iterator[tuple[str, str]]:
     """Two parked transactions of group ``shop``: one whose row says COMMITTED, one with
     no row; the app's broker is switched to that data directory for the test."""
-    config = BrokerConfig(transaction_timeout_s=0.1, check_interval_s=0.1, check_max=2, service_tick_s=0.02)
-    broker = EmbeddedBroker(tmp_path / "broker", config=config, checker=_SilentChecker())
     committed, absent = uuid.uuid4().hex, uuid.uuid4().hex
-    for tx in (committed, absent):
-        broker.send_half(Message("order.paid", b"{}"), producer_group="shop", transaction_id=tx)
     TransactionLog.objects.using(alias).create(transaction_id=committed, producer_group="shop",
                                                state=TransactionLog.COMMITTED, created_at=_now())
-    eventually(lambda: len(broker.list_parked()) == 2)
-    broker.close()
+    park(tmp_path / "broker", {committed: "shop", absent: "shop"})
     with override_settings(OUTBOX={"BROKER_URL": f"embedded://{tmp_path / 'broker'}", "PRODUCER_GROUP": "shop"}):
         yield committed, absent
 
@@ -190,11 +167,8 @@ def _now():  # type: ignore[no-untyped-def]
 
 def test_parked_transactions_resolve_by_the_transaction_log_from_the_admin(parked, alias) -> None:
     committed, absent = parked
-    User.objects.filter(username="admin").delete()
-    User.objects.create_superuser("admin", "a@example.com", "pw")
-    client = Client()
-    assert client.login(username="admin", password="pw")
-    url = "/admin/halfmoon_outbox/pendingtransaction/"
+    client = admin_client()
+    url = PENDING_URL
     page = client.get(url).content.decode()
     assert committed in page and absent in page
     if alias != "default":
@@ -265,7 +239,7 @@ def test_the_app_answers_its_own_check_backs(tmp_path: Path, alias) -> None:
     in-process by ``answer_check_backs``, commit the first and roll back the second."""
     from django.db import transaction
 
-    from outbox.integrations.django.checks import answer_check_backs
+    from outbox.integrations.django.resolve import answer_check_backs
 
     config = BrokerConfig(transaction_timeout_s=0.2, check_interval_s=0.2, check_max=50, service_tick_s=0.02)
     broker = EmbeddedBroker(tmp_path / "broker", config=config)
@@ -298,11 +272,9 @@ def test_outbox_consume_rejects_a_bad_handler(handler: str) -> None:
 def test_an_in_memory_sqlite_database_cannot_be_checked(monkeypatch) -> None:
     from django.conf import settings
 
-    from outbox.integrations.django.conf import sqlalchemy_engine
-
     monkeypatch.setitem(settings.DATABASES, "memory", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
-    with pytest.raises(ImproperlyConfigured, match="memory"):
-        sqlalchemy_engine("memory")
+    with pytest.raises(ConfigurationError, match="memory"):
+        fenced_answer("tx-memory", using="memory")
 
 
 def test_admin_transaction_log_search_and_filters(alias) -> None:
@@ -314,32 +286,9 @@ def test_admin_transaction_log_search_and_filters(alias) -> None:
         return current_transaction_id() or ""
 
     first, second = pay("alice"), pay("alice")
-    User.objects.filter(username="admin").delete()
-    User.objects.create_superuser("admin", "a@example.com", "pw")
-    client = Client()
-    assert client.login(username="admin", password="pw")
+    client = admin_client()
     url = "/admin/halfmoon_outbox/transactionlog/"
     found = client.get(url, {"q": first}).content.decode()
     assert first in found and second not in found
     assert second in client.get(url, {"state__exact": "COMMITTED", "producer_group": "shop"}).content.decode()
     assert second not in client.get(url, {"state__exact": "ROLLED_BACK"}).content.decode()
-
-
-@pytest.mark.postgres
-def test_the_check_connects_with_the_alias_psycopg_options(alias, monkeypatch) -> None:
-    if alias != "pg":
-        pytest.skip("PostgreSQL options")
-    from django.conf import settings
-    from sqlalchemy import text
-
-    from outbox.integrations.django.conf import sqlalchemy_engine
-
-    with_options = {**settings.DATABASES["pg"],
-                    "OPTIONS": {"application_name": "halfmoon-check", "isolation_level": 1}}
-    monkeypatch.setitem(settings.DATABASES, "pg_options", with_options)
-    engine = sqlalchemy_engine("pg_options")
-    try:
-        with engine.connect() as conn:
-            assert conn.execute(text("SHOW application_name")).scalar_one() == "halfmoon-check"
-    finally:
-        engine.dispose()

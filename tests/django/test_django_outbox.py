@@ -15,9 +15,9 @@ from django.test import Client
 from broker_embedded import Message, Resolution, TransactionState
 from broker_embedded.export import transaction_states
 from outbox import BodyNotSerializableError, TransactionFencedError, message_json
-from outbox.integrations.django.checks import fenced_answer
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.consumer import idempotent_consumer
+from outbox.integrations.django.fence import fenced_answer
 from outbox.integrations.django.models import ConsumedMessage, TransactionLog
 from outbox.integrations.django.transactional import (
     current_transaction_id,
@@ -99,7 +99,7 @@ def test_outer_rollback_is_resolved_by_check_back_as_rollback(alias) -> None:
             tx = pay("alice", 50)
             raise RuntimeError("the outer transaction fails after the call")
     assert broker().transaction_state(tx) is TransactionState.PENDING
-    assert fenced_answer(tx, alias) is Resolution.ROLLBACK
+    assert fenced_answer(tx, using=alias) is Resolution.ROLLBACK
     assert Account.objects.using(alias).get(name="alice").balance == 500
 
 
@@ -117,7 +117,7 @@ def test_several_messages_share_one_transaction(alias) -> None:
 def test_a_fenced_transaction_cannot_commit(alias, monkeypatch) -> None:
     fixed = "fenced-" + alias
     monkeypatch.setattr("outbox.integrations.django.transactional.new_transaction_id", lambda: fixed)
-    assert fenced_answer(fixed, alias) is Resolution.ROLLBACK  # the checker came first
+    assert fenced_answer(fixed, using=alias) is Resolution.ROLLBACK  # the checker came first
     with pytest.raises(TransactionFencedError):
         make_pay(alias)("alice", 10)
     assert Account.objects.using(alias).get(name="alice").balance == 500
@@ -130,7 +130,7 @@ def test_check_during_a_running_transaction_waits_for_its_commit(alias) -> None:
     @transactional_message(topic="order.paid", using=alias)
     def slow(name: str) -> str:
         tx = current_transaction_id() or ""
-        threading.Thread(target=lambda: (started.set(), answers.append(fenced_answer(tx, alias)))).start()
+        threading.Thread(target=lambda: (started.set(), answers.append(fenced_answer(tx, using=alias)))).start()
         started.wait()
         threading.Event().wait(0.5)
         assert not answers, "the check must wait for this transaction"
@@ -188,3 +188,154 @@ def test_management_commands(alias) -> None:
     out = io.StringIO()
     call_command("outbox_check", "never-started", "--database", alias, stdout=out)
     assert out.getvalue().strip() == "rollback"
+
+
+def test_decorator_options_match_the_sqlalchemy_decorator(alias) -> None:
+    """message_group, delay_level, transaction_timeout_s, properties and fixed keys (issue 11
+    item 9), and ordinary values in the default body through DjangoJSONEncoder (item 8)."""
+    import datetime
+    from decimal import Decimal
+
+    import outbox
+
+    topic = f"paid.{uuid.uuid4().hex}"
+    seen: list[str | None] = []
+
+    @transactional_message(topic=topic, keys=["orders"], tag="paid", message_group=lambda name, amount, at: name,
+                           delay_level=1, transaction_timeout_s=30.0, properties={"currency": "EUR"},
+                           using=alias)
+    def pay(name: str, amount: Decimal, at: datetime.datetime) -> str:
+        seen.append(outbox.current_transaction_id())
+        return current_transaction_id() or ""
+
+    tx = pay("alice", Decimal("9.90"), datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC))
+    assert seen == [tx] and outbox.current_transaction_id() is None
+    got: list = []
+    for _ in range(60):
+        got += drain("points", topic)
+        if got:
+            break
+    (paid,) = got
+    assert message_json(paid.message) == {"name": "alice", "amount": "9.90", "at": "2026-01-02T03:04:05.678Z"}
+    assert (paid.message.keys, paid.message.tag, paid.message.message_group, dict(paid.message.properties)) == (
+        ("orders",), "paid", "alice", {"currency": "EUR"})
+    assert paid.store_timestamp_ms - paid.born_timestamp_ms >= 1000  # delay level 1, from the commit
+
+
+def test_decorator_takes_an_encoder_and_refuses_bad_options(alias) -> None:
+    import json
+
+    from broker_embedded.errors import InvalidMessageError
+
+    class Upper(json.JSONEncoder):
+        def default(self, o: object) -> object:
+            return str(o).upper() if isinstance(o, uuid.UUID) else super().default(o)
+
+    topic = f"paid.{uuid.uuid4().hex}"
+
+    @transactional_message(topic=topic, encoder=Upper, keys=lambda ref: [ref.hex],
+                           properties=lambda ref: {"version": str(ref.version)}, using=alias)
+    def pay(ref: uuid.UUID) -> None:
+        pass
+
+    ref = uuid.UUID(int=10)
+    pay(ref)
+    (paid,) = drain("points", topic)
+    assert message_json(paid.message) == {"ref": str(ref).upper()}
+    assert (paid.message.keys, dict(paid.message.properties)) == ((ref.hex,), {"version": "None"})
+    for bad in ({"delay_level": 19}, {"transaction_timeout_s": float("inf")}, {"keys": "one"}):
+        with pytest.raises(InvalidMessageError):
+            transactional_message(topic=topic, using=alias, **bad)  # type: ignore[arg-type]
+    ran: list[str] = []
+
+    @transactional_message(topic=topic, message_group=lambda group: group, using=alias)
+    def grouped(group: str) -> None:
+        ran.append(group)
+
+    rows = TransactionLog.objects.using(alias).count()
+    with pytest.raises(InvalidMessageError):
+        grouped("two words")
+    assert ran == [] and TransactionLog.objects.using(alias).count() == rows
+
+
+def test_transaction_timeout_brings_the_first_check_back_forward(alias, tmp_path) -> None:
+    from broker_embedded import BrokerConfig, EmbeddedBroker
+    from broker_embedded.errors import BrokerUnavailableError
+    from outbox import Producer
+
+    broker = EmbeddedBroker(tmp_path / "broker", BrokerConfig(transaction_timeout_s=3600))
+    checked = threading.Event()
+    broker.register_producer("shop", lambda request: checked.set())
+
+    class DroppedEnd:
+        def __getattr__(self, name: str) -> object:
+            return getattr(broker, name)
+
+        def end_transaction(self, *args: object, **kwargs: object) -> None:
+            raise BrokerUnavailableError("connection reset")
+
+    try:
+        @transactional_message(topic="order.paid", transaction_timeout_s=0.2, using=alias,
+                               producer=Producer(DroppedEnd(), "shop"))  # type: ignore[arg-type]
+        def pay(name: str) -> None:
+            pass
+
+        pay("alice")
+        assert checked.wait(60)
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def without_table(alias):
+    """``alias`` with one framework table renamed away for the test."""
+    from django.db import connections
+
+    renamed: list[str] = []
+
+    def rename(table: str) -> None:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} RENAME TO {table}_away")
+        renamed.append(table)
+
+    yield rename
+    for table in renamed:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table}_away RENAME TO {table}")
+
+
+def test_missing_tables_name_the_migration(alias, without_table) -> None:
+    from outbox import SchemaMissingError
+
+    without_table("outbox_transaction_log")
+    pay = make_pay(alias)
+    with pytest.raises(SchemaMissingError, match=f"outbox_transaction_log does not exist in database '{alias}'"
+                                                 f".*: run `manage.py migrate halfmoon_outbox --database {alias}`"):
+        pay("alice", 10)
+    assert Account.objects.using(alias).get(name="alice").balance == 500
+    with pytest.raises(SchemaMissingError, match="outbox_transaction_log does not exist"):
+        fenced_answer("tx-1", using=alias)
+
+    without_table("outbox_consumed_message")
+
+    @idempotent_consumer("member", using=alias)
+    def award(received) -> None:
+        raise AssertionError("must not run")
+
+    topic = f"paid.{uuid.uuid4().hex}"
+    broker().send(Message(topic, b"{}"))
+    (received,) = broker().receive("member", topic, wait_s=2)
+    with pytest.raises(SchemaMissingError, match="outbox_consumed_message does not exist"):
+        award(received)
+
+
+def test_an_in_memory_sqlite_database_cannot_be_checked(monkeypatch) -> None:
+    from django.conf import settings
+    from django.db import connections
+
+    from outbox import ConfigurationError
+
+    monkeypatch.setitem(settings.DATABASES, "memory", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
+    monkeypatch.setitem(connections.settings, "memory", settings.DATABASES["memory"])
+    with pytest.raises(ConfigurationError, match="memory"):
+        fenced_answer("tx-1", using="memory")

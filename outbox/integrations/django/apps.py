@@ -12,6 +12,8 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
+        from .checks import register_checks
         from .conf import reset_producer
 
         setting_changed.connect(reset_producer, dispatch_uid="halfmoon_outbox_reset_producer")
+        register_checks()

@@ -1,52 +1,88 @@
-"""Resolving transactions from Django by the fencing rule (reusing the framework's check)."""
+"""Django system checks (``manage.py check``), registered by the app's ``ready()``.
+
+* ``halfmoon_outbox.E001`` .. ``E007``: a wrong ``OUTBOX`` setting (unknown key, broker URL
+  that is not ``tcp://`` or ``embedded://``, conflicting broker URL variables, group,
+  ``PRODUCER_GROUPS`` shape or alias, lock timeout); see ``conf``.
+* ``halfmoon_outbox.W001`` (``check --database ALIAS``): the app's migrations are not all
+  applied on an alias holding an owned group's transaction_log. A warning, as Django's own
+  notice is, so ``migrate`` (which runs the database checks first) still runs.
+* ``halfmoon_outbox.W002``: a ``tcp://`` broker does not answer within a second. An
+  ``embedded://`` broker is opened in-process at first use and is not opened here.
+"""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from broker_embedded import CheckRequest, EndTransactionResult, Resolution
+from django.apps import AppConfig
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from ...producer import Producer
-from ...transaction_log import check_transaction
-from .conf import outbox_settings, producer, sqlalchemy_engine
+from broker_embedded import BrokerClient, BrokerError
+
+from .conf import outbox_settings, settings_errors
+
+APP_LABEL = "halfmoon_outbox"
+BROKER_TIMEOUT_S = 1.0
 
 
-def fenced_answer(transaction_id: str, using: str = "default", lock_timeout_ms: int | None = None) -> Resolution:
-    """What the transaction_log says of ``transaction_id`` (fencing it if absent);
-    UNKNOWN if its transaction still holds the row after the lock timeout
-    (``OUTBOX['CHECK_LOCK_TIMEOUT_MS']`` unless given)."""
+def _ours(app_configs: Sequence[AppConfig] | None) -> bool:
+    return app_configs is None or any(config.label == APP_LABEL for config in app_configs)
+
+
+def check_settings(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    """Each wrong ``OUTBOX`` setting as an Error."""
+    if not _ours(app_configs):
+        return []
+    return [Error(str(exc), hint="see docs/django.md, Settings", id=f"{APP_LABEL}.{exc.check_id}")
+            for exc in settings_errors()]
+
+
+def check_migrations(app_configs: Sequence[AppConfig] | None, databases: Iterable[str] | None = None,
+                     **kwargs: Any) -> list[CheckMessage]:
+    """A Warning per checked alias (of an owned group) with unapplied outbox migrations."""
+    if not _ours(app_configs) or not databases or settings_errors():
+        return []
+    from django.db import connections
+    from django.db.migrations.executor import MigrationExecutor
+
     conf = outbox_settings()
-    engine = sqlalchemy_engine(using)
+    owned_aliases = {conf.database_for(group) for group in conf.owned_groups}
+    found: list[CheckMessage] = []
+    for alias in sorted(set(databases) & owned_aliases):
+        executor = MigrationExecutor(connections[alias])
+        targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP_LABEL]
+        unapplied = [migration.name for migration, _ in executor.migration_plan(targets)]
+        if unapplied:
+            found.append(Warning(
+                f"database {alias!r} lacks the outbox migrations {unapplied}: sending a transactional "
+                "message there fails", hint=f"manage.py migrate {APP_LABEL} --database {alias}",
+                id=f"{APP_LABEL}.W001",
+            ))
+    return found
+
+
+def check_broker(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    """A Warning if a ``tcp://`` broker does not answer within ``BROKER_TIMEOUT_S``."""
+    if not _ours(app_configs) or settings_errors():
+        return []
+    url = outbox_settings().broker_url
+    if not url.startswith("tcp://"):
+        return []
+    client = BrokerClient(url, timeout_s=BROKER_TIMEOUT_S, connect_timeout_s=BROKER_TIMEOUT_S)
     try:
-        return check_transaction(engine, transaction_id, conf.producer_group,
-                                 lock_timeout_ms or conf.check_lock_timeout_ms)
+        client.list_topics()
+    except BrokerError as exc:
+        return [Warning(f"the broker at {url} does not answer: {exc}",
+                        hint="start it (halfmoon-broker serve) or fix OUTBOX['BROKER_URL'] / HALFMOON_BROKER_URL",
+                        id=f"{APP_LABEL}.W002")]
     finally:
-        engine.dispose()
+        client.close()
+    return []
 
 
-def resolve_parked(transaction_id: str, using: str = "default") -> EndTransactionResult | None:
-    """Resolve a parked transaction as the transaction_log decides; None if UNKNOWN."""
-    resolution = fenced_answer(transaction_id, using)
-    if resolution is Resolution.UNKNOWN:
-        return None
-    return producer().broker.resolve_parked(transaction_id, resolution)
-
-
-def answer_check_backs(using: str = "default", sender: Producer | None = None) -> Callable[[], None]:
-    """Answer this producer group's check-backs from this process (RocketMQ's way, an
-    alternative to the Celery checker): each check is answered by ``fenced_answer`` on its
-    own thread, so a lock wait never holds up the broker. Returns a function that stops it."""
-    answering = sender or producer()
-
-    def answer(request: CheckRequest) -> None:
-        resolution = fenced_answer(request.transaction_id, using)
-        if resolution is not Resolution.UNKNOWN:
-            answering.end_transaction(request.transaction_id, resolution, from_check=True)
-
-    def on_check(request: CheckRequest) -> None:
-        threading.Thread(target=answer, args=(request,), name=f"outbox-check-{request.transaction_id}",
-                         daemon=True).start()
-
-    answering.broker.register_producer(answering.producer_group, on_check)
-    return lambda: answering.broker.unregister_producer(answering.producer_group, on_check)
+def register_checks() -> None:
+    """Register the checks (called from ``AppConfig.ready``)."""
+    register(check_settings, APP_LABEL)
+    register(check_migrations, APP_LABEL, Tags.database)
+    register(check_broker, APP_LABEL)

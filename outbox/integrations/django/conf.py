@@ -3,25 +3,58 @@
     OUTBOX = {
         "BROKER_URL": "tcp://127.0.0.1:9876",    # or "embedded:///path/to/dir"
         "PRODUCER_GROUP": "default",
+        "PRODUCER_GROUPS": {"billing": "billing_db"},   # or ["billing"]: more groups owned here
         "CHECK_LOCK_TIMEOUT_MS": 2000,
     }
 
-Changing ``OUTBOX`` at run time (``override_settings`` in tests) closes the producer; the
-next use connects to the new broker.
+The broker URL: ``OUTBOX["BROKER_URL"]`` if given, else ``HALFMOON_BROKER_URL``, else
+``OUTBOX_BROKER_URL`` (both set and different is an error), else ``tcp://127.0.0.1:9876``.
+
+This project owns the transaction_log of ``PRODUCER_GROUP`` and of every group of
+``PRODUCER_GROUPS`` (a list, or a mapping group -> ``DATABASES`` alias); only those groups'
+transactions are checked or resolved here, each on its alias (an unmapped group: the alias
+the router picks for writing ``TransactionLog``). Other groups on the same broker belong to
+other services: fencing their ids in this database would answer ROLLBACK for transactions
+that committed elsewhere.
+
+Each wrong setting is an ``OutboxSettingError`` whose ``check_id`` is the system check
+reporting it (``manage.py check``). Changing ``OUTBOX`` at run time (``override_settings``
+in tests) closes the producer; the next use connects to the new broker.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.engine import URL
 
+from ...errors import ConfigurationError, OutboxError
 from ...producer import Producer
+from ...settings import (
+    DEFAULT_BROKER_URL,
+    ConflictingBrokerUrlsError,
+    broker_url_from_env,
+    validated_broker_url,
+)
+
+KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS"})
+
+
+class OutboxSettingError(ImproperlyConfigured):
+    """One wrong ``OUTBOX`` setting; ``check_id`` is the system check that reports it."""
+
+    def __init__(self, check_id: str, message: str) -> None:
+        super().__init__(message)
+        self.check_id = check_id
+
+
+class ForeignGroupError(OutboxError):
+    """A transaction of a producer group whose transaction_log this project does not own:
+    its own service checks and resolves it."""
 
 
 @dataclass(frozen=True)
@@ -29,24 +62,117 @@ class DjangoOutboxSettings:
     broker_url: str
     producer_group: str
     check_lock_timeout_ms: int
+    #: every owned group -> its ``DATABASES`` alias (None: the router's choice)
+    group_databases: Mapping[str, str | None]
+
+    @property
+    def owned_groups(self) -> frozenset[str]:
+        """The producer groups whose transaction_log lives in this project's databases."""
+        return frozenset(self.group_databases)
+
+    def database_for(self, producer_group: str) -> str:
+        """The alias holding ``producer_group``'s transaction_log; ``ForeignGroupError``
+        for a group this project does not own."""
+        if producer_group not in self.group_databases:
+            raise ForeignGroupError(
+                f"producer group {producer_group!r} is owned by another service (this project owns "
+                f"{sorted(self.owned_groups)}; see OUTBOX['PRODUCER_GROUPS'])"
+            )
+        alias = self.group_databases[producer_group]
+        if alias is None:
+            from django.db import router
+
+            from .models import TransactionLog
+
+            alias = router.db_for_write(TransactionLog)
+        return alias
+
+
+def _broker_url(raw: Mapping[str, Any]) -> str:
+    try:
+        if "BROKER_URL" in raw:
+            return validated_broker_url(raw["BROKER_URL"], "OUTBOX['BROKER_URL']")
+        return broker_url_from_env() or DEFAULT_BROKER_URL
+    except ConflictingBrokerUrlsError as exc:
+        raise OutboxSettingError("E003", str(exc)) from None
+    except ConfigurationError as exc:
+        raise OutboxSettingError("E002", str(exc)) from None
+
+
+def _producer_group(raw: Mapping[str, Any]) -> str:
+    group = raw.get("PRODUCER_GROUP", "default")
+    if not isinstance(group, str) or not group:
+        raise OutboxSettingError("E004", "OUTBOX['PRODUCER_GROUP'] must be a non-empty string")
+    return group
+
+
+def _other_groups(raw: Mapping[str, Any]) -> dict[str, str | None]:
+    groups = raw.get("PRODUCER_GROUPS", ())
+    shape = "OUTBOX['PRODUCER_GROUPS'] must be a list of group names or a mapping group -> DATABASES alias"
+    if isinstance(groups, list | tuple):
+        if not all(isinstance(group, str) for group in groups):
+            raise OutboxSettingError("E005", f"{shape}, not {groups!r}")
+        groups = dict.fromkeys(groups)
+    if not isinstance(groups, Mapping):
+        raise OutboxSettingError("E005", shape)
+    for group, alias in groups.items():
+        if not isinstance(group, str) or not group or not (alias is None or isinstance(alias, str)):
+            raise OutboxSettingError("E005", f"{shape}, not {group!r}: {alias!r}")
+        if alias is not None and alias not in settings.DATABASES:
+            raise OutboxSettingError(
+                "E006", f"OUTBOX['PRODUCER_GROUPS'] maps {group!r} to {alias!r}, which is not in DATABASES"
+            )
+    return dict(groups)
+
+
+def _check_lock_timeout_ms(raw: Mapping[str, Any]) -> int:
+    timeout = raw.get("CHECK_LOCK_TIMEOUT_MS", 2000)
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
+        raise OutboxSettingError("E007", "OUTBOX['CHECK_LOCK_TIMEOUT_MS'] must be a positive integer")
+    return timeout
+
+
+_READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "broker_url": _broker_url,
+    "producer_group": _producer_group,
+    "group_databases": _other_groups,
+    "check_lock_timeout_ms": _check_lock_timeout_ms,
+}
+
+
+def _read() -> tuple[dict[str, Any], list[OutboxSettingError]]:
+    """Every setting's value, and every wrong setting's error."""
+    raw = getattr(settings, "OUTBOX", {})
+    if not isinstance(raw, Mapping):
+        return {}, [OutboxSettingError("E001", "settings.OUTBOX must be a dict")]
+    errors = []
+    if unknown := set(raw) - KEYS:
+        errors.append(OutboxSettingError("E001", f"unknown OUTBOX settings: {sorted(unknown)} "
+                                                 f"(known: {sorted(KEYS)})"))
+    values = {}
+    for name, read in _READERS.items():
+        try:
+            values[name] = read(raw)
+        except OutboxSettingError as exc:
+            errors.append(exc)
+    return values, errors
+
+
+def settings_errors() -> list[OutboxSettingError]:
+    """Every wrong ``OUTBOX`` setting (empty when all are right)."""
+    return _read()[1]
 
 
 def outbox_settings() -> DjangoOutboxSettings:
-    """``settings.OUTBOX`` checked and completed with defaults."""
-    raw: dict[str, Any] = dict(getattr(settings, "OUTBOX", {}))
-    unknown = set(raw) - {"BROKER_URL", "PRODUCER_GROUP", "CHECK_LOCK_TIMEOUT_MS"}
-    if unknown:
-        raise ImproperlyConfigured(f"unknown OUTBOX settings: {sorted(unknown)}")
-    url = raw.get("BROKER_URL", "tcp://127.0.0.1:9876")
-    if not isinstance(url, str) or not url.startswith(("tcp://", "embedded://")):
-        raise ImproperlyConfigured("OUTBOX['BROKER_URL'] must be a tcp://host:port or embedded:///path URL")
-    timeout = raw.get("CHECK_LOCK_TIMEOUT_MS", 2000)
-    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
-        raise ImproperlyConfigured("OUTBOX['CHECK_LOCK_TIMEOUT_MS'] must be a positive integer")
-    group = raw.get("PRODUCER_GROUP", "default")
-    if not isinstance(group, str) or not group:
-        raise ImproperlyConfigured("OUTBOX['PRODUCER_GROUP'] must be a non-empty string")
-    return DjangoOutboxSettings(url, group, timeout)
+    """``settings.OUTBOX`` checked and completed with defaults (the first wrong setting
+    raises its ``OutboxSettingError``)."""
+    values, errors = _read()
+    if errors:
+        raise errors[0]
+    owned = {**values["group_databases"]}
+    owned.setdefault(values["producer_group"], None)
+    return DjangoOutboxSettings(values["broker_url"], values["producer_group"], values["check_lock_timeout_ms"],
+                                owned)
 
 
 @functools.cache
@@ -62,27 +188,3 @@ def reset_producer(*, setting: str, **_: Any) -> None:
         return
     producer().close()
     producer.cache_clear()
-
-
-#: Keys of a PostgreSQL alias's OPTIONS that Django consumes; the rest go to psycopg.
-_DJANGO_ONLY_PG_OPTIONS = frozenset({"isolation_level", "server_side_binding", "pool", "assume_role"})
-
-
-def sqlalchemy_engine(using: str = "default") -> Engine:
-    """An engine on the same database as Django's alias ``using`` (for the fencing check)."""
-    db = settings.DATABASES[using]
-    engine = db["ENGINE"]
-    if engine.endswith("sqlite3"):
-        name = str(db["NAME"])
-        if name == ":memory:" or "mode=memory" in name:
-            raise ImproperlyConfigured(
-                f"database {using!r} is in memory: the outbox check needs a second connection to it, use a file"
-            )
-        return create_engine(f"sqlite:///{name}")
-    if engine.endswith("postgresql"):
-        url = URL.create("postgresql+psycopg", username=db.get("USER") or None, password=db.get("PASSWORD") or None,
-                         host=db.get("HOST") or None, port=int(db["PORT"]) if db.get("PORT") else None,
-                         database=db["NAME"])
-        options = {k: v for k, v in db.get("OPTIONS", {}).items() if k not in _DJANGO_ONLY_PG_OPTIONS}
-        return create_engine(url, connect_args=options)
-    raise ImproperlyConfigured(f"the outbox check supports SQLite and PostgreSQL, not {engine}")

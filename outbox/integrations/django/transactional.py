@@ -3,111 +3,105 @@
     @transactional_message(topic="order.paid", body=lambda order: {"id": order.pk})
     def pay(order): ...
 
-One call: the half message, then ``transaction.atomic(using)`` whose first statement
-inserts the TransactionLog row (COMMITTED), then the function, then COMMIT through
-``transaction.on_commit`` (so inside an outer ``atomic`` it waits for the outermost
-commit). An exception rolls back, sends ROLLBACK and is re-raised. Django has no hook for
-an outer rollback: such a transaction is resolved by check-back, where the fence finds
-no row and answers ROLLBACK.
+One call: the message is built from the arguments (an ``outbox.template.MessageTemplate``,
+checked before anything is sent), the half message is sent, then
+``transaction.atomic(using)`` whose first statement inserts the transaction_log row
+(COMMITTED), then the function, then COMMIT through ``transaction.on_commit`` (so inside
+an outer ``atomic`` it waits for the outermost commit). An exception rolls back, sends
+ROLLBACK and is re-raised. Django has no hook for an outer rollback: such a transaction
+is resolved by check-back, where the fence finds no row and answers ROLLBACK.
 """
 
 from __future__ import annotations
 
-import contextvars
 import functools
-import inspect
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from django.db import IntegrityError, transaction
-from django.utils import timezone
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, connections, transaction
 
 from broker_embedded import Message, Resolution
 
-from ...errors import OutboxError, TransactionFencedError
-from ...messages import to_json_bytes
+from ...context import LocalTransaction, running, running_transaction
+from ...context import current_transaction_id as current_transaction_id  # of the running call
+from ...errors import OutboxError
+from ...fence import fenced_error, row_params
 from ...producer import Producer, new_transaction_id
+from ...schema import COMMITTED
+from ...template import FromArguments, MessageTemplate
 from .conf import producer as default_producer
-from .models import TransactionLog
+from .fence import alias_sql, run
 
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
-class _Current:
-    transaction_id: str
-    producer: Producer
-
-
-_current: contextvars.ContextVar[_Current | None] = contextvars.ContextVar("halfmoon_outbox", default=None)
-
-
-def current_transaction_id() -> str | None:
-    """The transaction id of the decorated call running now, if any."""
-    current = _current.get()
-    return current.transaction_id if current else None
-
-
 def send(message: Message) -> str:
     """Add ``message`` to the running ``@transactional_message`` call's transaction."""
-    current = _current.get()
+    current = running_transaction()
     if current is None:
         raise OutboxError("outbox.integrations.django.send() is for use inside @transactional_message")
     current.producer.send_half(message, current.transaction_id)
+    current.message_ids.append(message.message_id)
     return current.transaction_id
 
 
-def _arguments_by_name(function: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
-    names = list(inspect.signature(function).parameters)
-
-    def body(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return {**dict(zip(names, args, strict=False)), **kwargs}
-
-    return body
+def record_committed(using: str, transaction_id: str, producer_group: str) -> None:
+    """The producer's insert, first statement of its transaction on ``using``;
+    ``TransactionFencedError`` if a checker's fence got there first."""
+    connection = connections[using]
+    sql = alias_sql(connection)
+    try:
+        run(connection, sql.record_transaction, row_params(sql, transaction_id, producer_group, COMMITTED))
+    except IntegrityError as exc:
+        raise fenced_error(transaction_id) from exc
 
 
 def transactional_message(
     topic: str,
     body: Callable[..., Any] | None = None,
-    keys: Callable[..., Sequence[str]] | None = None,
+    keys: FromArguments[Sequence[str]] = (),
     tag: str = "",
+    message_group: FromArguments[str | None] = None,
+    delay_level: int = 0,
+    transaction_timeout_s: float | None = None,
+    properties: FromArguments[Mapping[str, str]] | None = None,
+    encoder: type[json.JSONEncoder] = DjangoJSONEncoder,
     using: str = "default",
     producer: Producer | None = None,
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
-    """Make each call of the function a local transaction with a transactional message."""
+    """Make each call of the function a local transaction on ``using`` with a
+    transactional message.
+
+    ``body``, and ``keys``, ``message_group`` and ``properties`` when they are functions,
+    are called with the function's arguments; the default body is those arguments by
+    name, as JSON written by ``encoder``. ``delay_level`` (RocketMQ's 1..18) delays
+    delivery from the commit on; ``transaction_timeout_s`` overrides when the broker
+    first checks back. ``producer`` defaults to the app's (``OUTBOX`` settings).
+    """
+    template = MessageTemplate(topic, body, keys, tag, message_group, delay_level, transaction_timeout_s,
+                               properties or {}, encoder)
 
     def decorate(function: Callable[..., R]) -> Callable[..., R]:
-        make_body = body or _arguments_by_name(function)
+        bound = template.for_function(function)
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> R:
-            message = Message(topic, to_json_bytes(make_body(*args, **kwargs)),
-                              keys=tuple(keys(*args, **kwargs)) if keys else (), tag=tag)
+            message = bound.message(*args, **kwargs)
             sender = producer or default_producer()
-            transaction_id = new_transaction_id()
-            sender.send_half(message, transaction_id)
-            token = _current.set(_Current(transaction_id, sender))
+            local = LocalTransaction(new_transaction_id(), sender, [message.message_id])
+            sender.send_half(message, local.transaction_id)
             try:
-                with transaction.atomic(using=using):
-                    try:
-                        TransactionLog.objects.using(using).create(
-                            transaction_id=transaction_id, producer_group=sender.producer_group,
-                            state=TransactionLog.COMMITTED, created_at=timezone.now(),
-                        )
-                    except IntegrityError as exc:
-                        raise TransactionFencedError(
-                            f"transaction {transaction_id} was fenced by a check-back"
-                        ) from exc
+                with running(local), transaction.atomic(using=using):
+                    record_committed(using, local.transaction_id, sender.producer_group)
                     result = function(*args, **kwargs)
                     transaction.on_commit(
-                        lambda: sender.end_transaction(transaction_id, Resolution.COMMIT), using=using
+                        lambda: sender.end_transaction(local.transaction_id, Resolution.COMMIT), using=using
                     )
             except BaseException:
-                sender.end_transaction(transaction_id, Resolution.ROLLBACK)
+                sender.end_transaction(local.transaction_id, Resolution.ROLLBACK)
                 raise
-            finally:
-                _current.reset(token)
             return result
 
         return wrapper

@@ -8,20 +8,22 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from broker_embedded import BrokerError
 
-from ...checks import resolve_parked
+from ...conf import ForeignGroupError
+from ...resolve import resolve_parked
 
 
 class Command(BaseCommand):
-    help = "Resolve a parked transaction as its transaction_log says (fencing it if absent)."
+    help = ("Resolve a parked transaction of a producer group owned here as its transaction_log says "
+            "(fencing it if absent).")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("transaction_id")
-        parser.add_argument("--database", default="default")
+        parser.add_argument("--database", help="the alias to fence on (default: the group's, see PRODUCER_GROUPS)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             result = resolve_parked(options["transaction_id"], options["database"])
-        except BrokerError as exc:
+        except (BrokerError, ForeignGroupError) as exc:
             raise CommandError(str(exc)) from exc
         if result is None:
             raise CommandError("the transaction is still running (lock timeout); try again")

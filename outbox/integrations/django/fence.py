@@ -1,0 +1,88 @@
+"""The fencing check from Django: what the transaction_log says of a transaction.
+
+The check runs the core's SQL (``outbox.sql``, the rule in ``outbox.fence``) on a
+connection of its own to the alias's database, opened for the check and closed after
+it: never on the caller's connection, which may be inside the very transaction the
+check has to wait for. So a check called from anywhere (a view, a decorated function,
+``answer_check_backs``' threads) waits on the producer's row as a separate client would.
+On SQLite that connection's busy timeout is the lock timeout, and the database must be a
+file (an in-memory database has no second connection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from broker_embedded import Resolution
+
+from ...errors import ConfigurationError
+from ...fence import DEFAULT_STATEMENT_TIMEOUT_MS, fence_and_read, unknown_on_timeout
+from ...sql import OutboxSQL, outbox_sql, schema_missing
+from .conf import outbox_settings
+
+
+def alias_sql(connection: BaseDatabaseWrapper) -> OutboxSQL:
+    """The core statements for a Django connection (Django's cursors take ``%s``)."""
+    return outbox_sql(connection.vendor)
+
+
+def run(connection: BaseDatabaseWrapper, statement: str, params: Sequence[Any]) -> Sequence[Sequence[Any]]:
+    """One core statement on a Django connection; its rows, if any. ``SchemaMissingError``
+    if a framework table is missing."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(statement, tuple(params) or None)
+            return cursor.fetchall() if cursor.description else []
+    except DatabaseError as exc:
+        missing = schema_missing(exc, f"database {connection.alias!r} ({connection.settings_dict['NAME']})",
+                                 f"`manage.py migrate halfmoon_outbox --database {connection.alias}`")
+        if missing is not None:
+            raise missing from exc
+        raise
+
+
+def _checker_connection(using: str) -> BaseDatabaseWrapper:
+    name = str(connections.settings[using].get("NAME", ""))
+    if connections.settings[using]["ENGINE"].endswith("sqlite3") and (
+            name in ("", ":memory:") or "mode=memory" in name):
+        raise ConfigurationError(f"database {using!r} is in memory: the outbox check needs a second "
+                                 "connection to it, use a file")
+    connection = connections.create_connection(using)
+    connection.ensure_connection()
+    connection.set_autocommit(True)  # the check begins its own transaction
+    return connection
+
+
+def fenced_answer(transaction_id: str, producer_group: str | None = None, using: str = "default",
+                  lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None) -> Resolution:
+    """What the transaction_log of ``using`` says of ``transaction_id`` (fencing it if
+    absent), checked on a connection of its own; UNKNOWN if its transaction still holds
+    the row after the lock timeout (``OUTBOX['CHECK_LOCK_TIMEOUT_MS']`` unless given).
+    ``producer_group`` defaults to ``OUTBOX['PRODUCER_GROUP']``."""
+    conf = outbox_settings()
+    group = producer_group or conf.producer_group
+    lock_ms = lock_timeout_ms or conf.check_lock_timeout_ms
+    statement_ms = statement_timeout_ms or DEFAULT_STATEMENT_TIMEOUT_MS
+    connection = _checker_connection(using)
+    sql = alias_sql(connection)
+
+    def check() -> Resolution:
+        for statement in [*sql.connection_setup(lock_ms), sql.begin]:
+            run(connection, statement, ())
+        try:
+            resolution = fence_and_read(lambda s, p: run(connection, s, p), sql, transaction_id, group,
+                                        lock_ms, statement_ms)
+        except BaseException:
+            run(connection, "ROLLBACK", ())
+            raise
+        run(connection, "COMMIT", ())
+        return resolution
+
+    try:
+        return unknown_on_timeout(transaction_id, check)
+    finally:
+        connection.close()
