@@ -19,7 +19,6 @@ POSTGRES_ADMIN_URL = os.environ.get(
     "HALFMOON_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
 )
 REDIS_URL = os.environ.get("HALFMOON_TEST_REDIS", "redis://127.0.0.1:6379/0")
-POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 
 
 def services_required() -> bool:
@@ -96,6 +95,8 @@ def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from outbox.reconcile.session import postgres_jdbc_jar
+
     builder = (
         SparkSession.builder.master("local[2]")
         .appName("halfmoon-tests")
@@ -104,8 +105,8 @@ def spark():
         .config("spark.driver.memory", "2g")
         .config("spark.sql.session.timeZone", "UTC")
     )
-    if POSTGRES_JDBC_JAR.exists():
-        builder = builder.config("spark.jars", str(POSTGRES_JDBC_JAR))
+    if postgres_jdbc_jar().exists():  # HALFMOON_POSTGRES_JDBC_JAR=/missing tests without it
+        builder = builder.config("spark.jars", str(postgres_jdbc_jar()))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -1,0 +1,291 @@
+"""The wheel, installed with each extra into a fresh venv outside the checkout, does what
+that extra is for.
+
+The wheel is built once from a clean copy of the checkout; every venv installs it by a
+direct reference (``halfmoon[extra] @ file://...``, so no other ``halfmoon`` can be
+picked) with its dependencies from the package index through pip's cache, and runs
+with the temporary folder as working directory and no PYTHONPATH, so nothing is
+imported from the checkout. The spark and all extras (pyspark alone is hundreds of MB)
+are only resolved (``pip install --dry-run``), not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import venv
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from tests.outbox.alembic_user_project import APP_REVISION_ID, write_user_project
+from tests.server.conftest import free_port
+from tests.wheelhouse import built_wheel
+
+pytestmark = pytest.mark.slow
+
+
+
+@pytest.fixture(scope="module")
+def wheel() -> Path:
+    return built_wheel()
+
+
+@dataclass
+class Venv:
+    """A fresh venv and a working folder outside the checkout."""
+
+    path: Path
+    work: Path
+
+    def bin(self, name: str) -> str:
+        return str(self.path / "bin" / name)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE"}
+               and not k.startswith("OUTBOX_")}
+        return {**env, "PATH": f"{self.path / 'bin'}{os.pathsep}{env.get('PATH', '')}", **extra}
+
+    def run(self, *argv: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([*argv], cwd=self.work, env=self.env(**env), capture_output=True,
+                                text=True, timeout=timeout)
+        assert result.returncode == 0, f"{argv}: {result.stdout[-3000:]}{result.stderr[-3000:]}"
+        return result
+
+    def python(self, code: str, **env: str) -> str:
+        return self.run(self.bin("python"), "-c", code, **env).stdout
+
+    def importable(self, module: str) -> bool:
+        probe = subprocess.run([self.bin("python"), "-c", f"import {module}"], cwd=self.work,
+                               env=self.env(), capture_output=True, timeout=120)
+        return probe.returncode == 0
+
+    def start(self, name: str, *argv: str, **env: str) -> subprocess.Popen[bytes]:
+        with (self.work / f"{name}.log").open("wb") as log:
+            return subprocess.Popen([*argv], cwd=self.work, env=self.env(**env), stdout=log,
+                                    stderr=subprocess.STDOUT)
+
+    def wait_for_log(self, name: str, process: subprocess.Popen[bytes], text: str) -> None:
+        """Until ``text`` is in the process's log (a bound of 120 s, not a measurement)."""
+        log = self.work / f"{name}.log"
+        deadline = time.monotonic() + 120
+        while text not in log.read_text(errors="replace"):
+            assert process.poll() is None, f"{name} exited {process.returncode}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"{name} never logged {text!r}: {log.read_text()[-3000:]}"
+            time.sleep(0.2)
+
+
+def _pip_install(python: str, requirement: str, *options: str, cwd: Path) -> None:
+    """This interpreter's pip, installing into the environment of ``python``."""
+    result = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
+                             "--disable-pip-version-check", *options, requirement],
+                            cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def install(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Venv]:
+    """``install("celery,redis")``: a venv with ``halfmoon[celery,redis]`` from the wheel
+    (one per set of extras in this module)."""
+    made: dict[str, Venv] = {}
+
+    def make(extras: str) -> Venv:
+        if extras not in made:
+            folder = tmp_path_factory.mktemp(f"venv-{extras.replace(',', '-') or 'core'}")
+            venv.create(folder / "venv", with_pip=False)  # pip --python installs into it
+            work = folder / "work"
+            work.mkdir()
+            requirement = f"halfmoon[{extras}] @ {wheel.as_uri()}" if extras else f"halfmoon @ {wheel.as_uri()}"
+            _pip_install(str(folder / "venv" / "bin" / "python"), requirement, cwd=work)
+            made[extras] = Venv(folder / "venv", work)
+        return made[extras]
+
+    return make
+
+
+def test_core_runs_the_broker_server_and_its_cli(install: Callable[[str], Venv]) -> None:
+    env = install("")
+    location = env.python("import broker_embedded; print(broker_embedded.__file__)")
+    assert location.startswith(str(env.path)), location  # the wheel's, not the checkout's
+    assert not env.importable("sqlalchemy") and not env.importable("example_shop")
+    assert env.python("import importlib.resources as r; print(r.files('broker_embedded')"
+                      ".joinpath('py.typed').is_file())").strip() == "True"
+    _broker_round_trip(env)
+
+
+def test_core_imports_outbox_without_an_orm(install: Callable[[str], Venv]) -> None:
+    env = install("")
+    env.python("import outbox, outbox.schema, outbox.settings, outbox.errors")
+    assert "migrate" in env.run(env.bin("outbox"), "--help").stdout
+    needs = subprocess.run([env.bin("outbox"), "migrate", "--database-url", "sqlite:///x.db"], cwd=env.work,
+                           env=env.env(), capture_output=True, text=True, timeout=120)
+    assert needs.returncode == 2 and needs.stderr.strip().splitlines() == [
+        "outbox migrate: needs SQLAlchemy and Alembic: pip install 'halfmoon[sqlalchemy]'"]
+
+
+def test_server_extra_serves_on_uvloop(install: Callable[[str], Venv]) -> None:
+    env = install("server")
+    assert env.importable("uvloop")
+    _broker_round_trip(env)
+
+
+def _broker_round_trip(env: Venv) -> None:
+    """``halfmoon-broker serve``, then ``send`` and ``receive`` one message through it."""
+    assert "serve" in env.run(env.bin("halfmoon-broker"), "--help").stdout
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    server = env.start("broker", env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "broker"),
+                       "--port", str(port))
+    try:
+        env.wait_for_log("broker", server, f"listening on 127.0.0.1:{port}")
+        env.run(env.bin("halfmoon-broker"), "send", "order.paid", "from-the-wheel", "--url", url)
+        received = env.run(env.bin("halfmoon-broker"), "receive", "points", "order.paid", "--max", "1",
+                           "--wait", "10", "--url", url)
+        assert "from-the-wheel" in received.stdout
+    finally:
+        _stop(server)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_sqlalchemy_extra_migrates_and_joins_an_apps_alembic_history(install: Callable[[str], Venv]) -> None:
+    env = install("sqlalchemy")
+    env.python("import outbox, outbox.integrations.sqlalchemy.session, outbox.integrations.alembic")
+    assert "migrate" in env.run(env.bin("outbox"), "--help").stdout
+    url = f"sqlite:///{env.work / 'outbox.sqlite3'}"
+    env.run(env.bin("outbox"), "migrate", "--database-url", url)  # issue 11 item 4, from a wheel
+    engine = create_engine(url)
+    try:  # issue 11 item 2: Django's shape
+        table = inspect(engine)
+        assert table.get_pk_constraint("outbox_consumed_message")["constrained_columns"] == ["id"]
+        assert [u["name"] for u in table.get_unique_constraints("outbox_consumed_message")] == [
+            "uniq_outbox_consumed_message"]
+    finally:
+        engine.dispose()
+
+    app_url = f"sqlite:///{env.work / 'app.sqlite3'}"  # the docs' recipe, with the venv's alembic
+    ini = write_user_project(env.work / "project", app_url)
+    env.run(env.bin("alembic"), "-c", str(ini), "upgrade", "heads")
+    with sqlite3.connect(env.work / "app.sqlite3") as conn:
+        versions = {row[0] for row in conn.execute("SELECT version_num FROM alembic_version")}
+    assert versions == {"0002", APP_REVISION_ID}
+    env.run(env.bin("alembic"), "-c", str(ini), "check")
+
+
+@pytest.mark.postgres
+def test_postgres_extra_migrates_postgresql(install: Callable[[str], Venv], postgres_url: str) -> None:
+    env = install("sqlalchemy,postgres")
+    env.run(env.bin("outbox"), "migrate", "--database-url", postgres_url)
+    engine = create_engine(postgres_url)
+    try:
+        assert {"outbox_transaction_log", "outbox_consumed_message", "outbox_alembic_version"} <= set(
+            inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.redis
+def test_celery_redis_extra_worker_answers_over_redis(install: Callable[[str], Venv], redis_url: str) -> None:
+    env = install("celery,redis")  # issue 11 item 3
+    app = "outbox.integrations.celery.worker"
+    settings = {"OUTBOX_CELERY_BROKER_URL": redis_url,
+                "OUTBOX_DATABASE_URL": f"sqlite:///{env.work / 'outbox.sqlite3'}"}
+    worker = env.start("worker", env.bin("celery"), "-A", app, "worker", "-Q", "outbox.check.shop",
+                       "--pool", "threads", "-n", "hm-wheel@localhost", "--loglevel", "INFO", **settings)
+    try:
+        env.wait_for_log("worker", worker, "hm-wheel@localhost ready")
+        pong = env.run(env.bin("celery"), "-A", app, "inspect", "ping", "-d", "hm-wheel@localhost",
+                       "--timeout", "10", **settings)
+        assert "pong" in pong.stdout
+    finally:
+        _stop(worker)
+
+
+DJANGO_SETTINGS = """\
+import os
+from pathlib import Path
+
+BASE = Path(__file__).resolve().parent
+SECRET_KEY = "wheel-test"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+                  "django.contrib.sessions", "django.contrib.messages", "outbox.integrations.django"]
+MIDDLEWARE = ["django.contrib.sessions.middleware.SessionMiddleware",
+              "django.contrib.auth.middleware.AuthenticationMiddleware",
+              "django.contrib.messages.middleware.MessageMiddleware"]
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
+              "OPTIONS": {"context_processors": ["django.template.context_processors.request",
+                                                 "django.contrib.auth.context_processors.auth",
+                                                 "django.contrib.messages.context_processors.messages"]}}]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE / "db.sqlite3",
+                         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20}}}
+OUTBOX = {"BROKER_URL": os.environ.get("SITE_BROKER_URL", f"embedded://{BASE / 'broker'}"),
+          "PRODUCER_GROUP": "shop"}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+"""
+
+
+def test_django_extra_without_sqlalchemy(install: Callable[[str], Venv]) -> None:
+    env = install("django")
+    assert not env.importable("sqlalchemy")
+    (env.work / "site_settings.py").write_text(DJANGO_SETTINGS)
+    django = {"DJANGO_SETTINGS_MODULE": "site_settings", "PYTHONPATH": str(env.work)}
+    env.run(env.bin("django-admin"), "check", **django)
+    env.run(env.bin("django-admin"), "migrate", "-v0", **django)
+    with sqlite3.connect(env.work / "db.sqlite3") as conn:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox_consumed_message)")}
+    assert columns == {"id", "consumer_group", "message_id", "topic", "transaction_id", "consumed_at"}
+    _another_services_transaction_is_left_alone(env, django)
+
+
+def _another_services_transaction_is_left_alone(env: Venv, django: dict[str, str]) -> None:
+    """Issue 11 item 1 from the wheel: a transaction of producer group ``billing`` (another
+    service's database) is not fenced in this project's database by ``outbox_check``."""
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    server = env.start("broker-tcp", env.bin("halfmoon-broker"), "serve", "--data-dir",
+                       str(env.work / "broker-tcp"), "--port", str(port))
+    try:
+        env.wait_for_log("broker-tcp", server, f"listening on 127.0.0.1:{port}")
+        env.python("from broker_embedded import BrokerClient, Message\n"
+                   f"with BrokerClient({url!r}) as c:\n"
+                   "    c.send_half(Message('invoice.paid', b'{}'), producer_group='billing', transaction_id='tx-billing')")
+        for group in ([], ["--group", "billing"]):
+            refused = subprocess.run([env.bin("django-admin"), "outbox_check", "tx-billing", *group],
+                                     cwd=env.work, env=env.env(SITE_BROKER_URL=url, **django),
+                                     capture_output=True, text=True, timeout=120)
+            assert refused.returncode == 1 and "billing" in refused.stderr, refused.stderr
+        state = env.run(env.bin("halfmoon-broker"), "tx", "state", "tx-billing", "--url", url)
+        assert "pending" in state.stdout.lower()
+        with sqlite3.connect(env.work / "db.sqlite3") as conn:
+            assert conn.execute("SELECT count(*) FROM outbox_transaction_log").fetchone() == (0,)
+    finally:
+        _stop(server)
+
+
+@pytest.mark.parametrize("extras", ["spark", "all"])
+def test_big_extras_resolve(wheel: Path, tmp_path: Path, extras: str) -> None:
+    """Resolution only: every requirement of the extra has a release that fits the others."""
+    report = tmp_path / "report.json"
+    _pip_install(sys.executable, f"halfmoon[{extras}] @ {wheel.as_uri()}", "--dry-run",
+                 "--ignore-installed", "--report", str(report), cwd=tmp_path)
+    resolved = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert {"pyspark", "pyarrow", "pandas", "sqlalchemy"} <= resolved
+
