@@ -13,7 +13,14 @@ Flags:
 * ``duplicate_delivery``: the broker wrote the message more than once, or a group received
   it more than once;
 * ``duplicate_effect``: a consumer group recorded more consumptions of the transaction
-  than it has messages.
+  than it has messages;
+* ``conflict``: the producer databases disagree about the transaction (one says
+  COMMITTED, another ROLLED_BACK), or a database rolled it back while its messages were
+  delivered or consumed. A transaction committed in one database and fenced in another is
+  one of these: whichever verdict is true, a database or a consumer is wrong.
+
+A transaction with any COMMITTED row counts as committed (so a conflict whose messages
+never arrived is also ``lost``).
 
 Latencies (ms): local commit (transaction_log.created_at) -> broker commit (commit_ms)
 -> consumed (first consumed_at).
@@ -25,10 +32,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 FLAGS = ("committed", "rolled_back", "half_pending", "parked", "phantom", "lost",
-         "duplicate_delivery", "duplicate_effect")
+         "duplicate_delivery", "duplicate_effect", "conflict")
 #: What a threshold can gate on (a count of transactions with that flag).
 GATES = (*FLAGS, "clock_skew")
-ANOMALIES = ("phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked", "clock_skew")
+ANOMALIES = ("conflict", "phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked",
+             "clock_skew")
 KNOWN_LOCAL_STATES = ("COMMITTED", "ROLLED_BACK")
 KNOWN_BROKER_STATES = ("normal", "half", "committed", "rolled_back", "parked")
 
@@ -51,8 +59,10 @@ def classify(
         transaction_log.where(F.col("transaction_id").isNotNull())
         .groupBy("transaction_id")
         .agg(
-            F.first("state").alias("local_state"),
+            # "COMMITTED" sorts first: a transaction committed anywhere counts as committed
+            F.min("state").alias("local_state"),
             (F.min("state") != F.max("state")).alias("conflicting_local_states"),
+            F.max(F.col("state") == "ROLLED_BACK").alias("rolled_back_somewhere"),
             F.count(F.lit(1)).alias("local_rows"),
             F.min(_millis("created_at")).alias("local_ms"),
             F.first("producer_group").alias("local_group"),
@@ -117,6 +127,9 @@ def classify(
         (((F.coalesce(F.col("broker_state"), F.lit("")) == "committed") | (F.col("consumed") > 0))
          & not_committed).alias("phantom"),
         (committed & settled_before & unreached).alias("lost"),
+        (F.coalesce(F.col("conflicting_local_states"), F.lit(False))
+         | (F.coalesce(F.col("rolled_back_somewhere"), F.lit(False))
+            & ((F.col("delivered") > 0) | (F.col("consumed") > 0)))).alias("conflict"),
         ((F.col("max_copies") > 1) | (F.col("max_attempts") > 1)).alias("duplicate_delivery"),
         (F.col("max_per_group") > F.coalesce(F.col("message_count"), F.lit(1))).alias("duplicate_effect"),
         commit_latency.alias("commit_latency_ms"),

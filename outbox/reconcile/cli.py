@@ -3,7 +3,7 @@
     outbox reconcile --producer-db URL [--producer-db URL ...] --consumer-db URL ...
                      --broker-export DIR --out DIR [--since ISO] [--until ISO]
                      [--grace-seconds 60] [--max-lost 0] [--max-phantom 0]
-                     [--max-duplicate-effect 0] [--threshold NAME=N ...]
+                     [--max-duplicate-effect 0] [--max-conflict 0] [--threshold NAME=N ...]
                      [--master local[*]] [--conf key=value ...]
                      [--postgres-read auto|jdbc|sqlalchemy]
 
@@ -51,7 +51,8 @@ def _pairs(items: list[str], option: str) -> dict[str, str]:
 
 
 def _thresholds(args: argparse.Namespace) -> dict[str, int]:
-    thresholds = {"lost": args.max_lost, "phantom": args.max_phantom, "duplicate_effect": args.max_duplicate_effect}
+    thresholds = {"lost": args.max_lost, "phantom": args.max_phantom, "duplicate_effect": args.max_duplicate_effect,
+                  "conflict": args.max_conflict}
     for name, value in _pairs(args.threshold, "--threshold").items():
         if name not in GATES:
             raise ValueError(f"unknown threshold {name!r}; known: {', '.join(GATES)}")
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-lost", type=int, default=0)
     parser.add_argument("--max-phantom", type=int, default=0)
     parser.add_argument("--max-duplicate-effect", type=int, default=0)
+    parser.add_argument("--max-conflict", type=int, default=0,
+                        help="transactions the producer databases disagree on, or rolled back yet delivered")
     parser.add_argument("--threshold", action="append", default=[], metavar="NAME=N",
                         help=f"fail when more than N transactions are NAME ({', '.join(GATES)})")
     parser.add_argument("--master", default="local[*]")

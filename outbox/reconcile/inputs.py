@@ -79,8 +79,13 @@ def _jdbc_url(url: str) -> tuple[str, dict[str, str]]:
     return jdbc, props
 
 
-def _read_postgres(spark: SparkSession, url: str, table: str, partitions: int) -> DataFrame:
-    """JDBC, partitioned on the epoch of the table's timestamp column."""
+def _column_names(schema: str) -> list[str]:
+    return [part.split()[0] for part in schema.split(", ")]
+
+
+def _read_postgres(spark: SparkSession, url: str, table: str, schema: str, partitions: int) -> DataFrame:
+    """The framework columns through JDBC (never ``*``: Django's table has an ``id`` and a
+    user's may have more), partitioned on the epoch of the table's timestamp column."""
     time_column = "created_at" if table == TRANSACTION_LOG else "consumed_at"
     engine = create_engine(url)
     with engine.connect() as conn:
@@ -90,7 +95,8 @@ def _read_postgres(spark: SparkSession, url: str, table: str, partitions: int) -
         )).one()
     engine.dispose()
     jdbc, props = _jdbc_url(url)
-    query = f"(SELECT t.*, extract(epoch from {time_column})::bigint AS _part FROM {table} t) AS src"
+    columns = ", ".join(_column_names(schema))
+    query = f"(SELECT {columns}, extract(epoch from {time_column})::bigint AS _part FROM {table}) AS src"
     frame = spark.read.jdbc(
         jdbc, query, column="_part", lowerBound=int(low), upperBound=int(high) + 1,
         numPartitions=max(1, partitions), properties=props,
@@ -130,9 +136,10 @@ def read_table(spark: SparkSession, url: str, table: str, partitions: int = 4,
     JDBC when ``jdbc`` (see ``use_jdbc``), else through SQLAlchemy."""
     schema = TRANSACTION_LOG_SCHEMA if table == TRANSACTION_LOG else CONSUMED_SCHEMA
     if url.startswith("parquet://"):  # a table exported to Parquet (large runs, benchmarks)
-        return spark.read.parquet(url[len("parquet://"):]).withColumn("source_db", F.lit(url))
+        frame = spark.read.parquet(url[len("parquet://"):]).select(*_column_names(schema))
+        return frame.withColumn("source_db", F.lit(url))
     if jdbc and _is_postgres(url):
-        frame = _read_postgres(spark, url, table, partitions)
+        frame = _read_postgres(spark, url, table, schema, partitions)
     else:
         frame = _read_sqlalchemy(spark, url, table, schema)
     return frame.withColumn("source_db", F.lit(make_url(url).render_as_string(hide_password=True)))

@@ -26,7 +26,7 @@ from .report import write_html
 HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
 #: Latency histogram bucket edges (ms), roughly logarithmic.
 BUCKETS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
-DEFAULT_THRESHOLDS = {"lost": 0, "phantom": 0, "duplicate_effect": 0}
+DEFAULT_THRESHOLDS = {"lost": 0, "phantom": 0, "duplicate_effect": 0, "conflict": 0}
 
 
 @dataclass
