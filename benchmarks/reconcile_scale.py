@@ -1,6 +1,6 @@
 """Reconciliation at scale: Spark (local[2]) against DuckDB over the same Parquet.
 
-    ./dev bench reconcile_scale [--sizes 1000000 10000000]
+    ./dev bench reconcile_scale [--sizes 10000 1000000 10000000]
 
 For each size: synthetic inputs with every anomaly kind written as Parquet, then the
 whole job (``python -m outbox.reconcile``, Spark start included, wall time) and the same
@@ -97,9 +97,10 @@ FROM tx
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000, 10_000_000])
     args = parser.parse_args()
-    print(f"{'transactions':>14}{'spark wall s':>14}{'duckdb s':>10}{'ratio':>8}  counts (spark | duckdb)")
+    print(f"{'transactions':>14}{'spark wall s':>14}{'spark jobs':>12}{'duckdb s':>10}{'ratio':>8}"
+          "  counts (spark | duckdb)")
     for n in args.sizes:
         folder = Path(tempfile.mkdtemp(prefix="hm-reconcile-bench-"))
         try:
@@ -116,11 +117,13 @@ def main() -> None:
             if run.returncode not in (0, 1):
                 print(run.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"the Spark job failed at {n}")
-            counts = json.loads((folder / "out" / "summary.json").read_text())["counts"]
+            summary = json.loads((folder / "out" / "summary.json").read_text())
+            counts = summary["counts"]
             start = time.perf_counter()
             row = duckdb.connect().execute(DUCKDB_SQL.format(d=folder)).fetchall()[0]
             duck_s = time.perf_counter() - start
-            print(f"{n:>14,}{spark_s:>14.1f}{duck_s:>10.1f}{spark_s / duck_s:>8.1f}  "
+            print(f"{n:>14,}{spark_s:>14.1f}{summary.get('spark_jobs', '?'):>12}{duck_s:>10.1f}"
+                  f"{spark_s / duck_s:>8.1f}  "
                   f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
                   f"dup {counts['duplicate_delivery']}|{row[4]}")
         finally:

@@ -26,6 +26,8 @@ from .report import write_html
 HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
 #: Latency histogram bucket edges (ms), roughly logarithmic.
 BUCKETS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
+#: The Spark job group of one run, so that the summary can say how many jobs it took.
+JOB_GROUP = "halfmoon-reconcile"
 DEFAULT_THRESHOLDS = {"lost": 0, "phantom": 0, "duplicate_effect": 0, "conflict": 0}
 
 
@@ -136,6 +138,7 @@ def _histograms(frame: DataFrame) -> dict[str, list[int]]:
 def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions) -> ReconcileResult:
     """Run the job; writes summary.json, anomalies/<category>/ (Parquet) and report.html."""
     progress = _Progress()
+    spark.sparkContext.setJobGroup(JOB_GROUP, "halfmoon reconciliation")
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     now_ms = options.now_ms or int(time.time() * 1000)
@@ -188,6 +191,7 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
         "histograms": histograms,
         "sanity": checks,
         "seconds": round(time.monotonic() - progress.started, 2),
+        "spark_jobs": len(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP)),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_html(summary, out / "report.html")
