@@ -57,7 +57,7 @@ def write_inputs(n: int, folder: Path) -> None:
         "delivery_attempts": pa.array([1] * sum(delivered), pa.int32()),
         "first_delivered_ms": pa.array([m + 10 for m, d in zip(local_ms, delivered, strict=True) if d]),
         "acked_ms": pa.array([m + 12 for m, d in zip(local_ms, delivered, strict=True) if d]),
-        "dead_lettered": pa.array([False] * sum(delivered)),
+        "dead_lettered": pa.array([False] * sum(delivered)), "transaction_id": ids.filter(pick),
     }), folder / "export" / "deliveries.parquet")
     pq.write_table(pa.table({
         "consumer_group": pa.array(["points"] * sum(delivered)), "message_id": mids.filter(pick),

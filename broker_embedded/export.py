@@ -8,7 +8,8 @@ Two tables (Parquet or JSON lines) in ``out_dir``:
   the id was written to its real topic; more than one is a duplicate source);
 * ``deliveries``: one row per message and consumer group that received it:
   message_id, consumer_group, topic, delivery_attempts, first_delivered_ms, acked_ms,
-  dead_lettered.
+  dead_lettered, transaction_id (of a transactional message, so that reconciliation
+  needs no join to place a delivery).
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ def collect(broker: EmbeddedBroker) -> tuple[list[dict[str, Any]], list[dict[str
     for message_id, row in rows.items():
         row["copies"] = copies.get(message_id, 0)
     deliveries = list(delivery_rows(broker))
+    for delivery in deliveries:
+        message = rows.get(delivery["message_id"])
+        delivery["transaction_id"] = message["transaction_id"] if message else None
     return list(rows.values()), deliveries
 
 
@@ -166,7 +170,7 @@ def _write_parquet(out: Path, messages: list[dict[str, Any]], deliveries: list[d
     delivery_schema = pa.schema([
         ("message_id", pa.string()), ("consumer_group", pa.string()), ("topic", pa.string()),
         ("delivery_attempts", pa.int32()), ("first_delivered_ms", pa.int64()),
-        ("acked_ms", pa.int64()), ("dead_lettered", pa.bool_()),
+        ("acked_ms", pa.int64()), ("dead_lettered", pa.bool_()), ("transaction_id", pa.string()),
     ])
     pq.write_table(pa.Table.from_pylist(messages, schema=message_schema), out / "messages.parquet")
     pq.write_table(pa.Table.from_pylist(deliveries, schema=delivery_schema), out / "deliveries.parquet")

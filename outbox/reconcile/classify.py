@@ -24,11 +24,23 @@ never arrived is also ``lost``).
 
 Latencies (ms): local commit (transaction_log.created_at) -> broker commit (commit_ms)
 -> consumed (first consumed_at).
+
+How (one pass): the four inputs are projected to one row shape (``events``: numbers
+only, besides the transaction id), shuffled once on the transaction id, and aggregated
+in three hash aggregations that need no further shuffle (per consumed message, per
+consumer group, per transaction). States, topics, consumer groups and databases travel
+as integer codes so every aggregate hashes; topic names come back through a dictionary
+observed while the messages are read. Input sanity counts are observed during the same
+scan (``Observation``), never by reading an input again.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from dataclasses import dataclass
+from typing import Any
+
+from py4j.protocol import Py4JJavaError
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 FLAGS = ("committed", "rolled_back", "half_pending", "parked", "phantom", "lost",
@@ -37,101 +49,225 @@ FLAGS = ("committed", "rolled_back", "half_pending", "parked", "phantom", "lost"
 GATES = (*FLAGS, "clock_skew")
 ANOMALIES = ("conflict", "phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked",
              "clock_skew")
-KNOWN_LOCAL_STATES = ("COMMITTED", "ROLLED_BACK")
-KNOWN_BROKER_STATES = ("normal", "half", "committed", "rolled_back", "parked")
+#: Producer database states by code; "COMMITTED" has the lowest, so the minimum over a
+#: transaction's rows says committed when any row does.
+LOCAL_STATES = {"COMMITTED": 1, "ROLLED_BACK": 2}
+#: Broker states by code.
+BROKER_STATES = {"committed": 1, "rolled_back": 2, "half": 3, "parked": 4, "normal": 5}
+UNKNOWN = 9
+KNOWN_LOCAL_STATES = tuple(LOCAL_STATES)
+KNOWN_BROKER_STATES = tuple(BROKER_STATES)
+#: At most this many databases of each side: each is one bit of a 64-bit mask.
+MAX_DATABASES = 63
+HOUR_MS = 3_600_000
+
+_LOCAL, _MESSAGE, _DELIVERY, _CONSUMED = 0, 1, 2, 3
+
+
+@dataclass
+class Observed:
+    """What is counted while the inputs are read (see ``events``)."""
+
+    transaction_log: Observation
+    messages: Observation
+    consumed: Observation
+
+    def sanity(self) -> dict[str, int]:
+        """The input sanity counts; call after the first action over the events."""
+        local, broker, consumed = _metrics(self.transaction_log), _metrics(self.messages), _metrics(self.consumed)
+        return {
+            "transaction_log_null_ids": int(local.get("null_ids") or 0),
+            "unknown_local_states": int(local.get("unknown_states") or 0),
+            "messages_null_ids": int(broker.get("null_ids") or 0),
+            "unknown_broker_states": int(broker.get("unknown_states") or 0),
+            "consumed_null_ids": int(consumed.get("null_ids") or 0),
+        }
+
+    def topics(self) -> dict[int, str]:
+        """Topic names by code, from the messages and the consumed rows."""
+        pairs = [*(_metrics(self.messages).get("topics") or []), *(_metrics(self.consumed).get("topics") or [])]
+        return {int(row["code"]): str(row["topic"]) for row in pairs}
+
+
+def _metrics(observation: Observation) -> dict[str, Any]:
+    """An observation's values; none when Spark optimised the scan away because every
+    input was empty (then there was nothing to count)."""
+    try:
+        return dict(observation.get)
+    except Py4JJavaError:
+        return {}
+
+
+def _code(column: str, codes: dict[str, int]) -> Column:
+    expression = F.lit(UNKNOWN)
+    for name, code in codes.items():
+        expression = F.when(F.col(column) == name, F.lit(code)).otherwise(expression)
+    return expression
+
+
+def _database_bit(labels: list[str]) -> Column:
+    """Each row's ``source_db`` as one bit of a mask, by its place in ``labels``."""
+    if len(labels) > MAX_DATABASES:
+        raise ValueError(f"at most {MAX_DATABASES} databases of each side, got {len(labels)}")
+    bit = F.lit(0).cast("long")
+    for index, label in enumerate(labels):
+        bit = F.when(F.col("source_db") == label, F.lit(1 << index)).otherwise(bit)
+    return bit
 
 
 def _millis(column: str) -> Column:
     return F.unix_millis(F.col(column).cast("timestamp"))
 
 
-def classify(
-    transaction_log: DataFrame,
-    messages: DataFrame,
-    deliveries: DataFrame,
-    consumed: DataFrame,
-    now_ms: int,
-    grace_ms: int,
-    has_consumers: bool,
-) -> DataFrame:
-    """The per-transaction table (see the module docstring)."""
-    local = (
-        transaction_log.where(F.col("transaction_id").isNotNull())
-        .groupBy("transaction_id")
-        .agg(
-            # "COMMITTED" sorts first: a transaction committed anywhere counts as committed
-            F.min("state").alias("local_state"),
-            (F.min("state") != F.max("state")).alias("conflicting_local_states"),
-            F.max(F.col("state") == "ROLLED_BACK").alias("rolled_back_somewhere"),
-            F.count(F.lit(1)).alias("local_rows"),
-            F.min(_millis("created_at")).alias("local_ms"),
-            F.first("producer_group").alias("local_group"),
-        )
+def _topic_dictionary(topic: str) -> Column:
+    return F.collect_set(F.struct(F.xxhash64(topic).alias("code"), F.col(topic).alias("topic"))).alias("topics")
+
+
+def _row(kind: int, **columns: Column) -> list[Column]:
+    """One input row in the shape shared by all four inputs (absent measures are null)."""
+    shape = ("local_code", "broker_code", "time_ms", "commit_ms", "topic_code", "copies", "attempts",
+             "group_code", "message_code", "database_bit")
+    return [F.col("transaction_id"), F.lit(kind).cast("byte").alias("kind"),
+            *[columns.get(name, F.lit(None)).cast("long").alias(name) for name in shape]]
+
+
+def events(transaction_log: DataFrame, messages: DataFrame, deliveries: DataFrame, consumed: DataFrame,
+           producer_labels: list[str], consumer_labels: list[str],
+           delivery_ids_known: bool) -> tuple[DataFrame, Observed]:
+    """The four inputs as rows of one shape, transactional rows only, and what their scan
+    observes. ``delivery_ids_known``: the deliveries carry their transaction id (exports
+    since it was added); otherwise it is found by joining the messages on message_id."""
+    observed = Observed(Observation("transaction_log"), Observation("messages"), Observation("consumed"))
+    local = transaction_log.observe(
+        observed.transaction_log,
+        F.count_if(F.col("transaction_id").isNull()).alias("null_ids"),
+        F.count_if(~F.col("state").isin(*KNOWN_LOCAL_STATES)).alias("unknown_states"),
     )
-    tx_messages = messages.where(F.col("transaction_id").isNotNull())
-    broker = tx_messages.groupBy("transaction_id").agg(
-        F.first("state").alias("broker_state"),
-        F.count(F.lit(1)).alias("message_count"),
-        F.max("commit_ms").alias("commit_ms"),
-        F.min("store_ms").alias("store_ms"),
-        F.first("topic").alias("topic"),
-        F.max("copies").alias("max_copies"),
+    broker = messages.observe(
+        observed.messages,
+        F.count_if(F.col("message_id").isNull()).alias("null_ids"),
+        F.count_if(~F.col("state").isin(*KNOWN_BROKER_STATES)).alias("unknown_states"),
+        _topic_dictionary("topic"),
     )
-    delivered = (
-        deliveries.join(tx_messages.select("message_id", "transaction_id"), "message_id")
-        .groupBy("transaction_id")
-        .agg(
-            F.sum(F.when(F.col("delivery_attempts") > 0, 1).otherwise(0)).alias("delivered"),
-            F.max("delivery_attempts").alias("max_attempts"),
-        )
+    consumptions = consumed.observe(
+        observed.consumed,
+        F.count_if(F.col("transaction_id").isNull()).alias("null_ids"),
+        _topic_dictionary("topic"),
     )
-    per_group = (
-        consumed.where(F.col("transaction_id").isNotNull())
-        .groupBy("transaction_id", "consumer_group")
-        .agg(F.count(F.lit(1)).alias("n"), F.min(_millis("consumed_at")).alias("first_ms"),
-             F.first("topic").alias("consumed_topic"))
+    if not delivery_ids_known:
+        deliveries = deliveries.drop("transaction_id").join(
+            messages.select("message_id", "transaction_id").where(F.col("transaction_id").isNotNull()),
+            "message_id")
+    rows = [
+        local.select(*_row(_LOCAL, local_code=_code("state", LOCAL_STATES), time_ms=_millis("created_at"),
+                           database_bit=_database_bit(producer_labels))),
+        broker.select(*_row(_MESSAGE, broker_code=_code("state", BROKER_STATES), time_ms=F.col("store_ms"),
+                            commit_ms=F.col("commit_ms"), topic_code=F.xxhash64("topic"),
+                            copies=F.col("copies"))),
+        deliveries.select(*_row(_DELIVERY, time_ms=F.col("first_delivered_ms"),
+                                attempts=F.col("delivery_attempts"))),
+        consumptions.select(*_row(_CONSUMED, time_ms=_millis("consumed_at"), topic_code=F.xxhash64("topic"),
+                                  group_code=F.xxhash64("consumer_group"),
+                                  message_code=F.xxhash64("message_id"),
+                                  database_bit=_database_bit(consumer_labels))),
+    ]
+    union = rows[0]
+    for frame in rows[1:]:
+        union = union.unionByName(frame)
+    return union.where(F.col("transaction_id").isNotNull()), observed
+
+
+def _when(kind: int, column: str) -> Column:
+    return F.when(F.col("kind") == kind, F.col(column))
+
+
+def per_transaction(events_frame: DataFrame, partitions: int) -> DataFrame:
+    """One row per transaction id: one shuffle, then three hash aggregations."""
+    shuffled = events_frame.repartition(partitions, "transaction_id")
+    per_key = shuffled.groupBy("transaction_id", "kind", "group_code", "message_code").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min("local_code").alias("local_min"), F.max("local_code").alias("local_max"),
+        F.max((F.col("local_code") == LOCAL_STATES["ROLLED_BACK"]).cast("int")).alias("rolled_back_rows"),
+        F.min("broker_code").alias("broker_code"),
+        F.min("time_ms").alias("time_ms"), F.max("commit_ms").alias("commit_ms"),
+        F.max("topic_code").alias("topic_code"), F.max("copies").alias("copies"),
+        F.max("attempts").alias("attempts"),
+        F.sum((F.col("attempts") > 0).cast("int")).alias("delivered"),
+        F.bit_or("database_bit").alias("database_bits"),
     )
-    consumption = per_group.groupBy("transaction_id").agg(
-        F.sum("n").alias("consumed"),
-        F.max("n").alias("max_per_group"),
-        F.min("first_ms").alias("consumed_ms"),
-        F.first("consumed_topic").alias("consumed_topic"),
+    per_group = per_key.groupBy("transaction_id", "kind", "group_code").agg(
+        F.sum("n").alias("n"),
+        F.sum((F.col("n") > 1).cast("int")).alias("duplicate_keys"),
+        F.min("local_min").alias("local_min"), F.max("local_max").alias("local_max"),
+        F.max("rolled_back_rows").alias("rolled_back_rows"), F.min("broker_code").alias("broker_code"),
+        F.min("time_ms").alias("time_ms"), F.max("commit_ms").alias("commit_ms"),
+        F.max("topic_code").alias("topic_code"), F.max("copies").alias("copies"),
+        F.max("attempts").alias("attempts"), F.sum("delivered").alias("delivered"),
+        F.bit_or("database_bits").alias("database_bits"),
     )
-    joined = (
-        local.join(broker, "transaction_id", "full_outer")
-        .join(delivered, "transaction_id", "left")
-        .join(consumption, "transaction_id", "left")
-        .fillna(0, ["delivered", "consumed", "max_per_group", "max_attempts", "max_copies"])
+    return per_group.groupBy("transaction_id").agg(
+        F.min(_when(_LOCAL, "local_min")).alias("local_code"),
+        F.sum(_when(_LOCAL, "n")).alias("local_rows"),
+        (F.min(_when(_LOCAL, "local_min")) != F.max(_when(_LOCAL, "local_max"))).alias("conflicting_local_states"),
+        F.max(_when(_LOCAL, "rolled_back_rows")).alias("rolled_back_somewhere"),
+        F.min(_when(_LOCAL, "time_ms")).alias("local_ms"),
+        F.bit_or(_when(_LOCAL, "database_bits")).alias("producer_bits"),
+        F.min(_when(_MESSAGE, "broker_code")).alias("broker_code"),
+        F.sum(_when(_MESSAGE, "n")).alias("message_count"),
+        F.min(_when(_MESSAGE, "time_ms")).alias("store_ms"),
+        F.max(_when(_MESSAGE, "commit_ms")).alias("commit_ms"),
+        F.max(_when(_MESSAGE, "copies")).alias("max_copies"),
+        F.max(_when(_MESSAGE, "topic_code")).alias("message_topic"),
+        F.sum(_when(_DELIVERY, "delivered")).alias("delivered"),
+        F.max(_when(_DELIVERY, "attempts")).alias("max_attempts"),
+        F.sum(_when(_CONSUMED, "n")).alias("consumed"),
+        F.max(_when(_CONSUMED, "n")).alias("max_per_group"),
+        F.sum(_when(_CONSUMED, "duplicate_keys")).alias("consumed_duplicate_keys"),
+        F.min(_when(_CONSUMED, "time_ms")).alias("consumed_ms"),
+        F.max(_when(_CONSUMED, "topic_code")).alias("consumed_topic"),
+        F.bit_or(_when(_CONSUMED, "database_bits")).alias("consumer_bits"),
     )
-    committed = F.col("local_state") == "COMMITTED"
-    not_committed = F.coalesce(F.col("local_state"), F.lit("")) != "COMMITTED"
+
+
+def classify(transactions: DataFrame, now_ms: int, grace_ms: int, has_consumers: bool) -> DataFrame:
+    """The flags and latencies of each transaction (see the module docstring) from
+    ``per_transaction``; topics stay codes (``topic_code``), states become names."""
+    zero = ["delivered", "consumed", "max_per_group", "max_attempts", "max_copies", "local_rows",
+            "consumed_duplicate_keys"]
+    frame = transactions.fillna(0, zero)
+    local_code, broker_code = F.col("local_code"), F.col("broker_code")
+    committed = F.coalesce(local_code == LOCAL_STATES["COMMITTED"], F.lit(False))
+    broker_committed = F.coalesce(broker_code == BROKER_STATES["committed"], F.lit(False))
     settled_before = F.coalesce(F.col("local_ms"), F.col("store_ms")) < F.lit(now_ms - grace_ms)
     unreached = (F.col("delivered") == 0) | ((F.col("consumed") == 0) if has_consumers else F.lit(False))
     commit_latency = F.col("commit_ms") - F.col("local_ms")
     consume_latency = F.col("consumed_ms") - F.col("commit_ms")
     event_ms = F.coalesce(F.col("local_ms"), F.col("store_ms"), F.col("commit_ms"))
-    return joined.select(
+    rolled_back_somewhere = F.coalesce(F.col("rolled_back_somewhere") == 1, F.lit(False))
+    return frame.select(
         "transaction_id",
-        F.coalesce("topic", "consumed_topic", F.lit("?")).alias("topic"),
-        "local_state", "broker_state", "local_rows", "conflicting_local_states", "message_count",
-        "local_ms", "commit_ms", "consumed_ms",
-        F.date_trunc("hour", F.timestamp_millis(event_ms)).alias("hour"),
+        F.coalesce("message_topic", "consumed_topic", F.lit(0)).alias("topic_code"),
+        _name(local_code, LOCAL_STATES).alias("local_state"),
+        _name(broker_code, BROKER_STATES).alias("broker_state"),
+        "local_rows", "message_count", "local_ms", "store_ms", "commit_ms", "consumed_ms",
+        "producer_bits", "consumer_bits", "consumed_duplicate_keys",
+        F.coalesce(F.col("conflicting_local_states"), F.lit(False)).alias("conflicting_local_states"),
+        (F.floor(event_ms / HOUR_MS) * HOUR_MS).alias("hour_ms"),
         event_ms.alias("event_ms"),
         committed.alias("committed"),
-        ((F.col("local_state") == "ROLLED_BACK")
-         | (F.col("local_state").isNull() & (F.col("broker_state") == "rolled_back"))).alias("rolled_back"),
-        F.coalesce(F.col("broker_state") == "half", F.lit(False)).alias("half_pending"),
-        F.coalesce(F.col("broker_state") == "parked", F.lit(False)).alias("parked"),
+        (F.coalesce(local_code == LOCAL_STATES["ROLLED_BACK"], F.lit(False))
+         | (local_code.isNull() & F.coalesce(broker_code == BROKER_STATES["rolled_back"], F.lit(False))))
+        .alias("rolled_back"),
+        F.coalesce(broker_code == BROKER_STATES["half"], F.lit(False)).alias("half_pending"),
+        F.coalesce(broker_code == BROKER_STATES["parked"], F.lit(False)).alias("parked"),
         F.col("delivered").cast("int").alias("delivered"),
         F.col("consumed").cast("int").alias("consumed"),
-        (((F.coalesce(F.col("broker_state"), F.lit("")) == "committed") | (F.col("consumed") > 0))
-         & not_committed).alias("phantom"),
-        (committed & settled_before & unreached).alias("lost"),
-        (F.coalesce(F.col("conflicting_local_states"), F.lit(False))
-         | (F.coalesce(F.col("rolled_back_somewhere"), F.lit(False))
-            & ((F.col("delivered") > 0) | (F.col("consumed") > 0)))).alias("conflict"),
+        ((broker_committed | (F.col("consumed") > 0)) & ~committed).alias("phantom"),
+        (committed & F.coalesce(settled_before, F.lit(False)) & unreached).alias("lost"),
         ((F.col("max_copies") > 1) | (F.col("max_attempts") > 1)).alias("duplicate_delivery"),
         (F.col("max_per_group") > F.coalesce(F.col("message_count"), F.lit(1))).alias("duplicate_effect"),
+        (F.coalesce(F.col("conflicting_local_states"), F.lit(False))
+         | (rolled_back_somewhere & ((F.col("delivered") > 0) | (F.col("consumed") > 0)))).alias("conflict"),
         commit_latency.alias("commit_latency_ms"),
         consume_latency.alias("consume_latency_ms"),
         (F.col("consumed_ms") - F.col("local_ms")).alias("end_to_end_ms"),
@@ -140,26 +276,9 @@ def classify(
     )
 
 
-def sanity(transaction_log: DataFrame, messages: DataFrame, consumed: DataFrame,
-           classified: DataFrame) -> dict[str, int]:
-    """Input problems worth a line in the report, counted (never fatal); one job per input."""
-
-    def count_if(condition: Column) -> Column:
-        return F.sum(F.when(condition, 1).otherwise(0))
-
-    local = transaction_log.agg(
-        count_if(F.col("transaction_id").isNull()).alias("transaction_log_null_ids"),
-        count_if(~F.col("state").isin(*KNOWN_LOCAL_STATES)).alias("unknown_local_states"),
-    ).collect()[0].asDict()
-    broker = messages.agg(
-        count_if(F.col("message_id").isNull()).alias("messages_null_ids"),
-        count_if(~F.col("state").isin(*KNOWN_BROKER_STATES)).alias("unknown_broker_states"),
-    ).collect()[0].asDict()
-    derived = classified.agg(
-        count_if(F.col("local_rows") > 1).alias("transaction_ids_in_several_producer_rows"),
-        count_if(F.coalesce(F.col("conflicting_local_states"), F.lit(False)))
-        .alias("transaction_ids_with_conflicting_local_states"),
-        count_if(F.col("clock_skew")).alias("clock_skew"),
-    ).collect()[0].asDict()
-    duplicates = consumed.groupBy("consumer_group", "message_id").count().where(F.col("count") > 1).count()
-    return {k: int(v or 0) for k, v in {**local, **broker, **derived, "consumed_duplicate_keys": duplicates}.items()}
+def _name(code: Column, codes: dict[str, int]) -> Column:
+    """A state code back to its name (unknown codes to "unknown", null stays null)."""
+    expression: Any = F.when(code.isNotNull(), F.lit("unknown"))
+    for name, value in codes.items():
+        expression = F.when(code == value, F.lit(name)).otherwise(expression)
+    return expression  # type: ignore[no-any-return]

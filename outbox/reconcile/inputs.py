@@ -37,7 +37,7 @@ EXPORT_SCHEMAS = {
                  "keys string, tag string, state string, born_ms bigint, store_ms bigint, commit_ms bigint, "
                  "copies int"),
     "deliveries": ("message_id string, consumer_group string, topic string, delivery_attempts int, "
-                   "first_delivered_ms bigint, acked_ms bigint, dead_lettered boolean"),
+                   "first_delivered_ms bigint, acked_ms bigint, dead_lettered boolean, transaction_id string"),
 }
 #: How PostgreSQL inputs are read: JDBC when the driver is there (else SQLAlchemy, with a
 #: warning), JDBC only (a missing driver is an error), or SQLAlchemy only.

@@ -1,4 +1,11 @@
-"""The reconciliation job: read, classify, summarise, write the outputs."""
+"""The reconciliation job: read, classify, summarise, write the outputs.
+
+Three Spark actions whatever the size: the per-transaction table is built in one pass
+(see ``classify``) and kept; one aggregation over grouping sets gives the counts, the
+percentiles overall, per topic and per hour, the histograms and the derived sanity
+counts; one partitioned write stores every anomalous transaction under
+``anomalies/category=<name>/``. The report's samples are read back from those files.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +13,22 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, Row, SparkSession
+import pyarrow.dataset as ds
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+from sqlalchemy.engine import make_url
 
-from .classify import ANOMALIES, GATES, classify, sanity
+from .classify import ANOMALIES, GATES, classify, events, per_transaction
 from .inputs import (
     CONSUMED_MESSAGE,
     POSTGRES_READS,
     TRANSACTION_LOG,
+    export_files,
     read_export,
     union_tables,
     use_jdbc,
@@ -28,6 +40,8 @@ HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
 BUCKETS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
 #: The Spark job group of one run, so that the summary can say how many jobs it took.
 JOB_GROUP = "halfmoon-reconcile"
+#: Anomalous transactions listed per category in the summary and the report.
+SAMPLES = 100
 DEFAULT_THRESHOLDS = {"lost": 0, "phantom": 0, "duplicate_effect": 0, "conflict": 0}
 
 
@@ -93,87 +107,163 @@ def _latency(row: Row) -> dict[str, Any]:
     return entry
 
 
-def _breakdowns(classified: DataFrame) -> dict[str, Any]:
-    """Latency percentiles (committed transactions) and anomaly counts overall, per topic
-    and per hour, as one aggregation over grouping sets: one pass over the data."""
+def _bucket(hop: str) -> Column:
+    """The histogram bucket of a latency; null for a negative one (clock skew, counted apart)."""
+    edges = list(BUCKETS_MS)
+    bucket = F.lit(len(edges) - 1)
+    for index in range(len(edges) - 1, 0, -1):
+        bucket = F.when(F.col(hop) < edges[index], F.lit(index - 1)).otherwise(bucket)
+    return F.when(F.col("committed") & (F.col(hop) >= 0), bucket)
+
+
+def _aggregates() -> list[Column]:
+    """Everything the summary counts, for one grouping set of the classified table."""
     committed = F.col("committed")
-    aggregates = [F.grouping("topic").alias("all_topics"), F.grouping("hour").alias("all_hours"),
-                  F.count(F.lit(1)).alias("transactions"), F.sum(committed.cast("int")).alias("committed_n")]
+    columns = [F.grouping("topic_code").alias("all_topics"), F.grouping("hour_ms").alias("all_hours"),
+               F.count(F.lit(1)).alias("transactions"), F.count_if(committed).alias("committed_n"),
+               F.sum("delivered").alias("deliveries"), F.sum("consumed").alias("consumptions"),
+               F.count_if(F.col("local_rows") > 1).alias("transaction_ids_in_several_producer_rows"),
+               F.count_if(F.col("conflicting_local_states")).alias("transaction_ids_with_conflicting_local_states"),
+               F.sum("consumed_duplicate_keys").alias("consumed_duplicate_keys")]
     for hop in HOPS:
         value = F.when(committed, F.col(hop))
-        aggregates += [F.percentile_approx(value, [0.5, 0.9, 0.99], 1000).alias(f"{hop}_p"),
-                       F.max(value).alias(f"{hop}_max")]
-    aggregates += [F.sum(F.col(a).cast("int")).alias(a) for a in ANOMALIES]
-    rows = classified.groupingSets([[], ["topic"], ["hour"]], "topic", "hour").agg(*aggregates).collect()
-    overall = [r for r in rows if r["all_topics"] and r["all_hours"]]
-    topics = sorted((r for r in rows if not r["all_topics"]), key=lambda r: str(r["topic"]))
-    hours = sorted((r for r in rows if not r["all_hours"]), key=lambda r: str(r["hour"]))
+        columns += [F.percentile_approx(value, [0.5, 0.9, 0.99], 1000).alias(f"{hop}_p"),
+                    F.max(value).alias(f"{hop}_max")]
+        columns += [F.count_if(_bucket(hop) == index).alias(f"{hop}_{index}") for index in range(len(BUCKETS_MS))]
+    columns += [F.count_if(F.col(flag)).alias(flag) for flag in GATES]
+    return columns
+
+
+def _hour(hour_ms: int | None) -> str:
+    return "" if hour_ms is None else datetime.fromtimestamp(hour_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _summarise(rows: list[Row], topics: dict[int, str]) -> dict[str, Any]:
+    """Counts, latencies, histograms and derived sanity from the grouping-set rows."""
+    overall = next((r for r in rows if r["all_topics"] and r["all_hours"]), None)
+    by_topic = sorted(((topics.get(r["topic_code"], "?"), r) for r in rows if not r["all_topics"]),
+                      key=lambda pair: pair[0])
+    by_hour = sorted((r for r in rows if not r["all_hours"]), key=lambda r: r["hour_ms"])
+
+    def count(name: str) -> int:
+        return int(overall[name] or 0) if overall else 0
+
     return {
-        "latency_ms": _latency(overall[0]) if overall else {},
-        "per_topic": [{"topic": str(r["topic"]), **_latency(r)} for r in topics if r["committed_n"]],
-        "per_hour": [{"hour": str(r["hour"]), **_latency(r)} for r in hours if r["committed_n"]],
-        "per_topic_counts": [{"topic": r["topic"], "transactions": r["transactions"],
-                              **{a: int(r[a] or 0) for a in ANOMALIES}} for r in topics],
-        "timeline": [{"hour": str(r["hour"]), "transactions": r["transactions"],
-                      "anomalies": sum(int(r[a] or 0) for a in ANOMALIES)} for r in hours],
+        "counts": {"transactions": count("transactions"), **{flag: count(flag) for flag in GATES},
+                   "deliveries": count("deliveries"), "consumptions": count("consumptions")},
+        "latency_ms": _latency(overall) if overall else {},
+        "per_topic": [{"topic": name, **_latency(r)} for name, r in by_topic if r["committed_n"]],
+        "per_hour": [{"hour": _hour(r["hour_ms"]), **_latency(r)} for r in by_hour if r["committed_n"]],
+        "per_topic_counts": [{"topic": name, "transactions": r["transactions"],
+                              **{a: int(r[a] or 0) for a in ANOMALIES}} for name, r in by_topic],
+        "timeline": [{"hour": _hour(r["hour_ms"]), "transactions": r["transactions"],
+                      "anomalies": sum(int(r[a] or 0) for a in ANOMALIES)} for r in by_hour],
+        "histograms": {hop: [count(f"{hop}_{index}") for index in range(len(BUCKETS_MS))] for hop in HOPS},
+        "derived_sanity": {name: count(name) for name in (
+            "transaction_ids_in_several_producer_rows", "transaction_ids_with_conflicting_local_states",
+            "clock_skew", "consumed_duplicate_keys")},
     }
 
 
-def _histograms(frame: DataFrame) -> dict[str, list[int]]:
-    edges = list(BUCKETS_MS)
-    expressions = []
-    for hop in HOPS:
-        bucket = F.lit(len(edges) - 1)
-        for index in range(len(edges) - 1, 0, -1):
-            bucket = F.when(F.col(hop) < edges[index], F.lit(index - 1)).otherwise(bucket)
-        # Negative latencies are clock skew (counted apart), not a bucket.
-        expressions.append(F.when(F.col(hop) >= 0, bucket).alias(hop))
-    # Every bucket of every hop in one aggregation: one pass over the data.
-    sums = [F.sum(F.when(F.col(hop) == index, 1).otherwise(0)).alias(f"{hop}_{index}")
-            for hop in HOPS for index in range(len(edges))]
-    row = frame.select(*expressions).agg(*sums).collect()[0]
-    return {hop: [int(row[f"{hop}_{index}"] or 0) for index in range(len(edges))] for hop in HOPS}
+def _labels(urls: list[str]) -> list[str]:
+    """How a database appears in the outputs (its URL without a password)."""
+    return [url if url.startswith("parquet://") else make_url(url).render_as_string(hide_password=True)
+            for url in urls]
+
+
+def _delivery_ids_known(export_dir: str) -> bool:
+    """Whether the export's deliveries carry transaction ids (exports since they were added)."""
+    path = export_files(export_dir)["deliveries"]
+    if path.suffix == ".parquet":
+        return "transaction_id" in ds.dataset(path).schema.names
+    with path.open(encoding="utf-8") as lines:
+        first = lines.readline()
+    return not first or "transaction_id" in json.loads(first)
+
+
+def _write_anomalies(classified: DataFrame, topics: dict[int, str], producers: list[str],
+                     consumers: list[str], folder: Path) -> None:
+    """Every anomalous transaction once per category it is in, partitioned by category."""
+    names = F.create_map(*[F.lit(x) for pair in topics.items() for x in pair]) if topics else None
+    categories = F.filter(F.array(*[F.when(F.col(a), F.lit(a)) for a in ANOMALIES]), lambda c: c.isNotNull())
+    anomalous = classified.where(F.exists(categories, lambda c: c.isNotNull()))
+    rows = anomalous.select(
+        "*",
+        (F.coalesce(F.element_at(names, F.col("topic_code")), F.lit("?")) if names is not None else F.lit("?"))
+        .alias("topic"),
+        _databases("producer_bits", producers).alias("producer_databases"),
+        _databases("consumer_bits", consumers).alias("consumer_databases"),
+        F.explode(categories).alias("category"),
+    )
+    rows.write.mode("overwrite").partitionBy("category").parquet(str(folder))
+
+
+def _databases(bits: str, labels: list[str]) -> Column:
+    """A database bit mask as the list of their labels."""
+    present = [F.when((F.col(bits).bitwiseAND(F.lit(1 << i))) != 0, F.lit(label)) for i, label in enumerate(labels)]
+    if not present:
+        return F.array().cast("array<string>")
+    return F.filter(F.array(*present), lambda label: label.isNotNull())
+
+
+def _iso(ms: int | None) -> str | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _samples(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """The first ``SAMPLES`` anomalous transactions of each category, from the written files."""
+    if not folder.exists():
+        return {}
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    if "category" not in dataset.schema.names:
+        return {}
+    columns = ["transaction_id", "topic", "local_state", "broker_state", "local_ms", "commit_ms",
+               "consumed_ms", "producer_databases", "consumer_databases", "delivered", "consumed"]
+    samples = {}
+    for category in ANOMALIES:
+        rows = dataset.to_table(columns=columns, filter=ds.field("category") == category).slice(0, SAMPLES)
+        samples[category] = [
+            {"transaction_id": r["transaction_id"], "topic": r["topic"], "local_state": r["local_state"],
+             "broker_state": r["broker_state"], "local_time": _iso(r["local_ms"]), "commit_time": _iso(r["commit_ms"]),
+             "consumed_time": _iso(r["consumed_ms"]), "producer_databases": r["producer_databases"] or [],
+             "consumer_databases": r["consumer_databases"] or [], "delivered": r["delivered"] or 0,
+             "consumed": r["consumed"] or 0}
+            for r in sorted(rows.to_pylist(), key=lambda r: r["transaction_id"])
+        ]
+    return samples
 
 
 def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions) -> ReconcileResult:
-    """Run the job; writes summary.json, anomalies/<category>/ (Parquet) and report.html."""
+    """Run the job; writes summary.json, anomalies/category=<name>/ (Parquet) and report.html."""
     progress = _Progress()
     spark.sparkContext.setJobGroup(JOB_GROUP, "halfmoon reconciliation")
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     now_ms = options.now_ms or int(time.time() * 1000)
-    progress("reading producer databases, consumer databases and the broker export")
     jdbc = use_jdbc(spark, options.postgres_read, [*inputs.producer_databases, *inputs.consumer_databases])
     transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions, jdbc)
     consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions, jdbc)
     messages, deliveries = read_export(spark, inputs.broker_export)
-    progress("classifying transactions")
-    classified = classify(transaction_log, messages, deliveries, consumed, now_ms,
-                          int(options.grace_s * 1000), bool(inputs.consumer_databases))
+    producers, consumers = _labels(inputs.producer_databases), _labels(inputs.consumer_databases)
+    rows, observed = events(transaction_log, messages, deliveries, consumed, producers, consumers,
+                            _delivery_ids_known(inputs.broker_export))
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 4)
+    classified = classify(per_transaction(rows, partitions), now_ms, int(options.grace_s * 1000),
+                          bool(inputs.consumer_databases))
     if options.since_ms is not None:
         classified = classified.where(F.col("event_ms") >= options.since_ms)
     if options.until_ms is not None:
         classified = classified.where(F.col("event_ms") < options.until_ms)
-    classified = classified.cache()
-    counts_row = classified.agg(
-        F.count(F.lit(1)).alias("transactions"),
-        *[F.sum(F.col(flag).cast("int")).alias(flag) for flag in GATES],
-        F.sum("delivered").alias("deliveries"),
-        F.sum("consumed").alias("consumptions"),
-    ).collect()[0]
-    counts = {k: int(v or 0) for k, v in counts_row.asDict().items()}
+    classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+    progress("reading the producer databases, the consumer databases and the broker export; classifying")
+    grouped = classified.groupingSets([[], ["topic_code"], ["hour_ms"]], "topic_code", "hour_ms")
+    result = _summarise(grouped.agg(*_aggregates()).collect(), observed.topics())
+    counts = result.pop("counts")
+    checks = {**observed.sanity(), **result.pop("derived_sanity")}
+    progress(f"{counts['transactions']} transactions classified; writing the anomalous ones")
+    _write_anomalies(classified, observed.topics(), producers, consumers, out / "anomalies")
+    classified.unpersist()
     total = max(counts["transactions"], 1)
-    progress(f"{counts['transactions']} transactions classified; computing latencies")
-    breakdowns = _breakdowns(classified)
-    progress("latency histograms")
-    histograms = _histograms(classified.where(F.col("committed")))
-    progress("writing anomalies")
-    anomaly_counts = {}
-    for category in ANOMALIES:
-        anomaly_counts[category] = counts[category]
-        classified.where(F.col(category)).write.mode("overwrite").parquet(str(out / "anomalies" / category))
-    progress("input sanity checks")
-    checks = sanity(transaction_log, messages, consumed, classified)
     breached = {name: counts.get(name, 0) for name, limit in options.thresholds.items()
                 if counts.get(name, 0) > limit}
     summary: dict[str, Any] = {
@@ -182,19 +272,18 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
         "window": {"since_ms": options.since_ms, "until_ms": options.until_ms, "grace_s": options.grace_s},
         "counts": counts,
         "rates": {flag: counts[flag] / total for flag in GATES},
-        "anomalies": anomaly_counts,
+        "anomalies": {category: counts[category] for category in ANOMALIES},
+        "anomaly_samples": _samples(out / "anomalies"),
         "thresholds": options.thresholds,
         "breached": breached,
         "passed": not breached,
-        **breakdowns,
+        **result,
         "histogram_buckets_ms": list(BUCKETS_MS),
-        "histograms": histograms,
         "sanity": checks,
         "seconds": round(time.monotonic() - progress.started, 2),
         "spark_jobs": len(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP)),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_html(summary, out / "report.html")
-    classified.unpersist()
     progress(f"done in {summary['seconds']}s: {'PASS' if summary['passed'] else 'FAIL ' + str(breached)}")
     return ReconcileResult(summary, not breached, out)

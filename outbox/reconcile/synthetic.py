@@ -80,7 +80,7 @@ def generate(n: int, each: int, now_ms: int, grace_ms: int = 60_000, topics: int
         if attempts:
             data.deliveries.append({"message_id": mid, "consumer_group": GROUP, "topic": topic,
                                     "delivery_attempts": attempts, "first_delivered_ms": consumed_ms - 1,
-                                    "acked_ms": consumed_ms + 1, "dead_lettered": False})
+                                    "acked_ms": consumed_ms + 1, "dead_lettered": False, "transaction_id": tx})
         for c in range(consumptions):
             data.consumed.append({"consumer_group": GROUP, "message_id": mid if c == 0 else f"{mid}-again",
                                   "topic": topic, "transaction_id": tx, "consumed_at": _ts(consumed_ms + c)})
@@ -129,15 +129,20 @@ MESSAGES_SCHEMA = pa.schema([
 DELIVERIES_SCHEMA = pa.schema([
     ("message_id", pa.string()), ("consumer_group", pa.string()), ("topic", pa.string()),
     ("delivery_attempts", pa.int32()), ("first_delivered_ms", pa.int64()), ("acked_ms", pa.int64()),
-    ("dead_lettered", pa.bool_()),
+    ("dead_lettered", pa.bool_()), ("transaction_id", pa.string()),
 ])
 
 
-def write_export(data: Synthetic, export_dir: Path, fmt: str = "parquet") -> None:
-    """The broker export as the broker writes it: messages and deliveries, Parquet or JSON lines."""
+def write_export(data: Synthetic, export_dir: Path, fmt: str = "parquet",
+                 with_delivery_transaction_ids: bool = True) -> None:
+    """The broker export as the broker writes it: messages and deliveries, Parquet or JSON
+    lines; without ``with_delivery_transaction_ids``, as exports before that column wrote it."""
     export_dir.mkdir(parents=True, exist_ok=True)
+    deliveries_schema = DELIVERIES_SCHEMA
+    if not with_delivery_transaction_ids:
+        deliveries_schema = DELIVERIES_SCHEMA.remove(DELIVERIES_SCHEMA.get_field_index("transaction_id"))
     for name, rows, schema in (("messages", data.messages, MESSAGES_SCHEMA),
-                               ("deliveries", data.deliveries, DELIVERIES_SCHEMA)):
+                               ("deliveries", data.deliveries, deliveries_schema)):
         if fmt == "parquet":
             pq.write_table(pa.Table.from_pylist(rows, schema), export_dir / f"{name}.parquet")
         elif fmt == "jsonl":

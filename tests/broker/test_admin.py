@@ -166,6 +166,9 @@ def test_export_schema(broker_factory, tmp_path, fmt) -> None:
     rows = {d["message_id"]: d for d in deliveries}
     assert rows[plain.message_id]["acked_ms"] is not None
     assert rows[by_tx["tc"]["message_id"]]["acked_ms"] is None
+    # deliveries name their transaction, so reconciliation needs no join to place them
+    assert rows[by_tx["tc"]["message_id"]]["transaction_id"] == "tc"
+    assert rows[plain.message_id]["transaction_id"] is None
     assert all(d["consumer_group"] == "g" and d["delivery_attempts"] == 1 and not d["dead_lettered"]
                for d in deliveries)
 

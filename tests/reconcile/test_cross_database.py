@@ -52,7 +52,7 @@ def test_producer_databases_that_disagree_are_a_conflict_that_fails_the_run(spar
     message = {**data.messages[5], "message_id": "m-rolled-back", "transaction_id": "tx-rolled-back",
                "state": "rolled_back", "commit_ms": None}
     data.messages.append(message)
-    data.deliveries.append({**data.deliveries[5], "message_id": "m-rolled-back"})
+    data.deliveries.append({**data.deliveries[5], "message_id": "m-rolled-back", "transaction_id": "tx-rolled-back"})
     write_export(data, tmp_path / "export")
     inputs = ReconcileInputs([first, second], [consumer], str(tmp_path / "export"))
 
@@ -63,7 +63,7 @@ def test_producer_databases_that_disagree_are_a_conflict_that_fails_the_run(spar
     assert counts["committed"] == 40 and counts["rolled_back"] == 1  # committed anywhere counts as committed
     assert counts["lost"] == counts["phantom"] == 0
     assert not result.passed and result.summary["breached"] == {"conflict": 2}
-    rows = pq.read_table(tmp_path / "out" / "anomalies" / "conflict").to_pylist()
+    rows = pq.read_table(tmp_path / "out" / "anomalies" / "category=conflict").to_pylist()
     assert sorted(row["transaction_id"] for row in rows) == sorted([committed["transaction_id"], "tx-rolled-back"])
     assert "conflict 2 &gt; 0" in (tmp_path / "out" / "report.html").read_text()
 
@@ -110,3 +110,20 @@ def test_django_and_sqlalchemy_consumer_tables_on_postgresql_and_sqlite_are_read
         for name, expected in data.expected.items():
             assert result.summary["counts"][name] == expected, (read, name)
         assert result.summary["counts"]["consumptions"] == len(data.consumed), read
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_an_export_from_before_deliveries_named_their_transaction_still_reconciles(
+        spark, tmp_path: Path, fmt: str) -> None:
+    now = int(time.time() * 1000)
+    data = generate(60, 2, now)
+    for delivery in data.deliveries:
+        del delivery["transaction_id"]
+    producer, consumer = f"sqlite:///{tmp_path / 'p.sqlite3'}", f"sqlite:///{tmp_path / 'c.sqlite3'}"
+    write_sqlite(data, producer, consumer)
+    write_export(data, tmp_path / "export", fmt, with_delivery_transaction_ids=False)
+    result = reconcile(spark, ReconcileInputs([producer], [consumer], str(tmp_path / "export")),
+                       ReconcileOptions(str(tmp_path / "out"), now_ms=now))
+    for name, expected in data.expected.items():
+        assert result.summary["counts"][name] == expected, name

@@ -64,9 +64,9 @@ def test_every_anomaly_kind_is_counted_exactly(spark, tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["counts"] == counts
     for category in ("phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked"):
-        rows = pq.read_table(tmp_path / "out" / "anomalies" / category).to_pylist()
+        rows = pq.read_table(tmp_path / "out" / "anomalies" / f"category={category}").to_pylist()
         assert len(rows) == 3 and all(row[category] for row in rows), category
-    phantoms = pq.read_table(tmp_path / "out" / "anomalies" / "phantom").to_pylist()
+    phantoms = pq.read_table(tmp_path / "out" / "anomalies" / "category=phantom").to_pylist()
     assert all(not row["committed"] for row in phantoms)
     checks = summary["sanity"]
     assert checks["clock_skew"] == 3
