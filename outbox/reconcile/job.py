@@ -129,7 +129,8 @@ def _aggregates() -> list[Column]:
         value = F.when(committed, F.col(hop))
         columns += [F.percentile_approx(value, [0.5, 0.9, 0.99], 1000).alias(f"{hop}_p"),
                     F.max(value).alias(f"{hop}_max")]
-        columns += [F.count_if(_bucket(hop) == index).alias(f"{hop}_{index}") for index in range(len(BUCKETS_MS))]
+        columns += [F.count_if(F.col(f"{hop}_bucket") == index).alias(f"{hop}_{index}")
+                    for index in range(len(BUCKETS_MS))]
     columns += [F.count_if(F.col(flag)).alias(flag) for flag in GATES]
     return columns
 
@@ -256,7 +257,8 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
         classified = classified.where(F.col("event_ms") < options.until_ms)
     classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
     progress("reading the producer databases, the consumer databases and the broker export; classifying")
-    grouped = classified.groupingSets([[], ["topic_code"], ["hour_ms"]], "topic_code", "hour_ms")
+    bucketed = classified.select("*", *[_bucket(hop).alias(f"{hop}_bucket") for hop in HOPS])
+    grouped = bucketed.groupingSets([[], ["topic_code"], ["hour_ms"]], "topic_code", "hour_ms")
     result = _summarise(grouped.agg(*_aggregates()).collect(), observed.topics())
     counts = result.pop("counts")
     checks = {**observed.sanity(), **result.pop("derived_sanity")}
