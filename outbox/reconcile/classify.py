@@ -181,9 +181,10 @@ def _when(kind: int, column: str) -> Column:
     return F.when(F.col("kind") == kind, F.col(column))
 
 
-def per_transaction(events_frame: DataFrame, partitions: int) -> DataFrame:
-    """One row per transaction id: one shuffle, then three hash aggregations."""
-    shuffled = events_frame.repartition(partitions, "transaction_id")
+def per_transaction(events_frame: DataFrame) -> DataFrame:
+    """One row per transaction id: one shuffle (``spark.sql.shuffle.partitions``, merged by
+    adaptive execution when small), then three hash aggregations."""
+    shuffled = events_frame.repartition("transaction_id")
     per_key = shuffled.groupBy("transaction_id", "kind", "group_code", "message_code").agg(
         F.count(F.lit(1)).alias("n"),
         F.min("local_code").alias("local_min"), F.max("local_code").alias("local_max"),

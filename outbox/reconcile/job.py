@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from sqlalchemy.engine import make_url
 
@@ -34,10 +36,8 @@ from .inputs import (
     use_jdbc,
 )
 from .report import write_html
+from .summary import aggregate, summarise
 
-HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
-#: Latency histogram bucket edges (ms), roughly logarithmic.
-BUCKETS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
 #: The Spark job group of one run, so that the summary can say how many jobs it took.
 JOB_GROUP = "halfmoon-reconcile"
 #: Anomalous transactions listed per category in the summary and the report.
@@ -97,73 +97,6 @@ class _Progress:
 
     def __call__(self, message: str) -> None:
         print(f"[reconcile {time.monotonic() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-
-def _latency(row: Row) -> dict[str, Any]:
-    entry: dict[str, Any] = {"transactions": int(row["committed_n"] or 0)}
-    for hop in HOPS:
-        p = row[f"{hop}_p"] or [None, None, None]
-        entry[hop] = {"p50": p[0], "p90": p[1], "p99": p[2], "max": row[f"{hop}_max"]}
-    return entry
-
-
-def _bucket(hop: str) -> Column:
-    """The histogram bucket of a latency; null for a negative one (clock skew, counted apart)."""
-    edges = list(BUCKETS_MS)
-    bucket = F.lit(len(edges) - 1)
-    for index in range(len(edges) - 1, 0, -1):
-        bucket = F.when(F.col(hop) < edges[index], F.lit(index - 1)).otherwise(bucket)
-    return F.when(F.col("committed") & (F.col(hop) >= 0), bucket)
-
-
-def _aggregates() -> list[Column]:
-    """Everything the summary counts, for one grouping set of the classified table."""
-    committed = F.col("committed")
-    columns = [F.grouping("topic_code").alias("all_topics"), F.grouping("hour_ms").alias("all_hours"),
-               F.count(F.lit(1)).alias("transactions"), F.count_if(committed).alias("committed_n"),
-               F.sum("delivered").alias("deliveries"), F.sum("consumed").alias("consumptions"),
-               F.count_if(F.col("local_rows") > 1).alias("transaction_ids_in_several_producer_rows"),
-               F.count_if(F.col("conflicting_local_states")).alias("transaction_ids_with_conflicting_local_states"),
-               F.sum("consumed_duplicate_keys").alias("consumed_duplicate_keys")]
-    for hop in HOPS:
-        value = F.when(committed, F.col(hop))
-        columns += [F.percentile_approx(value, [0.5, 0.9, 0.99], 1000).alias(f"{hop}_p"),
-                    F.max(value).alias(f"{hop}_max")]
-        columns += [F.count_if(F.col(f"{hop}_bucket") == index).alias(f"{hop}_{index}")
-                    for index in range(len(BUCKETS_MS))]
-    columns += [F.count_if(F.col(flag)).alias(flag) for flag in GATES]
-    return columns
-
-
-def _hour(hour_ms: int | None) -> str:
-    return "" if hour_ms is None else datetime.fromtimestamp(hour_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _summarise(rows: list[Row], topics: dict[int, str]) -> dict[str, Any]:
-    """Counts, latencies, histograms and derived sanity from the grouping-set rows."""
-    overall = next((r for r in rows if r["all_topics"] and r["all_hours"]), None)
-    by_topic = sorted(((topics.get(r["topic_code"], "?"), r) for r in rows if not r["all_topics"]),
-                      key=lambda pair: pair[0])
-    by_hour = sorted((r for r in rows if not r["all_hours"]), key=lambda r: r["hour_ms"])
-
-    def count(name: str) -> int:
-        return int(overall[name] or 0) if overall else 0
-
-    return {
-        "counts": {"transactions": count("transactions"), **{flag: count(flag) for flag in GATES},
-                   "deliveries": count("deliveries"), "consumptions": count("consumptions")},
-        "latency_ms": _latency(overall) if overall else {},
-        "per_topic": [{"topic": name, **_latency(r)} for name, r in by_topic if r["committed_n"]],
-        "per_hour": [{"hour": _hour(r["hour_ms"]), **_latency(r)} for r in by_hour if r["committed_n"]],
-        "per_topic_counts": [{"topic": name, "transactions": r["transactions"],
-                              **{a: int(r[a] or 0) for a in ANOMALIES}} for name, r in by_topic],
-        "timeline": [{"hour": _hour(r["hour_ms"]), "transactions": r["transactions"],
-                      "anomalies": sum(int(r[a] or 0) for a in ANOMALIES)} for r in by_hour],
-        "histograms": {hop: [count(f"{hop}_{index}") for index in range(len(BUCKETS_MS))] for hop in HOPS},
-        "derived_sanity": {name: count(name) for name in (
-            "transaction_ids_in_several_producer_rows", "transaction_ids_with_conflicting_local_states",
-            "clock_skew", "consumed_duplicate_keys")},
-    }
 
 
 def _labels(urls: list[str]) -> list[str]:
@@ -234,8 +167,35 @@ def _samples(folder: Path) -> dict[str, list[dict[str, Any]]]:
     return samples
 
 
+#: Session settings for the length of a run: adaptive execution may merge the partitions
+#: of the kept per-transaction table (else a small run pays for every shuffle partition).
+RUN_SETTINGS = {"spark.sql.adaptive.enabled": "true",
+                "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true"}
+
+
+@contextmanager
+def _settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` on the session while the block runs, the caller's values after."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, previous in before.items():
+            if previous is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, previous)
+
+
 def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions) -> ReconcileResult:
     """Run the job; writes summary.json, anomalies/category=<name>/ (Parquet) and report.html."""
+    with _settings(spark, RUN_SETTINGS):
+        return _run(spark, inputs, options)
+
+
+def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions) -> ReconcileResult:
     progress = _Progress()
     spark.sparkContext.setJobGroup(JOB_GROUP, "halfmoon reconciliation")
     out = Path(options.out_dir)
@@ -248,23 +208,20 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
     producers, consumers = _labels(inputs.producer_databases), _labels(inputs.consumer_databases)
     rows, observed = events(transaction_log, messages, deliveries, consumed, producers, consumers,
                             _delivery_ids_known(inputs.broker_export))
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 4)
-    classified = classify(per_transaction(rows, partitions), now_ms, int(options.grace_s * 1000),
-                          bool(inputs.consumer_databases))
+    # Kept for the two actions below: the narrow per-transaction table, not the classified one
+    transactions = per_transaction(rows).persist(StorageLevel.DISK_ONLY)
+    classified = classify(transactions, now_ms, int(options.grace_s * 1000), bool(inputs.consumer_databases))
     if options.since_ms is not None:
         classified = classified.where(F.col("event_ms") >= options.since_ms)
     if options.until_ms is not None:
         classified = classified.where(F.col("event_ms") < options.until_ms)
-    classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
     progress("reading the producer databases, the consumer databases and the broker export; classifying")
-    bucketed = classified.select("*", *[_bucket(hop).alias(f"{hop}_bucket") for hop in HOPS])
-    grouped = bucketed.groupingSets([[], ["topic_code"], ["hour_ms"]], "topic_code", "hour_ms")
-    result = _summarise(grouped.agg(*_aggregates()).collect(), observed.topics())
+    result = summarise(aggregate(classified).collect(), observed.topics())
     counts = result.pop("counts")
     checks = {**observed.sanity(), **result.pop("derived_sanity")}
     progress(f"{counts['transactions']} transactions classified; writing the anomalous ones")
     _write_anomalies(classified, observed.topics(), producers, consumers, out / "anomalies")
-    classified.unpersist()
+    transactions.unpersist()
     total = max(counts["transactions"], 1)
     breached = {name: counts.get(name, 0) for name, limit in options.thresholds.items()
                 if counts.get(name, 0) > limit}
@@ -280,7 +237,6 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
         "breached": breached,
         "passed": not breached,
         **result,
-        "histogram_buckets_ms": list(BUCKETS_MS),
         "sanity": checks,
         "seconds": round(time.monotonic() - progress.started, 2),
         "spark_jobs": len(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP)),

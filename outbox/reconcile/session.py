@@ -24,7 +24,9 @@ HOW_TO_ADD_JDBC_DRIVER = (
 )
 
 SMALL_MACHINE_CONF = {
-    "spark.sql.shuffle.partitions": "4",
+    # the one shuffle of the job (on the transaction id); adaptive execution merges the
+    # partitions of small inputs, so a few thousand rows do not pay for 32 tasks
+    "spark.sql.shuffle.partitions": "32",
     "spark.driver.memory": "2g",
     "spark.ui.showConsoleProgress": "false",
     "spark.ui.enabled": "false",
