@@ -3,39 +3,104 @@
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 PALETTE = ("#3b6ea5", "#d9822b", "#2f9e6e", "#b8405e", "#7d5ba6", "#8a8a8a")
+#: Width of one character of the charts' 11-px axis text, rounded up (sans-serif).
+CHAR_W = 6.2
+#: Axis labels longer than this are shortened in charts (the bars' tooltips keep them whole).
+CHART_LABEL_CHARS = 40
+#: The slant of axis labels too long to sit under their bars.
+LABEL_ANGLE = 40
+
+
+class _Axis(NamedTuple):
+    """How the category labels of a chart are drawn: every ``step``-th, slanted or not,
+    and the height of the band they take below the plot."""
+
+    step: int
+    slanted: bool
+    band: float
+
+
+def _short(label: str) -> str:
+    """A chart label cut to ``CHART_LABEL_CHARS``, with an ellipsis when cut."""
+    return label if len(label) <= CHART_LABEL_CHARS else label[:CHART_LABEL_CHARS - 1] + "…"
+
+
+def _axis(labels: list[str], group_w: float) -> _Axis:
+    """Labels that fit under their bars stay level; longer ones are slanted and shown whole."""
+    step = 1 if len(labels) <= 24 else len(labels) // 12
+    longest = max((len(_short(label)) for label in labels), default=0) * CHAR_W
+    if longest <= group_w * step - 4:
+        return _Axis(step, False, 18)
+    return _Axis(step, True, 18 + longest * math.sin(math.radians(LABEL_ANGLE)))
+
+
+def _axis_label(label: str, x: float, y: float, slanted: bool) -> str:
+    """One category label under the plot at ``x``."""
+    text = html.escape(_short(label))
+    if not slanted:
+        return f'<text x="{x:.1f}" y="{y}" font-size="11" text-anchor="middle">{text}</text>'
+    return (f'<text x="{x:.1f}" y="{y}" font-size="11" text-anchor="end" '
+            f'transform="rotate(-{LABEL_ANGLE} {x:.1f} {y})">{text}</text>')
+
+
+def _legend(names: list[str], x: float, y: float) -> str:
+    """A colour key of the series, left to right."""
+    parts, at = [], x
+    for j, name in enumerate(names):
+        parts.append(f'<rect x="{at:.1f}" y="{y - 10}" width="10" height="10" fill="{PALETTE[j % len(PALETTE)]}"/>'
+                     f'<text x="{at + 14:.1f}" y="{y}" font-size="11">{html.escape(name)}</text>')
+        at += 24 + len(name) * CHAR_W
+    return "".join(parts)
+
+
+def _left_margin(labels: list[str], peak_text: str, group_w: float, axis: _Axis) -> float:
+    """Room left of the plot for the peak value and for the first slanted label."""
+    room = 8 + len(peak_text) * CHAR_W
+    if axis.slanted and labels:
+        first = len(_short(labels[0])) * CHAR_W * math.cos(math.radians(LABEL_ANGLE))
+        room = max(room, first - group_w / 2 + 4)
+    return max(room, 40)
 
 
 def bar_chart(title: str, labels: list[str], series: dict[str, list[float]], width: int = 560,
               height: int = 220) -> str:
-    """A grouped bar chart as an SVG element."""
-    left, bottom, top = 48, 40, 28
-    plot_w, plot_h = width - left - 10, height - bottom - top
+    """A grouped bar chart as an SVG element that scales down to its container.
+
+    ``height`` fits level labels; labels too long for their bars are slanted, shown whole up
+    to ``CHART_LABEL_CHARS``, and make the chart taller.
+    """
+    top, plot_h = 28, height - 68
     peak = max([v for values in series.values() for v in values] + [1])
+    peak_text = f"{peak:,.0f}" if float(peak).is_integer() else f"{peak:,.2f}"
+    rough_group_w = (width - 58) / max(len(labels), 1)  # before the left margin is known
+    axis = _axis(labels, rough_group_w)
+    left = _left_margin(labels, peak_text, rough_group_w, axis)
+    plot_w = width - left - 10
     group_w = plot_w / max(len(labels), 1)
     bar_w = max(group_w / (len(series) + 1), 1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
-             f'<text x="{left}" y="16" font-size="13" font-weight="bold">{html.escape(title)}</text>',
-             f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#444"/>',
-             f'<text x="4" y="{top + 10}" font-size="10">{peak:g}</text>']
+    total_h = top + plot_h + axis.band + 22
+    base = top + plot_h
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{total_h:.0f}" '
+             f'viewBox="0 0 {width} {total_h:.0f}" role="img">',
+             f'<text x="8" y="16" font-size="13" font-weight="bold">{html.escape(title)}</text>',
+             f'<line x1="{left:.1f}" y1="{base}" x2="{left + plot_w:.1f}" y2="{base}" stroke="#444"/>',
+             f'<text x="{left - 4:.1f}" y="{top + 10}" font-size="11" text-anchor="end">{peak_text}</text>',
+             f'<text x="{left - 4:.1f}" y="{base}" font-size="11" text-anchor="end">0</text>']
     for i, label in enumerate(labels):
         for j, (name, values) in enumerate(series.items()):
-            value = values[i]
-            h = plot_h * value / peak
+            h = plot_h * values[i] / peak
             x = left + i * group_w + j * bar_w + bar_w / 2
-            parts.append(f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
+            parts.append(f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
                          f'fill="{PALETTE[j % len(PALETTE)]}"><title>{html.escape(name)} {html.escape(label)}: '
-                         f'{value:g}</title></rect>')
-        if len(labels) <= 24 or i % max(len(labels) // 12, 1) == 0:
-            parts.append(f'<text x="{left + i * group_w + group_w / 2:.1f}" y="{top + plot_h + 14}" font-size="9" '
-                         f'text-anchor="middle">{html.escape(label[:12])}</text>')
-    for j, name in enumerate(series):
-        parts.append(f'<rect x="{left + 110 * j}" y="{height - 14}" width="10" height="10" '
-                     f'fill="{PALETTE[j % len(PALETTE)]}"/><text x="{left + 110 * j + 14}" y="{height - 5}" '
-                     f'font-size="10">{html.escape(name)}</text>')
+                         f'{values[i]:,g}</title></rect>')
+        if i % axis.step == 0:
+            parts.append(_axis_label(label, left + i * group_w + group_w / 2, base + 14, axis.slanted))
+    parts.append(_legend(list(series), left, total_h - 6))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -96,7 +161,7 @@ background:{'#2f9e6e' if passed else '#b8405e'}}}
 table{{border-collapse:collapse;margin:8px 24px 16px 0;display:inline-table;vertical-align:top}}
 th,td{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}}
 caption{{text-align:left;font-size:12px;color:#666;padding-bottom:2px}}
-svg{{margin:8px 16px 8px 0;background:#fafafa;border:1px solid #eee}}
+svg{{margin:8px 16px 8px 0;background:#fafafa;border:1px solid #eee;max-width:100%;height:auto}}
 </style></head><body>
 <h1>halfmoon reconciliation</h1>
 <p><span class="verdict">{html.escape(verdict)}</span> {counts['transactions']} transactions,
