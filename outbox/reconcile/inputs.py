@@ -5,19 +5,29 @@ PostgreSQL is read through JDBC when the session has the driver (see ``session``
 partitioned over a numeric column (``partitionColumn`` with bounds from a min/max query,
 ``numPartitions``, ``fetchsize``); without the driver it is read like SQLite: through
 SQLAlchemy on the driver, in Arrow batches. The broker export is Parquet or JSON lines.
+
+A ``TimeWindow`` limits what is read, at the source: a WHERE on the table's timestamp
+column (``TIME_COLUMNS``) in the database, a filter Spark pushes down into Parquet, or on
+the export's ``store_ms`` (messages) and ``first_delivered_ms`` (deliveries).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import reduce
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import BigInteger, Column, String, create_engine, func, literal, select
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
+from sqlalchemy.sql import Select
 
 from ..errors import ConfigurationError
 from ..integrations.sqlalchemy.tables import consumed_message, transaction_log
@@ -27,11 +37,15 @@ log = logging.getLogger("outbox.reconcile")
 
 TRANSACTION_LOG = "outbox_transaction_log"
 CONSUMED_MESSAGE = "outbox_consumed_message"
+#: The timestamp column a window applies to, per table and per export file.
+TIME_COLUMNS = {TRANSACTION_LOG: "created_at", CONSUMED_MESSAGE: "consumed_at"}
+EXPORT_TIME_COLUMNS = {"messages": "store_ms", "deliveries": "first_delivered_ms"}
 
 TRANSACTION_LOG_SCHEMA = "transaction_id string, producer_group string, state string, created_at timestamp"
 CONSUMED_SCHEMA = ("consumer_group string, message_id string, topic string, transaction_id string, "
                    "consumed_at timestamp")
-#: The broker export contract, for JSON lines (Parquet carries its own schema).
+#: The broker export contract. Both formats are read with it, so Spark starts no job to
+#: infer a schema; a column an older export lacks (deliveries' ``transaction_id``) reads as null.
 EXPORT_SCHEMAS = {
     "messages": ("message_id string, transaction_id string, producer_group string, topic string, queue_id int, "
                  "keys string, tag string, state string, born_ms bigint, store_ms bigint, commit_ms bigint, "
@@ -48,6 +62,59 @@ BATCH_ROWS = 50_000
 
 class JdbcDriverMissingError(ConfigurationError):
     """JDBC was asked for PostgreSQL inputs, and the Spark session cannot load the driver."""
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """The rows to read: ``low_ms <= t < high_ms`` (epoch milliseconds; None is unbounded)."""
+
+    low_ms: int | None = None
+    high_ms: int | None = None
+
+
+def _conditions(column: Any, window: TimeWindow | None, bound: Callable[[int], Any]) -> list[Any]:
+    """``column >= low`` and ``column < high`` for the bounds the window has, each bound
+    made by ``bound`` from epoch ms; for SQLAlchemy and Spark columns alike."""
+    conditions = []
+    if window is not None and window.low_ms is not None:
+        conditions.append(column >= bound(window.low_ms))
+    if window is not None and window.high_ms is not None:
+        conditions.append(column < bound(window.high_ms))
+    return conditions
+
+
+def _where(frame: DataFrame, column: str, window: TimeWindow | None, timestamp: bool) -> DataFrame:
+    """The frame's rows in the window, as a filter Spark pushes into Parquet scans;
+    ``timestamp``: the column is a timestamp, else epoch ms."""
+    bound = (lambda ms: F.timestamp_millis(F.lit(ms))) if timestamp else F.lit
+    conditions = _conditions(F.col(column), window, bound)
+    return frame.where(reduce(lambda a, b: a & b, conditions)) if conditions else frame
+
+
+def _datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _sqlite_bound(ms: int) -> Any:
+    """A bound as SQLite compares it, as text: whole seconds without a fraction, so that a
+    stored ``12:00:00`` (Django's form) and ``12:00:00.000000`` (SQLAlchemy's) both sort
+    where they belong."""
+    moment = _datetime(ms).replace(tzinfo=None)
+    return literal(str(moment) if moment.microsecond else moment.isoformat(" ", "seconds"), String)
+
+
+def _time_column(table: str) -> Column[Any]:
+    """The SQLAlchemy column a window applies to in ``table``."""
+    source = {TRANSACTION_LOG: transaction_log, CONSUMED_MESSAGE: consumed_message}[table]
+    return source.c[TIME_COLUMNS[table]]
+
+
+def _select(table: str, schema: str, window: TimeWindow | None, dialect: str) -> Select[Any]:
+    """The framework columns of ``table``, in the window, as SQLAlchemy selects them."""
+    source = _time_column(table).table
+    bound = _sqlite_bound if dialect == "sqlite" else _datetime
+    return select(*[source.c[name] for name in _column_names(schema)]).where(
+        *_conditions(_time_column(table), window, bound))
 
 
 def _is_postgres(url: str) -> bool:
@@ -83,22 +150,23 @@ def _column_names(schema: str) -> list[str]:
     return [part.split()[0] for part in schema.split(", ")]
 
 
-def _read_postgres(spark: SparkSession, url: str, table: str, schema: str, partitions: int) -> DataFrame:
+def _read_postgres(spark: SparkSession, url: str, table: str, schema: str, partitions: int,
+                   window: TimeWindow | None) -> DataFrame:
     """The framework columns through JDBC (never ``*``: Django's table has an ``id`` and a
-    user's may have more), partitioned on the epoch of the table's timestamp column."""
-    time_column = "created_at" if table == TRANSACTION_LOG else "consumed_at"
+    user's may have more), in the window, partitioned on the epoch of the table's timestamp
+    column (bounds from a min/max query over the same window)."""
+    query = _select(table, schema, window, "postgresql")
+    epoch = func.extract("epoch", _time_column(table)).cast(BigInteger)
     engine = create_engine(url)
     with engine.connect() as conn:
-        low, high = conn.execute(text(
-            f"SELECT coalesce(min(extract(epoch from {time_column}))::bigint, 0), "
-            f"coalesce(max(extract(epoch from {time_column}))::bigint, 0) FROM {table}"
-        )).one()
+        low, high = conn.execute(query.with_only_columns(
+            func.coalesce(func.min(epoch), 0), func.coalesce(func.max(epoch), 0))).one()
     engine.dispose()
     jdbc, props = _jdbc_url(url)
-    columns = ", ".join(_column_names(schema))
-    query = f"(SELECT {columns}, extract(epoch from {time_column})::bigint AS _part FROM {table}) AS src"
+    subquery = query.add_columns(epoch.label("_part")).compile(
+        dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
     frame = spark.read.jdbc(
-        jdbc, query, column="_part", lowerBound=int(low), upperBound=int(high) + 1,
+        jdbc, f"({subquery}) AS src", column="_part", lowerBound=int(low), upperBound=int(high) + 1,
         numPartitions=max(1, partitions), properties=props,
     )
     return frame.drop("_part")
@@ -110,16 +178,16 @@ def _arrow_schema(schema: str) -> pa.Schema:
     return pa.schema([(name, types[kind]) for name, kind in (part.split() for part in schema.split(", "))])
 
 
-def _read_sqlalchemy(spark: SparkSession, url: str, table: str, schema: str) -> DataFrame:
-    """Any SQLAlchemy database: the known columns, streamed in Arrow batches into Spark."""
-    source = {TRANSACTION_LOG: transaction_log, CONSUMED_MESSAGE: consumed_message}[table]
+def _read_sqlalchemy(spark: SparkSession, url: str, table: str, schema: str,
+                     window: TimeWindow | None) -> DataFrame:
+    """Any SQLAlchemy database: the known columns in the window, streamed in Arrow batches into Spark."""
     arrow_schema = _arrow_schema(schema)
     batches = []
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
             result = conn.execution_options(yield_per=BATCH_ROWS).execute(
-                select(*[source.c[name] for name in arrow_schema.names]))
+                _select(table, schema, window, engine.dialect.name))
             for rows in result.partitions():
                 columns = list(zip(*rows, strict=True))
                 batches.append(pa.RecordBatch.from_arrays(
@@ -131,25 +199,26 @@ def _read_sqlalchemy(spark: SparkSession, url: str, table: str, schema: str) -> 
 
 
 def read_table(spark: SparkSession, url: str, table: str, partitions: int = 4,
-               jdbc: bool = True) -> DataFrame:
-    """One framework table from a database URL, tagged with its source; PostgreSQL through
-    JDBC when ``jdbc`` (see ``use_jdbc``), else through SQLAlchemy."""
+               jdbc: bool = True, window: TimeWindow | None = None) -> DataFrame:
+    """One framework table from a database URL, tagged with its source, only the rows whose
+    timestamp column is in ``window``; PostgreSQL through JDBC when ``jdbc`` (see
+    ``use_jdbc``), else through SQLAlchemy."""
     schema = TRANSACTION_LOG_SCHEMA if table == TRANSACTION_LOG else CONSUMED_SCHEMA
     if url.startswith("parquet://"):  # a table exported to Parquet (large runs, benchmarks)
-        frame = spark.read.parquet(url[len("parquet://"):]).select(*_column_names(schema))
-        return frame.withColumn("source_db", F.lit(url))
+        frame = spark.read.schema(schema).parquet(url[len("parquet://"):])  # a schema: no inference job
+        return _where(frame, TIME_COLUMNS[table], window, timestamp=True).withColumn("source_db", F.lit(url))
     if jdbc and _is_postgres(url):
-        frame = _read_postgres(spark, url, table, schema, partitions)
+        frame = _read_postgres(spark, url, table, schema, partitions, window)
     else:
-        frame = _read_sqlalchemy(spark, url, table, schema)
+        frame = _read_sqlalchemy(spark, url, table, schema, window)
     return frame.withColumn("source_db", F.lit(make_url(url).render_as_string(hide_password=True)))
 
 
 def union_tables(spark: SparkSession, urls: list[str], table: str, partitions: int = 4,
-                 jdbc: bool = True) -> DataFrame:
-    """The same table from several databases, as one DataFrame."""
+                 jdbc: bool = True, window: TimeWindow | None = None) -> DataFrame:
+    """The same table from several databases, as one DataFrame (each read in ``window``)."""
     schema = TRANSACTION_LOG_SCHEMA if table == TRANSACTION_LOG else CONSUMED_SCHEMA
-    frames = [read_table(spark, url, table, partitions, jdbc) for url in urls]
+    frames = [read_table(spark, url, table, partitions, jdbc, window) for url in urls]
     if not frames:
         return spark.createDataFrame([], schema + ", source_db string")
     result = frames[0]
@@ -174,12 +243,13 @@ def export_files(export_dir: str | Path) -> dict[str, Path]:
     return files
 
 
-def read_export(spark: SparkSession, export_dir: str | Path) -> tuple[DataFrame, DataFrame]:
-    """``messages`` and ``deliveries`` from the broker's export directory."""
+def read_export(spark: SparkSession, export_dir: str | Path,
+                window: TimeWindow | None = None) -> tuple[DataFrame, DataFrame]:
+    """``messages`` and ``deliveries`` from the broker's export directory, in ``window``
+    (messages by ``store_ms``, deliveries by ``first_delivered_ms``)."""
     tables = []
     for name, path in export_files(export_dir).items():
-        if path.suffix == ".parquet":
-            tables.append(spark.read.parquet(str(path)))
-        else:
-            tables.append(spark.read.schema(EXPORT_SCHEMAS[name]).json(str(path)))
+        reader = spark.read.schema(EXPORT_SCHEMAS[name])
+        frame = reader.parquet(str(path)) if path.suffix == ".parquet" else reader.json(str(path))
+        tables.append(_where(frame, EXPORT_TIME_COLUMNS[name], window, timestamp=False))
     return tables[0], tables[1]
