@@ -30,6 +30,7 @@ from .inputs import (
     CONSUMED_MESSAGE,
     POSTGRES_READS,
     TRANSACTION_LOG,
+    TimeWindow,
     export_files,
     read_export,
     union_tables,
@@ -167,6 +168,23 @@ def _samples(folder: Path) -> dict[str, list[dict[str, Any]]]:
     return samples
 
 
+#: How far around a --since/--until window the inputs are read, so that each transaction
+#: of the window is seen whole (its half message is stored before its local commit; a
+#: producer row and its broker messages are minutes apart at most).
+WINDOW_MARGIN_MS = 3_600_000
+
+
+def _windows(options: ReconcileOptions) -> tuple[TimeWindow | None, TimeWindow | None]:
+    """What to read for a windowed run: producer rows and broker messages around the window,
+    deliveries and consumptions from its start on (they may come any time later)."""
+    if options.since_ms is None and options.until_ms is None:
+        return None, None
+    margin = max(WINDOW_MARGIN_MS, int(options.grace_s * 1000))
+    low = None if options.since_ms is None else options.since_ms - margin
+    high = None if options.until_ms is None else options.until_ms + margin
+    return TimeWindow(low, high), TimeWindow(low, None)
+
+
 #: Session settings for the length of a run: adaptive execution may merge the partitions
 #: of the kept per-transaction table (else a small run pays for every shuffle partition).
 RUN_SETTINGS = {"spark.sql.adaptive.enabled": "true",
@@ -202,9 +220,14 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
     out.mkdir(parents=True, exist_ok=True)
     now_ms = options.now_ms or int(time.time() * 1000)
     jdbc = use_jdbc(spark, options.postgres_read, [*inputs.producer_databases, *inputs.consumer_databases])
-    transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions, jdbc)
-    consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions, jdbc)
-    messages, deliveries = read_export(spark, inputs.broker_export)
+    around, onwards = _windows(options)
+    transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions,
+                                   jdbc, around)
+    consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions, jdbc,
+                            onwards)
+    messages, deliveries = read_export(spark, inputs.broker_export, onwards)
+    if around is not None and around.high_ms is not None:  # a filter Spark pushes into the scan
+        messages = messages.where(F.col("store_ms") < around.high_ms)
     producers, consumers = _labels(inputs.producer_databases), _labels(inputs.consumer_databases)
     rows, observed = events(transaction_log, messages, deliveries, consumed, producers, consumers,
                             _delivery_ids_known(inputs.broker_export))

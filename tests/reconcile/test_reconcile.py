@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ from sqlalchemy import create_engine, select
 
 from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
 from outbox.reconcile import ReconcileInputs, ReconcileOptions, reconcile
+from outbox.reconcile.classify import ANOMALIES
 from outbox.reconcile.session import has_postgres_driver, postgres_jdbc_jar
 from outbox.reconcile.synthetic import (
     DELIVERIES_SCHEMA,
@@ -242,3 +244,27 @@ def test_options_reject_unknown_or_negative_thresholds(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="negative"):
         ReconcileOptions(str(tmp_path), thresholds={"lost": -1})
     assert ReconcileOptions(str(tmp_path), thresholds={"parked": 5}).thresholds == {"parked": 5}
+
+
+@pytest.mark.spark
+def test_a_window_reads_only_around_it_and_agrees_with_the_whole_run(spark, tmp_path: Path) -> None:
+    data, inputs = _dataset(tmp_path, n=300, each=3)
+    # A producer row two days before the window, with a state nobody writes: read only by the whole run.
+    far = {**data.transaction_log[0], "transaction_id": "tx-far", "state": "PENDING",
+           "created_at": datetime.fromtimestamp((NOW - 2 * 86_400_000) / 1000, UTC)}
+    engine = create_engine(inputs.producer_databases[0])
+    with engine.begin() as conn:
+        conn.execute(transaction_log.insert(), [far])
+    engine.dispose()
+    whole = reconcile(spark, inputs, ReconcileOptions(str(tmp_path / "whole"), now_ms=NOW))
+    since, until = NOW - 600_000 - 200_000, NOW - 600_000 - 100_000  # synthetic rows span 327 s before that
+    windowed = reconcile(spark, inputs, ReconcileOptions(str(tmp_path / "window"), now_ms=NOW,
+                                                         since_ms=since, until_ms=until))
+    assert whole.summary["sanity"]["unknown_local_states"] == 1
+    assert windowed.summary["sanity"]["unknown_local_states"] == 0  # never read
+    counts = windowed.summary["counts"]
+    assert 0 < counts["transactions"] < whole.summary["counts"]["transactions"]
+    for category in ANOMALIES:
+        folder = tmp_path / "whole" / "anomalies" / f"category={category}"
+        rows = pq.read_table(folder).to_pylist() if folder.exists() else []
+        assert counts[category] == sum(1 for row in rows if since <= row["event_ms"] < until), category
