@@ -3,8 +3,10 @@
 Databases are given as SQLAlchemy URLs (or ``parquet:///path`` for a table already exported).
 PostgreSQL is read through JDBC when the session has the driver (see ``session``),
 partitioned over a numeric column (``partitionColumn`` with bounds from a min/max query,
-``numPartitions``, ``fetchsize``); without the driver it is read like SQLite: through
-SQLAlchemy on the driver, in Arrow batches. The broker export is Parquet or JSON lines.
+``numPartitions``, ``fetchsize``); without the driver, through SQLAlchemy in parallel
+Spark tasks, each reading one range of the timestamp column in Arrow batches
+(``_read_postgres_ranges``). SQLite is read through SQLAlchemy on the driver. The broker
+export is Parquet or JSON lines.
 
 A ``TimeWindow`` limits what is read, at the source: a WHERE on the table's timestamp
 column (``TIME_COLUMNS``) in the database, a filter Spark pushes down into Parquet, or on
@@ -14,9 +16,9 @@ the export's ``store_ms`` (messages) and ``first_delivered_ms`` (deliveries).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -27,11 +29,12 @@ from pyspark.sql import functions as F
 from sqlalchemy import BigInteger, Column, String, create_engine, func, literal, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 from sqlalchemy.sql import Select
 
 from ..errors import ConfigurationError
 from ..integrations.sqlalchemy.tables import consumed_message, transaction_log
-from .session import HOW_TO_ADD_JDBC_DRIVER, has_postgres_driver
+from .session import HOW_TO_ADD_JDBC_DRIVER, has_postgres_driver, python_workers_here
 
 log = logging.getLogger("outbox.reconcile")
 
@@ -58,6 +61,9 @@ EXPORT_SCHEMAS = {
 POSTGRES_READS = ("auto", "jdbc", "sqlalchemy")
 #: Rows per Arrow batch when a table is read through SQLAlchemy.
 BATCH_ROWS = 50_000
+#: A PostgreSQL table read through SQLAlchemy with fewer rows (in the window) than this is
+#: read in one range: more tasks would cost more than they save.
+SMALL_TABLE_ROWS = 50_000
 
 
 class JdbcDriverMissingError(ConfigurationError):
@@ -121,9 +127,10 @@ def _is_postgres(url: str) -> bool:
     return not url.startswith("parquet://") and make_url(url).get_backend_name() == "postgresql"
 
 
-def use_jdbc(spark: SparkSession, postgres_read: str, urls: Iterable[str]) -> bool:
+def use_jdbc(spark: SparkSession, postgres_read: str, urls: Iterable[str], partitions: int = 4) -> bool:
     """Whether PostgreSQL inputs go through JDBC; says once (a warning) when ``auto`` falls
-    back to SQLAlchemy, raises ``JdbcDriverMissingError`` when ``jdbc`` cannot be had."""
+    back to SQLAlchemy (``partitions`` range reads), raises ``JdbcDriverMissingError`` when
+    ``jdbc`` cannot be had."""
     if postgres_read == "sqlalchemy" or not any(_is_postgres(url) for url in urls):
         return False
     if has_postgres_driver(spark):
@@ -133,7 +140,8 @@ def use_jdbc(spark: SparkSession, postgres_read: str, urls: Iterable[str]) -> bo
             f"PostgreSQL through JDBC was asked for, but this Spark session has no PostgreSQL JDBC "
             f"driver; {HOW_TO_ADD_JDBC_DRIVER}; or read through SQLAlchemy (--postgres-read auto)")
     log.warning("warning: no PostgreSQL JDBC driver in this Spark session; reading PostgreSQL through "
-                "SQLAlchemy on the driver (not in parallel). For JDBC, %s", HOW_TO_ADD_JDBC_DRIVER)
+                "SQLAlchemy in %d parallel range reads (one for a table under %d rows). For JDBC, %s",
+                max(1, partitions), SMALL_TABLE_ROWS, HOW_TO_ADD_JDBC_DRIVER)
     return False
 
 
@@ -178,37 +186,86 @@ def _arrow_schema(schema: str) -> pa.Schema:
     return pa.schema([(name, types[kind]) for name, kind in (part.split() for part in schema.split(", "))])
 
 
-def _read_sqlalchemy(spark: SparkSession, url: str, table: str, schema: str,
-                     window: TimeWindow | None) -> DataFrame:
-    """Any SQLAlchemy database: the known columns in the window, streamed in Arrow batches into Spark."""
+def _arrow_batches(url: str, table: str, schema: str, window: TimeWindow | None) -> Iterator[pa.RecordBatch]:
+    """The known columns in the window through SQLAlchemy, streamed in Arrow batches of
+    ``BATCH_ROWS`` rows over a connection of their own."""
     arrow_schema = _arrow_schema(schema)
-    batches = []
-    engine = create_engine(url)
+    engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
             result = conn.execution_options(yield_per=BATCH_ROWS).execute(
                 _select(table, schema, window, engine.dialect.name))
             for rows in result.partitions():
                 columns = list(zip(*rows, strict=True))
-                batches.append(pa.RecordBatch.from_arrays(
+                yield pa.RecordBatch.from_arrays(
                     [pa.array(values, type=column.type) for values, column in zip(columns, arrow_schema, strict=True)],
-                    schema=arrow_schema))
+                    schema=arrow_schema)
     finally:
         engine.dispose()
-    return spark.createDataFrame(pa.Table.from_batches(batches, arrow_schema), schema)
+
+
+def _read_sqlalchemy(spark: SparkSession, url: str, table: str, schema: str,
+                     window: TimeWindow | None) -> DataFrame:
+    """Any SQLAlchemy database, read on the driver (a SQLite file may be on no executor)."""
+    batches = list(_arrow_batches(url, table, schema, window))
+    return spark.createDataFrame(pa.Table.from_batches(batches, _arrow_schema(schema)), schema)
+
+
+def _epoch_ms(moment: datetime) -> int:
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+def _ranges(url: str, table: str, window: TimeWindow | None, partitions: int) -> list[TimeWindow]:
+    """The window split into up to ``partitions`` ranges of equal time between the first and
+    last row in it (one min/max/count query), one range for a small table. The outer ranges
+    reach the window's own ends, so a row written meanwhile falls in one range, never none."""
+    column = _time_column(table)
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            first, last, rows = conn.execute(
+                select(func.min(column), func.max(column), func.count()).where(
+                    *_conditions(column, window, _datetime))).one()
+    finally:
+        engine.dispose()
+    window = window or TimeWindow()
+    if rows < SMALL_TABLE_ROWS or partitions <= 1:
+        return [window]
+    low, high = _epoch_ms(first), _epoch_ms(last) + 1
+    cuts = sorted({low + (high - low) * i // partitions for i in range(1, partitions)} - {low})
+    edges = [window.low_ms, *cuts, window.high_ms]
+    return [TimeWindow(start, end) for start, end in zip(edges, edges[1:], strict=False)]
+
+
+def _read_postgres_ranges(spark: SparkSession, url: str, table: str, schema: str, partitions: int,
+                          window: TimeWindow | None) -> DataFrame:
+    """PostgreSQL without JDBC, in parallel: one Spark task per range of ``_ranges``, each
+    streaming its range through SQLAlchemy as Arrow batches (executors need halfmoon and
+    the database driver, and must reach the database)."""
+    ranges = _ranges(url, table, window, partitions)
+
+    def read(indexes: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in indexes:
+            for index in batch.column(0).to_pylist():
+                yield from _arrow_batches(url, table, schema, ranges[index])
+
+    python_workers_here(spark)
+    return spark.range(len(ranges), numPartitions=len(ranges)).mapInArrow(read, schema)
 
 
 def read_table(spark: SparkSession, url: str, table: str, partitions: int = 4,
                jdbc: bool = True, window: TimeWindow | None = None) -> DataFrame:
     """One framework table from a database URL, tagged with its source, only the rows whose
     timestamp column is in ``window``; PostgreSQL through JDBC when ``jdbc`` (see
-    ``use_jdbc``), else through SQLAlchemy."""
+    ``use_jdbc``), else through SQLAlchemy in up to ``partitions`` parallel range reads."""
     schema = TRANSACTION_LOG_SCHEMA if table == TRANSACTION_LOG else CONSUMED_SCHEMA
     if url.startswith("parquet://"):  # a table exported to Parquet (large runs, benchmarks)
         frame = spark.read.schema(schema).parquet(url[len("parquet://"):])  # a schema: no inference job
         return _where(frame, TIME_COLUMNS[table], window, timestamp=True).withColumn("source_db", F.lit(url))
     if jdbc and _is_postgres(url):
         frame = _read_postgres(spark, url, table, schema, partitions, window)
+    elif _is_postgres(url):
+        frame = _read_postgres_ranges(spark, url, table, schema, partitions, window)
     else:
         frame = _read_sqlalchemy(spark, url, table, schema, window)
     return frame.withColumn("source_db", F.lit(make_url(url).render_as_string(hide_password=True)))

@@ -7,6 +7,7 @@ Debian's ``/usr/share/java/postgresql.jar``), added to ``spark.jars`` when it ex
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -43,6 +44,14 @@ def postgres_jdbc_jar() -> Path:
 def has_postgres_driver(spark: SparkSession) -> bool:
     """Whether the session's JVM can load the PostgreSQL JDBC driver (however it was added)."""
     return bool(spark._jvm.org.apache.spark.util.Utils.classIsLoadable(POSTGRES_DRIVER_CLASS))  # type: ignore[union-attr]
+
+
+def python_workers_here(spark: SparkSession) -> None:
+    """In local mode, run Python workers on this interpreter (it has halfmoon and its
+    dependencies) unless ``PYSPARK_PYTHON`` names one: Spark's default is whatever
+    ``python3`` is on the PATH. Clusters keep their own setting."""
+    if (spark.sparkContext.master or "").startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        spark.sparkContext.pythonExec = sys.executable
 
 
 def build_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,

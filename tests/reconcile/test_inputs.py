@@ -10,9 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from sqlalchemy import create_engine, text
 
 from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
+from outbox.reconcile import inputs
 from outbox.reconcile.inputs import (
     CONSUMED_MESSAGE,
     TRANSACTION_LOG,
@@ -41,21 +43,21 @@ def _in(window: TimeWindow, ms: int) -> bool:
     return (window.low_ms is None or ms >= window.low_ms) and (window.high_ms is None or ms < window.high_ms)
 
 
-def _tables() -> dict[str, list[dict[str, Any]]]:
-    """Both framework tables; every third consumption without a transaction id."""
-    at = [START + timedelta(milliseconds=_ms(i) - START_MS) for i in range(ROWS)]
+def _tables(n: int = ROWS) -> dict[str, list[dict[str, Any]]]:
+    """Both framework tables, ``n`` rows each; every third consumption without a transaction id."""
+    at = [START + timedelta(milliseconds=_ms(i) - START_MS) for i in range(n)]
     return {
         TRANSACTION_LOG: [{"transaction_id": f"tx{i:03d}", "producer_group": "shop", "state": "COMMITTED",
-                           "created_at": at[i]} for i in range(ROWS)],
+                           "created_at": at[i]} for i in range(n)],
         CONSUMED_MESSAGE: [{"consumer_group": "points", "message_id": f"m{i:03d}", "topic": "t",
                             "transaction_id": None if i % 3 == 0 else f"tx{i:03d}", "consumed_at": at[i]}
-                           for i in range(ROWS)],
+                           for i in range(n)],
     }
 
 
-def _expected(table: str, window: TimeWindow | None = WINDOW) -> list[tuple[Any, ...]]:
+def _expected(table: str, window: TimeWindow | None = WINDOW, n: int = ROWS) -> list[tuple[Any, ...]]:
     """The table's rows in the window, as Spark collects them (naive UTC, the session's zone)."""
-    rows = [(*row.values(),) for row in _tables()[table]]
+    rows = [(*row.values(),) for row in _tables(n)[table]]
     return sorted((*row[:-1], row[-1].replace(tzinfo=None)) for row in rows
                   if window is None or _in(window, int(row[-1].timestamp() * 1000)))
 
@@ -64,12 +66,12 @@ def _rows(frame: DataFrame) -> list[tuple[Any, ...]]:
     return sorted(tuple(row)[:-1] for row in frame.collect())  # without source_db
 
 
-def _write(url: str) -> None:
+def _write(url: str, n: int = ROWS) -> None:
     engine = create_engine(url)
     metadata.create_all(engine)
     with engine.begin() as conn:
-        conn.execute(transaction_log.insert(), _tables()[TRANSACTION_LOG])
-        conn.execute(consumed_message.insert(), _tables()[CONSUMED_MESSAGE])
+        conn.execute(transaction_log.insert(), _tables(n)[TRANSACTION_LOG])
+        conn.execute(consumed_message.insert(), _tables(n)[CONSUMED_MESSAGE])
     engine.dispose()
 
 
@@ -197,3 +199,28 @@ def test_parquet_inputs_are_read_with_their_known_schema_without_a_spark_job(spa
     assert got_messages.count() == ROWS
     for table, frame in tables.items():
         assert _rows(frame) == _expected(table), table
+
+
+@pytest.mark.spark
+@pytest.mark.postgres
+def test_postgresql_without_jdbc_is_read_in_parallel_range_reads(spark, postgres_url: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 300
+    _write(postgres_url, n)
+    reads = ["sqlalchemy", "jdbc"] if has_postgres_driver(spark) else ["sqlalchemy"]
+    monkeypatch.setattr(inputs, "SMALL_TABLE_ROWS", 0)  # a few hundred rows, split all the same
+    for table in (TRANSACTION_LOG, CONSUMED_MESSAGE):
+        frame = read_table(spark, postgres_url, table, partitions=3, jdbc=False)
+        assert frame.rdd.getNumPartitions() == 3, table
+        per_task = frame.groupBy(F.spark_partition_id()).count().collect()
+        assert len(per_task) == 3 and all(row["count"] >= n // 4 for row in per_task), (table, per_task)
+        for read in reads:
+            everything = read_table(spark, postgres_url, table, partitions=3, jdbc=read == "jdbc")
+            assert _rows(everything) == _expected(table, None, n), (table, read)
+        windowed = read_table(spark, postgres_url, table, partitions=3, jdbc=False, window=WINDOW)
+        assert windowed.rdd.getNumPartitions() == 3
+        assert _rows(windowed) == _expected(table, WINDOW, n), table
+    monkeypatch.undo()
+    small = read_table(spark, postgres_url, CONSUMED_MESSAGE, partitions=3, jdbc=False)
+    assert small.rdd.getNumPartitions() == 1
+    assert _rows(small) == _expected(CONSUMED_MESSAGE, None, n)
