@@ -97,8 +97,16 @@ def _where(frame: DataFrame, column: str, window: TimeWindow | None, timestamp: 
     return frame.where(reduce(lambda a, b: a & b, conditions)) if conditions else frame
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+
+
 def _datetime(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
+    return _EPOCH + ms * _MILLISECOND
+
+
+def _epoch_ms(moment: datetime) -> int:
+    return (moment - _EPOCH) // _MILLISECOND
 
 
 def _sqlite_bound(ms: int) -> Any:
@@ -117,10 +125,10 @@ def _time_column(table: str) -> Column[Any]:
 
 def _select(table: str, schema: str, window: TimeWindow | None, dialect: str) -> Select[Any]:
     """The framework columns of ``table``, in the window, as SQLAlchemy selects them."""
-    source = _time_column(table).table
+    time_column = _time_column(table)
     bound = _sqlite_bound if dialect == "sqlite" else _datetime
-    return select(*[source.c[name] for name in _column_names(schema)]).where(
-        *_conditions(_time_column(table), window, bound))
+    return select(*[time_column.table.c[name] for name in _column_names(schema)]).where(
+        *_conditions(time_column, window, bound))
 
 
 def _is_postgres(url: str) -> bool:
@@ -209,10 +217,6 @@ def _read_sqlalchemy(spark: SparkSession, url: str, table: str, schema: str,
     """Any SQLAlchemy database, read on the driver (a SQLite file may be on no executor)."""
     batches = list(_arrow_batches(url, table, schema, window))
     return spark.createDataFrame(pa.Table.from_batches(batches, _arrow_schema(schema)), schema)
-
-
-def _epoch_ms(moment: datetime) -> int:
-    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
 
 
 def _ranges(url: str, table: str, window: TimeWindow | None, partitions: int) -> list[TimeWindow]:
