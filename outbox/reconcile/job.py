@@ -219,7 +219,8 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     now_ms = options.now_ms or int(time.time() * 1000)
-    jdbc = use_jdbc(spark, options.postgres_read, [*inputs.producer_databases, *inputs.consumer_databases])
+    jdbc = use_jdbc(spark, options.postgres_read, [*inputs.producer_databases, *inputs.consumer_databases],
+                    options.jdbc_partitions)
     around, onwards = _windows(options)
     transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions,
                                    jdbc, around)
