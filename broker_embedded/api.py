@@ -47,6 +47,34 @@ class ParkedTransaction:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenTransaction:
+    """A pending or parked transaction as the console shows it; ``problem`` says why it
+    cannot be committed (empty for a sound one)."""
+
+    transaction_id: str
+    producer_group: str
+    state: TransactionState
+    message_ids: tuple[str, ...]
+    check_times: int
+    born_timestamp_ms: int
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerQueue:
+    """One consumer group's progress through one stored queue of a subscribed topic (the
+    topic's own queues, and the group's retry queue): messages not yet done, and how many
+    of them are received and invisible right now."""
+
+    group: str
+    topic: str
+    stored_topic: str
+    queue_id: int
+    lag: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerStats:
     """A snapshot for the admin CLI: depths, backlogs, and the transaction counters.
 
@@ -74,6 +102,16 @@ class TransactionChecker(Protocol):
     """
 
     def request_check(self, request: CheckRequest) -> bool: ...
+
+
+#: What forcing a parked transaction's resolution risks (``resolve_parked(..., force=...)``),
+#: shown before an operator's forced resolution acts.
+FORCE_WARNINGS = {
+    Resolution.COMMIT: "forcing COMMIT of transaction {id} without a check-back: its transaction_log is not "
+                       "read. If its database transaction rolled back, consumers receive a phantom message.",
+    Resolution.ROLLBACK: "forcing ROLLBACK of transaction {id} without a check-back: its transaction_log is "
+                         "not read. If its database transaction committed, its messages are never delivered.",
+}
 
 
 #: The longest a receive may wait, or a received message stay invisible: one day.

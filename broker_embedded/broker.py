@@ -10,6 +10,7 @@ restart costs what is pending, not what is past. The TCP server serves this same
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -25,6 +26,8 @@ from .api import (
     MAX_DURATION_S,
     BrokerStats,
     CheckCallback,
+    ConsumerQueue,
+    OpenTransaction,
     ParkedTransaction,
     TopicInfo,
     TransactionChecker,
@@ -50,11 +53,12 @@ from .store.record import StoredRecord
 from .topic_registry import TopicRegistry
 from .topics import (
     CONSUMER_STATE_TOPIC,
+    HALF_TOPIC,
     RETRY_PREFIX,
     validate_group,
     validate_user_topic,
 )
-from .transactions import CheckService, TransactionBook, TransactionService
+from .transactions import CheckService, Transaction, TransactionBook, TransactionService
 from .writes import AnyWriteCall, EndCall, ForcedResolveCall, HalfCall, SendCall, Staged
 
 log = logging.getLogger("broker_embedded.broker")
@@ -306,6 +310,33 @@ class EmbeddedBroker:
         newest_first = (self.store.get(o) for o in reversed(offsets))
         return [codec.stored_message_of(r) for r in reversed(fitting(newest_first, lambda r: r.size, max_bytes))]
 
+    def query_half_by_id(self, message_id: str) -> StoredMessage | None:
+        """Find a half message (not visible before its transaction commits) by its id, as
+        bound for its real topic; None when there is none."""
+        for offset in reversed(self.store.lookup_message_id(message_id)):
+            record = self.store.get(offset)
+            if record.topic == HALF_TOPIC:
+                return codec.stored_message_of(dataclasses.replace(
+                    record, topic=record.properties.get(codec.REAL_TOPIC, record.topic)))
+        return None
+
+    def oldest_transactions(self, state: TransactionState, limit: int) -> tuple[list[OpenTransaction], int]:
+        """The ``limit`` oldest open transactions in ``state`` (PENDING or PARKED), and how
+        many are in that state in all."""
+        with self.book.lock:
+            shown, total = self.book.oldest(state, limit)
+            return [_open_transaction(tx) for tx in shown], total
+
+    def open_transaction(self, transaction_id: str) -> OpenTransaction | None:
+        """A pending or parked transaction by id; None when it is not open."""
+        with self.book.lock:
+            tx = self.book.get(transaction_id)
+            return None if tx is None else _open_transaction(tx)
+
+    def consumer_queues(self) -> list[ConsumerQueue]:
+        """Every consumer group's lag and messages in flight, per stored queue."""
+        return self.consumers.queues()
+
     def list_parked(self) -> list[ParkedTransaction]:
         return self.transactions.list_parked()
 
@@ -424,6 +455,12 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_transaction(tx: Transaction) -> OpenTransaction:
+    """A copy of an open transaction's fields (call under the book's lock)."""
+    return OpenTransaction(tx.transaction_id, tx.producer_group, tx.state, tx.message_ids, tx.check_times,
+                           tx.born_ms, tx.problem)
 
 
 def _duration_ms(name: str, seconds: float, zero_allowed: bool = False) -> int:

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .api import BrokerAPI
+from .api import FORCE_WARNINGS, BrokerAPI
 from .broker import EmbeddedBroker
 from .cli_tools import load_attribute, quiet_on_broken_pipe
 from .config import BrokerConfig, ServerLimits
@@ -140,15 +140,6 @@ def _print(value: Any) -> None:
     print(json.dumps(plain(value), indent=2, default=str))
 
 
-#: What ``parked resolve ID commit|rollback --force`` risks, printed before it acts.
-_FORCE_WARNINGS = {
-    "commit": "WARNING: forcing COMMIT of transaction {id} without a check-back: its transaction_log is not "
-              "read. If its database transaction rolled back, consumers receive a phantom message.",
-    "rollback": "WARNING: forcing ROLLBACK of transaction {id} without a check-back: its transaction_log is "
-                "not read. If its database transaction committed, its messages are never delivered.",
-}
-
-
 def admin(args: argparse.Namespace) -> int:
     broker = _broker(args)
     try:
@@ -179,8 +170,9 @@ def admin(args: argparse.Namespace) -> int:
             if args.action == "list":
                 _print(broker.list_parked())
             elif args.action == "resolve" and args.force:
-                print(_FORCE_WARNINGS[args.resolution].format(id=args.id), file=sys.stderr)
-                _print(broker.resolve_parked(args.id, force=Resolution(args.resolution)))
+                resolution = Resolution(args.resolution)
+                print("WARNING: " + FORCE_WARNINGS[resolution].format(id=args.id), file=sys.stderr)
+                _print(broker.resolve_parked(args.id, force=resolution))
             elif args.action == "resolve":
                 _print(broker.resolve_parked(args.id, wait_s=args.wait))
             else:

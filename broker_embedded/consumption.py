@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from . import codec
+from .api import ConsumerQueue
 from .errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
 from .message import ReceivedMessage
 from .store.message_store import MessageStore, fitting
@@ -436,6 +437,18 @@ class ConsumerGroups:
             return self._receipt_handle(key, delivery)
 
     # -- admin ----------------------------------------------------------------------------
+    def queues(self) -> list[ConsumerQueue]:
+        """Each group's lag and messages in flight per stored queue, by group and topic;
+        costs O(queues + messages in flight), the deliveries each queue holds."""
+        now = now_ms()
+        result: list[ConsumerQueue] = []
+        with self.lock:
+            for (group, topic, stored_topic, queue_id), progress in self.progress.items():
+                lag = self.store.queue_max_offset(stored_topic, queue_id) - progress.floor - len(progress.done_above)
+                in_flight = sum(1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now)
+                result.append(ConsumerQueue(group, topic, stored_topic, queue_id, max(lag, 0), in_flight))
+        return sorted(result, key=lambda q: (q.group, q.topic, q.stored_topic, q.queue_id))
+
     def lag(self) -> dict[str, dict[str, int]]:
         """Messages not yet done, per group and subscribed topic."""
         result: dict[str, dict[str, int]] = {}

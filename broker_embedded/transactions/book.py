@@ -260,6 +260,14 @@ class TransactionBook:
         with self.lock:
             return [tx for tx in self.by_id.values() if tx.state is state]
 
+    def oldest(self, state: TransactionState, limit: int) -> tuple[list[Transaction], int]:
+        """The ``limit`` oldest transactions in ``state`` (by their first half message's
+        arrival) and how many are in that state in all; copies only those shown."""
+        with self.lock:
+            matching = (tx for tx in self.by_id.values() if tx.state is state)
+            shown = list(itertools.islice(matching, limit))
+            return shown, len(shown) + sum(1 for _ in matching)
+
     def oldest_offset(self) -> int | None:
         """The lowest commit log offset an open transaction still needs (retention keeps it)."""
         with self.lock:
