@@ -438,24 +438,28 @@ class ConsumerGroups:
 
     # -- admin ----------------------------------------------------------------------------
     def queues(self) -> list[ConsumerQueue]:
-        """Each group's lag and messages in flight per stored queue, by group and topic;
-        costs O(queues + messages in flight), the deliveries each queue holds."""
+        """Each group's lag and messages in flight per stored queue of each topic it
+        receives from (queues it has not read yet count from their start), by group and
+        topic; costs O(groups' queues + messages in flight)."""
         now = now_ms()
         result: list[ConsumerQueue] = []
         with self.lock:
-            for (group, topic, stored_topic, queue_id), progress in self.progress.items():
-                lag = self.store.queue_max_offset(stored_topic, queue_id) - progress.floor - len(progress.done_above)
-                in_flight = sum(1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now)
-                result.append(ConsumerQueue(group, topic, stored_topic, queue_id, max(lag, 0), in_flight))
-        return sorted(result, key=lambda q: (q.group, q.topic, q.stored_topic, q.queue_id))
+            for group, topic in sorted({(key[0], key[1]) for key in self.progress}):
+                for stored_topic, queue_id in self._sources(group, topic):
+                    progress = self.progress.get((group, topic, stored_topic, queue_id))
+                    end = self.store.queue_max_offset(stored_topic, queue_id)
+                    if progress is None:
+                        lag, in_flight = end - self.store.queue_min_offset(stored_topic, queue_id), 0
+                    else:
+                        lag = end - progress.floor - len(progress.done_above)
+                        in_flight = sum(1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now)
+                    result.append(ConsumerQueue(group, topic, stored_topic, queue_id, max(lag, 0), in_flight))
+        return result
 
     def lag(self) -> dict[str, dict[str, int]]:
         """Messages not yet done, per group and subscribed topic."""
         result: dict[str, dict[str, int]] = {}
-        with self.lock:
-            for (group, topic, stored_topic, queue_id), progress in self.progress.items():
-                remaining = self.store.queue_max_offset(stored_topic, queue_id) - progress.floor
-                remaining -= len(progress.done_above)
-                per_group = result.setdefault(group, {})
-                per_group[topic] = per_group.get(topic, 0) + max(remaining, 0)
+        for queue in self.queues():
+            per_group = result.setdefault(queue.group, {})
+            per_group[queue.topic] = per_group.get(queue.topic, 0) + queue.lag
         return result

@@ -97,8 +97,9 @@ class ConsoleApp:
         """Answer one request; a refused one is a 4xx page, a fault a 500 page without details."""
         request: Request | None = None
         try:
+            handler = self._handler(environ.get("REQUEST_METHOD", "GET").upper(), environ.get("PATH_INFO", "") or "/")
             request = Request.from_environ(environ)
-            return self._route(request)
+            return handler(request)
         except HttpError as exc:
             view = self._view(request) if request else View(environ.get("SCRIPT_NAME", "").rstrip("/"), None,
                                                             self.sessions is not None)
@@ -111,15 +112,16 @@ class ConsoleApp:
                             b"The console failed to answer; the broker log has the details.",
                             [("Content-Type", "text/plain; charset=utf-8")])
 
-    def _route(self, request: Request) -> Response:
-        handler = self._routes.get((request.method, request.path))
+    def _handler(self, method: str, path: str) -> Handler:
+        """The route's handler; 404 for an unknown path, 405 for a method it does not answer."""
+        handler = self._routes.get((method, path))
         if handler is not None:
-            return handler(request)
-        allowed = sorted(method for method, path in self._routes if path == request.path)
+            return handler
+        allowed = sorted(m for m, p in self._routes if p == path)
         if allowed:
-            raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{request.path} answers {' and '.join(allowed)} only.",
+            raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{path} answers {' and '.join(allowed)} only.",
                             [("Allow", ", ".join(allowed))])
-        raise HttpError(HTTPStatus.NOT_FOUND, f"There is no page {request.path}. Use the navigation above.")
+        raise HttpError(HTTPStatus.NOT_FOUND, f"There is no page {path}. Use the navigation above.")
 
     # -- rendering ------------------------------------------------------------------------
     def _session_id(self, request: Request) -> str | None:

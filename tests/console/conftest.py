@@ -1,0 +1,152 @@
+"""A real broker with something on every console page, and the console served over HTTP.
+
+``serve`` runs a WSGI app on a threaded wsgiref server on an ephemeral port; it stands in
+for the broker's HTTP port (``halfmoon-broker serve --http-port``), which mounts the console
+at ``/`` the same way, so swapping it in changes only this fixture.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import pytest
+
+from broker_embedded import BrokerConfig, CheckRequest, EmbeddedBroker, Message
+from broker_embedded.console import make_console_app
+from broker_embedded.store.config import StoreConfig
+
+ACCESS_KEY = "console-access"
+SECRET_KEY = "console-secret-key"
+
+CONFIG = BrokerConfig(
+    store=StoreConfig(segment_size=256 * 1024, index_slots=4096, index_entries=16384),
+    check_interval_s=0.2,
+    check_max=1,
+    max_delivery_attempts=1,
+    retry_backoff_s=(0.0,),
+    service_tick_s=0.02,
+)
+
+
+class SilentChecker:
+    """Takes every check-back and answers none, so transactions under check get parked."""
+
+    def request_check(self, request: CheckRequest) -> bool:
+        return True
+
+
+def eventually(condition: Callable[[], object], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition did not hold in time")
+        time.sleep(0.05)
+
+
+def park(broker: EmbeddedBroker, transaction_id: str, group: str = "shop") -> None:
+    """Store a half message whose checks nobody answers, and wait until it is parked."""
+    broker.set_checker(SilentChecker())
+    broker.send_half(Message("orders", b'{"order": 9}', keys=(f"key-{transaction_id}",), transaction_timeout_s=0.05),
+                     producer_group=group, transaction_id=transaction_id)
+    eventually(lambda: any(p.transaction_id == transaction_id for p in broker.list_parked()))
+    broker.set_checker(broker.producers)  # from now on checks go to connected producers (none)
+
+
+def dead_letter(broker: EmbeddedBroker, group: str, body: bytes) -> str:
+    """Send a message to topic ``payments`` and leave it unacknowledged until it is
+    dead-lettered for ``group``; its id."""
+    message = Message("payments", body, keys=("refund",))
+    broker.send(message)
+
+    def gone_to_dlq() -> bool:
+        broker.receive(group, "payments", max_messages=32, invisible_duration_s=0.05)
+        return any(m.message.message_id == message.message_id for m in broker.list_dlq(group))
+
+    eventually(gone_to_dlq)
+    return message.message_id
+
+
+class Shop:
+    """What the console's broker holds, by id."""
+
+    order_ids: list[str]
+    pending_tx = "tx-pending-1"
+    parked_tx = "tx-parked-1"
+    dead_letter_id: str
+    script_id: str
+    binary_id: str
+
+
+def fill_broker(broker: EmbeddedBroker) -> Shop:
+    """Topics with messages, a consumer group with lag and a message in flight, a pending and
+    a parked transaction, a dead letter; and messages that test escaping and binary bodies."""
+    shop = Shop()
+    shop.order_ids = [broker.send(Message("orders", f'{{"order": {i}}}'.encode(), keys=(f"order-{i}",))).message_id
+                      for i in range(6)]
+    broker.create_topic("audit", queues=2)
+    script = Message("orders", b"<script>alert('body')</script>", keys=("xss",), tag="<i>",
+                     properties={"note": "<b>bold</b> & \"quoted\""})
+    shop.script_id = broker.send(script).message_id
+    shop.binary_id = broker.send(Message("orders", bytes(range(256)) * 4, keys=("binary",))).message_id
+    received = broker.receive("billing", "orders", max_messages=3, invisible_duration_s=600)
+    broker.ack("billing", received[0].receipt_handle)
+    broker.send_half(Message("orders", b'{"order": "pending"}', transaction_timeout_s=3600),
+                     producer_group="shop", transaction_id=shop.pending_tx)
+    park(broker, shop.parked_tx)
+    shop.dead_letter_id = dead_letter(broker, "mailer", b'{"refund": 1}')
+    return shop
+
+
+class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 (an ephemeral port) from its own threads; the base URL."""
+    server = make_server("127.0.0.1", 0, app, server_class=ThreadingWSGIServer, handler_class=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="console-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(Path(tmp_path_factory.mktemp("console")) / "broker", CONFIG) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def shop(broker: EmbeddedBroker) -> Shop:
+    return fill_broker(broker)
+
+
+@pytest.fixture(scope="module")
+def console_url(broker: EmbeddedBroker, shop: Shop) -> Iterator[str]:
+    """The console with actions (the broker's keys are ACCESS_KEY and SECRET_KEY)."""
+    with serve(make_console_app(broker, access_key=ACCESS_KEY, secret_key=SECRET_KEY, resolve_wait_s=2.0)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def read_only_url(broker: EmbeddedBroker, shop: Shop) -> Iterator[str]:
+    """The console of a broker without keys: read-only."""
+    with serve(make_console_app(broker, access_key=None, secret_key=None)) as url:
+        yield url
