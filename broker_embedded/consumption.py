@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -437,29 +437,35 @@ class ConsumerGroups:
             return self._receipt_handle(key, delivery)
 
     # -- admin ----------------------------------------------------------------------------
+    def _queue_lags(self) -> Iterator[tuple[ProgressKey, int, QueueProgress | None]]:
+        """Under the lock: every stored queue of each (group, topic) that has progress, with
+        its lag; a queue the group has not read yet counts from its start."""
+        for group, topic in sorted({(key[0], key[1]) for key in self.progress}):
+            for stored_topic, queue_id in self._sources(group, topic):
+                key = (group, topic, stored_topic, queue_id)
+                progress = self.progress.get(key)
+                end = self.store.queue_max_offset(stored_topic, queue_id)
+                if progress is None:
+                    yield key, end - self.store.queue_min_offset(stored_topic, queue_id), None
+                else:
+                    yield key, max(end - progress.floor - len(progress.done_above), 0), progress
+
     def queues(self) -> list[ConsumerQueue]:
-        """Each group's lag and messages in flight per stored queue of each topic it
-        receives from (queues it has not read yet count from their start), by group and
-        topic; costs O(groups' queues + messages in flight)."""
+        """Each group's lag and messages in flight per stored queue, by group and topic;
+        costs O(groups' queues + the deliveries they hold)."""
         now = now_ms()
-        result: list[ConsumerQueue] = []
         with self.lock:
-            for group, topic in sorted({(key[0], key[1]) for key in self.progress}):
-                for stored_topic, queue_id in self._sources(group, topic):
-                    progress = self.progress.get((group, topic, stored_topic, queue_id))
-                    end = self.store.queue_max_offset(stored_topic, queue_id)
-                    if progress is None:
-                        lag, in_flight = end - self.store.queue_min_offset(stored_topic, queue_id), 0
-                    else:
-                        lag = end - progress.floor - len(progress.done_above)
-                        in_flight = sum(1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now)
-                    result.append(ConsumerQueue(group, topic, stored_topic, queue_id, max(lag, 0), in_flight))
-        return result
+            return [
+                ConsumerQueue(*key, lag, 0 if progress is None else sum(
+                    1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now))
+                for key, lag, progress in self._queue_lags()
+            ]
 
     def lag(self) -> dict[str, dict[str, int]]:
         """Messages not yet done, per group and subscribed topic."""
         result: dict[str, dict[str, int]] = {}
-        for queue in self.queues():
-            per_group = result.setdefault(queue.group, {})
-            per_group[queue.topic] = per_group.get(queue.topic, 0) + queue.lag
+        with self.lock:
+            for (group, topic, _, _), lag, _ in self._queue_lags():
+                per_group = result.setdefault(group, {})
+                per_group[topic] = per_group.get(topic, 0) + lag
         return result

@@ -51,8 +51,8 @@ def fill(template: Template, **values: object) -> Markup:
 
 def table(caption: str, headers: Sequence[str], rows: Sequence[Sequence[object]], empty: object,
           numeric: Sequence[int] = ()) -> Markup:
-    """A captioned table in a scrollable region (wide tables scroll on narrow screens, not
-    the page); ``empty`` (a sentence that says what to do) when there are no rows.
+    """A captioned table in a scrollable region (a wide table scrolls, not the page; on a
+    narrow screen each row becomes a card whose cells name their column); ``empty`` (a sentence that says what to do) when there are no rows.
     ``numeric``: the indexes of columns aligned right."""
     if not rows:
         return tag("section", tag("h3", caption) + tag("p", empty, class_="empty"), class_="empty-state")
@@ -60,7 +60,7 @@ def table(caption: str, headers: Sequence[str], rows: Sequence[Sequence[object]]
     body = join(
         tag("tr", join(
             tag("th" if i == 0 else "td", cell, scope="row" if i == 0 else None,
-                class_="num" if i in numeric else None)
+                class_="num" if i in numeric else None, data_label=headers[i])
             for i, cell in enumerate(row)
         ))
         for row in rows

@@ -28,6 +28,7 @@ PAGES = {
     "transactions": "/transactions",
     "dead-letters": "/dead-letters?group=mailer",
     "search": "/search?id={script_id}",
+    "force": "/transactions/force?id={parked_tx}&resolution=commit",
     "sign-in": "/sign-in",
 }
 WIDTHS = {"wide": 1280, "narrow": 375}
@@ -125,7 +126,7 @@ def test_every_page_is_drawn_and_fits(page: Any, shop: Shop) -> None:
         for name, path in PAGES.items():
             if name == "sign-in":
                 continue
-            page.goto(path.format(script_id=shop.script_id))
+            page.goto(path.format(script_id=shop.script_id, parked_tx=shop.parked_tx))
             overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{name} overflows {width} px by {overflow} px: {sticking_out(page)}"
             shots[f"{name}-{width_name}"] = page.screenshot(full_page=True)

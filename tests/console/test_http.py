@@ -66,8 +66,7 @@ def test_every_page_shows_the_broker_data_read_only(read_only_url: str, shop: Sh
 def test_lag_and_in_flight_are_counted(read_only_url: str, shop: Shop) -> None:
     html = httpx.get(read_only_url + "/groups").text
     # billing received 3 of the 8 orders with a long invisible duration and acked one
-    row = re.search(r"<tr><th scope=\"row\">billing</th><td>orders</td><td class=\"num\">([\d,]+)</td>"
-                    r"<td class=\"num\">([\d,]+)</td></tr>", html)
+    row = re.search(r">billing</th><td[^>]*>orders</td><td[^>]*>([\d,]+)</td><td[^>]*>([\d,]+)</td></tr>", html)
     assert row and row.groups() == ("7", "2")
 
 
