@@ -50,7 +50,7 @@ CONTENT_SECURITY_POLICY = (
     + "'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 
-#: HTTP statuses of the broker's refusals; anything else refused is a conflict.
+#: HTTP statuses of the broker's refusals (``_status_of``).
 _STATUS_OF_ERROR: tuple[tuple[type[BrokerError], HTTPStatus], ...] = (
     (UnknownTransactionError, HTTPStatus.NOT_FOUND),
     (UnknownTopicError, HTTPStatus.NOT_FOUND),
@@ -99,7 +99,10 @@ class ConsoleApp:
         try:
             handler = self._handler(environ.get("REQUEST_METHOD", "GET").upper(), environ.get("PATH_INFO", "") or "/")
             request = Request.from_environ(environ)
-            return handler(request)
+            try:
+                return handler(request)
+            except BrokerError as exc:
+                raise HttpError(_status_of(exc), f"The broker refused: {exc}") from None
         except HttpError as exc:
             view = self._view(request) if request else View(environ.get("SCRIPT_NAME", "").rstrip("/"), None,
                                                             self.sessions is not None)
@@ -121,7 +124,7 @@ class ConsoleApp:
         if allowed:
             raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{path} answers {' and '.join(allowed)} only.",
                             [("Allow", ", ".join(allowed))])
-        raise HttpError(HTTPStatus.NOT_FOUND, f"There is no page {path}. Use the navigation above.")
+        raise HttpError(HTTPStatus.NOT_FOUND, f"There is no page {path[:200]}. Use the navigation above.")
 
     # -- rendering ------------------------------------------------------------------------
     def _session_id(self, request: Request) -> str | None:
@@ -257,8 +260,7 @@ class ConsoleApp:
 
     # -- actions --------------------------------------------------------------------------
     def _action(self, act: Callable[[Request], Response]) -> Handler:
-        """``act`` for a signed-in operator whose form carries the session's CSRF token; the
-        broker's refusals become 4xx pages."""
+        """``act`` for a signed-in operator whose form carries the session's CSRF token."""
         def handler(request: Request) -> Response:
             sessions = self._sessions()
             _same_origin(request)
@@ -268,11 +270,7 @@ class ConsoleApp:
             if not sessions.csrf_ok(session, request.form.get("csrf", "")):
                 raise HttpError(HTTPStatus.FORBIDDEN, "The form's security token is missing or stale: "
                                                       "reload the page and try again.")
-            try:
-                return act(request)
-            except BrokerError as exc:
-                status = next((s for kind, s in _STATUS_OF_ERROR if isinstance(exc, kind)), HTTPStatus.CONFLICT)
-                raise HttpError(status, f"The broker refused: {exc}") from None
+            return act(request)
         return handler
 
     def _sign_out(self, request: Request) -> Response:
@@ -333,6 +331,11 @@ class ConsoleApp:
         self.broker.resend_dlq(group, message_id)
         return self._redirect(request, "/dead-letters?" + urlencode({"group": group}), "ok",
                               f"Message {message_id} was sent to group {group} again.")
+
+
+def _status_of(exc: BrokerError) -> HTTPStatus:
+    """The HTTP status of a broker's refusal (a conflict unless known otherwise)."""
+    return next((status for kind, status in _STATUS_OF_ERROR if isinstance(exc, kind)), HTTPStatus.CONFLICT)
 
 
 def _alert(text: str) -> Markup:

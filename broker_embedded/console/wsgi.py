@@ -41,10 +41,8 @@ def _fields(text: str, what: str) -> dict[str, str]:
 
 @dataclass
 class Request:
-    """A parsed request: path below the mount point, query and form fields, cookies."""
+    """A parsed request: query and form fields, cookies, and where it came from."""
 
-    method: str
-    path: str
     #: Where the console is mounted (WSGI ``SCRIPT_NAME``); links are built under it.
     base: str
     query: dict[str, str]
@@ -65,8 +63,6 @@ class Request:
         if method == "POST":
             form = _fields(_read_form(environ), "form")
         return cls(
-            method=method,
-            path=environ.get("PATH_INFO", "") or "/",
             base=environ.get("SCRIPT_NAME", "").rstrip("/"),
             query=_fields(query_string, "query string"),
             form=form,
