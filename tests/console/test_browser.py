@@ -36,6 +36,10 @@ WIDTHS = {"wide": 1280, "narrow": 375}
 #: The page's focusable elements in document order, the way Tab walks them.
 FOCUSABLE = "a[href], button, input:not([type=hidden]), select, textarea, [tabindex='0']"
 
+UNLABELLED_FIELDS = """[...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
+    .filter(e => e.labels.length === 0).map(e => e.outerHTML)"""
+LANDMARKS = "['header', 'nav', 'main', 'h1'].map(s => document.querySelectorAll(s).length)"
+
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
@@ -127,12 +131,15 @@ def test_every_page_is_drawn_and_fits(page: Any, shop: Shop) -> None:
             if name == "sign-in":
                 continue
             page.goto(path.format(script_id=shop.script_id, parked_tx=shop.parked_tx))
+            assert page.evaluate(UNLABELLED_FIELDS) == [], f"{name} has form fields without a label"
+            assert page.evaluate(LANDMARKS) == [1, 1, 1, 1], f"{name} has one header, nav, main and h1"
             overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{name} overflows {width} px by {overflow} px: {sticking_out(page)}"
             shots[f"{name}-{width_name}"] = page.screenshot(full_page=True)
     page.context.clear_cookies()
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(PAGES["sign-in"])
+    assert page.evaluate(UNLABELLED_FIELDS) == []
     shots["sign-in-wide"] = page.screenshot(full_page=True)
     for name, png in shots.items():
         (SCREENSHOTS / f"{name}.png").write_bytes(png)

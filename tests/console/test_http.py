@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -10,10 +11,20 @@ from typing import Any
 import httpx
 import pytest
 
-from broker_embedded import EmbeddedBroker, Resolution, TransactionState
+from broker_embedded import EmbeddedBroker, Message, Resolution, TransactionState
 from broker_embedded.console import make_console_app
 
-from .conftest import ACCESS_KEY, SECRET_KEY, Shop, dead_letter, eventually, park, serve
+from .conftest import (
+    ACCESS_KEY,
+    CONFIG,
+    SECRET_KEY,
+    Shop,
+    SilentChecker,
+    dead_letter,
+    eventually,
+    park,
+    serve,
+)
 
 PAGES = ("/", "/groups", "/transactions", "/dead-letters", "/dead-letters?group=mailer", "/search")
 
@@ -278,3 +289,30 @@ def test_mounted_under_a_prefix_links_stay_under_it(broker: EmbeddedBroker, shop
 def test_keys_come_in_pairs(broker: EmbeddedBroker) -> None:
     with pytest.raises(ValueError, match="both"):
         make_console_app(broker, access_key=ACCESS_KEY, secret_key=None)
+
+
+def test_an_empty_broker_says_what_to_do_on_every_page(tmp_path: Any) -> None:
+    with EmbeddedBroker(tmp_path / "empty", CONFIG) as empty, \
+            serve(make_console_app(empty, access_key=None, secret_key=None)) as url, \
+            httpx.Client(base_url=url) as c:
+        expected = {
+            "/": "No topics yet. Send a message",
+            "/groups": "No consumer group has received yet.",
+            "/transactions": "No transaction is pending",
+            "/dead-letters": "No dead letters: no message has gone unacknowledged",
+            "/search": "Give a message id, or a topic and one of its messages&#x27; keys.",
+        }
+        for path, sentence in expected.items():
+            response = c.get(path)
+            assert response.status_code == 200 and sentence in response.text, path
+
+
+def test_the_overview_names_producer_groups_whose_checks_go_unanswered(tmp_path: Any) -> None:
+    config = dataclasses.replace(CONFIG, check_interval_s=0.1, check_max=10_000)
+    with EmbeddedBroker(tmp_path / "unanswered", config, SilentChecker()) as quiet, \
+            serve(make_console_app(quiet, access_key=None, secret_key=None)) as url:
+        quiet.send_half(Message("orders", b"{}", transaction_timeout_s=0.05), producer_group="lonely-shop",
+                        transaction_id="tx-unanswered")
+        eventually(lambda: "lonely-shop" in quiet.stats().unanswered_check_groups)
+        html = httpx.get(url + "/").text
+    assert ">lonely-shop</th>" in html and "start their Celery checker workers" in html
