@@ -3,6 +3,7 @@
     outbox consume --group G --topic T --handler module:function [--database-url URL] [--broker-url URL]
     outbox check TRANSACTION_ID --group G [--database-url URL] [--broker-url URL] [--send]
     outbox migrate [--database-url URL]
+    outbox purge [--database-url URL ...] [--broker-url URL] [--table T ...] [--dry-run] ...
     outbox reconcile ...          (the PySpark reconciliation job; see its --help)
 
 ``--handler`` names either a plain ``handler(session, received)``, which ``consume`` makes
@@ -11,7 +12,12 @@ idempotent for ``--group`` against ``--database-url``, or a handler already wrap
 as ``gunicorn`` and ``celery -A`` do. Settings default to the ``OUTBOX_*`` environment
 variables.
 
-Exit status: 0 done; 2 a usage, configuration, outbox or broker error, said in one line on
+``purge`` deletes what retention allows (docs/retention.md) from every database of the
+settings (``OUTBOX_DATABASE_URL`` and ``OUTBOX_GROUP_DATABASES``) unless ``--database-url``
+names them; it prints its progress and a report per database.
+
+Exit status: 0 done; 1 ``purge`` left transaction_log alone because the broker could not
+say which transactions are open (consumed_message was purged); 2 a usage, configuration, outbox or broker error, said in one line on
 stderr (``outbox consume: cannot import handler 'x:y': No module named 'x'``); 141 the
 output pipe closed early (``outbox check ... | head``).
 """
@@ -22,15 +28,26 @@ import argparse
 import logging
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
-from broker_embedded import Resolution, connect
+from broker_embedded import BrokerAPI, Resolution, connect
 from broker_embedded.cli_tools import SpecImportError, load_attribute, quiet_on_broken_pipe
 from broker_embedded.errors import BrokerError
 
 from .consumer import Handler, run_consumer, stop_on_signals
 from .errors import ConfigurationError, OutboxError
 from .idempotency import GROUP_ATTRIBUTE
+from .retention import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_PAUSE_S,
+    TABLES,
+    Progress,
+    PurgeOptions,
+    TablePurge,
+    parse_duration,
+)
+from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
 from .settings import OutboxSettings
 
 
@@ -88,6 +105,66 @@ def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
     return 0
 
 
+#: ``--table`` names.
+_TABLES = {"transaction_log": TRANSACTION_LOG, "consumed_message": CONSUMED_MESSAGE}
+#: The least time between two progress lines of one table.
+PROGRESS_EVERY_S = 1.0
+
+
+def _progress_printer() -> Progress:
+    """Prints a table's progress at most every ``PROGRESS_EVERY_S``."""
+    printed: dict[str, float] = {}
+
+    def show(progress: TablePurge) -> None:
+        now = time.monotonic()
+        if now - printed.get(progress.table, -PROGRESS_EVERY_S) >= PROGRESS_EVERY_S:
+            printed[progress.table] = now
+            print(f"  {progress.summary()}", flush=True)
+
+    return show
+
+
+def purge(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    from .integrations.sqlalchemy.engine import create_engine
+    from .integrations.sqlalchemy.retention import purge_engine
+
+    options = PurgeOptions(
+        tables=[_TABLES[name] for name in args.table] if args.table else TABLES,
+        batch_size=args.batch_size, pause_s=args.pause, dry_run=args.dry_run,
+        transaction_log_older_than_s=args.transaction_log_older_than,
+        consumed_message_older_than_s=args.consumed_older_than, producer_groups=args.group or None,
+    )
+    brokers: list[BrokerAPI] = []
+
+    def list_open(producer_group: str | None) -> list[str]:
+        if not brokers:
+            brokers.append(connect(args.broker_url or settings.broker_url))
+        return brokers[0].open_transactions(producer_group)
+
+    complete = True
+    try:
+        for url in args.database_url or settings.databases:
+            engine = create_engine(url)
+            try:
+                print(f"purging {engine.url.render_as_string(hide_password=True)}", flush=True)
+                report = purge_engine(engine, settings.retention, list_open, options, _progress_printer())
+            finally:
+                engine.dispose()
+            print(report, flush=True)
+            complete = complete and not report.skipped
+    finally:
+        for broker in brokers:
+            broker.close()
+    return 0 if complete else 1
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 #: What the commands need beyond the core (the ``sqlalchemy`` extra); imported when they run.
 _SQLALCHEMY_MODULES = frozenset({"sqlalchemy", "alembic"})
 
@@ -120,12 +197,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("--send", action="store_true", help="also send the answer to the broker")
     m = sub.add_parser("migrate", help="create or upgrade the framework tables (Alembic)")
     m.add_argument("--database-url")
+    p = sub.add_parser("purge", help="delete what retention allows from the framework tables (docs/retention.md)")
+    p.add_argument("--database-url", action="append",
+                   help="a database to purge (repeatable; default: every database of the settings)")
+    p.add_argument("--broker-url", help="the broker to ask which transactions are open")
+    p.add_argument("--table", action="append", choices=sorted(_TABLES),
+                   help="only this table (repeatable; default: both)")
+    p.add_argument("--group", action="append", help="only this producer group's transaction_log rows (repeatable)")
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                   help=f"rows per batch, each its own transaction (default {DEFAULT_BATCH_SIZE})")
+    p.add_argument("--pause", type=float, default=DEFAULT_PAUSE_S,
+                   help=f"seconds between batches (default {DEFAULT_PAUSE_S})")
+    p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
+    p.add_argument("--transaction-log-older-than", type=_duration, metavar="AGE",
+                   help="instead of the broker's check horizon plus margin (e.g. 30d; open transactions stay)")
+    p.add_argument("--consumed-older-than", type=_duration, metavar="AGE",
+                   help="instead of the dedup window (e.g. 7d, 12h)")
     sub.add_parser("reconcile", help="the PySpark reconciliation report")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = OutboxSettings.from_env()
-        return {"consume": consume, "check": check, "migrate": migrate}[args.command](args, settings)
+        commands = {"consume": consume, "check": check, "migrate": migrate, "purge": purge}
+        return commands[args.command](args, settings)
     except (OutboxError, BrokerError, SpecImportError) as exc:
         print(f"outbox {args.command}: {exc}", file=sys.stderr)
         return 2
