@@ -28,7 +28,6 @@ import argparse
 import logging
 import sys
 import threading
-import time
 from collections.abc import Sequence
 
 from broker_embedded import BrokerAPI, Resolution, connect
@@ -38,16 +37,7 @@ from broker_embedded.errors import BrokerError
 from .consumer import Handler, run_consumer, stop_on_signals
 from .errors import ConfigurationError, OutboxError
 from .idempotency import GROUP_ATTRIBUTE
-from .retention import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_PAUSE_S,
-    TABLES,
-    Progress,
-    PurgeOptions,
-    TablePurge,
-    parse_duration,
-)
-from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
+from .purge_command import add_purge_arguments, progress_printer, purge_options
 from .settings import OutboxSettings
 
 
@@ -105,35 +95,10 @@ def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
     return 0
 
 
-#: ``--table`` names.
-_TABLES = {"transaction_log": TRANSACTION_LOG, "consumed_message": CONSUMED_MESSAGE}
-#: The least time between two progress lines of one table.
-PROGRESS_EVERY_S = 1.0
-
-
-def _progress_printer() -> Progress:
-    """Prints a table's progress at most every ``PROGRESS_EVERY_S``."""
-    printed: dict[str, float] = {}
-
-    def show(progress: TablePurge) -> None:
-        now = time.monotonic()
-        if now - printed.get(progress.table, -PROGRESS_EVERY_S) >= PROGRESS_EVERY_S:
-            printed[progress.table] = now
-            print(f"  {progress.summary()}", flush=True)
-
-    return show
-
-
 def purge(args: argparse.Namespace, settings: OutboxSettings) -> int:
-    from .integrations.sqlalchemy.engine import create_engine
-    from .integrations.sqlalchemy.retention import purge_engine
+    from .integrations.sqlalchemy.retention import purge_databases
 
-    options = PurgeOptions(
-        tables=[_TABLES[name] for name in args.table] if args.table else TABLES,
-        batch_size=args.batch_size, pause_s=args.pause, dry_run=args.dry_run,
-        transaction_log_older_than_s=args.transaction_log_older_than,
-        consumed_message_older_than_s=args.consumed_older_than, producer_groups=args.group or None,
-    )
+    options = purge_options(vars(args), args.group or None)
     brokers: list[BrokerAPI] = []
 
     def list_open(producer_group: str | None) -> list[str]:
@@ -141,28 +106,14 @@ def purge(args: argparse.Namespace, settings: OutboxSettings) -> int:
             brokers.append(connect(args.broker_url or settings.broker_url))
         return brokers[0].open_transactions(producer_group)
 
-    complete = True
     try:
-        for url in args.database_url or settings.databases:
-            engine = create_engine(url)
-            try:
-                print(f"purging {engine.url.render_as_string(hide_password=True)}", flush=True)
-                report = purge_engine(engine, settings.retention, list_open, options, _progress_printer())
-            finally:
-                engine.dispose()
-            print(report, flush=True)
-            complete = complete and not report.skipped
+        reports = purge_databases(args.database_url or settings.databases, settings.retention, list_open, options,
+                                  progress_printer(lambda line: print(line, flush=True)),
+                                  on_report=lambda report: print(report, flush=True))
     finally:
         for broker in brokers:
             broker.close()
-    return 0 if complete else 1
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return 1 if any(report.skipped for report in reports) else 0
 
 
 #: What the commands need beyond the core (the ``sqlalchemy`` extra); imported when they run.
@@ -201,18 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--database-url", action="append",
                    help="a database to purge (repeatable; default: every database of the settings)")
     p.add_argument("--broker-url", help="the broker to ask which transactions are open")
-    p.add_argument("--table", action="append", choices=sorted(_TABLES),
-                   help="only this table (repeatable; default: both)")
     p.add_argument("--group", action="append", help="only this producer group's transaction_log rows (repeatable)")
-    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                   help=f"rows per batch, each its own transaction (default {DEFAULT_BATCH_SIZE})")
-    p.add_argument("--pause", type=float, default=DEFAULT_PAUSE_S,
-                   help=f"seconds between batches (default {DEFAULT_PAUSE_S})")
-    p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
-    p.add_argument("--transaction-log-older-than", type=_duration, metavar="AGE",
-                   help="instead of the broker's check horizon plus margin (e.g. 30d; open transactions stay)")
-    p.add_argument("--consumed-older-than", type=_duration, metavar="AGE",
-                   help="instead of the dedup window (e.g. 7d, 12h)")
+    add_purge_arguments(p)
     sub.add_parser("reconcile", help="the PySpark reconciliation report")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -3,7 +3,7 @@ transaction of its own on a pooled connection, running the core's statements."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 
 from ...retention import Progress, PurgeOptions, PurgeReport, RetentionPolicy, purge
 from ...sql import Execute
+from .engine import create_engine
 from .fence import run, sql_for
 
 
@@ -27,3 +28,20 @@ def purge_engine(engine: Engine, policy: RetentionPolicy, list_open: Callable[[s
 
     return purge(engine.url.render_as_string(hide_password=True), transaction, sql_for(engine), policy, list_open,
                  options, progress, now)
+
+
+def purge_databases(urls: Iterable[str], policy: RetentionPolicy, list_open: Callable[[str | None], Collection[str]],
+                    options: PurgeOptions | None = None, progress: Progress | None = None,
+                    on_report: Callable[[PurgeReport], object] | None = None) -> list[PurgeReport]:
+    """``purge_engine`` on each database URL in turn (an engine of its own, disposed
+    after); ``on_report`` is told each database's report as it is done."""
+    reports = []
+    for url in urls:
+        engine = create_engine(url)
+        try:
+            reports.append(purge_engine(engine, policy, list_open, options, progress))
+        finally:
+            engine.dispose()
+        if on_report is not None:
+            on_report(reports[-1])
+    return reports
