@@ -237,7 +237,7 @@ class _Batches:
         self.rows += deleted
         self.batches += 1
         outcome = self.outcome(kept_open)
-        log.info("%s", outcome.summary())
+        log.debug("%s", outcome.summary())
         if self.progress is not None:
             self.progress(outcome)
         return outcome
@@ -334,4 +334,6 @@ def purge(database: str, transaction: Transaction, sql: OutboxSQL, policy: Reten
         age_s = options.consumed_message_older_than_s
         before = now - timedelta(seconds=policy.dedup_window_s if age_s is None else age_s)
         outcomes.append(purge_consumed_messages(transaction, sql, before, options, progress))
-    return PurgeReport(database, options.dry_run, tuple(outcomes))
+    report = PurgeReport(database, options.dry_run, tuple(outcomes))
+    log.info("%s", report)
+    return report

@@ -16,7 +16,6 @@ it to the default queue, which any worker of the app runs (``-Q celery,...``).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,8 +25,6 @@ from ...retention import DEFAULT_BATCH_SIZE, DEFAULT_PAUSE_S, PurgeOptions, Purg
 from ...settings import OutboxSettings
 from ..sqlalchemy.retention import purge_databases
 from .check_back import broker_client
-
-log = logging.getLogger("outbox.celery")
 
 PURGE_TASK = "outbox.purge"
 
@@ -39,8 +36,6 @@ def purge_summary(reports: Iterable[PurgeReport]) -> dict[str, Any]:
     """What the task returns (and the worker logs): rows per table per database, and the
     tables left alone with the reason."""
     reports = list(reports)
-    for report in reports:
-        log.info("%s", report)
     return {"rows": {report.database: report.rows() for report in reports},
             "skipped": {report.database: report.skipped for report in reports if report.skipped}}
 
