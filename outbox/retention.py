@@ -233,14 +233,14 @@ class _Batches:
         self.started = time.monotonic()
         self.rows = self.batches = 0
 
-    def done(self, deleted: int, kept_open: int = 0) -> TablePurge:
+    def done(self, deleted: int, kept_open: int = 0) -> None:
+        """Count a batch and tell the progress callback."""
         self.rows += deleted
         self.batches += 1
         outcome = self.outcome(kept_open)
         log.debug("%s", outcome.summary())
         if self.progress is not None:
             self.progress(outcome)
-        return outcome
 
     def outcome(self, kept_open: int = 0) -> TablePurge:
         return TablePurge(self.table, self.rows, self.batches, time.monotonic() - self.started, kept_open)
@@ -271,10 +271,10 @@ def purge_transaction_log(transaction: Transaction, sql: OutboxSQL, before: date
     statements, moment = PurgeSQL(sql), sql.timestamp(before)
     groups = sorted(options.producer_groups or ())
     kept = _kept_open(transaction, statements, moment, groups, open_ids)
-    batches = _Batches(TRANSACTION_LOG, options.pause_s, progress)
     if options.dry_run:
         total = _count(transaction, statements.count_transactions(groups), [moment, *groups])
         return TablePurge(TRANSACTION_LOG, total - kept, 0, 0.0, kept)
+    batches = _Batches(TRANSACTION_LOG, options.pause_s, progress)
     # At most ``kept`` of the rows found belong to open transactions: asking for
     # ``batch_size + kept`` ids yields ``batch_size`` deletable ones while any are left.
     limit = options.batch_size + kept

@@ -88,8 +88,6 @@ def test_purge_command_keeps_open_transactions_and_fails_without_a_broker(tmp_pa
     assert only_consumed.returncode == 0, only_consumed.stdout + only_consumed.stderr
     assert "outbox_transaction_log" not in only_consumed.stdout
 
-    bad = _purge("--database-url", db_url, "--consumed-older-than", "a week")
-    assert bad.returncode == 2 and "is not a duration" in bad.stderr
     bad = _purge("--database-url", db_url, "--batch-size", "0")
     assert bad.returncode == 2 and bad.stderr.startswith("outbox purge: batch size must be 1..10000")
     engine.dispose()
