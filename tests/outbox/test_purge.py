@@ -26,6 +26,7 @@ from outbox.integrations.sqlalchemy.retention import purge_engine
 from outbox.integrations.sqlalchemy.tables import consumed_message, transaction_log
 from outbox.retention import PurgeOptions, RetentionPolicy, TablePurge, parse_duration
 from outbox.schema import COMMITTED, CONSUMED_MESSAGE, ROLLED_BACK, TRANSACTION_LOG
+from outbox.settings import OutboxSettings
 
 from ..server.conftest import free_port
 
@@ -172,6 +173,22 @@ def test_a_broker_that_cannot_be_asked_keeps_every_transaction_log_row(engine: E
     assert _ids(engine) == {"old"} and _message_ids(engine) == set()
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(transaction_log)).scalar_one() == 1
+
+
+def test_retention_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert OutboxSettings.from_env().retention == RetentionPolicy()
+    for variable, value in (("OUTBOX_BROKER_TRANSACTION_TIMEOUT_S", "60"), ("OUTBOX_BROKER_CHECK_INTERVAL_S", "10"),
+                            ("OUTBOX_BROKER_CHECK_MAX", "3"), ("OUTBOX_RETENTION_MARGIN_S", "0"),
+                            ("OUTBOX_DEDUP_WINDOW_S", "3600")):
+        monkeypatch.setenv(variable, value)
+    policy = OutboxSettings.from_env().retention
+    assert policy.check_horizon_s == 90 and policy.dedup_window_s == 3600
+    monkeypatch.setenv("OUTBOX_BROKER_CHECK_MAX", "many")
+    with pytest.raises(ConfigurationError):
+        OutboxSettings.from_env()
+    monkeypatch.setenv("OUTBOX_BROKER_CHECK_MAX", "-1")
+    with pytest.raises(ConfigurationError):
+        OutboxSettings.from_env()
 
 
 def test_bad_options_and_settings_are_typed_errors() -> None:
