@@ -17,9 +17,10 @@ settings (``OUTBOX_DATABASE_URL`` and ``OUTBOX_GROUP_DATABASES``) unless ``--dat
 names them; it prints its progress and a report per database.
 
 Exit status: 0 done; 1 ``purge`` left transaction_log alone because the broker could not
-say which transactions are open (consumed_message was purged); 2 a usage, configuration, outbox or broker error, said in one line on
-stderr (``outbox consume: cannot import handler 'x:y': No module named 'x'``); 141 the
-output pipe closed early (``outbox check ... | head``).
+say which transactions are open (consumed_message was purged); 2 a usage, configuration,
+outbox or broker error, said in one line on stderr (``outbox consume: cannot import
+handler 'x:y': No module named 'x'``); 141 the output pipe closed early (``outbox check
+... | head``).
 """
 
 from __future__ import annotations
