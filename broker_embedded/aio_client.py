@@ -292,6 +292,9 @@ class AsyncBrokerClient(TcpClientSettings):
     async def list_parked(self) -> list[ParkedTransaction]:
         return await self._call("list_parked")  # type: ignore[no-any-return]
 
+    async def open_transactions(self, producer_group: str | None = None) -> list[str]:
+        return await self._call("open_transactions", producer_group=producer_group)  # type: ignore[no-any-return]
+
     async def resolve_parked(
         self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
     ) -> EndTransactionResult:

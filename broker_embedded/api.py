@@ -225,6 +225,12 @@ class BrokerAPI(Protocol):
         """Transactions parked after ``check_max`` unanswered checks."""
         ...
 
+    def open_transactions(self, producer_group: str | None = None) -> list[str]:
+        """The ids of the open (pending and parked) transactions, of ``producer_group`` only
+        if given: those a checker may still be asked about (admin; retention keeps their
+        transaction_log rows)."""
+        ...
+
     def resolve_parked(
         self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
     ) -> EndTransactionResult:

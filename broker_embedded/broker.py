@@ -340,6 +340,11 @@ class EmbeddedBroker:
     def list_parked(self) -> list[ParkedTransaction]:
         return self.transactions.list_parked()
 
+    def open_transactions(self, producer_group: str | None = None) -> list[str]:
+        if producer_group is not None:
+            validate_group(producer_group)
+        return self.book.open_ids(producer_group)
+
     def resolve_parked(
         self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
     ) -> EndTransactionResult:

@@ -328,6 +328,9 @@ class BrokerClient(TcpClientSettings):
     def list_parked(self) -> list[ParkedTransaction]:
         return self._call("list_parked")  # type: ignore[no-any-return]
 
+    def open_transactions(self, producer_group: str | None = None) -> list[str]:
+        return self._call("open_transactions", producer_group=producer_group)  # type: ignore[no-any-return]
+
     def resolve_parked(
         self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
     ) -> EndTransactionResult:

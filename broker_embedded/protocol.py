@@ -69,6 +69,7 @@ class RequestCode(enum.IntEnum):
     RESEND_DLQ_MESSAGE = 900016
     AUTHENTICATE = 900017
     EXPORT_MESSAGES = 900018
+    LIST_OPEN_TRANSACTIONS = 900019
 
 
 #: Which ``BrokerAPI`` method each request code calls.
@@ -88,6 +89,7 @@ METHODS: dict[RequestCode, str] = {
     RequestCode.GET_ALL_TOPIC_CONFIG: "list_topics",
     RequestCode.GET_BROKER_RUNTIME_INFO: "stats",
     RequestCode.LIST_PARKED_TRANSACTIONS: "list_parked",
+    RequestCode.LIST_OPEN_TRANSACTIONS: "open_transactions",
     RequestCode.RESOLVE_PARKED_TRANSACTION: "resolve_parked",
     RequestCode.RECHECK_PARKED_TRANSACTION: "recheck_parked",
     RequestCode.LIST_DLQ_MESSAGES: "list_dlq",

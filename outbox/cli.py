@@ -3,6 +3,7 @@
     outbox consume --group G --topic T --handler module:function [--database-url URL] [--broker-url URL]
     outbox check TRANSACTION_ID --group G [--database-url URL] [--broker-url URL] [--send]
     outbox migrate [--database-url URL]
+    outbox purge [--database-url URL ...] [--broker-url URL] [--table T ...] [--dry-run] ...
     outbox reconcile ...          (the PySpark reconciliation job; see its --help)
 
 ``--handler`` names either a plain ``handler(session, received)``, which ``consume`` makes
@@ -11,9 +12,15 @@ idempotent for ``--group`` against ``--database-url``, or a handler already wrap
 as ``gunicorn`` and ``celery -A`` do. Settings default to the ``OUTBOX_*`` environment
 variables.
 
-Exit status: 0 done; 2 a usage, configuration, outbox or broker error, said in one line on
-stderr (``outbox consume: cannot import handler 'x:y': No module named 'x'``); 141 the
-output pipe closed early (``outbox check ... | head``).
+``purge`` deletes what retention allows (docs/retention.md) from every database of the
+settings (``OUTBOX_DATABASE_URL`` and ``OUTBOX_GROUP_DATABASES``) unless ``--database-url``
+names them; it prints its progress and a report per database.
+
+Exit status: 0 done; 1 ``purge`` left transaction_log alone because the broker could not
+say which transactions are open (consumed_message was purged); 2 a usage, configuration,
+outbox or broker error, said in one line on stderr (``outbox consume: cannot import
+handler 'x:y': No module named 'x'``); 141 the output pipe closed early (``outbox check
+... | head``).
 """
 
 from __future__ import annotations
@@ -24,13 +31,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from broker_embedded import Resolution, connect
+from broker_embedded import BrokerAPI, Resolution, connect
 from broker_embedded.cli_tools import SpecImportError, load_attribute, quiet_on_broken_pipe
 from broker_embedded.errors import BrokerError
 
 from .consumer import Handler, run_consumer, stop_on_signals
 from .errors import ConfigurationError, OutboxError
 from .idempotency import GROUP_ATTRIBUTE
+from .purge_command import add_purge_arguments, progress_printer, purge_options
 from .settings import OutboxSettings
 
 
@@ -88,6 +96,27 @@ def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
     return 0
 
 
+def purge(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    from .integrations.sqlalchemy.retention import purge_databases
+
+    options = purge_options(vars(args), args.group or None)
+    brokers: list[BrokerAPI] = []
+
+    def list_open(producer_group: str | None) -> list[str]:
+        if not brokers:
+            brokers.append(connect(args.broker_url or settings.broker_url))
+        return brokers[0].open_transactions(producer_group)
+
+    try:
+        reports = purge_databases(args.database_url or settings.databases, settings.retention, list_open, options,
+                                  progress_printer(lambda line: print(line, flush=True)),
+                                  on_report=lambda report: print(report, flush=True))
+    finally:
+        for broker in brokers:
+            broker.close()
+    return 1 if any(report.skipped for report in reports) else 0
+
+
 #: What the commands need beyond the core (the ``sqlalchemy`` extra); imported when they run.
 _SQLALCHEMY_MODULES = frozenset({"sqlalchemy", "alembic"})
 
@@ -120,12 +149,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("--send", action="store_true", help="also send the answer to the broker")
     m = sub.add_parser("migrate", help="create or upgrade the framework tables (Alembic)")
     m.add_argument("--database-url")
+    p = sub.add_parser("purge", help="delete what retention allows from the framework tables (docs/retention.md)")
+    p.add_argument("--database-url", action="append",
+                   help="a database to purge (repeatable; default: every database of the settings)")
+    p.add_argument("--broker-url", help="the broker to ask which transactions are open")
+    p.add_argument("--group", action="append", help="only this producer group's transaction_log rows (repeatable)")
+    add_purge_arguments(p)
     sub.add_parser("reconcile", help="the PySpark reconciliation report")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = OutboxSettings.from_env()
-        return {"consume": consume, "check": check, "migrate": migrate}[args.command](args, settings)
+        commands = {"consume": consume, "check": check, "migrate": migrate, "purge": purge}
+        return commands[args.command](args, settings)
     except (OutboxError, BrokerError, SpecImportError) as exc:
         print(f"outbox {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -12,6 +12,10 @@ TRANSACTION_LOG = "outbox_transaction_log"
 #: One row per message a consumer group handled, written with the handler's own writes.
 CONSUMED_MESSAGE = "outbox_consumed_message"
 
+#: The indexes retention deletes by (``outbox.retention``): oldest rows first, no table scan.
+TRANSACTION_LOG_CREATED_AT_INDEX = "outbox_txlog_created_at_idx"
+CONSUMED_MESSAGE_CONSUMED_AT_INDEX = "outbox_consumed_at_idx"
+
 COMMITTED = "COMMITTED"
 ROLLED_BACK = "ROLLED_BACK"
 

@@ -11,6 +11,11 @@
 | ``OUTBOX_CHECK_LOCK_TIMEOUT_MS`` | ``2000`` | how long a check waits on a running transaction |
 | ``OUTBOX_CHECK_CONNECT_TIMEOUT_S`` | ``5`` | a check's PostgreSQL connection attempt gives up after this |
 | ``OUTBOX_CHECK_STATEMENT_TIMEOUT_MS`` | ``5000`` | each statement of a check (PostgreSQL) gives up after this |
+| ``OUTBOX_BROKER_TRANSACTION_TIMEOUT_S`` | ``6`` | the broker's ``--transaction-timeout`` (retention's horizon) |
+| ``OUTBOX_BROKER_CHECK_INTERVAL_S`` | ``5`` | the broker's ``--check-interval`` (retention's horizon) |
+| ``OUTBOX_BROKER_CHECK_MAX`` | ``15`` | the broker's ``--check-max`` (retention's horizon) |
+| ``OUTBOX_RETENTION_MARGIN_S`` | ``604800`` | transaction_log rows are kept this long past the broker's horizon |
+| ``OUTBOX_DEDUP_WINDOW_S`` | ``604800`` | consumed_message rows are kept this long (docs/retention.md) |
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from .errors import ConfigurationError
+from .retention import RetentionPolicy
 
 DEFAULT_BROKER_URL = "tcp://127.0.0.1:9876"
 #: The broker URL's environment variables, the first one winning; both set and different
@@ -69,6 +75,16 @@ def broker_url_from_env(env: Mapping[str, str] | None = None) -> str | None:
     return validated_broker_url(url, name)
 
 
+#: ``RetentionPolicy`` fields, their environment variables and types.
+RETENTION_VARIABLES: tuple[tuple[str, str, type], ...] = (
+    ("transaction_timeout_s", "OUTBOX_BROKER_TRANSACTION_TIMEOUT_S", float),
+    ("check_interval_s", "OUTBOX_BROKER_CHECK_INTERVAL_S", float),
+    ("check_max", "OUTBOX_BROKER_CHECK_MAX", int),
+    ("margin_s", "OUTBOX_RETENTION_MARGIN_S", float),
+    ("dedup_window_s", "OUTBOX_DEDUP_WINDOW_S", float),
+)
+
+
 @dataclass(frozen=True)
 class OutboxSettings:
     """The framework's settings; ``from_env()`` reads them from the environment."""
@@ -81,6 +97,8 @@ class OutboxSettings:
     check_lock_timeout_ms: int = 2000
     check_connect_timeout_s: int = 5
     check_statement_timeout_ms: int = 5000
+    #: How long ``outbox purge`` keeps the framework tables' rows.
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
     def __post_init__(self) -> None:
         if self.check_connect_timeout_s <= 0 or self.check_statement_timeout_ms <= 0:
@@ -97,6 +115,8 @@ class OutboxSettings:
                 ("check_connect_timeout_s", "OUTBOX_CHECK_CONNECT_TIMEOUT_S"),
                 ("check_statement_timeout_ms", "OUTBOX_CHECK_STATEMENT_TIMEOUT_MS"),
             )}
+            retention = RetentionPolicy(**{name: kind(env.get(variable, getattr(RetentionPolicy, name)))
+                                           for name, variable, kind in RETENTION_VARIABLES})
         except ValueError as exc:
             raise ConfigurationError(f"bad outbox setting: {exc}") from None
         if not isinstance(groups, dict):
@@ -107,6 +127,7 @@ class OutboxSettings:
             group_databases={str(k): str(v) for k, v in groups.items()},
             celery_broker_url=env.get("OUTBOX_CELERY_BROKER_URL", cls.celery_broker_url),
             celery_data_dir=Path(env.get("OUTBOX_CELERY_DATA_DIR", str(cls.celery_data_dir))),
+            retention=retention,
             **timeouts,
         )
         return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
@@ -114,3 +135,8 @@ class OutboxSettings:
     def database_for(self, producer_group: str) -> str:
         """The database URL holding ``producer_group``'s transaction_log."""
         return self.group_databases.get(producer_group, self.database_url)
+
+    @property
+    def databases(self) -> list[str]:
+        """Every database URL of the settings, once: ``database_url``, then the groups'."""
+        return list(dict.fromkeys([self.database_url, *self.group_databases.values()]))

@@ -268,6 +268,12 @@ class TransactionBook:
             shown = list(itertools.islice(matching, limit))
             return shown, len(shown) + sum(1 for _ in matching)
 
+    def open_ids(self, producer_group: str | None = None) -> list[str]:
+        """The ids of the open transactions (of ``producer_group`` only if given); O(open)."""
+        with self.lock:
+            return [tx_id for tx_id, tx in self.by_id.items()
+                    if producer_group is None or tx.producer_group == producer_group]
+
     def oldest_offset(self) -> int | None:
         """The lowest commit log offset an open transaction still needs (retention keeps it)."""
         with self.lock:

@@ -10,7 +10,7 @@ import pytest
 
 from broker_embedded import Message, Resolution, TransactionState
 from broker_embedded.checkers import ProducerCallbackChecker
-from broker_embedded.errors import UnknownReceiptError, UnknownTransactionError
+from broker_embedded.errors import InvalidTopicError, UnknownReceiptError, UnknownTransactionError
 from broker_embedded.export import export_messages
 from broker_embedded.message import CheckRequest
 from broker_embedded.store.config import StoreConfig
@@ -70,6 +70,23 @@ def test_parked_transaction_is_a_durable_record_and_never_checked(broker_factory
         broker.resolve_parked("not-parked", force=Resolution.COMMIT)
     assert broker.resolve_parked("t1", force=Resolution.ROLLBACK).applied
     assert broker.list_parked() == [] and broker.receive("g", "orders", wait_s=0.3) == []
+
+
+def test_open_transactions_are_the_pending_and_parked_ones_of_a_group(broker_factory) -> None:
+    broker = broker_factory(AnsweringChecker(Resolution.UNKNOWN), check_max=1)
+    broker.send_half(Message("orders", b"a"), producer_group="pg", transaction_id="parked")
+    eventually(lambda: broker.transaction_state("parked") is TransactionState.PARKED)
+    broker.send_half(Message("orders", b"b", transaction_timeout_s=3600), producer_group="other",
+                     transaction_id="pending")
+    broker.send_half(Message("orders", b"c"), producer_group="pg", transaction_id="done")
+    broker.end_transaction("done", Resolution.COMMIT, producer_group="pg")
+    assert sorted(broker.open_transactions()) == ["parked", "pending"]
+    assert broker.open_transactions("pg") == ["parked"] and broker.open_transactions("nobody") == []
+    with pytest.raises(InvalidTopicError):
+        broker.open_transactions("bad group!")
+    broker.close()
+    broker = broker_factory(AnsweringChecker(Resolution.UNKNOWN), check_max=1)  # rebuilt from the log
+    assert sorted(broker.open_transactions()) == ["parked", "pending"]
 
 
 def test_producer_callback_checker_round_robin_and_failing_callbacks() -> None:

@@ -47,6 +47,10 @@ def _no_broker_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"PRODUCER_GROUPS": {"billing": "no-such-alias"}}, "halfmoon_outbox.E006"),
     ({"CHECK_LOCK_TIMEOUT_MS": "2000"}, "halfmoon_outbox.E007"),
     ({"CHECK_LOCK_TIMEOUT_MS": 0}, "halfmoon_outbox.E007"),
+    ({"RETENTION": 7}, "halfmoon_outbox.E008"),
+    ({"RETENTION": {"DEDUP_WINDOW": 60}}, "halfmoon_outbox.E008"),
+    ({"RETENTION": {"DEDUP_WINDOW_S": -1}}, "halfmoon_outbox.E008"),
+    ({"RETENTION": {"CHECK_MAX": "15"}}, "halfmoon_outbox.E008"),
 ])
 def test_each_wrong_setting_is_an_error_of_manage_py_check(outbox: dict[str, object], check_id: str) -> None:
     with override_settings(OUTBOX=outbox):

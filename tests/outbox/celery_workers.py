@@ -18,10 +18,11 @@ STOP_BOUND_S = 30
 
 
 class CeleryWorker:
-    """``celery -A app worker -Q queues --pool threads`` with ``env`` added to the environment."""
+    """``celery -A app worker -Q queues --pool threads`` with ``env`` added to the environment;
+    with ``beat``, the worker runs the app's beat schedule too (``-B``)."""
 
     def __init__(self, log: Path, app: str, queues: list[str], env: dict[str, str], *, threads: int = 2,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, beat: bool = False) -> None:
         self.log = log
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
         if cwd is not None:  # the app's module is found there
@@ -30,7 +31,8 @@ class CeleryWorker:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", ",".join(queues),
                  "--pool", "threads", "-c", str(threads), "--loglevel", "INFO",
-                 "--without-mingle", "--without-gossip", "--without-heartbeat"],
+                 "--without-mingle", "--without-gossip", "--without-heartbeat",
+                 *(["-B", "--schedule", str(log.with_suffix(".beat"))] if beat else [])],
                 env=environment, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
             )
 

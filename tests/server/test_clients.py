@@ -64,11 +64,13 @@ def test_admin_apis_round_trip_over_tcp(thread_server) -> None:
         parked = wait_until(client.list_parked)
         assert [p.transaction_id for p in parked] == ["t-park"] and silent == ["t-park"]
         assert client.transaction_state("t-park") is TransactionState.PARKED
+        assert client.open_transactions() == ["t-park"] == client.open_transactions("pg")
+        assert client.open_transactions("other") == []
         client.recheck_parked("t-park")
         wait_until(lambda: len(silent) >= 2)
         wait_until(client.list_parked)
         assert client.resolve_parked("t-park", force=Resolution.COMMIT).state is TransactionState.COMMITTED
-        assert client.list_parked() == []
+        assert client.list_parked() == [] == client.open_transactions()
 
         # a message never acked goes to the DLQ after one attempt, and can be resent
         got = client.receive("g", "orders", max_messages=10, invisible_duration_s=0.2, wait_s=2)
@@ -143,7 +145,9 @@ def test_async_client_pipelines_and_answers_check_backs(thread_server) -> None:
 
             await client.register_producer("pg", on_check)
             await client.send_half(Message("orders", b"undecided"), producer_group="pg", transaction_id="t-a")
+            assert await client.open_transactions("pg") == ["t-a"]
             await asyncio.wait_for(checked.wait(), 20)
+            assert await client.open_transactions() == []
             assert await client.transaction_state("t-a") is TransactionState.ROLLED_BACK
             with pytest.raises(UnknownTransactionError):
                 await client.transaction_state("nope")

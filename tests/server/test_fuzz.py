@@ -61,6 +61,7 @@ SAMPLES: dict[RequestCode, dict[str, Any]] = {
     RequestCode.SEND_HALF_MESSAGE: {"message": MESSAGE, "producer_group": "pg", "transaction_id": "t"},
     RequestCode.GET_TRANSACTION_STATE: {"transaction_id": "t"},
     RequestCode.LIST_PARKED_TRANSACTIONS: {},
+    RequestCode.LIST_OPEN_TRANSACTIONS: {"producer_group": "pg"},
     RequestCode.RESOLVE_PARKED_TRANSACTION: {"transaction_id": "t", "resolution": "rollback"},
     RequestCode.RECHECK_PARKED_TRANSACTION: {"transaction_id": "t"},
     RequestCode.LIST_DLQ_MESSAGES: {"group": "fg", "max_messages": 4},

@@ -5,6 +5,7 @@
         "PRODUCER_GROUP": "default",
         "PRODUCER_GROUPS": {"billing": "billing_db"},   # or ["billing"]: more groups owned here
         "CHECK_LOCK_TIMEOUT_MS": 2000,
+        "RETENTION": {"DEDUP_WINDOW_S": 7 * 86400},   # manage.py outbox_purge, docs/retention.md
     }
 
 The broker URL: ``OUTBOX["BROKER_URL"]`` if given, else ``HALFMOON_BROKER_URL``, else
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -34,6 +35,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ...errors import ConfigurationError, OutboxError
 from ...producer import Producer
+from ...retention import RetentionPolicy
 from ...settings import (
     DEFAULT_BROKER_URL,
     ConflictingBrokerUrlsError,
@@ -41,7 +43,15 @@ from ...settings import (
     validated_broker_url,
 )
 
-KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS"})
+KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS", "RETENTION"})
+#: ``OUTBOX["RETENTION"]`` keys -> ``RetentionPolicy`` fields.
+RETENTION_KEYS = {
+    "TRANSACTION_TIMEOUT_S": "transaction_timeout_s",
+    "CHECK_INTERVAL_S": "check_interval_s",
+    "CHECK_MAX": "check_max",
+    "MARGIN_S": "margin_s",
+    "DEDUP_WINDOW_S": "dedup_window_s",
+}
 
 
 class OutboxSettingError(ImproperlyConfigured):
@@ -64,6 +74,8 @@ class DjangoOutboxSettings:
     check_lock_timeout_ms: int
     #: every owned group -> its ``DATABASES`` alias (None: the router's choice)
     group_databases: Mapping[str, str | None]
+    #: how long ``manage.py outbox_purge`` keeps the framework tables' rows
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
     @property
     def owned_groups(self) -> frozenset[str]:
@@ -132,11 +144,22 @@ def _check_lock_timeout_ms(raw: Mapping[str, Any]) -> int:
     return timeout
 
 
+def _retention(raw: Mapping[str, Any]) -> RetentionPolicy:
+    given = raw.get("RETENTION", {})
+    if not isinstance(given, Mapping) or set(given) - set(RETENTION_KEYS):
+        raise OutboxSettingError("E008", f"OUTBOX['RETENTION'] must be a dict with keys among {sorted(RETENTION_KEYS)}")
+    try:
+        return RetentionPolicy(**{RETENTION_KEYS[key]: value for key, value in given.items()})
+    except ConfigurationError as exc:
+        raise OutboxSettingError("E008", f"OUTBOX['RETENTION']: {exc}") from None
+
+
 _READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "broker_url": _broker_url,
     "producer_group": _producer_group,
     "group_databases": _other_groups,
     "check_lock_timeout_ms": _check_lock_timeout_ms,
+    "retention": _retention,
 }
 
 
@@ -172,7 +195,7 @@ def outbox_settings() -> DjangoOutboxSettings:
     owned = {**values["group_databases"]}
     owned.setdefault(values["producer_group"], None)
     return DjangoOutboxSettings(values["broker_url"], values["producer_group"], values["check_lock_timeout_ms"],
-                                owned)
+                                owned, values["retention"])
 
 
 @functools.cache

@@ -22,6 +22,7 @@ class TransactionLog(models.Model):
         verbose_name = "transaction log entry"
         verbose_name_plural = "transaction log"
         ordering = ["-created_at"]
+        indexes = [models.Index(fields=["created_at"], name="outbox_txlog_created_at_idx")]
 
     def __str__(self) -> str:
         return f"{self.transaction_id} {self.state}"
@@ -42,6 +43,7 @@ class ConsumedMessage(models.Model):
             models.UniqueConstraint(fields=["consumer_group", "message_id"], name="uniq_outbox_consumed_message")
         ]
         ordering = ["-consumed_at"]
+        indexes = [models.Index(fields=["consumed_at"], name="outbox_consumed_at_idx")]
 
     def __str__(self) -> str:
         return f"{self.consumer_group}:{self.message_id}"

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Identity,
+    Index,
     Integer,
     MetaData,
     String,
@@ -21,6 +22,7 @@ from sqlalchemy import (
 from ...schema import (
     COMMITTED,
     CONSUMED_MESSAGE,
+    CONSUMED_MESSAGE_CONSUMED_AT_INDEX,
     GROUP_LENGTH,
     MESSAGE_ID_LENGTH,
     ROLLED_BACK,
@@ -28,6 +30,7 @@ from ...schema import (
     TOPIC_LENGTH,
     TRANSACTION_ID_LENGTH,
     TRANSACTION_LOG,
+    TRANSACTION_LOG_CREATED_AT_INDEX,
 )
 
 metadata = MetaData()
@@ -45,6 +48,7 @@ transaction_log = Table(
     Column("producer_group", String(GROUP_LENGTH), nullable=False),
     Column("state", String(STATE_LENGTH), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    Index(TRANSACTION_LOG_CREATED_AT_INDEX, "created_at"),
 )
 
 #: One row per message a consumer group handled, written with the handler's own writes;
@@ -59,6 +63,7 @@ consumed_message = Table(
     Column("transaction_id", String(TRANSACTION_ID_LENGTH), nullable=True),
     Column("consumed_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("consumer_group", "message_id", name="uniq_outbox_consumed_message"),
+    Index(CONSUMED_MESSAGE_CONSUMED_AT_INDEX, "consumed_at"),
     sqlite_autoincrement=True,
 )
 

@@ -1,0 +1,339 @@
+"""Retention of the framework tables (ORM-free): what may be deleted, and deleting it in
+small batches, each its own short transaction.
+
+* ``outbox_transaction_log``: a row is needed while the broker may still send a check-back
+  for its transaction. It may go once it is older than the broker's full check horizon
+  (transaction timeout + check interval x check max, plus a margin) AND its transaction is
+  not open at the broker (pending or parked: ``BrokerAPI.open_transactions``), whatever
+  its age: a broker that was down for days still checks those. If the broker cannot be
+  asked, no transaction_log row is deleted.
+* ``outbox_consumed_message``: a row is what makes a redelivery a no-op. It may go once it
+  is older than the dedup window (7 days by default): a redelivery older than that would
+  run its handler a second time.
+
+Each batch selects the oldest rows through the ``created_at`` / ``consumed_at`` index
+and deletes at most ``batch_size`` of them by key, so a batch holds its row locks for
+milliseconds and never scans a table; batches are separated by a pause. The statements
+follow ``outbox.sql``'s dialects (PostgreSQL; SQLite 3.35 or later, for ``RETURNING``).
+The integrations hand ``purge`` a way to run a transaction on their connection
+(``outbox.integrations.sqlalchemy.retention``, ``outbox.integrations.django.retention``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from broker_embedded import BrokerConfig, BrokerError
+
+from .errors import ConfigurationError
+from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
+from .sql import Execute, OutboxSQL
+
+log = logging.getLogger("outbox.retention")
+
+#: NServiceBus's default deduplication window.
+DEFAULT_DEDUP_WINDOW_S = 7 * 24 * 3600.0
+#: Beyond the broker's horizon, transaction_log rows stay as long as consumed_message rows:
+#: the reconciliation (and an operator) read both sides of the same week.
+DEFAULT_MARGIN_S = 7 * 24 * 3600.0
+DEFAULT_BATCH_SIZE = 1000
+#: The most rows one batch deletes (SQLite allows 32766 parameters in a statement).
+MAX_BATCH_SIZE = 10_000
+DEFAULT_PAUSE_S = 0.05
+TABLES = (TRANSACTION_LOG, CONSUMED_MESSAGE)
+#: Open transaction ids per statement when counting the rows they keep.
+_ID_CHUNK = 500
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``90``, ``90s``, ``15m``, ``12h`` or ``7d``; ``ConfigurationError`` otherwise."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ConfigurationError(f"{text!r} is not a duration (e.g. 90s, 15m, 12h, 7d)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long rows are kept. The three broker settings must be the broker's own
+    (``halfmoon-broker serve --transaction-timeout/--check-interval/--check-max``); the
+    defaults are the broker's defaults."""
+
+    transaction_timeout_s: float = BrokerConfig.transaction_timeout_s
+    check_interval_s: float = BrokerConfig.check_interval_s
+    check_max: int = BrokerConfig.check_max
+    #: Kept beyond the broker's horizon.
+    margin_s: float = DEFAULT_MARGIN_S
+    #: consumed_message rows are kept this long; an older redelivery runs twice.
+    dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S
+
+    def __post_init__(self) -> None:
+        for name in ("transaction_timeout_s", "check_interval_s", "check_max", "margin_s", "dedup_window_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ConfigurationError(f"retention setting {name} must be a number >= 0, not {value!r}")
+
+    @property
+    def check_horizon_s(self) -> float:
+        """After this long the broker has parked a transaction it could not resolve, plus
+        the margin: the age from which a resolved transaction's row may go."""
+        return self.transaction_timeout_s + self.check_interval_s * self.check_max + self.margin_s
+
+
+@dataclass(frozen=True)
+class PurgeOptions:
+    """What one purge does: which tables, in batches of how many rows with what pause,
+    and age overrides (seconds) of the policy's horizon and dedup window."""
+
+    tables: Collection[str] = TABLES
+    batch_size: int = DEFAULT_BATCH_SIZE
+    pause_s: float = DEFAULT_PAUSE_S
+    dry_run: bool = False
+    transaction_log_older_than_s: float | None = None
+    consumed_message_older_than_s: float | None = None
+    #: Only these producer groups' transaction_log rows (None: every row of the table).
+    producer_groups: Collection[str] | None = None
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.tables) - set(TABLES):
+            raise ConfigurationError(f"no table {sorted(unknown)} to purge (the tables: {', '.join(TABLES)})")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ConfigurationError(f"batch size must be 1..{MAX_BATCH_SIZE}, not {self.batch_size!r}")
+        for name in ("pause_s", "transaction_log_older_than_s", "consumed_message_older_than_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigurationError(f"{name} must be >= 0, not {value!r}")
+        if self.producer_groups is not None and not self.producer_groups:
+            raise ConfigurationError("producer_groups must name at least one group (None: every group)")
+
+
+@dataclass(frozen=True)
+class TablePurge:
+    """One table's outcome: ``rows`` deleted (with ``dry_run``: that would be), in
+    ``batches``; ``kept_open`` rows past the horizon kept because their transaction is
+    open at the broker; ``skipped`` says why the table was left alone (else None)."""
+
+    table: str
+    rows: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    kept_open: int = 0
+    skipped: str | None = None
+
+    @property
+    def rate(self) -> float:
+        """Rows per second."""
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self, dry_run: bool = False) -> str:
+        """One line: the table and what happened to it."""
+        if self.skipped is not None:
+            return f"{self.table}: skipped ({self.skipped})"
+        done = (f"{self.rows} rows would be deleted" if dry_run else
+                f"{self.rows} rows deleted in {self.batches} batches, {self.seconds:.1f}s, {self.rate:.0f} rows/s")
+        kept = f", {self.kept_open} kept (open at the broker)" if self.table == TRANSACTION_LOG else ""
+        return f"{self.table}: {done}{kept}"
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """The outcome of one purge of one database, table by table."""
+
+    database: str
+    dry_run: bool
+    tables: tuple[TablePurge, ...] = field(default_factory=tuple)
+
+    def rows(self) -> dict[str, int]:
+        """Rows deleted (or that would be) per table: what a metrics counter adds up."""
+        return {table.table: table.rows for table in self.tables if table.skipped is None}
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Tables left alone, with the reason."""
+        return {table.table: table.skipped for table in self.tables if table.skipped is not None}
+
+    def __str__(self) -> str:
+        head = f"{self.database}{' (dry run)' if self.dry_run else ''}:"
+        return "\n".join([head, *(f"  {table.summary(self.dry_run)}" for table in self.tables)])
+
+
+#: Opens one short transaction on the database and hands its statement runner; commits
+#: when the block ends, rolls back if it raises.
+Transaction = Callable[[], AbstractContextManager[Execute]]
+#: Told after each batch: the table's progress so far.
+Progress = Callable[[TablePurge], None]
+
+
+@dataclass(frozen=True)
+class PurgeSQL:
+    """The retention statements of one dialect (``outbox.sql``'s placeholders)."""
+
+    sql: OutboxSQL
+
+    def _list(self, count: int) -> str:
+        return ", ".join([self.sql.placeholder] * count)
+
+    def _groups(self, groups: Sequence[str]) -> str:
+        return f" AND producer_group IN ({self._list(len(groups))})" if groups else ""
+
+    def old_transactions(self, groups: Sequence[str]) -> str:
+        """The oldest ids before a moment; parameters: the moment, *groups, the limit."""
+        p = self.sql.placeholder
+        return (f"SELECT transaction_id FROM {TRANSACTION_LOG} WHERE created_at < {p}{self._groups(groups)} "
+                f"ORDER BY created_at LIMIT {p}")
+
+    def delete_transactions(self, count: int) -> str:
+        """Delete these ids if still before the moment; parameters: the moment, *ids."""
+        return (f"DELETE FROM {TRANSACTION_LOG} WHERE created_at < {self.sql.placeholder} "
+                f"AND transaction_id IN ({self._list(count)}) RETURNING transaction_id")
+
+    def count_transactions(self, groups: Sequence[str], ids: int = 0) -> str:
+        """Rows before a moment (of these ids); parameters: the moment, *groups, *ids."""
+        among = f" AND transaction_id IN ({self._list(ids)})" if ids else ""
+        return (f"SELECT count(*) FROM {TRANSACTION_LOG} WHERE created_at < {self.sql.placeholder}"
+                f"{self._groups(groups)}{among}")
+
+    @property
+    def delete_consumed(self) -> str:
+        """Delete the oldest rows before a moment; parameters: the moment, the limit."""
+        p = self.sql.placeholder
+        return (f"DELETE FROM {CONSUMED_MESSAGE} WHERE id IN (SELECT id FROM {CONSUMED_MESSAGE} "
+                f"WHERE consumed_at < {p} ORDER BY consumed_at LIMIT {p}) RETURNING id")
+
+    @property
+    def count_consumed(self) -> str:
+        """Rows before a moment; parameter: the moment."""
+        return f"SELECT count(*) FROM {CONSUMED_MESSAGE} WHERE consumed_at < {self.sql.placeholder}"
+
+
+def open_transaction_ids(list_open: Callable[[str | None], Collection[str]],
+                         producer_groups: Collection[str] | None) -> frozenset[str]:
+    """The ids open at the broker (``list_open`` is ``broker.open_transactions``), of
+    ``producer_groups`` only if given."""
+    if producer_groups is None:
+        return frozenset(list_open(None))
+    return frozenset(tx for group in producer_groups for tx in list_open(group))
+
+
+class _Batches:
+    """One table's batches: timing, counts, pauses and progress."""
+
+    def __init__(self, table: str, pause_s: float, progress: Progress | None) -> None:
+        self.table, self.pause_s, self.progress = table, pause_s, progress
+        self.started = time.monotonic()
+        self.rows = self.batches = 0
+
+    def done(self, deleted: int, kept_open: int = 0) -> None:
+        """Count a batch and tell the progress callback."""
+        self.rows += deleted
+        self.batches += 1
+        outcome = self.outcome(kept_open)
+        log.debug("%s", outcome.summary())
+        if self.progress is not None:
+            self.progress(outcome)
+
+    def outcome(self, kept_open: int = 0) -> TablePurge:
+        return TablePurge(self.table, self.rows, self.batches, time.monotonic() - self.started, kept_open)
+
+    def pause(self) -> None:
+        if self.pause_s > 0:
+            time.sleep(self.pause_s)
+
+
+def _count(transaction: Transaction, statement: str, params: Sequence[object]) -> int:
+    with transaction() as execute:
+        ((count,),) = execute(statement, params)
+    return int(count)
+
+
+def _kept_open(transaction: Transaction, statements: PurgeSQL, before: object, groups: list[str],
+               open_ids: frozenset[str]) -> int:
+    """How many rows before ``before`` belong to open transactions."""
+    ids = sorted(open_ids)
+    return sum(_count(transaction, statements.count_transactions(groups, len(chunk)), [before, *groups, *chunk])
+               for chunk in (ids[i:i + _ID_CHUNK] for i in range(0, len(ids), _ID_CHUNK)))
+
+
+def purge_transaction_log(transaction: Transaction, sql: OutboxSQL, before: datetime, open_ids: frozenset[str],
+                          options: PurgeOptions, progress: Progress | None = None) -> TablePurge:
+    """Delete the transaction_log rows created before ``before`` whose transaction is not
+    in ``open_ids``, in batches (with ``dry_run``: count them)."""
+    statements, moment = PurgeSQL(sql), sql.timestamp(before)
+    groups = sorted(options.producer_groups or ())
+    kept = _kept_open(transaction, statements, moment, groups, open_ids)
+    if options.dry_run:
+        total = _count(transaction, statements.count_transactions(groups), [moment, *groups])
+        return TablePurge(TRANSACTION_LOG, total - kept, 0, 0.0, kept)
+    batches = _Batches(TRANSACTION_LOG, options.pause_s, progress)
+    # At most ``kept`` of the rows found belong to open transactions: asking for
+    # ``batch_size + kept`` ids yields ``batch_size`` deletable ones while any are left.
+    limit = options.batch_size + kept
+    while True:
+        with transaction() as execute:
+            found = [row[0] for row in execute(statements.old_transactions(groups), [moment, *groups, limit])]
+            doomed = [tx for tx in found if tx not in open_ids][:options.batch_size]
+            deleted = execute(statements.delete_transactions(len(doomed)), [moment, *doomed]) if doomed else []
+        if not doomed:
+            return batches.outcome(kept)
+        batches.done(len(deleted), kept)
+        if len(found) < limit:
+            return batches.outcome(kept)
+        batches.pause()
+
+
+def purge_consumed_messages(transaction: Transaction, sql: OutboxSQL, before: datetime, options: PurgeOptions,
+                            progress: Progress | None = None) -> TablePurge:
+    """Delete the consumed_message rows consumed before ``before``, in batches (with
+    ``dry_run``: count them)."""
+    statements, moment = PurgeSQL(sql), sql.timestamp(before)
+    if options.dry_run:
+        return TablePurge(CONSUMED_MESSAGE, _count(transaction, statements.count_consumed, [moment]))
+    batches = _Batches(CONSUMED_MESSAGE, options.pause_s, progress)
+    while True:
+        with transaction() as execute:
+            deleted = len(execute(statements.delete_consumed, [moment, options.batch_size]))
+        if deleted == 0:
+            return batches.outcome()
+        batches.done(deleted)
+        if deleted < options.batch_size:
+            return batches.outcome()
+        batches.pause()
+
+
+def purge(database: str, transaction: Transaction, sql: OutboxSQL, policy: RetentionPolicy,
+          list_open: Callable[[str | None], Collection[str]], options: PurgeOptions | None = None,
+          progress: Progress | None = None, now: datetime | None = None) -> PurgeReport:
+    """Purge the framework tables of one database (named ``database`` in the report) by
+    ``policy``; ``list_open`` is the broker's ``open_transactions``. A ``BrokerError`` from
+    it skips transaction_log (reported in ``skipped``); consumed_message is purged anyway."""
+    options = options or PurgeOptions()
+    now = now or datetime.now(UTC)
+    outcomes: list[TablePurge] = []
+    if TRANSACTION_LOG in options.tables:
+        age_s = options.transaction_log_older_than_s
+        before = now - timedelta(seconds=policy.check_horizon_s if age_s is None else age_s)
+        try:
+            open_ids = open_transaction_ids(list_open, options.producer_groups)
+        except BrokerError as exc:
+            reason = f"the broker cannot say which transactions are open: {exc}"
+            log.warning("%s: not purging %s: %s", database, TRANSACTION_LOG, reason)
+            outcomes.append(TablePurge(TRANSACTION_LOG, skipped=reason))
+        else:
+            outcomes.append(purge_transaction_log(transaction, sql, before, open_ids, options, progress))
+    if CONSUMED_MESSAGE in options.tables:
+        age_s = options.consumed_message_older_than_s
+        before = now - timedelta(seconds=policy.dedup_window_s if age_s is None else age_s)
+        outcomes.append(purge_consumed_messages(transaction, sql, before, options, progress))
+    report = PurgeReport(database, options.dry_run, tuple(outcomes))
+    log.info("%s", report)
+    return report

@@ -1,0 +1,90 @@
+"""``manage.py outbox_purge`` and the Django purge task on SQLite and PostgreSQL: pending
+and parked transactions keep their rows, a dry run deletes nothing, a broker that is down
+leaves transaction_log alone and fails the command."""
+
+from __future__ import annotations
+
+import io
+import socket
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from broker_embedded import Message
+from outbox.integrations.django.conf import producer
+from outbox.integrations.django.models import ConsumedMessage, TransactionLog
+from outbox.integrations.django.tasks import purge_task
+from tests.django.support import park
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def rows(tmp_path: Path, alias: str) -> Iterator[dict[str, str]]:
+    """On ``alias``: month-old rows of a parked, a pending and a committed transaction, a
+    young one, and consumed messages of 8 days and of now; group ``shop`` owned there."""
+    ids = {name: f"{name}-{uuid.uuid4().hex[:8]}" for name in ("parked", "pending", "committed", "young")}
+    park(tmp_path / "broker", {ids["parked"]: "shop"})
+    now, month = timezone.now(), timedelta(days=30)
+    TransactionLog.objects.using(alias).bulk_create([
+        TransactionLog(transaction_id=tx, producer_group="shop", state=TransactionLog.COMMITTED,
+                       created_at=now if name == "young" else now - month)
+        for name, tx in ids.items()])
+    ConsumedMessage.objects.using(alias).bulk_create([
+        ConsumedMessage(consumer_group="points", message_id=message_id, topic="order.paid", consumed_at=now - age)
+        for message_id, age in (("old", timedelta(days=8)), ("new", timedelta(0)))])
+    outbox = {"BROKER_URL": f"embedded://{tmp_path / 'broker'}", "PRODUCER_GROUP": "shop",
+              "PRODUCER_GROUPS": {"shop": alias}}
+    with override_settings(OUTBOX=outbox):
+        producer().broker.send_half(Message("order.paid", b"{}", transaction_timeout_s=3600),
+                                    producer_group="shop", transaction_id=ids["pending"])
+        yield ids
+
+
+def _left(alias: str) -> tuple[set[str], set[str]]:
+    return (set(TransactionLog.objects.using(alias).values_list("transaction_id", flat=True)),
+            set(ConsumedMessage.objects.using(alias).values_list("message_id", flat=True)))
+
+
+def test_outbox_purge_keeps_open_transactions(rows: dict[str, str], alias: str) -> None:
+    out = io.StringIO()
+    call_command("outbox_purge", "--database", alias, "--dry-run", stdout=out)
+    assert "outbox_transaction_log: 1 rows would be deleted, 2 kept (open at the broker)" in out.getvalue()
+    assert "outbox_consumed_message: 1 rows would be deleted" in out.getvalue()
+    assert len(_left(alias)[0]) == 4
+
+    out = io.StringIO()
+    call_command("outbox_purge", "--database", alias, "--batch-size", "1", "--pause", "0", stdout=out)
+    assert _left(alias) == ({rows["parked"], rows["pending"], rows["young"]}, {"new"})
+    assert f"database {alias!r}:" in out.getvalue()
+    assert "outbox_transaction_log: 1 rows deleted in 1 batches" in out.getvalue()
+
+    # the Celery beat task, run here: the same purge by OUTBOX["RETENTION"]
+    with override_settings(OUTBOX={**settings.OUTBOX, "RETENTION": {"TRANSACTION_TIMEOUT_S": 0, "CHECK_INTERVAL_S": 0, "MARGIN_S": 0, "DEDUP_WINDOW_S": 0}}):
+        summary = purge_task.apply(kwargs={"pause_s": 0}).get()
+    assert summary["rows"][f"database {alias!r}"] == {"outbox_transaction_log": 1, "outbox_consumed_message": 1}
+    assert _left(alias) == ({rows["parked"], rows["pending"]}, set())
+
+
+def test_outbox_purge_without_the_broker_fails_and_keeps_the_transaction_log(rows: dict[str, str],
+                                                                          alias: str) -> None:
+    down = {"BROKER_URL": f"tcp://127.0.0.1:{_closed_port()}", "PRODUCER_GROUP": "shop",
+            "PRODUCER_GROUPS": {"shop": alias}}
+    with override_settings(OUTBOX=down):
+        out = io.StringIO()
+        with pytest.raises(CommandError, match="not purged: outbox_transaction_log"):
+            call_command("outbox_purge", "--database", alias, "--pause", "0", stdout=out)
+        assert "skipped (the broker cannot say which transactions are open" in out.getvalue()
+        assert _left(alias) == (set(rows.values()), {"new"})
+        call_command("outbox_purge", "--database", alias, "--table", "consumed_message", stdout=io.StringIO())
