@@ -18,11 +18,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
-
 from broker_embedded import ReceivedMessage, Resolution
 
 from . import instrumentation
+from .errors import missing_extra
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+except ModuleNotFoundError as exc:
+    raise missing_extra("outbox.metrics", "metrics", exc) from exc
 
 PREFIX = "halfmoon_outbox_"
 

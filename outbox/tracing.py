@@ -22,14 +22,18 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 from broker_embedded import Message, ReceivedMessage
 
 from . import instrumentation
+from .errors import missing_extra
+
+try:
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ModuleNotFoundError as exc:
+    raise missing_extra("outbox.tracing", "tracing", exc) from exc
 
 #: ``messaging.system`` of every span.
 SYSTEM = "halfmoon"
