@@ -28,7 +28,7 @@ from outbox import Producer, check_transaction, idempotent_consumer, tracing, tr
 from outbox.instrumentation import CONTEXT_PROPERTIES
 from outbox.integrations.celery import register
 from outbox.integrations.celery.app import make_app
-from outbox.integrations.celery.check_back import CONTEXT_HEADER
+from outbox.integrations.celery.check_back import CONTEXT_HEADER, broker_client
 from outbox.integrations.celery.checker import CeleryChecker
 from outbox.producer import TRANSACTION_ID_PROPERTY
 from outbox.settings import OutboxSettings
@@ -166,6 +166,7 @@ def test_a_check_back_continues_the_original_trace(exporter: InMemorySpanExporte
 
 def test_the_celery_check_task_continues_the_trace_its_header_carries(
         exporter: InMemorySpanExporter, tracer: Tracer, tmp_path: Path) -> None:
+    url = f"embedded://{tmp_path / 'broker'}"
     with tracer.start_as_current_span("POST /pay") as view:
         carrier: dict[str, str] = {}
         inject(carrier)
@@ -175,13 +176,23 @@ def test_the_celery_check_task_continues_the_trace_its_header_carries(
     [queued] = (tmp_path / "celery" / "queue").iterdir()
     assert f'"{CONTEXT_HEADER}": {{"traceparent": "{carrier["traceparent"]}"}}' in queued.read_text()
 
-    task = register(Celery("user"), answer=lambda transaction_id, group: Resolution.UNKNOWN,
-                    settings=OutboxSettings(broker_url=f"embedded://{tmp_path / 'broker'}"))
-    task.apply(args=["shop", "tx-1", message.message_id], headers={CONTEXT_HEADER: carrier})
-    check = spans(exporter)["check_back"]
+    broker = broker_client(url)
+    try:
+        broker.send_half(message, producer_group="shop", transaction_id="tx-1")
+        task = register(Celery("user"), answer=lambda transaction_id, group: Resolution.COMMIT,
+                        settings=OutboxSettings(broker_url=url))
+        task.apply(args=["shop", "tx-1", message.message_id], headers={CONTEXT_HEADER: carrier})
+        assert broker.transaction_state("tx-1") is TransactionState.COMMITTED
+    finally:
+        broker.close()
+        broker_client.cache_clear()
+    found = spans(exporter)
+    check, end = found["check_back"], found["end_transaction"]
     assert check.context.trace_id == view.get_span_context().trace_id
     assert parent_of(check) == view.get_span_context().span_id
-    assert check.attributes is not None and check.attributes["halfmoon.outcome"] == "unknown"
+    assert parent_of(end) == check.context.span_id
+    assert check.attributes is not None and check.attributes["halfmoon.outcome"] == "commit"
+    assert end.attributes is not None and end.attributes["halfmoon.outcome"] == "sent"
 
 
 def test_without_tracing_no_property_is_added(shop_sessions: sessionmaker[Session], broker: EmbeddedBroker) -> None:

@@ -18,9 +18,10 @@ from celery import Celery, current_task
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from broker_embedded import BrokerAPI, BrokerError, Resolution, connect
+from broker_embedded import BrokerAPI, Resolution, connect
 
 from ... import instrumentation
+from ...producer import Producer
 from ...settings import OutboxSettings
 from ..sqlalchemy.engine import checker_engine
 from ..sqlalchemy.fence import check_transaction
@@ -60,8 +61,8 @@ def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_
     """Answer one check-back: ``answer`` (the fencing check), then END_TRANSACTION to
     ``broker()``; the resolution's value.
 
-    ``message_id`` (the half message the broker checked) is only logged: the answer is
-    per transaction. UNKNOWN (a lock, statement or connect timeout, or the database is
+    ``message_id`` (the half message the broker checked) is only logged and traced: the
+    answer is per transaction. UNKNOWN (a lock, statement or connect timeout, or the database is
     unreachable) sends nothing; the broker checks again at its next interval."""
     log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
     with instrumentation.operation(instrumentation.CHECK_BACK, producer_group=producer_group,
@@ -74,13 +75,8 @@ def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_
                         transaction_id, exc)
             resolution = Resolution.UNKNOWN
         check.outcome = resolution.value
-        if resolution is not Resolution.UNKNOWN:
-            try:
-                broker().end_transaction(transaction_id, resolution, producer_group=producer_group,
-                                         from_check=True)
-            except BrokerError as exc:
-                log.warning("answer %s for %s not delivered: %s; the broker will check again",
-                            resolution.value, transaction_id, exc)
+        if resolution is not Resolution.UNKNOWN:  # not delivered: logged, and the broker checks again
+            Producer(broker(), producer_group).end_transaction(transaction_id, resolution, from_check=True)
         return resolution.value
 
 
