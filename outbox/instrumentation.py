@@ -45,7 +45,8 @@ A listener of ``SEND`` or ``SEND_HALF`` may add properties to the message being 
 writing ``operation.message_properties`` (tracing adds ``CONTEXT_PROPERTIES`` there); the
 application's own properties of the same name win.
 
-Nobody listening costs one dictionary lookup per event. A listener that raises is logged
+Nobody listening costs one dictionary lookup per event (well under a microsecond with its
+keyword arguments). A listener that raises is logged
 and ignored: observing never changes what the outbox does.
 """
 
