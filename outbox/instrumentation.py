@@ -46,8 +46,8 @@ writing ``operation.message_properties`` (tracing adds ``CONTEXT_PROPERTIES`` th
 application's own properties of the same name win.
 
 Nobody listening costs one dictionary lookup per event (well under a microsecond with its
-keyword arguments). A listener that raises is logged
-and ignored: observing never changes what the outbox does.
+keyword arguments). A listener that raises is logged and ignored: observing never
+changes what the outbox does.
 """
 
 from __future__ import annotations
