@@ -16,11 +16,19 @@ from collections.abc import Callable
 from broker_embedded import BrokerAPI, ReceivedMessage
 from broker_embedded.errors import BrokerUnavailableError, UnknownReceiptError
 
+from . import instrumentation
 from .outage import BrokerOutage
 
 log = logging.getLogger("outbox.consumer")
 
+#: A handler; False means the message was skipped (a duplicate), anything else handled.
 Handler = Callable[[ReceivedMessage], bool]
+
+#: ``DELIVERY`` outcomes: handled, skipped by the handler (False: a duplicate), or failed
+#: (the handler raised; the broker redelivers it).
+HANDLED = "handled"
+SKIPPED = "skipped"
+FAILED = "failed"
 
 
 def run_consumer(
@@ -49,18 +57,22 @@ def run_consumer(
             continue
         outage.recovered()
         for received in batch:
-            try:
-                handler(received)
-            except Exception:
-                log.exception("handler failed for message %s (attempt %d); it will be retried",
-                              received.message.message_id, received.delivery_attempt)
-                continue
-            try:
-                broker.ack(group, received.receipt_handle)
-            except (BrokerUnavailableError, UnknownReceiptError) as exc:
-                # Handled but not acked: it comes back and the duplicate check skips it.
-                log.warning("ack of %s failed (%s)", received.message.message_id, exc)
-            handled += 1
+            with instrumentation.operation(instrumentation.DELIVERY, consumer_group=group,
+                                           received=received) as delivery:
+                try:
+                    result = handler(received)
+                except Exception:
+                    log.exception("handler failed for message %s (attempt %d); it will be retried",
+                                  received.message.message_id, received.delivery_attempt)
+                    delivery.outcome = FAILED
+                    continue
+                delivery.outcome = SKIPPED if result is False else HANDLED
+                try:
+                    broker.ack(group, received.receipt_handle)
+                except (BrokerUnavailableError, UnknownReceiptError) as exc:
+                    # Handled but not acked: it comes back and the duplicate check skips it.
+                    log.warning("ack of %s failed (%s)", received.message.message_id, exc)
+                handled += 1
     log.info("consumer %s on %s stopped after %d messages", group, topic, handled)
     return handled
 

@@ -40,3 +40,8 @@ class ConfigurationError(OutboxError):
 class SchemaMissingError(ConfigurationError):
     """A framework table (``outbox_transaction_log``, ``outbox_consumed_message``) does not
     exist in the database; the message names the command that creates it."""
+
+
+def missing_extra(module: str, extra: str, cause: ModuleNotFoundError) -> ImportError:
+    """The ``ImportError`` of ``module`` when the packages of its extra are not installed."""
+    return ImportError(f"{module} needs {cause.name}: pip install 'halfmoon[{extra}]'", name=cause.name)

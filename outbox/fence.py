@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 from broker_embedded import Resolution
 
+from . import instrumentation
 from .errors import TransactionFencedError
 from .schema import COMMITTED, ROLLED_BACK
 from .sql import Execute, OutboxSQL, is_timeout
@@ -41,8 +42,10 @@ def row_params(sql: OutboxSQL, transaction_id: str, producer_group: str, state: 
     return transaction_id, producer_group, state, sql.timestamp(datetime.now(UTC))
 
 
-def fenced_error(transaction_id: str) -> TransactionFencedError:
-    """The producer's insert found the checker's fence."""
+def fenced_error(transaction_id: str, producer_group: str) -> TransactionFencedError:
+    """The producer's insert found the checker's fence: announced as ``TRANSACTION_FENCED``."""
+    instrumentation.announce(instrumentation.TRANSACTION_FENCED, producer_group=producer_group,
+                             transaction_id=transaction_id)
     return TransactionFencedError(
         f"transaction {transaction_id} was fenced by a check-back (answered ROLLBACK); it has been rolled back"
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from broker_embedded import ReceivedMessage
 
+from . import instrumentation
 from .sql import OutboxSQL
 
 log = logging.getLogger("outbox.consumer")
@@ -62,8 +63,10 @@ def record_or_skip(
     try:
         with transaction():
             record(ConsumedRow.of(group, received))
-            handle()
+            with instrumentation.operation(instrumentation.HANDLER, consumer_group=group, received=received):
+                handle()
     except AlreadyConsumed:
         log.info("message %s already consumed by %s; skipped", received.message.message_id, group)
+        instrumentation.announce(instrumentation.DUPLICATE_SKIPPED, consumer_group=group, received=received)
         return False
     return True

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, inspect
 
 from tests.outbox.alembic_user_project import APP_REVISION_ID, write_user_project
@@ -278,6 +279,36 @@ def _another_services_transaction_is_left_alone(env: Venv, django: dict[str, str
             assert conn.execute("SELECT count(*) FROM outbox_transaction_log").fetchone() == (0,)
     finally:
         _stop(server)
+
+
+OBSERVED = """
+from pathlib import Path
+from prometheus_client import CollectorRegistry, generate_latest
+from broker_embedded import EmbeddedBroker, Message, Resolution
+from outbox import Producer, metrics, tracing
+
+registry = CollectorRegistry()
+metrics.install(registry=registry)
+tracing.install()  # the API alone, no SDK: spans that record nothing
+with EmbeddedBroker(Path("broker")) as broker:
+    producer = Producer(broker, "shop")
+    producer.send_half(Message("order.paid", b"{}"), "tx-1")
+    producer.end_transaction("tx-1", Resolution.COMMIT)
+print(generate_latest(registry).decode())
+"""
+
+
+def test_metrics_and_tracing_extras(install: Callable[[str], Venv]) -> None:
+    core = install("")
+    for module, extra in (("outbox.metrics", "metrics"), ("outbox.tracing", "tracing")):
+        probe = subprocess.run([core.bin("python"), "-c", f"import {module}"], cwd=core.work, env=core.env(),
+                               capture_output=True, text=True, timeout=120)
+        assert f"{module} needs" in probe.stderr and f"pip install 'halfmoon[{extra}]'" in probe.stderr
+    exposition = install("metrics,tracing").python(OBSERVED)
+    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in text_string_to_metric_families(exposition) for sample in family.samples}
+    assert samples[("halfmoon_outbox_transactions_total", (("outcome", "committed"), ("producer_group", "shop")))] == 1
+    assert samples[("halfmoon_outbox_half_send_duration_seconds_count", (("producer_group", "shop"),))] == 1
 
 
 @pytest.mark.parametrize("extras", ["spark", "all"])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import BrokerConfig, EmbeddedBroker
 from broker_embedded.store.config import StoreConfig
@@ -52,3 +53,24 @@ def celery_url(redis_url: str) -> Iterator[str]:
     yield url
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def shop_sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    """Sessions on a SQLite file with the outbox tables and the observability tests' orders."""
+    from tests.outbox.observability import shop
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'shop.sqlite3'}")
+    metadata.create_all(engine)
+    shop.create_all(engine)
+    yield sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def checking_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    """A broker that checks a transaction back 0.1 s after its half message."""
+    config = BrokerConfig(store=StoreConfig(segment_size=1 << 20), transaction_timeout_s=0.1, check_interval_s=0.2)
+    broker = EmbeddedBroker(tmp_path / "checking", config)
+    yield broker
+    broker.close()

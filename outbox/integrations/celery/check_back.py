@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery import Celery
+from celery import Celery, current_task
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from broker_embedded import BrokerAPI, BrokerError, Resolution, connect
+from broker_embedded import BrokerAPI, Resolution, connect
 
+from ... import instrumentation
+from ...producer import Producer
 from ...settings import OutboxSettings
 from ..sqlalchemy.engine import checker_engine
 from ..sqlalchemy.fence import check_transaction
@@ -36,9 +38,22 @@ Answer = Callable[[str, str], Resolution]
 TASK_OPTIONS: dict[str, Any] = {"name": CHECK_TASK, "ignore_result": True, "acks_late": True}
 
 
+#: The check task's message header that carries the half message's
+#: ``outbox.instrumentation.CONTEXT_PROPERTIES`` (a mapping), when it has any.
+CONTEXT_HEADER = "outbox_context"
+
+
 def check_queue(producer_group: str) -> str:
     """The Celery queue of a producer group's check-backs."""
     return f"outbox.check.{producer_group}"
+
+
+def carried_context() -> dict[str, str]:
+    """The half message's ``CONTEXT_PROPERTIES`` the running check task carries in its
+    ``CONTEXT_HEADER`` (none when its producer does not trace, or called directly)."""
+    request = current_task.request if current_task else None
+    carried = (request.headers or {}).get(CONTEXT_HEADER) if request else None
+    return instrumentation.carried_context(carried) if isinstance(carried, Mapping) else {}
 
 
 def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_group: str,
@@ -46,23 +61,23 @@ def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_
     """Answer one check-back: ``answer`` (the fencing check), then END_TRANSACTION to
     ``broker()``; the resolution's value.
 
-    ``message_id`` (the half message the broker checked) is only logged: the answer is
-    per transaction. UNKNOWN (a lock, statement or connect timeout, or the database is
+    ``message_id`` (the half message the broker checked) is only logged and traced: the
+    answer is per transaction. UNKNOWN (a lock, statement or connect timeout, or the database is
     unreachable) sends nothing; the broker checks again at its next interval."""
     log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
-    try:
-        resolution = answer(transaction_id, producer_group)
-    except SQLAlchemyError as exc:
-        log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
-                    transaction_id, exc)
-        return Resolution.UNKNOWN.value
-    if resolution is not Resolution.UNKNOWN:
+    with instrumentation.operation(instrumentation.CHECK_BACK, producer_group=producer_group,
+                                   transaction_id=transaction_id, message_id=message_id,
+                                   context=carried_context()) as check:
         try:
-            broker().end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=True)
-        except BrokerError as exc:
-            log.warning("answer %s for %s not delivered: %s; the broker will check again",
-                        resolution.value, transaction_id, exc)
-    return resolution.value
+            resolution = answer(transaction_id, producer_group)
+        except SQLAlchemyError as exc:
+            log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
+                        transaction_id, exc)
+            resolution = Resolution.UNKNOWN
+        check.outcome = resolution.value
+        if resolution is not Resolution.UNKNOWN:  # not delivered: logged, and the broker checks again
+            Producer(broker(), producer_group).end_transaction(transaction_id, resolution, from_check=True)
+        return resolution.value
 
 
 @functools.cache

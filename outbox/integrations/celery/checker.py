@@ -4,6 +4,10 @@ Plug it into the broker server with
 ``python -m broker_embedded serve --checker outbox.integrations.celery.checker:make_checker``.
 Any worker with access to the group's database can answer; no live producer is needed.
 
+A half message that carries its producer's trace context
+(``outbox.instrumentation.CONTEXT_PROPERTIES``) sends it along in the task's
+``CONTEXT_HEADER``, so the check-back continues that trace.
+
 Each task expires after two of the broker's check intervals (at least ``MIN_EXPIRY_S``): by
 then the broker has sent a newer check of the same transaction, so a worker that starts late
 (or falls behind) discards the stale ones instead of running the fence once per check it
@@ -19,7 +23,8 @@ from celery import Celery
 
 from broker_embedded import CheckRequest
 
-from .check_back import CHECK_TASK, check_queue
+from ... import instrumentation
+from .check_back import CHECK_TASK, CONTEXT_HEADER, check_queue
 
 log = logging.getLogger("outbox.celery.checker")
 
@@ -38,10 +43,12 @@ class CeleryChecker:
         self.expires_s = expires_s
 
     def request_check(self, request: CheckRequest) -> bool:
+        context = instrumentation.carried_context(request.message.properties)
         try:
             self.app.send_task(
                 CHECK_TASK, args=[request.producer_group, request.transaction_id, request.message.message_id],
                 queue=check_queue(request.producer_group), expires=self.expires_s,
+                headers={CONTEXT_HEADER: context} if context else None,
                 # Must not block the broker's check service: one quick retry, then give
                 # up; the broker offers the check again at its next interval.
                 retry=True, retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},

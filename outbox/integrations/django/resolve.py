@@ -11,7 +11,7 @@ from collections.abc import Callable
 from broker_embedded import CheckRequest, EndTransactionResult, ParkedTransaction, Resolution
 from broker_embedded.errors import UnknownTransactionError
 
-from ...producer import Producer
+from ...producer import Producer, checking_back
 from .conf import ForeignGroupError, outbox_settings, producer
 from .fence import fenced_answer
 
@@ -69,9 +69,12 @@ def answer_check_backs(using: str = "default", sender: Producer | None = None) -
     answering = sender or producer()
 
     def answer(request: CheckRequest) -> None:
-        resolution = fenced_answer(request.transaction_id, producer_group=answering.producer_group, using=using)
-        if resolution is not Resolution.UNKNOWN:
-            answering.end_transaction(request.transaction_id, resolution, from_check=True)
+        with checking_back(request) as check:
+            resolution = fenced_answer(request.transaction_id, producer_group=answering.producer_group,
+                                       using=using)
+            check.outcome = resolution.value
+            if resolution is not Resolution.UNKNOWN:
+                answering.end_transaction(request.transaction_id, resolution, from_check=True)
 
     def on_check(request: CheckRequest) -> None:
         threading.Thread(target=answer, args=(request,), name=f"outbox-check-{request.transaction_id}",

@@ -24,6 +24,7 @@ from django.db import IntegrityError, connections, transaction
 
 from broker_embedded import Message, Resolution
 
+from ... import instrumentation
 from ...context import LocalTransaction, running, running_transaction
 from ...context import current_transaction_id as current_transaction_id  # of the running call
 from ...errors import OutboxError
@@ -55,7 +56,7 @@ def record_committed(using: str, transaction_id: str, producer_group: str) -> No
     try:
         run(connection, sql.record_transaction, row_params(sql, transaction_id, producer_group, COMMITTED))
     except IntegrityError as exc:
-        raise fenced_error(transaction_id) from exc
+        raise fenced_error(transaction_id, producer_group) from exc
 
 
 def transactional_message(
@@ -92,6 +93,9 @@ def transactional_message(
             sender = producer or default_producer()
             local = LocalTransaction(new_transaction_id(), sender, [message.message_id])
             sender.send_half(message, local.transaction_id)
+            operation = instrumentation.operation(instrumentation.LOCAL_TRANSACTION,
+                                                  producer_group=sender.producer_group,
+                                                  transaction_id=local.transaction_id)
             try:
                 with running(local), transaction.atomic(using=using):
                     record_committed(using, local.transaction_id, sender.producer_group)
@@ -99,9 +103,11 @@ def transactional_message(
                     transaction.on_commit(
                         lambda: sender.end_transaction(local.transaction_id, Resolution.COMMIT), using=using
                     )
-            except BaseException:
+            except BaseException as exc:
+                operation.end(exc, Resolution.ROLLBACK.value)
                 sender.end_transaction(local.transaction_id, Resolution.ROLLBACK)
                 raise
+            operation.end(outcome=Resolution.COMMIT.value)
             return result
 
         return wrapper

@@ -57,7 +57,7 @@ def record_committed(db: Connection | Session, transaction_id: str, producer_gro
     try:
         run(connection, sql.record_transaction, row_params(sql, transaction_id, producer_group, COMMITTED))
     except IntegrityError as exc:
-        raise fenced_error(transaction_id) from exc
+        raise fenced_error(transaction_id, producer_group) from exc
 
 
 def check_transaction(

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from broker_embedded import Message, Resolution
 
+from ... import instrumentation
 from ...context import SESSION_INFO_KEY, LocalTransaction
 from ...context import current_transaction_id as current_transaction_id  # the session's, given one
 from ...errors import ConfigurationError, SavepointError
@@ -53,6 +54,14 @@ class PendingTransaction(LocalTransaction):
     savepoints: list[SessionTransaction] = field(default_factory=list)
     #: Set when such a savepoint rolled back: the commit must fail.
     poisoned: bool = False
+    #: The ``LOCAL_TRANSACTION`` operation, from the first message to the end.
+    operation: instrumentation.Operation | None = None
+
+    def end(self, resolution: Resolution) -> None:
+        """The local transaction ended with ``resolution``: END_TRANSACTION."""
+        if self.operation is not None:
+            self.operation.end(outcome=resolution.value)
+        self.producer.finish(self.transaction_id, resolution)
 
 
 def install(target: Any, producer: Producer) -> None:
@@ -85,6 +94,9 @@ def send(session: Session, message: Message) -> str:
         pending = PendingTransaction(new_transaction_id(), producer)
         producer.send_half(message, pending.transaction_id)
         session.info[SESSION_INFO_KEY] = pending
+        pending.operation = instrumentation.operation(
+            instrumentation.LOCAL_TRANSACTION, producer_group=producer.producer_group,
+            transaction_id=pending.transaction_id)
         record_committed(session, pending.transaction_id, producer.producer_group)
     else:
         pending.producer.send_half(message, pending.transaction_id)
@@ -110,7 +122,7 @@ def _finish(session: Session, resolution: Resolution) -> None:
         return  # a SAVEPOINT ended; the messages follow the outermost transaction
     pending: PendingTransaction | None = session.info.pop(SESSION_INFO_KEY, None)
     if pending is not None:
-        pending.producer.finish(pending.transaction_id, resolution)
+        pending.end(resolution)
 
 
 def _before_commit(session: Session) -> None:
@@ -140,7 +152,7 @@ def _after_transaction_end(session: Session, transaction: SessionTransaction) ->
     if transaction.parent is None:
         pending: PendingTransaction | None = session.info.pop(SESSION_INFO_KEY, None)
         if pending is not None:
-            pending.producer.finish(pending.transaction_id, Resolution.ROLLBACK)
+            pending.end(Resolution.ROLLBACK)
 
 
 def _after_rollback(session: Session) -> None:
