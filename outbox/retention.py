@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 
 from broker_embedded import BrokerConfig, BrokerError
 
+from . import instrumentation
 from .errors import ConfigurationError
 from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
 from .sql import Execute, OutboxSQL
@@ -234,9 +235,10 @@ class _Batches:
         self.rows = self.batches = 0
 
     def done(self, deleted: int, kept_open: int = 0) -> None:
-        """Count a batch and tell the progress callback."""
+        """Count a committed batch, announce it (``ROWS_PURGED``) and tell the progress callback."""
         self.rows += deleted
         self.batches += 1
+        instrumentation.announce(instrumentation.ROWS_PURGED, table=self.table, rows=deleted)
         outcome = self.outcome(kept_open)
         log.debug("%s", outcome.summary())
         if self.progress is not None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy import Engine, insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import EmbeddedBroker, Message, Resolution
@@ -21,7 +23,11 @@ from outbox import (
     transactional_message,
 )
 from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.retention import purge_engine
+from outbox.integrations.sqlalchemy.tables import consumed_message, transaction_log
 from outbox.producer import TRANSACTION_ID_PROPERTY
+from outbox.retention import PurgeOptions, RetentionPolicy
+from outbox.schema import COMMITTED, CONSUMED_MESSAGE, TRANSACTION_LOG
 from tests.outbox.observability import consume, orders, wait_for
 
 
@@ -113,10 +119,24 @@ def test_deliveries_and_a_dedup_hit(registry: CollectorRegistry, shop_sessions: 
     assert awarded == ["m1", "m2"]
 
 
-def test_purged_rows_per_table(registry: CollectorRegistry) -> None:
-    instrumentation.announce(instrumentation.ROWS_PURGED, table="outbox_transaction_log", rows=3)
-    instrumentation.announce(instrumentation.ROWS_PURGED, table="outbox_transaction_log", rows=2)
-    assert value(registry, "purged_rows_total", table="outbox_transaction_log") == 5
+def test_a_purge_counts_its_rows_per_table_batch_by_batch(registry: CollectorRegistry, engine: Engine,
+                                                            broker: EmbeddedBroker) -> None:
+    old = datetime.now(UTC) - timedelta(days=30)
+    with engine.begin() as connection:
+        connection.execute(insert(consumed_message), [
+            {"consumer_group": "points", "message_id": f"m{n}", "topic": "order.paid", "consumed_at": old}
+            for n in range(7)])
+        connection.execute(insert(transaction_log), [
+            {"transaction_id": f"t{n}", "producer_group": "shop", "state": COMMITTED, "created_at": old}
+            for n in range(3)])
+    seen: list[float] = []
+    purge_engine(engine, RetentionPolicy(), broker.open_transactions, PurgeOptions(batch_size=3, pause_s=0),
+                 lambda _: seen.append(value(registry, "purged_rows_total", table=CONSUMED_MESSAGE)))
+    assert value(registry, "purged_rows_total", table=TRANSACTION_LOG) == 3
+    assert value(registry, "purged_rows_total", table=CONSUMED_MESSAGE) == 7
+    assert seen[-3:] == [3, 6, 7]  # counted as each batch commits, not at the end
+    purge_engine(engine, RetentionPolicy(), broker.open_transactions, PurgeOptions(dry_run=True))
+    assert value(registry, "purged_rows_total", table=CONSUMED_MESSAGE) == 7  # a dry run deletes nothing
 
 
 def test_install_is_idempotent_per_registry_and_uninstall_stops_counting() -> None:
