@@ -138,6 +138,24 @@ def listens_for(name: str) -> Callable[[L], L]:
     return decorate
 
 
+class Subscriber:
+    """A set of listeners added and removed together (the outbox's metrics, its tracing):
+    ``listeners()`` names them by event."""
+
+    def listeners(self) -> Mapping[str, Callable[..., Any]]:
+        raise NotImplementedError
+
+    def listen(self) -> None:
+        """Start listening to every event of ``listeners()``."""
+        for name, listener in self.listeners().items():
+            listen(name, listener)
+
+    def remove(self) -> None:
+        """Stop listening."""
+        for name, listener in self.listeners().items():
+            remove(name, listener)
+
+
 def announce(name: str, **attributes: Any) -> None:
     """An occurrence: call each listener of ``name`` with ``attributes``."""
     for listener in _listeners.get(name, ()):

@@ -41,7 +41,7 @@ TRANSACTION_OUTCOMES = {
 }
 
 
-class OutboxMetrics:
+class OutboxMetrics(instrumentation.Subscriber):
     """The outbox's metrics in one registry, fed by instrumentation listeners."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -72,7 +72,9 @@ class OutboxMetrics:
             ["consumer_group"], registry=registry)
         self.purged_rows = Counter(
             PREFIX + "purged_rows", "Rows purged from the outbox tables.", ["table"], registry=registry)
-        self._listeners: dict[str, Callable[..., Any]] = {
+
+    def listeners(self) -> dict[str, Callable[..., Any]]:
+        return {
             instrumentation.SEND_HALF: self._on_half_send,
             instrumentation.END_TRANSACTION: self._on_end_transaction,
             instrumentation.CHECK_BACK: self._on_check_back,
@@ -82,15 +84,9 @@ class OutboxMetrics:
             instrumentation.ROWS_PURGED: self._on_purged,
         }
 
-    def listen(self) -> None:
-        """Start updating from the outbox's instrumentation."""
-        for name, listener in self._listeners.items():
-            instrumentation.listen(name, listener)
-
     def remove(self) -> None:
         """Stop updating, and unregister the metrics from their registry."""
-        for name, listener in self._listeners.items():
-            instrumentation.remove(name, listener)
+        super().remove()
         for collector in (self.half_send_seconds, self.end_transaction_seconds, self.transactions, self.fenced,
                           self.check_backs, self.deliveries, self.duplicates, self.purged_rows):
             self.registry.unregister(collector)

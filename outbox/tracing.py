@@ -73,12 +73,14 @@ def _ended(span: Span, operation: instrumentation.Operation) -> Iterator[None]:
         span.end()
 
 
-class OutboxTracing:
+class OutboxTracing(instrumentation.Subscriber):
     """The outbox's spans, made by ``tracer`` from instrumentation events."""
 
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
-        self._listeners: dict[str, Callable[..., Any]] = {
+
+    def listeners(self) -> dict[str, Callable[..., Any]]:
+        return {
             instrumentation.SEND: self._on_send,
             instrumentation.SEND_HALF: self._on_send,
             instrumentation.LOCAL_TRANSACTION: self._on_local_transaction,
@@ -89,16 +91,6 @@ class OutboxTracing:
             instrumentation.TRANSACTION_FENCED: self._on_fenced,
             instrumentation.DUPLICATE_SKIPPED: self._on_duplicate,
         }
-
-    def listen(self) -> None:
-        """Start making spans."""
-        for name, listener in self._listeners.items():
-            instrumentation.listen(name, listener)
-
-    def remove(self) -> None:
-        """Stop making spans."""
-        for name, listener in self._listeners.items():
-            instrumentation.remove(name, listener)
 
     @contextlib.contextmanager
     def _span(self, operation: instrumentation.Operation, name: str, kind: SpanKind, attributes: dict[str, Any],

@@ -20,7 +20,9 @@ from django.utils import timezone
 from broker_embedded import Message
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.models import ConsumedMessage, TransactionLog
-from outbox.integrations.django.tasks import purge_task
+from outbox.integrations.celery.purge import purge_summary
+from outbox.integrations.django.retention import purge_project
+from outbox.retention import PurgeOptions
 from tests.django.support import park
 
 
@@ -70,9 +72,13 @@ def test_outbox_purge_keeps_open_transactions(rows: dict[str, str], alias: str) 
     assert f"database {alias!r}:" in out.getvalue()
     assert "outbox_transaction_log: 1 rows deleted in 1 batches" in out.getvalue()
 
-    # the Celery beat task, run here: the same purge by OUTBOX["RETENTION"]
-    with override_settings(OUTBOX={**settings.OUTBOX, "RETENTION": {"TRANSACTION_TIMEOUT_S": 0, "CHECK_INTERVAL_S": 0, "MARGIN_S": 0, "DEDUP_WINDOW_S": 0}}):
-        summary = purge_task.apply(kwargs={"pause_s": 0}).get()
+    # what the Celery beat task runs (the task itself runs in a real worker in
+    # tests/outbox/test_purge_celery.py; importing its module here would register its shared
+    # tasks in every Celery app this test process makes later): the project's purge by
+    # OUTBOX["RETENTION"]
+    retention = {"TRANSACTION_TIMEOUT_S": 0, "CHECK_INTERVAL_S": 0, "MARGIN_S": 0, "DEDUP_WINDOW_S": 0}
+    with override_settings(OUTBOX={**settings.OUTBOX, "RETENTION": retention}):
+        summary = purge_summary(purge_project(PurgeOptions(pause_s=0)))
     assert summary["rows"][f"database {alias!r}"] == {"outbox_transaction_log": 1, "outbox_consumed_message": 1}
     assert _left(alias) == ({rows["parked"], rows["pending"]}, set())
 
