@@ -436,13 +436,24 @@ class ConsumerGroups:
             return self._receipt_handle(key, delivery)
 
     # -- admin ----------------------------------------------------------------------------
-    def lag(self) -> dict[str, dict[str, int]]:
-        """Messages not yet done, per group and subscribed topic."""
-        result: dict[str, dict[str, int]] = {}
+    def summary(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Per (group, subscribed topic): messages not yet done (lag) and those received
+        and still within their invisible duration (in flight). Costs O(queues followed)
+        plus the deliveries each holds, at most ``max_inflight_per_queue`` per queue."""
+        result: dict[tuple[str, str], tuple[int, int]] = {}
+        now = now_ms()
         with self.lock:
             for (group, topic, stored_topic, queue_id), progress in self.progress.items():
                 remaining = self.store.queue_max_offset(stored_topic, queue_id) - progress.floor
-                remaining -= len(progress.done_above)
-                per_group = result.setdefault(group, {})
-                per_group[topic] = per_group.get(topic, 0) + max(remaining, 0)
+                remaining = max(remaining - len(progress.done_above), 0)
+                in_flight = sum(1 for d in progress.pending.values() if d.attempt and d.expires_at_ms > now)
+                lag, held = result.get((group, topic), (0, 0))
+                result[group, topic] = (lag + remaining, held + in_flight)
+        return result
+
+    def lag(self) -> dict[str, dict[str, int]]:
+        """Messages not yet done, per group and subscribed topic."""
+        result: dict[str, dict[str, int]] = {}
+        for (group, topic), (lag, _) in self.summary().items():
+            result.setdefault(group, {})[topic] = lag
         return result
