@@ -183,7 +183,7 @@ class BrokerMetrics(Collector):
                                   value=checks.checks_sent)
         outcomes = CounterMetricFamily(PREFIX + "check_outcomes", "Check-backs by outcome: the checker's "
                                        "answer, or no_route when no checker took it", labels=["outcome"])
-        answers = dict(checks.answers)
+        answers = checks.answer_counts()
         for resolution, outcome in ANSWER_OUTCOMES.items():
             outcomes.add_metric([outcome], answers.get(resolution, 0))
         outcomes.add_metric(["no_route"], checks.checks_unrouted)

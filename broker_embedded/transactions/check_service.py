@@ -113,16 +113,21 @@ class CheckService:
         self.check_interval_ms = int(check_interval_s * 1000)
         self.check_max = check_max
         self.max_outstanding = max_outstanding
-        #: Checks handed to a checker, and those no checker took (no route): counted,
-        #: like ``answers`` (check answers per resolution), since the broker started.
+        #: Checks handed to a checker, and those no checker took (no route), since the
+        #: broker started; ``answer_counts()`` gives the answers per resolution.
         self.checks_sent = 0
         self.checks_unrouted = 0
-        self.answers: Counter[Resolution] = Counter()
+        self._answers: Counter[Resolution] = Counter()
         self.unanswered = UnansweredGroups(threshold_s=2 * check_interval_s, report_every_s=60.0)
         self._outstanding: dict[str, float] = {}  # transaction id -> monotonic deadline
         #: (transaction id, producer group) -> the operators' checks waiting for an answer
         self._asked: dict[tuple[str, str], list[Future[Resolution]]] = {}
         self._asked_lock = threading.Lock()
+
+    def answer_counts(self) -> dict[Resolution, int]:
+        """Check answers per resolution since the broker started."""
+        with self._asked_lock:
+            return dict(self._answers)
 
     def outstanding(self) -> int:
         """Checks sent and not yet answered within their interval."""
@@ -138,7 +143,7 @@ class CheckService:
         self._outstanding.pop(transaction_id, None)
         self.unanswered.answered(producer_group)
         with self._asked_lock:
-            self.answers[resolution] += 1
+            self._answers[resolution] += 1
             waiting = self._asked.pop((transaction_id, producer_group), [])
         for answer in waiting:
             answer.set_result(resolution)
