@@ -1,7 +1,7 @@
 """Broker throughput, side by side with Redis and RabbitMQ on this machine.
 
     ./dev bench broker_throughput [--seconds 5] [--recovery-mib 1024] [--skip-peers]
-                                  [--tx-only] [--repeat 3]
+                                  [--tx-only] [--repeat 3] [--metrics-overhead]
 
 All durable: our broker in sync flush mode (a send is acknowledged after fsync), a private
 redis-server with ``appendonly yes, appendfsync always``, RabbitMQ with publisher
@@ -23,6 +23,11 @@ Workloads, for 256 B and 1 KiB bodies:
   connection, one transaction at a time; in flight: 4 processes x 32 transactions at a
   time (ours on one asyncio connection per process, Redis on a pool of 32).
 
+``--metrics-overhead`` runs only the 256 B sequential, in-flight, batch, transaction and
+receive+ack workloads of ours, each against a fresh server without an HTTP port and against
+one with ``--http-port`` whose /metrics is scraped every second, and prints both figures and
+their ratio (the target: metrics cost at most 5 %).
+
 ``--repeat N`` runs everything N times and prints the median (min-max).
 """
 
@@ -35,11 +40,13 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -47,6 +54,7 @@ from typing import Any, cast
 
 from _common import (
     concurrently,
+    free_port,
     halfmoon_server,
     in_processes,
     redis_server,
@@ -131,24 +139,28 @@ def halfmoon(seconds: float, work: Path) -> dict[str, float]:
             for label, in_flight, batch in (("in flight", 128, 1), ("in flight, batches of 64", 4, 64)):
                 results[f"{label} {size}B"] = in_processes(
                     PROCESSES, _inflight_worker, (url, _send_step, body, in_flight, batch, seconds))
-            topic = f"bench-drain-{size}"
-            client.create_topic(topic, 4)
-            prefill = 20_000
-
-            def fill(topic: str = topic, body: bytes = body, count: int = prefill // 16) -> None:
-                for _ in range(count):
-                    client.send(Message(topic, body))
-
-            sender = [threading.Thread(target=fill) for _ in range(16)]
-            for t in sender:
-                t.start()
-            for t in sender:
-                t.join()
-            start = time.perf_counter()
-            received = asyncio.run(_drain(url, topic))
-            results[f"receive+ack {size}B"] = received / (time.perf_counter() - start)
+            results[f"receive+ack {size}B"] = _drain_rate(client, url, f"bench-drain-{size}", body)
         client.close()
     return results
+
+
+def _drain_rate(client: BrokerClient, url: str, topic: str, body: bytes, prefill: int = 20_000) -> float:
+    """Fill ``topic`` with ``prefill`` messages (16 sending threads), then drain it with
+    acks (``_drain``); messages received per second."""
+    client.create_topic(topic, 4)
+
+    def fill(count: int = prefill // 16) -> None:
+        for _ in range(count):
+            client.send(Message(topic, body))
+
+    sender = [threading.Thread(target=fill) for _ in range(16)]
+    for t in sender:
+        t.start()
+    for t in sender:
+        t.join()
+    start = time.perf_counter()
+    received = asyncio.run(_drain(url, topic))
+    return received / (time.perf_counter() - start)
 
 
 def halfmoon_tx(seconds: float, work: Path) -> dict[str, float]:
@@ -159,6 +171,62 @@ def halfmoon_tx(seconds: float, work: Path) -> dict[str, float]:
             TX_IN_FLIGHT: in_processes(PROCESSES, _inflight_worker,
                                        (url, _tx_step, TX_BODY, TX_IN_FLIGHT_PER_PROCESS, 1, seconds)),
         }
+
+
+#: The columns of ``--metrics-overhead``.
+METRICS_OFF, METRICS_ON = "metrics off", "metrics on, scraped 1/s"
+
+
+def _scrape_every_second(url: str, stop: threading.Event, scrapes: list[int]) -> None:
+    """GET ``url`` once a second until ``stop``, as Prometheus would; counts the scrapes."""
+    while not stop.wait(1.0):
+        with urllib.request.urlopen(url, timeout=10) as response:
+            response.read()
+        scrapes[0] += 1
+
+
+def metrics_overhead(seconds: float, work: Path, metrics: bool) -> dict[str, float]:
+    """The hot workloads (256 B) against a fresh server, with ``--http-port`` and a scrape
+    of /metrics every second (``metrics``), or without an HTTP port."""
+    body = TX_BODY
+    http_port = free_port()
+    extra = ("--http-port", str(http_port)) if metrics else ()
+    with halfmoon_server(work / ("hm-metrics-on" if metrics else "hm-metrics-off"), *extra) as url, \
+            BrokerClient(url, timeout_s=30) as client:
+        stop, scrapes = threading.Event(), [0]
+        scraper = threading.Thread(target=_scrape_every_second,
+                                   args=(f"http://127.0.0.1:{http_port}/metrics", stop, scrapes))
+        if metrics:
+            scraper.start()
+        try:
+            results = {
+                "sequential 256B": timed(seconds, repeat(functools.partial(_send_one, client, body))),
+                f"in flight, {PROCESSES} procs x 128 256B": in_processes(
+                    PROCESSES, _inflight_worker, (url, _send_step, body, 128, 1, seconds)),
+                f"in flight, {PROCESSES} procs x 4 batches of 64 256B": in_processes(
+                    PROCESSES, _inflight_worker, (url, _send_step, body, 4, 64, seconds)),
+                TX_IN_FLIGHT: in_processes(PROCESSES, _inflight_worker,
+                                           (url, _tx_step, body, TX_IN_FLIGHT_PER_PROCESS, 1, seconds)),
+                "receive+ack 256B": _drain_rate(client, url, "bench-drain-metrics", body),
+            }
+        finally:
+            stop.set()
+            if metrics:
+                scraper.join()
+        if metrics and not scrapes[0]:
+            raise RuntimeError("no scrape of /metrics happened during the run")
+    return results
+
+
+def print_metrics_overhead(columns: Columns, runs: int) -> None:
+    """Both columns and the ratio of their medians (the target: metrics cost <= 5 %)."""
+    if runs > 1:
+        print(f"median of {runs} runs (min-max); off and on alternate which goes first")
+    print(f"{'workload (ops/s)':<48}{METRICS_OFF:>30}{METRICS_ON:>30}{'on/off':>10}{'target':>10}")
+    for row, off in columns[METRICS_OFF].items():
+        on = columns[METRICS_ON][row]
+        ratio = statistics.median(on) / statistics.median(off)
+        print(f"{row:<48}{summary(off):>30}{summary(on):>30}{ratio:>10.3f}{'>= 0.95':>10}")
 
 
 RECOVERY_WRITER = r"""
@@ -336,10 +404,23 @@ def main() -> None:
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--tx-only", action="store_true", help="only the transactional workloads")
     parser.add_argument("--repeat", type=int, default=1, help="runs per figure; the median is printed")
+    parser.add_argument("--metrics-overhead", action="store_true",
+                        help="only the hot workloads, with the HTTP port and metrics (scraped every second) "
+                             "and without, in the same run")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hm-bench-"))
     ours, redis_column = "halfmoon (sync fsync)", "Redis (AOF always)"
     columns: Columns = {}
+    if args.metrics_overhead:
+        try:
+            for run in range(args.repeat):
+                for metrics in ((False, True) if run % 2 == 0 else (True, False)):
+                    measure_into(columns, METRICS_ON if metrics else METRICS_OFF,
+                                 metrics_overhead(args.seconds, work / f"{run}", metrics))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print_metrics_overhead(columns, args.repeat)
+        return
     try:
         for run in range(args.repeat):
             if not args.tx_only:
