@@ -45,8 +45,7 @@ def assert_books(out: str) -> None:
 def assert_broker_metrics(out: str, work: Path) -> None:
     """The demo printed where the broker's metrics are, and the scrape it saved at the end
     holds what the shop did: one committed transaction per paid order, check-backs that
-    committed (crash after the DB commit) and rolled back (crash before it), nothing
-    pending, parked or left to consume."""
+    rolled back (a crash before the DB commit), nothing pending, parked or left to consume."""
     assert re.search(r"broker HTTP +http://127\.0\.0\.1:\d+/metrics \(Prometheus\), "
                      r"http://127\.0\.0\.1:\d+/ \(console\)", out)
     figures = dict(broker_figures(work / "broker-metrics.txt"))
@@ -54,7 +53,8 @@ def assert_broker_metrics(out: str, work: Path) -> None:
     duplicates = int(_row(out, "fault: duplicate deliveries"))
     assert figures["transactions committed"] == paid
     assert figures["transactions rolled back"] >= 1
-    assert figures["check-backs answered COMMIT"] >= 1 and figures["check-backs answered ROLLBACK"] >= 1
+    # counted since the broker's restart mid-run: the crash-before-commit of order 54 is after it
+    assert figures["check-backs answered ROLLBACK"] >= 1
     assert figures["order.paid messages stored"] == paid + duplicates
     for settled in ("transactions pending", "transactions parked", "member-service lag",
                     "member-service dead letters"):
