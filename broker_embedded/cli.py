@@ -45,15 +45,14 @@ from .cli_tools import load_attribute, quiet_on_broken_pipe
 from .config import BrokerConfig, ServerLimits
 from .errors import BrokerError, UnknownTopicError, UnknownTransactionError
 from .message import Message, Resolution
+from .readiness import Readiness
 from .server import BrokerServer, run_server
 from .store.config import StoreConfig
 from .store.repair import repair
 from .store.verify import check
 
 if TYPE_CHECKING:  # prometheus_client comes with the [server] extra, needed for --http-port only
-    from prometheus_client import CollectorRegistry
-
-    from .http_port import HttpPort, Readiness
+    from .http_port import HttpPort
 
 #: The exit statuses, as --help shows them.
 EXIT_STATUS = """exit status:
@@ -85,21 +84,19 @@ def tune_gc_for_server() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def _http_port(args: argparse.Namespace) -> tuple[HttpPort, Readiness, CollectorRegistry]:
+def _http_port(args: argparse.Namespace, readiness: Readiness) -> HttpPort:
     """The HTTP port of ``serve --http-port``, started before the broker opens: /healthz
     answers and /readyz says 503 while the store recovers."""
     try:
         from prometheus_client import CollectorRegistry
 
-        from .http_port import HttpPort, Readiness
+        from .http_port import HttpPort
     except ImportError as exc:
         raise ValueError(f"--http-port needs prometheus_client (pip install 'halfmoon[server]'): {exc}") from None
-    registry = CollectorRegistry()
-    readiness = Readiness()
-    port = HttpPort(args.http_host or args.host, args.http_port, registry, readiness.reason)
+    port = HttpPort(args.http_host or args.host, args.http_port, CollectorRegistry(), readiness.reason)
     port.start()
     print(f"halfmoon-broker: HTTP port on {port.url} (/metrics, /healthz, /readyz)", flush=True)
-    return port, readiness, registry
+    return port
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -113,33 +110,31 @@ def serve(args: argparse.Namespace) -> int:
         limits=ServerLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
     )
     factory: Any = load_attribute(args.checker, "--checker") if args.checker else None
-    http = _http_port(args) if args.http_port is not None else None
+    readiness = Readiness()
+    http = _http_port(args, readiness) if args.http_port is not None else None
     try:
-        return _serve_broker(args, config, factory, http)
+        return _serve_broker(args, config, factory, http, readiness)
     finally:
         if http is not None:
-            http[0].stop()
+            http.stop()
 
 
-def _serve_broker(args: argparse.Namespace, config: BrokerConfig, factory: Any,
-                  http: tuple[HttpPort, Readiness, CollectorRegistry] | None) -> int:
+def _serve_broker(args: argparse.Namespace, config: BrokerConfig, factory: Any, http: HttpPort | None,
+                  readiness: Readiness) -> int:
     """Open the broker, serve it until SIGTERM or SIGINT, close it."""
     broker = EmbeddedBroker(args.data_dir, config)
     if factory is not None:
         broker.set_checker(factory(broker))
     server = BrokerServer(broker, args.host, args.port, args.access_key, args.secret_key)
-    readiness: Readiness | None = None
     if http is not None:
         from .metrics import register_broker_metrics
 
-        _, readiness, registry = http
-        register_broker_metrics(registry, broker, lambda: server.connections)
-        readiness.broker = broker
+        register_broker_metrics(http.registry, broker, lambda: server.connections)
+    readiness.broker = broker
     tune_gc_for_server()
 
     def listening(now: bool) -> None:
-        if readiness is not None:
-            readiness.listening = now
+        readiness.listening = now
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -6,8 +6,9 @@ threaded stdlib WSGI server (``wsgiref``) in a daemon thread of the server proce
 * ``/metrics``: the Prometheus exposition of the broker's own ``CollectorRegistry``
   (``broker_embedded.metrics``); GET and HEAD only.
 * ``/healthz``: liveness, 200 while the process serves HTTP.
-* ``/readyz``: 200 once the store is open, its recovery done and the TCP port listening,
-  until the broker closes; 503 with the reason in plain text otherwise.
+* ``/readyz``: 200 when ``readiness()`` says None (in ``serve``: ``Readiness``, once the
+  store is open, its recovery done and the TCP port listening, until the broker closes);
+  503 with the reason it gives, in plain text, otherwise.
 * any other WSGI app handed in ``mounts`` under its path prefix (the console at ``/``);
   the app sees the prefix in ``SCRIPT_NAME`` and the rest in ``PATH_INFO``, as WSGI says.
 
@@ -26,8 +27,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from .broker import EmbeddedBroker
-
 log = logging.getLogger("broker_embedded.http_port")
 
 StartResponse = Callable[..., Any]
@@ -35,26 +34,6 @@ WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 #: The methods ``/metrics``, ``/healthz`` and ``/readyz`` answer.
 READ_METHODS = ("GET", "HEAD")
-
-
-class Readiness:
-    """Why the broker process is not ready to serve, for ``/readyz``: the serve command
-    sets ``broker`` once the store is open and recovered, and ``listening`` once the TCP
-    port accepts connections."""
-
-    def __init__(self) -> None:
-        self.broker: EmbeddedBroker | None = None
-        self.listening = False
-
-    def reason(self) -> str | None:
-        """What keeps the broker from being ready, or None when it is."""
-        if self.broker is None:
-            return "the store is being opened and recovered"
-        if self.broker.closed:
-            return "the broker is closed"
-        if not self.listening:
-            return "the TCP port is not listening"
-        return None
 
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
@@ -92,6 +71,7 @@ class HttpPort:
                  readiness: Callable[[], str | None], mounts: Mapping[str, WSGIApp] | None = None) -> None:
         self.host = host
         self.port = port
+        self.registry = registry
         self.readiness = readiness
         self._metrics = make_wsgi_app(registry)
         self._mounts: list[tuple[str, WSGIApp]] = []
