@@ -43,13 +43,15 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
 
 
 class _ThreadingWSGIServer6(_ThreadingWSGIServer):
+    """The same on an IPv6 address."""
+
     address_family = socket.AF_INET6
 
 
 class _QuietHandler(WSGIRequestHandler):
     """Requests logged at DEBUG through ``logging`` rather than on stderr."""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
 
