@@ -294,6 +294,10 @@ def print_metrics_overhead(columns: Columns, rounds: int) -> None:
             cells = [columns[column][row] for column in (METRICS_OFF, METRICS_ON, ON_OFF)]
             print(f"{label:<48}{summary(cells[0]):>30}{summary(cells[1]):>30}{summary(cells[2], '.3f'):>22}"
                   f"{target:>10}")
+    ratios = columns[ON_OFF]
+    for label, rows in (("all workloads, throughput", list(METRICS_WORKLOADS)),
+                        ("all workloads, server CPU per op", [_cpu_row(name) for name in METRICS_WORKLOADS])):
+        print(f"{label:<48}{'':>60}{summary([r for row in rows for r in ratios[row]], '.3f'):>22}")
 
 
 RECOVERY_WRITER = r"""
