@@ -1,7 +1,7 @@
 """Broker throughput, side by side with Redis and RabbitMQ on this machine.
 
     ./dev bench broker_throughput [--seconds 5] [--recovery-mib 1024] [--skip-peers]
-                                  [--tx-only] [--repeat 3]
+                                  [--tx-only] [--repeat 3] [--metrics-overhead]
 
 All durable: our broker in sync flush mode (a send is acknowledged after fsync), a private
 redis-server with ``appendonly yes, appendfsync always``, RabbitMQ with publisher
@@ -23,6 +23,12 @@ Workloads, for 256 B and 1 KiB bodies:
   connection, one transaction at a time; in flight: 4 processes x 32 transactions at a
   time (ours on one asyncio connection per process, Redis on a pool of 32).
 
+``--metrics-overhead`` runs only the 256 B sequential, in-flight, batch, transaction and
+receive+ack workloads of ours, against two servers side by side: one without an HTTP port
+and one with ``--http-port`` whose /metrics is scraped every second. ``--repeat N`` rounds,
+each running every workload on both back to back; it prints both figures and the on/off
+ratio of each pair (the target: metrics cost at most 5 %, a ratio >= 0.95).
+
 ``--repeat N`` runs everything N times and prints the median (min-max).
 """
 
@@ -40,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -47,6 +54,8 @@ from typing import Any, cast
 
 from _common import (
     concurrently,
+    free_port,
+    halfmoon_process,
     halfmoon_server,
     in_processes,
     redis_server,
@@ -131,24 +140,28 @@ def halfmoon(seconds: float, work: Path) -> dict[str, float]:
             for label, in_flight, batch in (("in flight", 128, 1), ("in flight, batches of 64", 4, 64)):
                 results[f"{label} {size}B"] = in_processes(
                     PROCESSES, _inflight_worker, (url, _send_step, body, in_flight, batch, seconds))
-            topic = f"bench-drain-{size}"
-            client.create_topic(topic, 4)
-            prefill = 20_000
-
-            def fill(topic: str = topic, body: bytes = body, count: int = prefill // 16) -> None:
-                for _ in range(count):
-                    client.send(Message(topic, body))
-
-            sender = [threading.Thread(target=fill) for _ in range(16)]
-            for t in sender:
-                t.start()
-            for t in sender:
-                t.join()
-            start = time.perf_counter()
-            received = asyncio.run(_drain(url, topic))
-            results[f"receive+ack {size}B"] = received / (time.perf_counter() - start)
+            results[f"receive+ack {size}B"] = _drain_rate(client, url, f"bench-drain-{size}", body)
         client.close()
     return results
+
+
+def _drain_rate(client: BrokerClient, url: str, topic: str, body: bytes, prefill: int = 20_000) -> float:
+    """Fill ``topic`` with ``prefill`` messages (16 sending threads), then drain it with
+    acks (``_drain``); messages received per second."""
+    client.create_topic(topic, 4)
+
+    def fill(count: int = prefill // 16) -> None:
+        for _ in range(count):
+            client.send(Message(topic, body))
+
+    sender = [threading.Thread(target=fill) for _ in range(16)]
+    for t in sender:
+        t.start()
+    for t in sender:
+        t.join()
+    start = time.perf_counter()
+    received = asyncio.run(_drain(url, topic))
+    return received / (time.perf_counter() - start)
 
 
 def halfmoon_tx(seconds: float, work: Path) -> dict[str, float]:
@@ -159,6 +172,132 @@ def halfmoon_tx(seconds: float, work: Path) -> dict[str, float]:
             TX_IN_FLIGHT: in_processes(PROCESSES, _inflight_worker,
                                        (url, _tx_step, TX_BODY, TX_IN_FLIGHT_PER_PROCESS, 1, seconds)),
         }
+
+
+#: The columns of ``--metrics-overhead``.
+METRICS_OFF, METRICS_ON, ON_OFF = "metrics off", "metrics on, scraped 1/s", "on/off"
+
+
+class Scraper:
+    """GETs ``url`` once a second while ``active`` is set, as Prometheus would."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.active = threading.Event()
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            if self.active.is_set():
+                with urllib.request.urlopen(self.url, timeout=10) as response:
+                    response.read()
+                self.scrapes += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _sequential(url: str, seconds: float) -> int:
+    with BrokerClient(url, timeout_s=30) as client:
+        done, stop = 0, time.perf_counter() + seconds
+        while time.perf_counter() < stop:
+            _send_one(client, TX_BODY)
+            done += 1
+        return done
+
+
+def _in_flight(step: Step, in_flight: int, batch: int) -> Callable[[str, float], int]:
+    def run(url: str, seconds: float) -> int:
+        start = time.perf_counter()
+        rate = in_processes(PROCESSES, _inflight_worker, (url, step, TX_BODY, in_flight, batch, seconds))
+        return round(rate * (time.perf_counter() - start))
+
+    return run
+
+
+def _send_receive_ack(url: str, seconds: float) -> int:
+    """5,000 messages sent into a topic of their own, then received and acked (``_drain_rate``;
+    ``seconds`` unused)."""
+    with BrokerClient(url, timeout_s=30) as client:
+        _drain_rate(client, url, f"bench-drain-{uuid.uuid4().hex[:8]}", TX_BODY, prefill=5_000)
+    return 5_000
+
+
+#: The workloads of ``--metrics-overhead``: name, and a run against a server URL for about
+#: some seconds returning how many operations it did.
+METRICS_WORKLOADS: dict[str, Callable[[str, float], int]] = {
+    "sequential 256B": _sequential,
+    f"in flight, {PROCESSES} procs x 128 256B": _in_flight(_send_step, 128, 1),
+    f"in flight, {PROCESSES} procs x 4 batches of 64 256B": _in_flight(_send_step, 4, 64),
+    TX_IN_FLIGHT: _in_flight(_tx_step, TX_IN_FLIGHT_PER_PROCESS, 1),
+    "send, then receive+ack, 5,000 256B (msgs/s)": _send_receive_ack,
+}
+
+
+def _cpu_row(workload: str) -> str:
+    return f"{workload}: server CPU per op (µs)"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def metrics_overhead(seconds: float, work: Path, rounds: int) -> Columns:
+    """Two servers side by side, one without an HTTP port and one with ``--http-port``
+    whose /metrics is scraped every second while it is measured. Each round runs every
+    workload on both, back to back (which goes first alternates), so a pair sees the same
+    load on this shared machine. Per workload and column: operations per second, the
+    server's CPU time per operation (what the metrics add to each, whatever the load), and
+    per round the on/off ratios of both."""
+    columns: Columns = {}
+    http_port = free_port()
+    with halfmoon_process(work / "metrics-off") as (off, off_port), \
+            halfmoon_process(work / "metrics-on", "--http-port", str(http_port)) as (on, on_port):
+        urls = {off.pid: f"tcp://127.0.0.1:{off_port}", on.pid: f"tcp://127.0.0.1:{on_port}"}
+        scraper = Scraper(f"http://127.0.0.1:{http_port}/metrics")
+        try:
+            for round_number in range(rounds):
+                for name, workload in METRICS_WORKLOADS.items():
+                    rate, cpu = {}, {}
+                    for pid in ((off.pid, on.pid) if round_number % 2 == 0 else (on.pid, off.pid)):
+                        if pid == on.pid:
+                            scraper.active.set()
+                        start, cpu_start = time.perf_counter(), cpu_seconds(pid)
+                        done = workload(urls[pid], seconds)
+                        rate[pid] = done / (time.perf_counter() - start)
+                        cpu[pid] = (cpu_seconds(pid) - cpu_start) / done * 1e6
+                        scraper.active.clear()
+                    measure_into(columns, METRICS_OFF, {name: rate[off.pid], _cpu_row(name): cpu[off.pid]})
+                    measure_into(columns, METRICS_ON, {name: rate[on.pid], _cpu_row(name): cpu[on.pid]})
+                    measure_into(columns, ON_OFF, {name: rate[on.pid] / rate[off.pid],
+                                                   _cpu_row(name): cpu[on.pid] / cpu[off.pid]})
+        finally:
+            scraper.close()
+        if not scraper.scrapes:
+            raise RuntimeError("no scrape of /metrics happened during the run")
+    return columns
+
+
+def print_metrics_overhead(columns: Columns, rounds: int) -> None:
+    """Both columns and the rounds' ratios: median (min-max). The target: metrics cost at
+    most 5 %: throughput on/off >= 0.95, server CPU per operation on/off <= 1.05."""
+    print(f"{rounds} rounds; each cell: median (min-max) over the rounds; on/off: of each round's pair")
+    print(f"{'workload (ops/s)':<48}{METRICS_OFF:>30}{METRICS_ON:>30}{ON_OFF:>22}{'target':>10}")
+    for name in METRICS_WORKLOADS:
+        for row, label, target in ((name, name, ">= 0.95"), (_cpu_row(name), "  server CPU per op (µs)", "<= 1.05")):
+            cells = [columns[column][row] for column in (METRICS_OFF, METRICS_ON, ON_OFF)]
+            print(f"{label:<48}{summary(cells[0]):>30}{summary(cells[1]):>30}{summary(cells[2], '.3f'):>22}"
+                  f"{target:>10}")
+    ratios = columns[ON_OFF]
+    for label, rows in (("all workloads, throughput", list(METRICS_WORKLOADS)),
+                        ("all workloads, server CPU per op", [_cpu_row(name) for name in METRICS_WORKLOADS])):
+        print(f"{label:<48}{'':>60}{summary([r for row in rows for r in ratios[row]], '.3f'):>22}")
 
 
 RECOVERY_WRITER = r"""
@@ -336,10 +475,19 @@ def main() -> None:
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--tx-only", action="store_true", help="only the transactional workloads")
     parser.add_argument("--repeat", type=int, default=1, help="runs per figure; the median is printed")
+    parser.add_argument("--metrics-overhead", action="store_true",
+                        help="only the hot workloads, with the HTTP port and metrics (scraped every second) "
+                             "and without, in the same run")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hm-bench-"))
     ours, redis_column = "halfmoon (sync fsync)", "Redis (AOF always)"
     columns: Columns = {}
+    if args.metrics_overhead:
+        try:
+            print_metrics_overhead(metrics_overhead(args.seconds, work, args.repeat), args.repeat)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         for run in range(args.repeat):
             if not args.tx_only:

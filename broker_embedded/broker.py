@@ -47,12 +47,14 @@ from .message import (
     StoredMessage,
     TransactionState,
 )
+from .observer import BrokerObserver
 from .store.files import write_atomically
 from .store.message_store import MessageStore, fitting
 from .store.record import StoredRecord
 from .topic_registry import TopicRegistry
 from .topics import (
     CONSUMER_STATE_TOPIC,
+    DLQ_PREFIX,
     HALF_TOPIC,
     RETRY_PREFIX,
     validate_group,
@@ -80,6 +82,8 @@ class EmbeddedBroker:
         self._limits = MessageLimits(self.config.max_body_size, self.config.max_properties_size)
         self.data_dir = Path(data_dir)
         self._closed = threading.Event()
+        #: Told of writes and deliveries (metrics); None: nobody is.
+        self.observer: BrokerObserver | None = None
         self.store = MessageStore(self.data_dir, self.config.store)
         self.producers = ProducerCallbackChecker()
         self._checker: TransactionChecker = checker or self.producers
@@ -164,6 +168,11 @@ class EmbeddedBroker:
     def _queue_count(self, topic: str) -> int:
         return self.topics.queues.get(topic) or self.store.queues().get(topic, 0)
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` began: the broker takes no more requests."""
+        return self._closed.is_set()
+
     def _check_open(self) -> None:
         if self._closed.is_set():
             raise BrokerClosedError("the broker is closed")
@@ -174,6 +183,15 @@ class EmbeddedBroker:
         error and writes nothing), all their records go into one append and one fsync, and
         each call gets its result or exception, in order. The server groups concurrent
         SEND_MESSAGE, SEND_HALF_MESSAGE and END_TRANSACTION requests through this."""
+        observer = self.observer
+        if observer is None:
+            return self._produce(calls)
+        started = time.perf_counter()
+        outcomes = self._produce(calls)
+        observer.written(len(calls), time.perf_counter() - started)
+        return outcomes
+
+    def _produce(self, calls: Sequence[AnyWriteCall]) -> list[Any]:
         self._check_open()
         staged: list[Staged | Exception] = []
         for call in calls:
@@ -275,7 +293,11 @@ class EmbeddedBroker:
             raise InvalidMessageError(f"max_messages must be a whole number >= 1, not {max_messages!r}")
         invisible_ms = _duration_ms("invisible_duration_s", invisible_duration_s)
         _duration_ms("wait_s", wait_s, zero_allowed=True)
-        return self.consumers.receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes)
+        received = self.consumers.receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes)
+        observer = self.observer
+        if observer is not None and received:
+            observer.received(group, topic, received)
+        return received
 
     def ack(self, group: str, receipt_handle: str) -> None:
         self._check_open()
@@ -377,17 +399,13 @@ class EmbeddedBroker:
 
     def stats(self) -> BrokerStats:
         book = self.book
-        queues = self.store.queues()
         return BrokerStats(
             topics=tuple(self.list_topics()),
-            pending_half=len(book.in_state(TransactionState.PENDING)),
-            parked=len(book.in_state(TransactionState.PARKED)),
+            pending_half=len(book.by_id) - book.parked,
+            parked=book.parked,
             outstanding_checks=self.checks.outstanding(),
             consumer_lag=self.consumers.lag(),
-            dlq_depth={
-                topic[len("%DLQ%"):]: self.store.queue_max_offset(topic, 0)
-                for topic in queues if topic.startswith("%DLQ%")
-            },
+            dlq_depth=self.dlq_depth(),
             extra={
                 "committed": book.committed,
                 "rolled_back": book.rolled_back,
@@ -397,6 +415,13 @@ class EmbeddedBroker:
             },
             unanswered_check_groups=self.checks.unanswered.seconds(),
         )
+
+    def dlq_depth(self) -> dict[str, int]:
+        """Messages dead-lettered per consumer group (each DLQ's length)."""
+        return {
+            topic[len(DLQ_PREFIX):]: self.store.queue_max_offset(topic, 0)
+            for topic in self.store.queues() if topic.startswith(DLQ_PREFIX)
+        }
 
     # -- services -------------------------------------------------------------------------
     def _on_dispatch(self, record: StoredRecord) -> None:

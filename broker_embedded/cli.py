@@ -2,7 +2,7 @@
 
     serve   --data-dir DIR [--host 127.0.0.1] [--port 9876] [--flush sync|async]
             [--checker module:factory] [--access-key K --secret-key S] [--export-root DIR]
-            [--max-connections 1024] [--idle-timeout 300]
+            [--max-connections 1024] [--idle-timeout 300] [--http-port P [--http-host H]]
     topics  create NAME [--queues N] | list
     stats
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
@@ -37,7 +37,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api import FORCE_WARNINGS, BrokerAPI
 from .broker import EmbeddedBroker
@@ -45,10 +45,14 @@ from .cli_tools import load_attribute, quiet_on_broken_pipe
 from .config import BrokerConfig, ServerLimits
 from .errors import BrokerError, UnknownTopicError, UnknownTransactionError
 from .message import Message, Resolution
+from .readiness import Readiness
 from .server import BrokerServer, run_server
 from .store.config import StoreConfig
 from .store.repair import repair
 from .store.verify import check
+
+if TYPE_CHECKING:  # prometheus_client comes with the [server] extra, needed for --http-port only
+    from .http_port import HttpPort
 
 #: The exit statuses, as --help shows them.
 EXIT_STATUS = """exit status:
@@ -80,6 +84,21 @@ def tune_gc_for_server() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
+def _http_port(args: argparse.Namespace, readiness: Readiness) -> HttpPort:
+    """The HTTP port of ``serve --http-port``, started before the broker opens: /healthz
+    answers and /readyz says 503 while the store recovers."""
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from .http_port import HttpPort
+    except ImportError as exc:
+        raise ValueError(f"--http-port needs prometheus_client (pip install 'halfmoon[server]'): {exc}") from None
+    port = HttpPort(args.http_host or args.host, args.http_port, CollectorRegistry(), readiness.reason)
+    port.start()
+    print(f"halfmoon-broker: HTTP port on {port.url} (/metrics, /healthz, /readyz)", flush=True)
+    return port
+
+
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = BrokerConfig(
@@ -91,18 +110,40 @@ def serve(args: argparse.Namespace) -> int:
         limits=ServerLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
     )
     factory: Any = load_attribute(args.checker, "--checker") if args.checker else None
+    readiness = Readiness()
+    http = _http_port(args, readiness) if args.http_port is not None else None
+    try:
+        return _serve_broker(args, config, factory, http, readiness)
+    finally:
+        if http is not None:
+            http.stop()
+
+
+def _serve_broker(args: argparse.Namespace, config: BrokerConfig, factory: Any, http: HttpPort | None,
+                  readiness: Readiness) -> int:
+    """Open the broker, serve it until SIGTERM or SIGINT, close it."""
     broker = EmbeddedBroker(args.data_dir, config)
     if factory is not None:
         broker.set_checker(factory(broker))
     server = BrokerServer(broker, args.host, args.port, args.access_key, args.secret_key)
+    if http is not None:
+        from .console import make_console_app
+        from .metrics import register_broker_metrics
+
+        register_broker_metrics(http.registry, broker, lambda: server.connections)
+        http.mount("/", make_console_app(broker, access_key=args.access_key, secret_key=args.secret_key))
+    readiness.broker = broker
     tune_gc_for_server()
+
+    def listening(now: bool) -> None:
+        readiness.listening = now
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_server(server, stop)
+        await run_server(server, stop, listening)
 
     try:
         import uvloop
@@ -227,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-connections", type=int, default=ServerLimits.max_connections)
     s.add_argument("--idle-timeout", type=float, default=ServerLimits.idle_timeout_s,
                    help="close a connection with nothing in flight after this many seconds without a request")
+    s.add_argument("--http-port", type=int, help="also serve HTTP on this port (0: a free one): /metrics "
+                   "(Prometheus), /healthz, /readyz and the console at /; none unless given")
+    s.add_argument("--http-host", help="the HTTP port's address (default: --host)")
     s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker")
     s.add_argument("--access-key")
     s.add_argument("--secret-key")

@@ -461,11 +461,18 @@ class ConsumerGroups:
                 for key, lag, progress in self._queue_lags()
             ]
 
+    def summary(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Per (group, subscribed topic): messages not yet done (lag) and those received
+        and still within their invisible duration (in flight); the sums of ``queues()``."""
+        result: dict[tuple[str, str], tuple[int, int]] = {}
+        for queue in self.queues():
+            lag, held = result.get((queue.group, queue.topic), (0, 0))
+            result[queue.group, queue.topic] = (lag + queue.lag, held + queue.in_flight)
+        return result
+
     def lag(self) -> dict[str, dict[str, int]]:
         """Messages not yet done, per group and subscribed topic."""
         result: dict[str, dict[str, int]] = {}
-        with self.lock:
-            for (group, topic, _, _), lag, _ in self._queue_lags():
-                per_group = result.setdefault(group, {})
-                per_group[topic] = per_group.get(topic, 0) + lag
+        for (group, topic), (lag, _) in self.summary().items():
+            result.setdefault(group, {})[topic] = lag
         return result

@@ -756,8 +756,14 @@ def _text(body: Any, name: str, default: str | None = None) -> str:
     return value
 
 
-async def run_server(server: BrokerServer, stop: asyncio.Event) -> None:
-    """Start ``server`` and run it until ``stop`` is set."""
+async def run_server(server: BrokerServer, stop: asyncio.Event,
+                     listening: Callable[[bool], None] | None = None) -> None:
+    """Start ``server`` and run it until ``stop`` is set; ``listening`` is told True once
+    it accepts connections and False as it stops."""
     await server.start()
+    if listening is not None:
+        listening(True)
     await stop.wait()
+    if listening is not None:
+        listening(False)
     await server.stop()

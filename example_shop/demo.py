@@ -1,6 +1,7 @@
 """The shop demo: every piece as a real process, a few hundred orders, injected faults.
 
-Processes: the broker (``python -m broker_embedded serve`` with the Celery checker), a
+Processes: the broker (``python -m broker_embedded serve`` with the Celery checker and an
+HTTP port for its metrics, scraped at the end into ``broker-metrics.txt``), a
 ``celery worker`` answering check-backs from the account database, the account service
 (Django) and the member service (SQLAlchemy consumer). Orders go over HTTP while the
 scenarios below strike; then the demo waits until every transaction is resolved and
@@ -116,8 +117,8 @@ class ShopDemo:
         return urls[0], urls[1]
 
     def _start(self, supervisor: Supervisor, account_db: str, member_db: str) -> dict[str, str]:
-        broker_port, account_port, member_port = free_port(), free_port(), free_port()
-        broker_url = f"tcp://127.0.0.1:{broker_port}"
+        broker_port, http_port, account_port, member_port = free_port(), free_port(), free_port(), free_port()
+        broker_url, broker_http = f"tcp://127.0.0.1:{broker_port}", f"http://127.0.0.1:{http_port}"
         env = {
             "SHOP_WORK_DIR": str(self.work),
             "SHOP_ACCOUNT_DATABASE_URL": account_db,
@@ -133,10 +134,11 @@ class ShopDemo:
             env["SHOP_MEMBER_CRASH_AT"] = "7"
         supervisor.add("broker", python_module(
             "broker_embedded", "serve", "--data-dir", str(self.work / "broker"), "--port", str(broker_port),
-            "--transaction-timeout", "2", "--check-interval", "2", "--export-root", str(self.work / "broker-export"),
+            "--http-port", str(http_port), "--transaction-timeout", "2", "--check-interval", "2", "--export-root", str(self.work / "broker-export"),
             "--checker", "outbox.integrations.celery.checker:make_checker",
         ), env, ready=lambda: port_answers(broker_port)).start()
         _say(f"  broker        {broker_url} (data in {self.work / 'broker'})")
+        _say(f"  broker HTTP   {broker_http}/metrics (Prometheus), {broker_http}/ (console)")
         supervisor.add("celery-worker", python_module(
             "celery", "-A", "outbox.integrations.celery.app", "worker", "-Q", f"outbox.check.{PRODUCER_GROUP}",
             "--pool", "threads", "-c", "4", "--loglevel", "INFO",
@@ -152,7 +154,7 @@ class ShopDemo:
         supervisor.add("member", python_module("example_shop.member", "--port", str(member_port)),
                        env, ready=lambda: port_answers(member_port)).start()
         _say(f"  member        http://127.0.0.1:{member_port}/points (SQLAlchemy consumer)")
-        return {"broker": broker_url, "account": f"http://127.0.0.1:{account_port}",
+        return {"broker": broker_url, "broker_http": broker_http, "account": f"http://127.0.0.1:{account_port}",
                 "member": f"http://127.0.0.1:{member_port}"}
 
     # -- orders ---------------------------------------------------------------------------
@@ -266,11 +268,18 @@ class ShopDemo:
                     report = read_ledger(account_db, member_db, options.customers * options.balance)
                     export_dir = self.work / "broker-export"
                     client.export(str(export_dir))
+                metrics = self._scrape_broker(urls["broker_http"])
             finally:
                 self._stopping.set()
-        self._print(report, export_dir)
+        self._print(report, export_dir, metrics)
         reconciled = self._reconcile(account_db, member_db, export_dir) if options.reconcile else True
         return 0 if report.ok and reconciled else 1
+
+    def _scrape_broker(self, broker_http: str) -> Path:
+        """The broker's /metrics as the shop left them, saved for the summary."""
+        path = self.work / "broker-metrics.txt"
+        path.write_text(httpx.get(f"{broker_http}/metrics", timeout=10).raise_for_status().text)
+        return path
 
     def _reconcile(self, account_db: str, member_db: str, export_dir: Path) -> bool:
         """Run the Spark reconciliation over both databases and the broker export."""
@@ -290,7 +299,7 @@ class ShopDemo:
         _say(f"  reconciliation: {verdict}; report {out / 'report.html'}")
         return result.returncode == 0
 
-    def _print(self, report: LedgerReport, export_dir: Path) -> None:
+    def _print(self, report: LedgerReport, export_dir: Path, metrics: Path) -> None:
         _say("")
         _say("  requests".ljust(36) + "count")
         for outcome, count in sorted(self.tally.outcomes.items()):
@@ -302,9 +311,38 @@ class ShopDemo:
         for name, value in report.rows():
             _say(f"  {name:<34}{value}")
         _say("")
+        _say("  broker /metrics at the end".ljust(36) + "value")
+        for name, value in broker_figures(metrics):
+            _say(f"  {name:<34}{value:g}")
+        _say("")
+        _say(f"  broker metrics: {metrics}")
         _say(f"  broker export: {export_dir}")
         _say(f"  logs: {self.work / 'logs'}")
         _say("  RESULT: " + ("OK: nothing lost, nothing phantom, nothing twice" if report.ok else "FAILED"))
+
+
+#: What the summary shows of the broker's metrics: its row name, the metric, its labels.
+BROKER_FIGURES = (
+    ("transactions committed", "halfmoon_broker_transactions_ended_total", {"outcome": "commit"}),
+    ("transactions rolled back", "halfmoon_broker_transactions_ended_total", {"outcome": "rollback"}),
+    ("transactions pending", "halfmoon_broker_transactions_pending", {}),
+    ("transactions parked", "halfmoon_broker_transactions_parked", {}),
+    ("check-backs answered COMMIT", "halfmoon_broker_check_outcomes_total", {"outcome": "commit"}),
+    ("check-backs answered ROLLBACK", "halfmoon_broker_check_outcomes_total", {"outcome": "rollback"}),
+    ("order.paid messages stored", "halfmoon_broker_topic_messages", {"topic": "order.paid"}),
+    ("member-service lag", "halfmoon_broker_consumer_lag_messages", {"group": MEMBER_GROUP, "topic": "order.paid"}),
+    ("member-service dead letters", "halfmoon_broker_dlq_messages", {"group": MEMBER_GROUP}),
+)
+
+
+def broker_figures(metrics: Path) -> list[tuple[str, float]]:
+    """The ``BROKER_FIGURES`` rows of a saved /metrics scrape (0 for a sample it lacks:
+    a counter not counted since the broker's last start, a group without dead letters)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics.read_text()) for s in family.samples}
+    return [(row, samples.get((name, tuple(sorted(labels.items()))), 0.0)) for row, name, labels in BROKER_FIGURES]
 
 
 def run_demo(options: DemoOptions) -> int:

@@ -18,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 import venv
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +122,10 @@ def test_core_runs_the_broker_server_and_its_cli(install: Callable[[str], Venv])
     assert env.python("import importlib.resources as r; print(r.files('broker_embedded')"
                       ".joinpath('py.typed').is_file())").strip() == "True"
     _broker_round_trip(env)
+    needs = subprocess.run([env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "b2"), "--port", "0",
+                            "--http-port", "0"], cwd=env.work, env=env.env(), capture_output=True, text=True,
+                           timeout=120)
+    assert needs.returncode == 2 and "--http-port needs prometheus_client" in needs.stderr
 
 
 def test_core_imports_outbox_without_an_orm(install: Callable[[str], Venv]) -> None:
@@ -133,25 +138,33 @@ def test_core_imports_outbox_without_an_orm(install: Callable[[str], Venv]) -> N
         "outbox migrate: needs SQLAlchemy and Alembic: pip install 'halfmoon[sqlalchemy]'"]
 
 
-def test_server_extra_serves_on_uvloop(install: Callable[[str], Venv]) -> None:
+def test_server_extra_serves_on_uvloop_with_metrics(install: Callable[[str], Venv]) -> None:
     env = install("server")
-    assert env.importable("uvloop")
-    _broker_round_trip(env)
+    assert env.importable("uvloop") and env.importable("prometheus_client")
+    http_port = free_port()
+    _broker_round_trip(env, "--http-port", str(http_port))
+    # the round trip's message, as the HTTP port counted it (scraped before the server stopped)
+    assert 'halfmoon_broker_messages_in_total{topic="order.paid"} 1.0' in (env.work / "metrics.txt").read_text()
 
 
-def _broker_round_trip(env: Venv) -> None:
-    """``halfmoon-broker serve``, then ``send`` and ``receive`` one message through it."""
+def _broker_round_trip(env: Venv, *serve_options: str) -> None:
+    """``halfmoon-broker serve``, then ``send`` and ``receive`` one message through it; with
+    ``--http-port P`` among ``serve_options``, its /metrics saved in ``metrics.txt``."""
     assert "serve" in env.run(env.bin("halfmoon-broker"), "--help").stdout
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     server = env.start("broker", env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "broker"),
-                       "--port", str(port))
+                       "--port", str(port), *serve_options)
     try:
         env.wait_for_log("broker", server, f"listening on 127.0.0.1:{port}")
         env.run(env.bin("halfmoon-broker"), "send", "order.paid", "from-the-wheel", "--url", url)
         received = env.run(env.bin("halfmoon-broker"), "receive", "points", "order.paid", "--max", "1",
                            "--wait", "10", "--url", url)
         assert "from-the-wheel" in received.stdout
+        if "--http-port" in serve_options:
+            http_port = serve_options[serve_options.index("--http-port") + 1]
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as response:
+                (env.work / "metrics.txt").write_bytes(response.read())
     finally:
         _stop(server)
 

@@ -151,6 +151,8 @@ class MessageStore:
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._listeners: list[DispatchListener] = []
         self._retention_guard: Callable[[], int | None] | None = None
+        #: Told how many seconds each fsync of the commit log took (metrics); None: nobody.
+        self.on_fsync: Callable[[float], None] | None = None
         self._closed = False
         self._last_store_ms = 0
         started = time.monotonic()
@@ -419,8 +421,12 @@ class MessageStore:
                     target = self.commitlog.write_offset
                     dirty = self.commitlog.take_dirty()
                     pending = self._take_pending()
+                on_fsync = self.on_fsync
+                started = time.perf_counter() if on_fsync is not None else 0.0
                 for segment in dirty:
                     os.fsync(segment.fd)
+                if on_fsync is not None and dirty:
+                    on_fsync(time.perf_counter() - started)
                 self._dispatch_all(pending)
         except OSError as exc:
             log.exception("fsync of the commit log failed; the store refuses further writes")

@@ -161,6 +161,8 @@ class TransactionBook:
         #: Resolutions applied since the data directory was created.
         self.committed = 0
         self.rolled_back = 0
+        #: How many of ``by_id`` are parked (kept at each change: read without a scan).
+        self.parked = 0
         self._due: list[tuple[int, int, str]] = []
         self._sequence = itertools.count()
 
@@ -197,6 +199,8 @@ class TransactionBook:
                 return
             if op.op in FINAL_STATES:
                 del self.by_id[op.tx]
+                if tx.state is TransactionState.PARKED:
+                    self.parked -= 1
                 tx.state = FINAL_STATES[op.op]
                 if tx.state is TransactionState.COMMITTED:
                     self.committed += 1
@@ -207,8 +211,10 @@ class TransactionBook:
                 tx.check_times = max(tx.check_times, op.n)
             elif op.op == OP_PARK and tx.state is TransactionState.PENDING:
                 tx.state = TransactionState.PARKED
+                self.parked += 1
             elif op.op == OP_RECHECK and tx.state is TransactionState.PARKED:
                 tx.state = TransactionState.PENDING
+                self.parked -= 1
                 tx.check_times = 0
                 self._schedule(tx, op.ts)
 
@@ -274,6 +280,16 @@ class TransactionBook:
             return [tx_id for tx_id, tx in self.by_id.items()
                     if producer_group is None or tx.producer_group == producer_group]
 
+    def oldest_pending_store_ms(self) -> int | None:
+        """Store time of the first half message of the oldest pending transaction, or None.
+        ``by_id`` keeps the order transactions arrived in, so this passes over the parked
+        ones only, never over every open transaction."""
+        with self.lock:
+            for tx in self.by_id.values():
+                if tx.state is TransactionState.PENDING and tx.halves:
+                    return tx.halves[0].store_ms
+        return None
+
     def oldest_offset(self) -> int | None:
         """The lowest commit log offset an open transaction still needs (retention keeps it)."""
         with self.lock:
@@ -314,9 +330,11 @@ class TransactionBook:
                 self.by_id[tx.transaction_id] = tx
                 if tx.state is TransactionState.PENDING:
                     self._schedule(tx, self.first_check_ms(tx))
+                else:
+                    self.parked += 1
 
     def clear(self) -> None:
         with self.lock:
             self.by_id.clear()
             self._due.clear()
-            self.half_applied = self.op_applied = self.committed = self.rolled_back = 0
+            self.half_applied = self.op_applied = self.committed = self.rolled_back = self.parked = 0

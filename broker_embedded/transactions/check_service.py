@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -112,12 +113,21 @@ class CheckService:
         self.check_interval_ms = int(check_interval_s * 1000)
         self.check_max = check_max
         self.max_outstanding = max_outstanding
+        #: Checks handed to a checker, and those no checker took (no route), since the
+        #: broker started; ``answer_counts()`` gives the answers per resolution.
         self.checks_sent = 0
+        self.checks_unrouted = 0
+        self._answers: Counter[Resolution] = Counter()
         self.unanswered = UnansweredGroups(threshold_s=2 * check_interval_s, report_every_s=60.0)
         self._outstanding: dict[str, float] = {}  # transaction id -> monotonic deadline
         #: (transaction id, producer group) -> the operators' checks waiting for an answer
         self._asked: dict[tuple[str, str], list[Future[Resolution]]] = {}
         self._asked_lock = threading.Lock()
+
+    def answer_counts(self) -> dict[Resolution, int]:
+        """Check answers per resolution since the broker started."""
+        with self._asked_lock:
+            return dict(self._answers)
 
     def outstanding(self) -> int:
         """Checks sent and not yet answered within their interval."""
@@ -133,6 +143,7 @@ class CheckService:
         self._outstanding.pop(transaction_id, None)
         self.unanswered.answered(producer_group)
         with self._asked_lock:
+            self._answers[resolution] += 1
             waiting = self._asked.pop((transaction_id, producer_group), [])
         for answer in waiting:
             answer.set_result(resolution)
@@ -194,6 +205,7 @@ class CheckService:
         self.book.reschedule(tx, now_ms() + self.check_interval_ms)
         if not routed:  # no route: this round does not count; try again next interval
             self._outstanding.pop(tx.transaction_id, None)
+            self.checks_unrouted += 1
             log.info("no checker route for transaction %s (group %s)", tx.transaction_id, tx.producer_group)
             return
         self.write_check(tx, request.check_times)

@@ -7,19 +7,18 @@ at ``/`` the same way, so swapping it in changes only this fixture.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from broker_embedded import BrokerConfig, CheckRequest, EmbeddedBroker, Message
 from broker_embedded.console import make_console_app
+from broker_embedded.http_port import HttpPort
 from broker_embedded.store.config import StoreConfig
 
 ACCESS_KEY = "console-access"
@@ -104,27 +103,16 @@ def fill_broker(broker: EmbeddedBroker) -> Shop:
     return shop
 
 
-class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @contextmanager
 def serve(app: Any) -> Iterator[str]:
-    """Serve ``app`` on 127.0.0.1 (an ephemeral port) from its own threads; the base URL."""
-    server = make_server("127.0.0.1", 0, app, server_class=ThreadingWSGIServer, handler_class=QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="console-http", daemon=True)
-    thread.start()
+    """Serve ``app`` at ``/`` of the broker's own HTTP port (``serve --http-port`` mounts
+    the console the same way) on 127.0.0.1, an ephemeral port; the base URL."""
+    port = HttpPort("127.0.0.1", 0, CollectorRegistry(), lambda: None, {"/": app})
+    port.start()
     try:
-        yield f"http://127.0.0.1:{server.server_port}"
+        yield port.url
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+        port.stop()
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,6 @@ def test_search_by_key_and_a_half_message_by_id(client: httpx.Client, broker: Em
 
 @pytest.mark.parametrize(("path", "status"), [
     ("/no-such-page", 404),
-    ("/metrics", 404),
     ("/search?id=" + "x" * 3000, 414),
     ("/search?id=has%20space", 400),
     ("/search?id=no-such-message", 404),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import create_engine, text
 
+from example_shop.demo import broker_figures
 from outbox.reconcile import ReconcileInputs, ReconcileOptions, reconcile
 from tests.conftest import POSTGRES_ADMIN_URL
 
@@ -40,11 +42,32 @@ def assert_books(out: str) -> None:
     assert int(_row(out, "orders paid")) == int(_row(out, "messages consumed"))
 
 
+def assert_broker_metrics(out: str, work: Path) -> None:
+    """The demo printed where the broker's metrics are, and the scrape it saved at the end
+    holds what the shop did: one committed transaction per paid order, check-backs that
+    rolled back (a crash before the DB commit), nothing pending, parked or left to consume."""
+    assert re.search(r"broker HTTP +http://127\.0\.0\.1:\d+/metrics \(Prometheus\), "
+                     r"http://127\.0\.0\.1:\d+/ \(console\)", out)
+    figures = dict(broker_figures(work / "broker-metrics.txt"))
+    paid = int(_row(out, "orders paid"))
+    duplicates = int(_row(out, "fault: duplicate deliveries"))
+    assert figures["transactions committed"] == paid
+    assert figures["transactions rolled back"] >= 1
+    # counted since the broker's restart mid-run: the crash-before-commit of order 54 is after it
+    assert figures["check-backs answered ROLLBACK"] >= 1
+    assert figures["order.paid messages stored"] == paid + duplicates
+    for settled in ("transactions pending", "transactions parked", "member-service lag",
+                    "member-service dead letters"):
+        assert figures[settled] == 0, settled
+    assert _row(out, "transactions committed") == str(paid)  # the summary prints the same scrape
+
+
 @pytest.mark.slow
 @pytest.mark.spark
 def test_demo_on_sqlite_and_the_filesystem_transport(tmp_path: Path, spark) -> None:
     out = run_demo(tmp_path / "shop")
     assert_books(out)
+    assert_broker_metrics(out, tmp_path / "shop")
     assert "fault: crash-after-commit" in out and "fault: broker restarts" in out
     assert "reconciliation: clean" in out
     assert_tampered_copy_is_caught(spark, tmp_path / "shop", tmp_path / "tampered")
@@ -84,6 +107,7 @@ def assert_tampered_copy_is_caught(spark, shop: Path, copy: Path) -> None:
 def test_demo_on_postgresql_and_redis(tmp_path: Path, postgres_url: str, redis_url: str) -> None:
     out = run_demo(tmp_path / "shop", "--database-url", postgres_url, "--redis-url", redis_url, "--no-report")
     assert_books(out)
+    assert_broker_metrics(out, tmp_path / "shop")
     base = postgres_url.rsplit("/", 1)[1]
     admin = create_engine(POSTGRES_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://"),
                           isolation_level="AUTOCOMMIT")
