@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
@@ -22,19 +25,14 @@ from outbox import (
     arun_consumer,
     idempotent_consumer,
     instrumentation,
-    message_json,
 )
-from outbox.aio_consumer import AsyncHandler
 from outbox.integrations.sqlalchemy.tables import consumed_message, metadata
 
 from ..server.conftest import ServerProcess, ThreadServer
+from .async_points import GROUP, TOPIC, awarded, awarding, ledger, points
 from .conftest import make_engine
 
-ledger = MetaData()
-points = Table("async_points", ledger, Column("order_id", String(32)), Column("points", Integer))
-
-TOPIC = "order.paid"
-GROUP = "points"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -89,28 +87,6 @@ async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float = 30.
             await asyncio.sleep(0.05)
 
 
-def awarding(sessions: async_sessionmaker[AsyncSession], calls: list[str] | None = None,
-             fail_first: frozenset[str] = frozenset()) -> AsyncHandler:
-    """The idempotent handler that awards an order's points; it raises after its write on
-    the first delivery of the orders in ``fail_first``."""
-
-    @idempotent_consumer(GROUP, sessions)
-    async def award(session: AsyncSession, received: ReceivedMessage) -> None:
-        body = message_json(received.message)
-        if calls is not None:
-            calls.append(body["order"])
-        await session.execute(points.insert().values(order_id=body["order"], points=body["amount"]))
-        if body["order"] in fail_first and received.delivery_attempt == 1:
-            raise RuntimeError("first try fails")
-
-    return award
-
-
-async def awarded(sessions: async_sessionmaker[AsyncSession]) -> list[tuple[str, int]]:
-    async with sessions() as session:
-        return sorted(tuple(row) for row in (await session.execute(select(points.c.order_id, points.c.points))).all())
-
-
 async def send_orders(client: AsyncBrokerClient, *orders: str) -> None:
     for order in orders:
         await client.send(Message(TOPIC, f'{{"order": "{order}", "amount": 10}}'.encode(), message_id=order))
@@ -149,6 +125,45 @@ def test_each_message_is_handled_once_under_redelivery(async_url: str, server: T
         await engine.dispose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_consumer_killed_before_its_ack_has_no_second_effect(async_url: str, server: ThreadServer) -> None:
+    orders = [f"o{n}" for n in range(12)]
+
+    async def send() -> None:
+        async with AsyncBrokerClient(server.url) as client:
+            await send_orders(client, *orders)
+
+    asyncio.run(send())
+    # The child handles (and commits) its fifth message, then is SIGKILLed before that ack.
+    child = subprocess.run([sys.executable, "-m", "tests.outbox.async_points", server.url, async_url, "5"],
+                           cwd=ROOT, timeout=120)
+    assert child.returncode == -signal.SIGKILL
+
+    async def finish() -> None:
+        engine = create_async_engine(async_url)
+        sessions = async_sessionmaker(engine)
+        assert len(await awarded(sessions)) >= 5
+        stop = asyncio.Event()
+        with recorded_events() as events:
+            async with AsyncBrokerClient(server.url) as client:
+                consumer = asyncio.create_task(arun_consumer(client, GROUP, TOPIC, awarding(sessions), stop,
+                                                             invisible_duration_s=1, wait_s=0.2))
+
+                async def all_done() -> bool:
+                    return "duplicate_skipped" in events and len(await awarded(sessions)) == len(orders)
+
+                await until(all_done)
+                stop.set()
+                await consumer
+        assert await awarded(sessions) == sorted((order, 10) for order in orders)
+        async with sessions() as session:
+            consumed = (await session.execute(select(consumed_message.c.message_id))).scalars().all()
+        assert sorted(consumed) == sorted(orders)
+        await engine.dispose()
+
+    asyncio.run(finish())
 
 
 def test_a_poison_message_is_dead_lettered(async_url: str, server: ThreadServer) -> None:
