@@ -3,7 +3,8 @@
 A handler that raises leaves its message un-acked, so the broker retries it with a
 growing back-off and dead-letters it after ``max_delivery_attempts``. Make handlers
 idempotent with ``idempotent_consumer`` (``outbox.integrations.sqlalchemy.consumer`` or
-``outbox.integrations.django.consumer``; the rule is in ``outbox.idempotency``).
+``outbox.integrations.django.consumer``; the rule is in ``outbox.idempotency``). The
+asyncio loop, ``arun_consumer``, is in ``outbox.aio_consumer`` and shares ``ConsumerRun``.
 """
 
 from __future__ import annotations
