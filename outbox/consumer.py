@@ -64,7 +64,7 @@ class ConsumerRun:
         self.handled += 1
 
     def ack_failed(self, received: ReceivedMessage, error: Exception) -> None:
-        # Handled but not acked: it comes back and the duplicate check skips it.
+        """Handled but not acked: it comes back and the duplicate check skips it."""
         log.warning("ack of %s failed (%s)", received.message.message_id, error)
 
     def stopped(self) -> int:
