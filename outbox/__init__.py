@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker_embedded import Message, Resolution
 
+from .aio_consumer import arun_consumer
 from .consumer import run_consumer
 from .context import current_transaction_id
 from .errors import (
@@ -81,6 +82,7 @@ __all__ = [
     "SchemaMissingError",
     "TransactionFencedError",
     "TransactionListener",
+    "arun_consumer",
     "current_transaction_id",
     "json_message",
     "message_json",

@@ -3,7 +3,8 @@
 A handler that raises leaves its message un-acked, so the broker retries it with a
 growing back-off and dead-letters it after ``max_delivery_attempts``. Make handlers
 idempotent with ``idempotent_consumer`` (``outbox.integrations.sqlalchemy.consumer`` or
-``outbox.integrations.django.consumer``; the rule is in ``outbox.idempotency``).
+``outbox.integrations.django.consumer``; the rule is in ``outbox.idempotency``). The
+asyncio loop, ``arun_consumer``, is in ``outbox.aio_consumer`` and shares ``ConsumerRun``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,47 @@ SKIPPED = "skipped"
 FAILED = "failed"
 
 
+#: Ack failures after the handler committed: the message comes back and its duplicate
+#: check skips it, so they are logged, not raised.
+ACK_ERRORS = (BrokerUnavailableError, UnknownReceiptError)
+
+
+class ConsumerRun:
+    """The bookkeeping of one consumer loop, without I/O: shared by ``run_consumer`` and
+    ``outbox.aio_consumer.arun_consumer`` so both log, back off and announce alike."""
+
+    def __init__(self, group: str, topic: str) -> None:
+        self.group = group
+        self.topic = topic
+        self.handled = 0
+        self.outage = BrokerOutage(log, f"consumer {group} on {topic}")
+        log.info("consumer %s on %s started", group, topic)
+
+    def delivering(self, received: ReceivedMessage) -> instrumentation.Operation:
+        """The ``DELIVERY`` operation of handing ``received`` to the handler."""
+        return instrumentation.operation(instrumentation.DELIVERY, consumer_group=self.group, received=received)
+
+    def failed(self, received: ReceivedMessage, delivery: instrumentation.Operation) -> None:
+        """The handler raised (call it in the ``except``): the broker redelivers the message."""
+        log.exception("handler failed for message %s (attempt %d); it will be retried",
+                      received.message.message_id, received.delivery_attempt)
+        delivery.outcome = FAILED
+
+    def succeeded(self, delivery: instrumentation.Operation, result: object) -> None:
+        """The handler returned ``result`` (False: skipped as a duplicate); ack it next."""
+        delivery.outcome = SKIPPED if result is False else HANDLED
+        self.handled += 1
+
+    def ack_failed(self, received: ReceivedMessage, error: Exception) -> None:
+        """Handled but not acked: it comes back and the duplicate check skips it."""
+        log.warning("ack of %s failed (%s)", received.message.message_id, error)
+
+    def stopped(self) -> int:
+        """Log the end of the loop; how many messages it handled."""
+        log.info("consumer %s on %s stopped after %d messages", self.group, self.topic, self.handled)
+        return self.handled
+
+
 def run_consumer(
     broker: BrokerAPI,
     group: str,
@@ -45,36 +87,28 @@ def run_consumer(
 
     While the broker is unreachable it backs off (0.5 s doubling to 30 s, jittered) and logs
     once when the broker goes down and once when it is back (see ``outbox.outage``)."""
-    handled = 0
-    outage = BrokerOutage(log, f"consumer {group} on {topic}")
-    log.info("consumer %s on %s started", group, topic)
+    run = ConsumerRun(group, topic)
     while not stop.is_set():
         try:
             batch = broker.receive(group, topic, max_messages=batch_size,
                                    invisible_duration_s=invisible_duration_s, wait_s=wait_s)
         except BrokerUnavailableError as exc:
-            stop.wait(outage.failed(exc))
+            stop.wait(run.outage.failed(exc))
             continue
-        outage.recovered()
+        run.outage.recovered()
         for received in batch:
-            with instrumentation.operation(instrumentation.DELIVERY, consumer_group=group,
-                                           received=received) as delivery:
+            with run.delivering(received) as delivery:
                 try:
                     result = handler(received)
                 except Exception:
-                    log.exception("handler failed for message %s (attempt %d); it will be retried",
-                                  received.message.message_id, received.delivery_attempt)
-                    delivery.outcome = FAILED
+                    run.failed(received, delivery)
                     continue
-                delivery.outcome = SKIPPED if result is False else HANDLED
+                run.succeeded(delivery, result)
                 try:
                     broker.ack(group, received.receipt_handle)
-                except (BrokerUnavailableError, UnknownReceiptError) as exc:
-                    # Handled but not acked: it comes back and the duplicate check skips it.
-                    log.warning("ack of %s failed (%s)", received.message.message_id, exc)
-                handled += 1
-    log.info("consumer %s on %s stopped after %d messages", group, topic, handled)
-    return handled
+                except ACK_ERRORS as exc:
+                    run.ack_failed(received, exc)
+    return run.stopped()
 
 
 def stop_on_signals(stop: threading.Event) -> None:

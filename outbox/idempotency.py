@@ -4,15 +4,15 @@ A handler's effects and the ``(consumer_group, message_id)`` row of
 ``outbox_consumed_message`` commit in one database transaction. The row goes first: a
 redelivered message finds it (a unique-key violation), its transaction rolls back, and
 the handler does not run again; the wrapper answers False (skipped, ack it). Each
-integration supplies the transaction and the insert (``record_or_skip``); the statement
-is ``OutboxSQL.record_consumed``.
+integration supplies the transaction and the insert (``record_or_skip``, or
+``arecord_or_skip`` for asyncio handlers); the statement is ``OutboxSQL.record_consumed``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -51,6 +51,18 @@ class ConsumedRow:
                 sql.timestamp(datetime.now(UTC)))
 
 
+def handling(group: str, received: ReceivedMessage) -> instrumentation.Operation:
+    """The ``HANDLER`` operation: the handler's run inside the recording transaction."""
+    return instrumentation.operation(instrumentation.HANDLER, consumer_group=group, received=received)
+
+
+def skipped(group: str, received: ReceivedMessage) -> bool:
+    """A duplicate was found (its transaction rolled back): say so; False, the wrapper's answer."""
+    log.info("message %s already consumed by %s; skipped", received.message.message_id, group)
+    instrumentation.announce(instrumentation.DUPLICATE_SKIPPED, consumer_group=group, received=received)
+    return False
+
+
 def record_or_skip(
     group: str,
     received: ReceivedMessage,
@@ -63,10 +75,27 @@ def record_or_skip(
     try:
         with transaction():
             record(ConsumedRow.of(group, received))
-            with instrumentation.operation(instrumentation.HANDLER, consumer_group=group, received=received):
+            with handling(group, received):
                 handle()
     except AlreadyConsumed:
-        log.info("message %s already consumed by %s; skipped", received.message.message_id, group)
-        instrumentation.announce(instrumentation.DUPLICATE_SKIPPED, consumer_group=group, received=received)
-        return False
+        return skipped(group, received)
+    return True
+
+
+async def arecord_or_skip(
+    group: str,
+    received: ReceivedMessage,
+    transaction: Callable[[], AbstractAsyncContextManager[Any]],
+    record: Callable[[ConsumedRow], Awaitable[None]],
+    handle: Callable[[], Awaitable[Any]],
+) -> bool:
+    """``record_or_skip`` for asyncio: the same rule with an async transaction, insert and
+    handler."""
+    try:
+        async with transaction():
+            await record(ConsumedRow.of(group, received))
+            with handling(group, received):
+                await handle()
+    except AlreadyConsumed:
+        return skipped(group, received)
     return True

@@ -20,6 +20,9 @@ TIMEOUT_SQLSTATES = frozenset({"55P03", "57014"})
 #: SQLSTATE of PostgreSQL's "relation does not exist".
 UNDEFINED_TABLE_SQLSTATE = "42P01"
 
+#: The placeholder of drivers that number their parameters (``$1``; asyncpg).
+NUMBERED = "$"
+
 #: Runs one statement with its parameters and returns the rows it produced (maybe none).
 Execute = Callable[[str, Sequence[Any]], Sequence[Sequence[Any]]]
 
@@ -27,12 +30,14 @@ Execute = Callable[[str, Sequence[Any]], Sequence[Sequence[Any]]]
 @dataclass(frozen=True)
 class OutboxSQL:
     """The statements of one dialect, with the driver's placeholder (``%s``: psycopg and
-    Django's cursors; ``?``: sqlite3)."""
+    Django's cursors; ``?``: sqlite3 and aiosqlite; ``$``: numbered ``$1, $2, ...``, asyncpg)."""
 
     dialect: str
     placeholder: str = "%s"
 
     def _values(self, count: int) -> str:
+        if self.placeholder == NUMBERED:
+            return ", ".join(f"${n}" for n in range(1, count + 1))
         return ", ".join([self.placeholder] * count)
 
     @property
@@ -49,7 +54,7 @@ class OutboxSQL:
     @property
     def read_state(self) -> str:
         """The row's state; parameter: the transaction id."""
-        return f"SELECT state FROM {TRANSACTION_LOG} WHERE transaction_id = {self.placeholder}"
+        return f"SELECT state FROM {TRANSACTION_LOG} WHERE transaction_id = {self._values(1)}"
 
     @property
     def record_consumed(self) -> str:

@@ -1,4 +1,4 @@
-"""``@transactional_message`` for Django, and ``send`` for more messages in one transaction.
+"""``@transactional_message`` for Django, and ``send`` (``asend``) for more messages in one transaction.
 
     @transactional_message(topic="order.paid", body=lambda order: {"id": order.pk})
     def pay(order): ...
@@ -10,15 +10,26 @@ checked before anything is sent), the half message is sent, then
 an outer ``atomic`` it waits for the outermost commit). An exception rolls back, sends
 ROLLBACK and is re-raised. Django has no hook for an outer rollback: such a transaction
 is resolved by check-back, where the fence finds no row and answers ROLLBACK.
+
+On an ``async def`` function (an async view or service) the wrapper is async too. Django's
+ORM and transactions are sync, so the transactional part (building and sending the half
+message, ``atomic``, the transaction_log insert, COMMIT or ROLLBACK) runs in a thread
+through ``sync_to_async(thread_sensitive=True)``; the function itself runs on the event
+loop (``async_to_sync`` from that thread), and its ORM calls (``await ...acreate()``,
+``sync_to_async``) go back to that same thread, so they are inside the transaction. Use
+``await asend(message)`` there for more messages. Cancelling the call cancels the
+function and rolls the transaction back (ROLLBACK).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connections, transaction
 
@@ -46,6 +57,13 @@ def send(message: Message) -> str:
     current.producer.send_half(message, current.transaction_id)
     current.message_ids.append(message.message_id)
     return current.transaction_id
+
+
+async def asend(message: Message) -> str:
+    """``send`` for an ``async def`` ``@transactional_message`` function: the half message
+    goes out from the thread that runs its transaction (``sync_to_async``,
+    ``thread_sensitive=True``), so the event loop never blocks on the broker."""
+    return await sync_to_async(send, thread_sensitive=True)(message)
 
 
 def record_committed(using: str, transaction_id: str, producer_group: str) -> None:
@@ -87,8 +105,7 @@ def transactional_message(
     def decorate(function: Callable[..., R]) -> Callable[..., R]:
         bound = template.for_function(function)
 
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> R:
+        def transactional_call(args: tuple[Any, ...], kwargs: dict[str, Any], body: Callable[[], Any]) -> Any:
             message = bound.message(*args, **kwargs)
             sender = producer or default_producer()
             local = LocalTransaction(new_transaction_id(), sender, [message.message_id])
@@ -99,7 +116,7 @@ def transactional_message(
             try:
                 with running(local), transaction.atomic(using=using):
                     record_committed(using, local.transaction_id, sender.producer_group)
-                    result = function(*args, **kwargs)
+                    result = body()
                     transaction.on_commit(
                         lambda: sender.end_transaction(local.transaction_id, Resolution.COMMIT), using=using
                     )
@@ -109,6 +126,20 @@ def transactional_message(
                 raise
             operation.end(outcome=Resolution.COMMIT.value)
             return result
+
+        if inspect.iscoroutinefunction(function):
+            @functools.wraps(function)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                # The transactional part in a thread (Django's ORM is sync); the body back on
+                # the event loop, its ORM calls routed to that thread, inside the transaction.
+                body = functools.partial(async_to_sync(function), *args, **kwargs)
+                return await sync_to_async(transactional_call, thread_sensitive=True)(args, kwargs, body)
+
+            return cast(Callable[..., R], async_wrapper)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> R:
+            return cast(R, transactional_call(args, kwargs, lambda: function(*args, **kwargs)))
 
         return wrapper
 

@@ -5,13 +5,17 @@ broker (the rule: ``outbox.idempotency``).
 that the ``(consumer_group, message_id)`` row in ``outbox_consumed_message`` is written
 in the same database transaction as the handler's own writes. A redelivered message
 finds the row and is skipped (the wrapper returns False; ack it): no second effect.
+
+An ``async def handler(session, received)`` with an ``async_sessionmaker`` gets an async
+wrapper (for ``outbox.arun_consumer``; see ``aio_consumer``) under the same rule.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, overload
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -19,31 +23,69 @@ from sqlalchemy.orm import Session
 from broker_embedded import ReceivedMessage
 
 from ...consumer import Handler
+from ...errors import ConfigurationError
 from ...idempotency import GROUP_ATTRIBUTE, AlreadyConsumed, ConsumedRow, record_or_skip
 from .fence import run, sql_for
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 
+    from ...aio_consumer import AsyncHandler
+
+
+def record_consumed(session: Session, row: ConsumedRow) -> None:
+    """Insert ``row`` in the session's transaction; ``AlreadyConsumed`` for a duplicate."""
+    connection = session.connection()
+    sql = sql_for(connection)
+    try:
+        run(connection, sql.record_consumed, row.params(sql))
+    except IntegrityError:
+        raise AlreadyConsumed from None
+
+
+@overload
+def idempotent_consumer(
+    group: str, session_factory: Callable[[], AsyncSession]
+) -> Callable[[Callable[[AsyncSession, ReceivedMessage], Awaitable[Any]]], AsyncHandler]: ...
+
+
+@overload
 def idempotent_consumer(
     group: str, session_factory: Callable[[], Session]
-) -> Callable[[Callable[[Session, ReceivedMessage], Any]], Handler]:
-    """Wrap ``handler(session, received)``; the wrapper returns False for a duplicate."""
+) -> Callable[[Callable[[Session, ReceivedMessage], Any]], Handler]: ...
 
-    def decorate(handler: Callable[[Session, ReceivedMessage], Any]) -> Handler:
-        @functools.wraps(handler)
-        def wrapper(received: ReceivedMessage) -> bool:
-            with session_factory() as session:
-                def record(row: ConsumedRow) -> None:
-                    connection = session.connection()
-                    sql = sql_for(connection)
-                    try:
-                        run(connection, sql.record_consumed, row.params(sql))
-                    except IntegrityError:
-                        raise AlreadyConsumed from None
 
-                return record_or_skip(group, received, session.begin, record,
-                                      lambda: handler(session, received))
+def idempotent_consumer(group: str, session_factory: Callable[[], Any]) -> Callable[[Any], Any]:
+    """Wrap ``handler(session, received)``; the wrapper returns False for a duplicate. An
+    ``async def`` handler takes an ``async_sessionmaker`` and gets an async wrapper;
+    ``ConfigurationError`` for a sync handler with an async factory or the reverse."""
 
+    def decorate(handler: Callable[..., Any]) -> Callable[[ReceivedMessage], Any]:
+        asynchronous = inspect.iscoroutinefunction(handler)
+        made = getattr(session_factory, "class_", None)  # what a (async_)sessionmaker makes
+        if isinstance(made, type) and issubclass(made, Session) == asynchronous:
+            raise ConfigurationError(
+                f"idempotent_consumer({group!r}): an async def handler takes an async_sessionmaker, "
+                f"a sync handler a sessionmaker; got {handler!r} with {session_factory!r}")
+        wrapper: Callable[[ReceivedMessage], Any]
+        if asynchronous:
+            from .aio_consumer import async_wrapper
+
+            wrapper = async_wrapper(group, session_factory, handler)
+        else:
+            wrapper = _sync_wrapper(group, session_factory, handler)
         setattr(wrapper, GROUP_ATTRIBUTE, group)
         return wrapper
 
     return decorate
+
+
+def _sync_wrapper(group: str, session_factory: Callable[[], Session],
+                  handler: Callable[[Session, ReceivedMessage], Any]) -> Handler:
+    @functools.wraps(handler)
+    def wrapper(received: ReceivedMessage) -> bool:
+        with session_factory() as session:
+            return record_or_skip(group, received, session.begin, lambda row: record_consumed(session, row),
+                                  lambda: handler(session, received))
+
+    return wrapper

@@ -26,13 +26,17 @@ from ...fence import (
     unknown_on_timeout,
 )
 from ...schema import COMMITTED
-from ...sql import OutboxSQL, outbox_sql, schema_missing
+from ...sql import NUMBERED, OutboxSQL, outbox_sql, schema_missing
+
+#: The core statements' placeholder for each DB-API paramstyle SQLAlchemy's drivers use.
+PLACEHOLDERS = {"qmark": "?", "numeric_dollar": NUMBERED}
 
 
 def sql_for(connection: Connection | Engine) -> OutboxSQL:
-    """The core statements for this engine's dialect and driver placeholder."""
+    """The core statements for this engine's dialect and driver placeholder (an async
+    engine's sync ``Connection``, inside ``run_sync``, included)."""
     dialect = connection.dialect
-    return outbox_sql(dialect.name, "?" if dialect.paramstyle == "qmark" else "%s")
+    return outbox_sql(dialect.name, PLACEHOLDERS.get(dialect.paramstyle, "%s"))
 
 
 def run(connection: Connection, statement: str, params: Sequence[Any]) -> Sequence[Sequence[Any]]:

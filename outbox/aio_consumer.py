@@ -1,0 +1,112 @@
+"""``arun_consumer``: ``run_consumer`` for asyncio, over ``AsyncBrokerClient``.
+
+The same loop and rules as ``outbox.consumer`` (its ``ConsumerRun``): receive with a long
+poll, await the handler, ack; a handler that raises leaves its message un-acked, so the
+broker redelivers it with a growing back-off and dead-letters it after
+``max_delivery_attempts``; while the broker is down it backs off the same way; it
+announces the same ``DELIVERY`` events.
+
+Two ways to stop it, neither loses a message:
+
+* ``stop.set()`` (graceful): no new receive; the handler in progress finishes and is
+  acked; the messages of its batch not handed to the handler yet are released (made
+  visible again at once, for the next consumer); then it returns. A long poll under way
+  is not abandoned: stopping takes up to ``wait_s`` more.
+* cancelling its task (immediate): the handler in progress is cancelled at its next
+  ``await`` and not acked (an ``idempotent_consumer``'s transaction rolls back), so that
+  message, and the rest of its batch, come back after ``invisible_duration_s``.
+  ``CancelledError`` propagates, as asyncio expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from broker_embedded import ReceivedMessage
+from broker_embedded.aio_client import AsyncBrokerClient
+from broker_embedded.errors import BrokerError, BrokerUnavailableError
+
+from .consumer import ACK_ERRORS, ConsumerRun
+from .errors import ConfigurationError
+
+log = logging.getLogger("outbox.consumer")
+
+#: An async handler; False means the message was skipped (a duplicate), anything else handled.
+AsyncHandler = Callable[[ReceivedMessage], Awaitable[bool | None]]
+
+#: How long a released message stays invisible: next to nothing, the broker wants a duration.
+RELEASED_INVISIBLE_S = 0.001
+
+
+async def arun_consumer(
+    broker: AsyncBrokerClient,
+    group: str,
+    topic: str,
+    handler: AsyncHandler,
+    stop: asyncio.Event | None = None,
+    batch_size: int = 16,
+    invisible_duration_s: float = 30.0,
+    wait_s: float = 1.0,
+) -> int:
+    """Receive, await ``handler`` and ack until ``stop`` is set (or the task is cancelled);
+    returns how many messages were handled. ``handler`` must be a coroutine function
+    (``ConfigurationError`` otherwise): a blocking handler would stall the event loop."""
+    if not inspect.iscoroutinefunction(handler):
+        raise ConfigurationError(f"arun_consumer takes an async handler (async def), not {handler!r}; "
+                                 "a sync handler runs with outbox.run_consumer")
+    stop = stop or asyncio.Event()
+    run = ConsumerRun(group, topic)
+    try:
+        while not stop.is_set():
+            try:
+                batch = await broker.receive(group, topic, max_messages=batch_size,
+                                             invisible_duration_s=invisible_duration_s, wait_s=wait_s)
+            except BrokerUnavailableError as exc:
+                await _pause(stop, run.outage.failed(exc))
+                continue
+            run.outage.recovered()
+            for index, received in enumerate(batch):
+                if stop.is_set():
+                    await _release(broker, group, batch[index:])
+                    break
+                await _deliver(broker, run, handler, received)
+    finally:
+        run.stopped()
+    return run.handled
+
+
+async def _deliver(broker: AsyncBrokerClient, run: ConsumerRun, handler: AsyncHandler,
+                   received: ReceivedMessage) -> None:
+    with run.delivering(received) as delivery:
+        try:
+            result = await handler(received)
+        except Exception:
+            run.failed(received, delivery)
+            return
+        run.succeeded(delivery, result)
+        try:
+            await broker.ack(run.group, received.receipt_handle)
+        except ACK_ERRORS as exc:
+            run.ack_failed(received, exc)
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds``, or less if ``stop`` is set meanwhile."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+async def _release(broker: AsyncBrokerClient, group: str, unhandled: Sequence[ReceivedMessage]) -> None:
+    """Make messages received but not handled visible again now (best effort: one that
+    cannot be released comes back after its invisible duration anyway)."""
+    for received in unhandled:
+        try:
+            await broker.change_invisible_duration(group, received.receipt_handle, RELEASED_INVISIBLE_S)
+        except BrokerError as exc:
+            log.info("message %s not released (%s); it comes back after its invisible duration",
+                     received.message.message_id, exc)
