@@ -27,13 +27,16 @@ Execute = Callable[[str, Sequence[Any]], Sequence[Sequence[Any]]]
 @dataclass(frozen=True)
 class OutboxSQL:
     """The statements of one dialect, with the driver's placeholder (``%s``: psycopg and
-    Django's cursors; ``?``: sqlite3)."""
+    Django's cursors; ``?``: sqlite3; ``$``: numbered ``$1``, ``$2``... of asyncpg)."""
 
     dialect: str
     placeholder: str = "%s"
 
+    def _parameter(self, number: int) -> str:
+        return f"${number}" if self.placeholder == "$" else self.placeholder
+
     def _values(self, count: int) -> str:
-        return ", ".join([self.placeholder] * count)
+        return ", ".join(self._parameter(n) for n in range(1, count + 1))
 
     @property
     def record_transaction(self) -> str:
@@ -49,7 +52,7 @@ class OutboxSQL:
     @property
     def read_state(self) -> str:
         """The row's state; parameter: the transaction id."""
-        return f"SELECT state FROM {TRANSACTION_LOG} WHERE transaction_id = {self.placeholder}"
+        return f"SELECT state FROM {TRANSACTION_LOG} WHERE transaction_id = {self._parameter(1)}"
 
     @property
     def record_consumed(self) -> str:

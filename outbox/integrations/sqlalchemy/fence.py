@@ -28,11 +28,14 @@ from ...fence import (
 from ...schema import COMMITTED
 from ...sql import OutboxSQL, outbox_sql, schema_missing
 
+#: ``OutboxSQL`` placeholders of the DB-API paramstyles other than ``format``/``pyformat``.
+_PLACEHOLDERS = {"qmark": "?", "numeric_dollar": "$"}
+
 
 def sql_for(connection: Connection | Engine) -> OutboxSQL:
     """The core statements for this engine's dialect and driver placeholder."""
     dialect = connection.dialect
-    return outbox_sql(dialect.name, "?" if dialect.paramstyle == "qmark" else "%s")
+    return outbox_sql(dialect.name, _PLACEHOLDERS.get(dialect.paramstyle, "%s"))
 
 
 def run(connection: Connection, statement: str, params: Sequence[Any]) -> Sequence[Sequence[Any]]:
