@@ -18,9 +18,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from broker_embedded import Message
+from outbox.integrations.celery.purge import purge_summary
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.models import ConsumedMessage, TransactionLog
-from outbox.integrations.celery.purge import purge_summary
 from outbox.integrations.django.retention import purge_project
 from outbox.retention import PurgeOptions
 from tests.django.support import park
