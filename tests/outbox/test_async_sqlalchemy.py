@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, event, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
@@ -255,3 +256,21 @@ def test_the_producer_must_match_the_function_and_the_session(server, tmp_path) 
 
 async def _async_body(session: AsyncSession) -> None:
     return None
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_database_unreachable_after_the_half_message_sends_rollback(server, overlap) -> None:
+    ran: list[str] = []
+
+    async def main(sessions: Sessions) -> None:
+        async with AsyncProducer(server.url, "shop") as producer:
+            @transactional_message(producer, sessions, topic="order.paid", overlap=overlap)
+            async def pay(session: AsyncSession, order_id: str) -> None:
+                ran.append(order_id)
+
+            await pay("o1")
+
+    with pytest.raises((OSError, OperationalError)):  # asyncpg's refusal comes through unwrapped
+        run_with_sessions(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x", main)
+    assert ran == []
+    assert list(broker_states(server).values()) == [TransactionState.ROLLED_BACK]
