@@ -33,6 +33,8 @@ from outbox import (
     send,
     transactional_message,
 )
+from outbox.integrations.sqlalchemy.engine import create_async_engine
+from outbox.integrations.sqlalchemy.tables import metadata
 from outbox.schema import TRANSACTION_LOG
 from tests.server.conftest import ThreadServer, free_port
 
@@ -274,3 +276,23 @@ def test_database_unreachable_after_the_half_message_sends_rollback(server, over
         run_with_sessions(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x", main)
     assert ran == []
     assert list(broker_states(server).values()) == [TransactionState.ROLLED_BACK]
+
+
+@pytest.mark.postgres
+def test_psycopg_async_driver(server, postgres_url) -> None:
+    """psycopg 3's async connections (the ``postgresql+psycopg`` URL on an async engine)."""
+
+    async def main() -> str | None:
+        engine = create_async_engine(postgres_url)
+        async with engine.begin() as conn:
+            await conn.run_sync(metadata.create_all)
+            await conn.run_sync(shop.create_all)
+        try:
+            async with AsyncProducer(server.url, "shop") as producer:
+                sessions = async_sessionmaker(engine, expire_on_commit=False)
+                return await pay_function(producer, sessions, overlap=True)("o1", amount=1)
+        finally:
+            await engine.dispose()
+
+    transaction_id = asyncio.run(main())
+    assert broker_states(server) == {transaction_id: TransactionState.COMMITTED}
