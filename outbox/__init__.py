@@ -1,8 +1,9 @@
 """Transactional messages for Python web apps, RocketMQ style.
 
 The core (messages, the producer and its asyncio twin ``AsyncProducer``, the fencing
-rule, the message template, the idempotent consumer's rule) imports no ORM. The SQLAlchemy flavour's names (``transactional_message``,
-``install``, ``send``, ``asend``, ``check_transaction``, ``idempotent_consumer``) are loaded from
+rule, the message template, the idempotent consumer's rule) imports no ORM. The
+SQLAlchemy flavour's names (``transactional_message``, ``install``, ``send``, ``asend``,
+``check_transaction``, ``idempotent_consumer``) are loaded from
 ``outbox.integrations.sqlalchemy`` on first use, so ``import outbox`` works without
 SQLAlchemy; the Django app is ``outbox.integrations.django``.
 """
