@@ -1,8 +1,9 @@
 """Transactional messages for Python web apps, RocketMQ style.
 
-The core (messages, producer, the fencing rule, the message template, the idempotent
-consumer's rule) imports no ORM. The SQLAlchemy flavour's names (``transactional_message``,
-``install``, ``send``, ``check_transaction``, ``idempotent_consumer``) are loaded from
+The core (messages, the producer and its asyncio twin ``AsyncProducer``, the fencing
+rule, the message template, the idempotent consumer's rule) imports no ORM. The
+SQLAlchemy flavour's names (``transactional_message``, ``install``, ``send``, ``asend``,
+``check_transaction``, ``idempotent_consumer``) are loaded from
 ``outbox.integrations.sqlalchemy`` on first use, so ``import outbox`` works without
 SQLAlchemy; the Django app is ``outbox.integrations.django``.
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from broker_embedded import Message, Resolution
 
 from .aio_consumer import arun_consumer
+from .aio_producer import AsyncProducer, AsyncTransactionListener
 from .consumer import run_consumer
 from .context import current_transaction_id
 from .errors import (
@@ -35,11 +37,13 @@ if TYPE_CHECKING:
     from .integrations.sqlalchemy.consumer import idempotent_consumer as idempotent_consumer
     from .integrations.sqlalchemy.decorator import transactional_message as transactional_message
     from .integrations.sqlalchemy.fence import check_transaction as check_transaction
+    from .integrations.sqlalchemy.session import asend as asend
     from .integrations.sqlalchemy.session import install as install
     from .integrations.sqlalchemy.session import send as send
 
 #: The SQLAlchemy flavour's names, and the module each comes from.
 _SQLALCHEMY_NAMES = {
+    "asend": "outbox.integrations.sqlalchemy.session",
     "check_transaction": "outbox.integrations.sqlalchemy.fence",
     "idempotent_consumer": "outbox.integrations.sqlalchemy.consumer",
     "install": "outbox.integrations.sqlalchemy.session",
@@ -68,6 +72,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AsyncProducer",
+    "AsyncTransactionListener",
     "BodyNotSerializableError",
     "BrokerUnavailable",
     "BrokerUnavailableError",

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .aio_producer import AsyncProducer
 from .producer import Producer
 
 #: Where a SQLAlchemy session keeps its ``LocalTransaction`` (``session.info[...]``).
@@ -25,7 +26,7 @@ class LocalTransaction:
     """A local transaction that sends messages: its id, its producer, what it sent."""
 
     transaction_id: str
-    producer: Producer
+    producer: Producer | AsyncProducer
     message_ids: list[str] = field(default_factory=list)
 
 

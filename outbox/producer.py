@@ -8,50 +8,28 @@ transaction_log. It logs a warning and returns False instead.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
-import logging
 import threading
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
-from broker_embedded import (
-    BrokerAPI,
-    BrokerError,
-    CheckRequest,
-    Message,
-    Resolution,
-    SendResult,
-    connect,
+from broker_embedded import BrokerAPI, CheckRequest, Message, Resolution, SendResult, connect
+
+from .producer_protocol import (
+    END_NOT_SENT,
+    END_SENT,
+    TRANSACTION_ID_PROPERTY,
+    answered,
+    check_message,
+    checking_back,
+    ending,
+    local_transaction,
+    new_transaction_id,
+    sending,
+    sending_half,
 )
-from broker_embedded import errors as broker_errors
 
-from . import instrumentation
-from .errors import BrokerUnavailableError
-
-log = logging.getLogger("outbox.producer")
-
-
-#: Property carrying the transaction id on the message a check listener is given.
-TRANSACTION_ID_PROPERTY = "OUTBOX_TRANSACTION_ID"
-
-
-#: ``END_TRANSACTION`` outcomes: the broker got it, or not (check-back will settle it).
-END_SENT = "sent"
-END_NOT_SENT = "not_sent"
-
-
-def new_transaction_id() -> str:
-    """A unique transaction id (32 hex digits)."""
-    return uuid.uuid4().hex
-
-
-def checking_back(request: CheckRequest) -> instrumentation.Operation:
-    """The ``CHECK_BACK`` operation of answering ``request`` in this process."""
-    return instrumentation.operation(
-        instrumentation.CHECK_BACK, producer_group=request.producer_group,
-        transaction_id=request.transaction_id, message_id=request.message.message_id,
-        context=instrumentation.carried_context(request.message.properties))
+__all__ = ["END_NOT_SENT", "END_SENT", "TRANSACTION_ID_PROPERTY", "Producer", "TransactionListener",
+           "checking_back", "new_transaction_id"]
 
 
 class TransactionListener(Protocol):
@@ -86,46 +64,23 @@ class Producer:
         """A normal message, visible at once (after its delay, if any).
 
         Raises ``BrokerUnavailableError`` when the broker cannot be reached."""
-        with instrumentation.operation(instrumentation.SEND, producer_group=self.producer_group,
-                                       message=message) as sending:
-            try:
-                return self.broker.send(instrumentation.stamped(message, sending))
-            except broker_errors.BrokerUnavailableError as exc:
-                raise BrokerUnavailableError(f"message {message.message_id} not sent: {exc}") from exc
+        with sending(self.producer_group, message) as stamped:
+            return self.broker.send(stamped)
 
     def send_half(self, message: Message, transaction_id: str) -> SendResult:
         """A half message of ``transaction_id``: stored, invisible until COMMIT.
 
         Raises ``BrokerUnavailableError`` when the broker cannot be reached: the caller must not
         run its local transaction."""
-        with instrumentation.operation(instrumentation.SEND_HALF, producer_group=self.producer_group,
-                                       transaction_id=transaction_id, message=message) as sending:
-            try:
-                return self.broker.send_half(instrumentation.stamped(message, sending),
-                                             producer_group=self.producer_group, transaction_id=transaction_id)
-            except broker_errors.BrokerUnavailableError as exc:
-                raise BrokerUnavailableError(
-                    f"half message {message.message_id} of transaction {transaction_id} not sent: {exc}"
-                ) from exc
+        with sending_half(self.producer_group, message, transaction_id) as stamped:
+            return self.broker.send_half(stamped, producer_group=self.producer_group, transaction_id=transaction_id)
 
     def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False) -> bool:
         """Tell the broker how the transaction ended; False (and a warning) if it could not."""
-        with instrumentation.operation(instrumentation.END_TRANSACTION, producer_group=self.producer_group,
-                                       transaction_id=transaction_id, resolution=resolution,
-                                       from_check=from_check) as ending:
-            try:
-                self.broker.end_transaction(
-                    transaction_id, resolution, producer_group=self.producer_group, from_check=from_check
-                )
-            except BrokerError as exc:
-                log.warning(
-                    "END_TRANSACTION %s for %s not delivered (%s: %s); check-back will resolve it",
-                    resolution.value, transaction_id, type(exc).__name__, exc,
-                )
-                ending.outcome = END_NOT_SENT
-                return False
-            ending.outcome = END_SENT
-            return True
+        with ending(self.producer_group, transaction_id, resolution, from_check) as ended:
+            self.broker.end_transaction(transaction_id, resolution, producer_group=self.producer_group,
+                                        from_check=from_check)
+        return ended.sent
 
     def finish(self, transaction_id: str, resolution: Resolution) -> None:
         """END_TRANSACTION after the local transaction ended: sent now, or in the
@@ -157,8 +112,7 @@ class Producer:
         transaction_id = new_transaction_id()
         self.send_half(message, transaction_id)
         try:
-            with instrumentation.operation(instrumentation.LOCAL_TRANSACTION, producer_group=self.producer_group,
-                                           transaction_id=transaction_id) as local:
+            with local_transaction(self.producer_group, transaction_id) as local:
                 resolution = listener.execute_local_transaction(message, arg)
                 local.outcome = resolution.value
         except BaseException:
@@ -175,11 +129,8 @@ class Producer:
 
         def on_check(request: CheckRequest) -> None:
             with checking_back(request) as check:
-                properties = {**request.message.properties, TRANSACTION_ID_PROPERTY: request.transaction_id}
-                resolution = listener.check_local_transaction(
-                    dataclasses.replace(request.message, properties=properties))
-                check.outcome = resolution.value
-                if resolution is not Resolution.UNKNOWN:
+                resolution = listener.check_local_transaction(check_message(request))
+                if answered(check, resolution):
                     self.end_transaction(request.transaction_id, resolution, from_check=True)
 
         self.broker.register_producer(self.producer_group, on_check)

@@ -35,10 +35,11 @@ class OutboxSQL:
     dialect: str
     placeholder: str = "%s"
 
+    def _parameter(self, number: int) -> str:
+        return f"${number}" if self.placeholder == NUMBERED else self.placeholder
+
     def _values(self, count: int) -> str:
-        if self.placeholder == NUMBERED:
-            return ", ".join(f"${n}" for n in range(1, count + 1))
-        return ", ".join([self.placeholder] * count)
+        return ", ".join(self._parameter(n) for n in range(1, count + 1))
 
     @property
     def record_transaction(self) -> str:
@@ -54,7 +55,7 @@ class OutboxSQL:
     @property
     def read_state(self) -> str:
         """The row's state; parameter: the transaction id."""
-        return f"SELECT state FROM {TRANSACTION_LOG} WHERE transaction_id = {self._values(1)}"
+        return f"SELECT state FROM {TRANSACTION_LOG} WHERE transaction_id = {self._parameter(1)}"
 
     @property
     def record_consumed(self) -> str:

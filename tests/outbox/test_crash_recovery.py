@@ -21,6 +21,7 @@ from broker_embedded import BrokerClient, TransactionState
 from outbox.integrations.sqlalchemy.tables import metadata, transaction_log
 
 from ..server.conftest import ServerProcess
+from .async_support import async_url
 
 PRODUCER = r"""
 import os, signal
@@ -60,13 +61,16 @@ def _wait(condition, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def crash_and_recover(tmp_path: Path, db_url: str, celery_url: str, crash: str) -> tuple[TransactionState, list[bytes], list[str]]:
-    """Run the scenario; returns the broker's final state, the bodies consumed, DB states."""
+def crash_and_recover(tmp_path: Path, db_url: str, celery_url: str, crash: str,
+                      producer_script: str = PRODUCER) -> tuple[TransactionState, list[bytes], list[str]]:
+    """Run the scenario with ``producer_script`` (it finds the database's async driver in
+    ``OUTBOX_ASYNC_DATABASE_URL``); returns the broker's final state, the bodies consumed, DB states."""
     engine = create_engine(db_url)
     metadata.create_all(engine)
     env = {
         **os.environ,
         "OUTBOX_DATABASE_URL": db_url,
+        "OUTBOX_ASYNC_DATABASE_URL": async_url(db_url),
         "OUTBOX_CELERY_BROKER_URL": celery_url,
         "OUTBOX_CELERY_DATA_DIR": str(tmp_path / "celery"),
         "PYTHONUNBUFFERED": "1",
@@ -85,7 +89,7 @@ def crash_and_recover(tmp_path: Path, db_url: str, celery_url: str, crash: str) 
                  "-Q", "outbox.check.shop", "--pool", "threads", "-c", "2", "--loglevel", "INFO"],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
-        producer = subprocess.run([sys.executable, "-c", PRODUCER], env={**env, "CRASH": crash},
+        producer = subprocess.run([sys.executable, "-c", producer_script], env={**env, "CRASH": crash},
                                   capture_output=True, text=True, timeout=120)
         assert producer.returncode == -9, producer.stderr
         transaction_id = producer.stdout.strip()

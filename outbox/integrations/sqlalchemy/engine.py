@@ -11,10 +11,13 @@ transactions are not blocked. Use it for producers and checkers on SQLite.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy
 from sqlalchemy import Engine, event
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 #: How long (ms) a SQLite transaction waits for the write lock at BEGIN.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -32,6 +35,16 @@ def prepare_engine(engine: Engine) -> Engine:
 def create_engine(url: str, **kwargs: Any) -> Engine:
     """``sqlalchemy.create_engine`` followed by :func:`prepare_engine`."""
     return prepare_engine(sqlalchemy.create_engine(url, **kwargs))
+
+
+def create_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """``sqlalchemy.ext.asyncio.create_async_engine`` (``sqlite+aiosqlite``,
+    ``postgresql+asyncpg``, ...) with :func:`prepare_engine` applied to its sync engine."""
+    from sqlalchemy.ext.asyncio import create_async_engine as create
+
+    engine = create(url, **kwargs)
+    prepare_engine(engine.sync_engine)
+    return engine
 
 
 def checker_engine(url: str, connect_timeout_s: int) -> Engine:

@@ -3,7 +3,10 @@
 ``install(session_class_or_factory, producer)`` registers the events once. Then
 ``send(session, message)`` inside a transaction sends a half message; the first call of
 a transaction also generates its id and inserts the transaction_log row (COMMITTED),
-so the row is written after the half message and before the commit. The
+so the row is written after the half message and before the commit. Asyncio: install an
+``AsyncProducer`` on an ``async_sessionmaker`` or ``AsyncSession`` and
+``await asend(session, message)``; the same events end the transaction, starting its
+END_TRANSACTION as a task of the loop (``AsyncProducer.finish``). The
 ``after_commit`` event sends COMMIT; ``after_rollback`` (the real database rollback)
 sends ROLLBACK, and so does the end of a root transaction that neither committed nor
 rolled back through those events (``session.close()`` with a transaction open). ``after_soft_rollback`` is not needed: a session whose transaction a
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
@@ -35,11 +38,16 @@ from sqlalchemy.orm import Session, SessionTransaction
 from broker_embedded import Message, Resolution
 
 from ... import instrumentation
+from ...aio_producer import AsyncProducer
 from ...context import SESSION_INFO_KEY, LocalTransaction
 from ...context import current_transaction_id as current_transaction_id  # the session's, given one
 from ...errors import ConfigurationError, SavepointError
 from ...producer import Producer, new_transaction_id
+from ...producer_protocol import local_transaction as local_operation
 from .fence import record_committed
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 log = logging.getLogger("outbox.sqlalchemy")
 
@@ -64,15 +72,16 @@ class PendingTransaction(LocalTransaction):
         self.producer.finish(self.transaction_id, resolution)
 
 
-def install(target: Any, producer: Producer) -> None:
-    """Make sessions of ``target`` (a ``sessionmaker`` or a ``Session``) send
+def install(target: Any, producer: Producer | AsyncProducer) -> None:
+    """Make sessions of ``target`` (a ``sessionmaker`` or a ``Session``; with an
+    ``AsyncProducer``, an ``async_sessionmaker`` or an ``AsyncSession``) send
     COMMIT/ROLLBACK with ``producer`` when their transaction ends."""
-    if isinstance(target, Session):
+    if isinstance(target, Session) or isinstance(getattr(target, "sync_session", None), Session):
         target.info[_PRODUCER_KEY] = producer
     else:
         info = getattr(target, "kw", {}).setdefault("info", {}) if hasattr(target, "kw") else None
         if info is None:
-            raise ConfigurationError("install() takes a sessionmaker or a Session")
+            raise ConfigurationError("install() takes a sessionmaker or a Session (or their async kinds)")
         info[_PRODUCER_KEY] = producer
     if not event.contains(Session, "after_commit", _after_commit):
         event.listen(Session, "before_commit", _before_commit)
@@ -84,29 +93,53 @@ def install(target: Any, producer: Producer) -> None:
 
 def send(session: Session, message: Message) -> str:
     """Send ``message`` as part of the session's transaction; returns the transaction id."""
+    pending = pending_transaction(session)
+    if not isinstance(pending.producer, Producer):
+        raise ConfigurationError("this session's producer is an AsyncProducer: await outbox.asend(session, message)")
+    pending.producer.send_half(message, pending.transaction_id)
+    record_message(session, pending, message)
+    return pending.transaction_id
+
+
+async def asend(session: AsyncSession, message: Message) -> str:
+    """``send`` for an ``AsyncSession`` whose producer is an ``AsyncProducer``: the half
+    message, then (first message) the transaction_log row; returns the transaction id."""
+    pending = pending_transaction(session.sync_session)
+    if not isinstance(pending.producer, AsyncProducer):
+        raise ConfigurationError("asend() needs an AsyncProducer installed; a Producer sends with outbox.send")
+    await pending.producer.send_half(message, pending.transaction_id)
+    await session.run_sync(record_message, pending, message)
+    return pending.transaction_id
+
+
+def pending_transaction(session: Session) -> PendingTransaction:
+    """The session's transaction that sends messages: the current one, or a new one (with
+    a new id) that ``record_message`` opens after its first half message is sent."""
     pending: PendingTransaction | None = session.info.get(SESSION_INFO_KEY)
-    if pending is None:
-        producer: Producer | None = session.info.get(_PRODUCER_KEY)
-        if producer is None:
-            raise ConfigurationError("call outbox.integrations.sqlalchemy.install(...) for this session first")
-        if session.get_nested_transaction() is not None:
-            raise SavepointError("send the first message of a transaction outside any SAVEPOINT")
-        pending = PendingTransaction(new_transaction_id(), producer)
-        producer.send_half(message, pending.transaction_id)
+    if pending is not None:
+        return pending
+    producer: Producer | AsyncProducer | None = session.info.get(_PRODUCER_KEY)
+    if producer is None:
+        raise ConfigurationError("call outbox.integrations.sqlalchemy.install(...) for this session first")
+    if session.get_nested_transaction() is not None:
+        raise SavepointError("send the first message of a transaction outside any SAVEPOINT")
+    return PendingTransaction(new_transaction_id(), producer)
+
+
+def record_message(session: Session, pending: PendingTransaction, message: Message) -> None:
+    """After ``message``'s half was sent: the first one opens the transaction (the
+    transaction_log row); later ones note the savepoints they were sent in."""
+    if session.info.get(SESSION_INFO_KEY) is not pending:
         session.info[SESSION_INFO_KEY] = pending
-        pending.operation = instrumentation.operation(
-            instrumentation.LOCAL_TRANSACTION, producer_group=producer.producer_group,
-            transaction_id=pending.transaction_id)
-        record_committed(session, pending.transaction_id, producer.producer_group)
+        pending.operation = local_operation(pending.producer.producer_group, pending.transaction_id)
+        record_committed(session, pending.transaction_id, pending.producer.producer_group)
     else:
-        pending.producer.send_half(message, pending.transaction_id)
         savepoint = session.get_nested_transaction()
         while savepoint is not None and savepoint.nested:
             if not any(savepoint is known for known in pending.savepoints):
                 pending.savepoints.append(savepoint)
             savepoint = savepoint.parent
     pending.message_ids.append(message.message_id)
-    return pending.transaction_id
 
 
 def local_transaction(session: Session) -> PendingTransaction:

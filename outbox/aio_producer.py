@@ -1,0 +1,163 @@
+"""``AsyncProducer``: the producer for asyncio code, over ``AsyncBrokerClient``.
+
+The same sends, errors and instrumentation events as ``outbox.producer.Producer`` (both
+drive ``outbox.producer_protocol``), with coroutines. Two things are its own:
+
+* ``start_half`` sends a half message as a task, so the local transaction can run while
+  the broker stores it (the caller awaits the task before its DB commit);
+* ``finish`` starts END_TRANSACTION as a task that first waits for the transaction's
+  half message, so a ROLLBACK can never overtake its half. Awaiting it waits for the
+  broker; with ``oneway_end=True`` the decorator and ``send_message_in_transaction`` do
+  not (RocketMQ's ``endTransactionOneway``), and ``flush``/``aclose`` wait instead.
+
+End results never raise for a broker failure: the database already decided, and the
+check-back will settle a transaction whose END did not arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from broker_embedded import CheckRequest, Message, Resolution, SendResult
+from broker_embedded.aio_client import AsyncBrokerClient
+
+from .producer_protocol import (
+    answered,
+    check_message,
+    checking_back,
+    ending,
+    local_transaction,
+    new_transaction_id,
+    sending,
+    sending_half,
+)
+
+
+class AsyncTransactionListener(Protocol):
+    """RocketMQ's ``TransactionListener`` with coroutines."""
+
+    async def execute_local_transaction(self, message: Message, arg: Any) -> Resolution: ...
+
+    async def check_local_transaction(self, message: Message) -> Resolution: ...
+
+
+class AsyncProducer:
+    """Sends for one producer group over an ``AsyncBrokerClient`` (or a ``tcp://`` URL).
+
+    Use it on one event loop; ``async with AsyncProducer(...) as producer`` closes it."""
+
+    def __init__(self, broker: AsyncBrokerClient | str, producer_group: str, *, oneway_end: bool = False) -> None:
+        self.broker = AsyncBrokerClient(broker) if isinstance(broker, str) else broker
+        self.producer_group = producer_group
+        self.oneway_end = oneway_end
+        self._halves: dict[str, asyncio.Task[SendResult]] = {}
+        self._ends: dict[str, asyncio.Task[bool]] = {}
+
+    async def send(self, message: Message) -> SendResult:
+        """A normal message, visible at once (after its delay, if any).
+
+        Raises ``BrokerUnavailableError`` when the broker cannot be reached."""
+        with sending(self.producer_group, message) as stamped:
+            return await self.broker.send(stamped)
+
+    async def send_half(self, message: Message, transaction_id: str) -> SendResult:
+        """A half message of ``transaction_id``: stored, invisible until COMMIT.
+
+        Raises ``BrokerUnavailableError`` when the broker cannot be reached: the caller must
+        not run (or must not commit) its local transaction."""
+        with sending_half(self.producer_group, message, transaction_id) as stamped:
+            return await self.broker.send_half(stamped, producer_group=self.producer_group,
+                                               transaction_id=transaction_id)
+
+    def start_half(self, message: Message, transaction_id: str) -> asyncio.Task[SendResult]:
+        """``send_half`` as a task of the running loop, remembered until the transaction's
+        END is sent after it. Await the task before the DB commit."""
+        half = asyncio.create_task(self.send_half(message, transaction_id))
+        self._halves[transaction_id] = half
+        return half
+
+    async def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False) -> bool:
+        """Tell the broker how the transaction ended; False (and a warning) if it could not."""
+        with ending(self.producer_group, transaction_id, resolution, from_check) as ended:
+            await self.broker.end_transaction(transaction_id, resolution, producer_group=self.producer_group,
+                                              from_check=from_check)
+        return ended.sent
+
+    def finish(self, transaction_id: str, resolution: Resolution) -> asyncio.Task[bool]:
+        """END_TRANSACTION after the local transaction ended, as a task of the running loop
+        that waits for the transaction's half message first (no END if that failed: the
+        broker has no such transaction, or its check-back will settle it). Callable from
+        SQLAlchemy's session events, which run on the loop's thread."""
+        task = asyncio.create_task(self._end_after_half(transaction_id, resolution))
+        self._ends[transaction_id] = task
+        task.add_done_callback(lambda _: self._ends.pop(transaction_id, None))
+        return task
+
+    async def _end_after_half(self, transaction_id: str, resolution: Resolution) -> bool:
+        half = self._halves.pop(transaction_id, None)
+        if half is not None:
+            try:
+                await half
+            except Exception:
+                return False  # announced by SEND_HALF, raised to whoever awaited the half
+        return await self.end_transaction(transaction_id, resolution)
+
+    async def ended(self, transaction_id: str) -> None:
+        """Wait for the END_TRANSACTION of ``transaction_id`` started by ``finish``, if any."""
+        task = self._ends.get(transaction_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait for the END_TRANSACTIONs under way; False if some still were after ``timeout_s``."""
+        pending = list(self._ends.values())
+        if not pending:
+            return True
+        _, not_done = await asyncio.wait(pending, timeout=timeout_s)
+        return not not_done
+
+    async def send_message_in_transaction(self, message: Message, arg: Any,
+                                          listener: AsyncTransactionListener) -> Resolution:
+        """RocketMQ's flow: half message, ``await listener.execute_local_transaction``, then
+        END (awaited unless ``oneway_end``). An exception from the listener ends the
+        transaction with ROLLBACK and is re-raised."""
+        transaction_id = new_transaction_id()
+        await self.send_half(message, transaction_id)
+        try:
+            with local_transaction(self.producer_group, transaction_id) as local:
+                resolution = await listener.execute_local_transaction(message, arg)
+                local.outcome = resolution.value
+        except BaseException:
+            await self._settle(self.finish(transaction_id, Resolution.ROLLBACK))
+            raise
+        await self._settle(self.finish(transaction_id, resolution))
+        return resolution
+
+    async def _settle(self, end: asyncio.Task[bool]) -> None:
+        if not self.oneway_end:
+            await asyncio.shield(end)
+
+    async def register_check_listener(self, listener: AsyncTransactionListener) -> None:
+        """Answer this group's check-backs with ``await listener.check_local_transaction``
+        over this producer's connection. The listener finds the transaction id in the
+        message's ``TRANSACTION_ID_PROPERTY`` property; UNKNOWN sends nothing."""
+
+        async def on_check(request: CheckRequest) -> None:
+            with checking_back(request) as check:
+                resolution = await listener.check_local_transaction(check_message(request))
+                if answered(check, resolution):
+                    await self.end_transaction(request.transaction_id, resolution, from_check=True)
+
+        await self.broker.register_producer(self.producer_group, on_check)
+
+    async def aclose(self) -> None:
+        """Wait for the END_TRANSACTIONs under way, then close the broker connection."""
+        await self.flush()
+        await self.broker.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
