@@ -333,3 +333,49 @@ def test_big_extras_resolve(wheel: Path, tmp_path: Path, extras: str) -> None:
     resolved = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert {"pyspark", "pyarrow", "pandas", "sqlalchemy"} <= resolved
 
+
+
+ASYNC_ORDER = """
+import asyncio, sys
+from sqlalchemy import Column, Integer, MetaData, Table
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from outbox import AsyncProducer, transactional_message
+from outbox.integrations.sqlalchemy.engine import create_async_engine
+from outbox.integrations.sqlalchemy.tables import metadata
+
+orders = Table("orders", MetaData(), Column("amount", Integer))
+
+async def main() -> None:
+    engine = create_async_engine("sqlite+aiosqlite:///shop.sqlite3")
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+        await conn.run_sync(orders.metadata.create_all)
+    async with AsyncProducer(sys.argv[1], "shop") as producer:
+        @transactional_message(producer, async_sessionmaker(engine), topic="order.paid")
+        async def pay(session, amount):
+            await session.execute(orders.insert().values(amount=amount))
+        await pay(40)
+    await engine.dispose()
+
+asyncio.run(main())
+"""
+
+
+def test_asyncio_extra_pays_from_async_code(install: Callable[[str], Venv]) -> None:
+    env = install("sqlalchemy,asyncio")
+    _pip_install(env.bin("python"), "aiosqlite", cwd=env.work)  # the application's own async driver
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    server = env.start("broker", env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "broker"),
+                       "--port", str(port))
+    try:
+        env.wait_for_log("broker", server, f"listening on 127.0.0.1:{port}")
+        (env.work / "pay.py").write_text(ASYNC_ORDER)
+        env.run(env.bin("python"), "pay.py", url)
+        received = env.run(env.bin("halfmoon-broker"), "receive", "points", "order.paid", "--max", "1",
+                           "--wait", "10", "--url", url)
+        assert json.loads(json.loads(received.stdout)[0]["message"]["body"]) == {"amount": 40}
+    finally:
+        _stop(server)
+    with sqlite3.connect(env.work / "shop.sqlite3") as conn:
+        assert conn.execute("SELECT count(*) FROM outbox_transaction_log").fetchone() == (1,)
