@@ -51,10 +51,12 @@ def load_until_killed(data_dir: Path, lines: int, **config: Any) -> list[Acknowl
                 break
     finally:
         os.kill(child.pid, signal.SIGKILL)
-    output.extend(child.stdout.read().splitlines())
+    output.extend(child.stdout.read().splitlines(keepends=True))
     child.wait()
     acknowledged = []
     for line in output:
+        if not line.endswith("\n"):  # cut by the SIGKILL while printed: not seen acknowledged
+            continue
         writer, queue_offset, message_id, offset = line.split()
         acknowledged.append(Acknowledged(int(writer), int(queue_offset), message_id, int(offset)))
     return acknowledged
