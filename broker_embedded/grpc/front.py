@@ -1,0 +1,63 @@
+"""The gRPC port of ``halfmoon-broker serve --grpc-port``: a ``grpc.aio`` server on the
+broker server's event loop, serving ``MessagingService`` over the same broker."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from ..api import BrokerAPI
+from .service import MessagingService
+from .signature import SignatureVerifier
+
+log = logging.getLogger("broker_embedded.grpc")
+
+STOP_GRACE_S = 5.0
+
+
+class GrpcFront:
+    """Serve RocketMQ 5's gRPC protocol for ``broker`` on ``host:port`` (0: a free port, see
+    ``port`` after ``start``). ``advertise`` (``host:port``) is the address routes give the
+    clients (default: the one they connected to); with ``access_key`` and ``secret_key`` every
+    call must be signed with them (``MQv2-HMAC-SHA1``)."""
+
+    def __init__(self, broker: BrokerAPI, host: str = "127.0.0.1", port: int = 8081, *,
+                 advertise: str | None = None, access_key: str | None = None, secret_key: str | None = None,
+                 max_workers: int = 64) -> None:
+        if (access_key is None) != (secret_key is None):
+            raise ValueError("give both access_key and secret_key, or neither")
+        if advertise is not None:
+            _check_address(advertise)
+        self.host = host
+        self.port = port
+        self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="broker-grpc")
+        verifier = SignatureVerifier(access_key, secret_key) if access_key is not None and secret_key is not None \
+            else None
+        self.service = MessagingService(broker, self.executor, advertise, verifier)
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((self.service.handler(),))
+        self.port = server.add_insecure_port(f"{self.host}:{self.port}")
+        if not self.port:
+            raise OSError(f"cannot listen for gRPC on {self.host}")
+        await server.start()
+        self._server = server
+        log.info("gRPC (RocketMQ 5) listening on %s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        """Stop accepting calls, give those in flight ``STOP_GRACE_S`` to finish."""
+        self.service.stopping = True
+        if self._server is not None:
+            await self._server.stop(STOP_GRACE_S)
+        self.executor.shutdown(wait=True, cancel_futures=False)
+
+
+def _check_address(address: str) -> None:
+    """``ValueError`` unless ``address`` is ``host:port``."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"the advertised gRPC address must be host:port, not {address!r}")
