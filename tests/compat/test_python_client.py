@@ -1,0 +1,274 @@
+"""The official RocketMQ 5 Python client (rocketmq-python-client 5.1.2) against a real
+``halfmoon-broker serve --grpc-port`` process: producing (normal, FIFO, delay,
+transactional), check-backs over Telemetry, and the SimpleConsumer. The broker's own state
+is read back over its native protocol."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from broker_embedded.grpc._proto import definition_pb2 as pb
+from broker_embedded.grpc._proto import service_pb2 as spb
+from broker_embedded.grpc.convert import deliver_at_ms
+from broker_embedded.grpc.signature import DATE_HEADER, sign
+from broker_embedded.message import TransactionState
+
+from .conftest import GrpcBroker, eventually, rocketmq, start_grpc_broker
+
+Resolution = rocketmq.TransactionResolution
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _message(topic: str, body: bytes, **fields: Any) -> Any:
+    message = rocketmq.Message()
+    message.topic = topic
+    message.body = body
+    for name, value in fields.items():
+        setattr(message, name, value)
+    return message
+
+
+class BodyChecker(rocketmq.TransactionChecker):  # type: ignore[misc]
+    """Answers a check-back from the half message's body (b"commit", b"rollback", else raises)."""
+
+    def __init__(self) -> None:
+        self.checked: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def check(self, message: Any) -> Any:
+        with self.lock:
+            self.checked.append(message.body)
+        if message.body.startswith(b"commit"):
+            return Resolution.COMMIT
+        if message.body.startswith(b"rollback"):
+            return Resolution.ROLLBACK
+        raise RuntimeError("the local transaction's outcome cannot be read")
+
+
+class NeverSure(rocketmq.TransactionChecker):  # type: ignore[misc]
+    """A checker that cannot tell (raises: the broker hears nothing, i.e. UNKNOWN)."""
+
+    def check(self, message: Any) -> Any:
+        raise RuntimeError("not this process's transaction")
+
+
+def _consumer(broker: GrpcBroker, clients: Callable[[Any], Any], topic: str, await_s: int = 1) -> Any:
+    return clients(rocketmq.SimpleConsumer(broker.config(), _name("group"), {topic: rocketmq.FilterExpression()},
+                                           await_duration=await_s))
+
+
+def _receive_all(consumer: Any, count: int, invisible_s: int = 20) -> list[Any]:
+    """Receive and ack until ``count`` messages came (bounded)."""
+    got: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(got) < count and time.monotonic() < deadline:
+        for message in consumer.receive(32, invisible_s):
+            consumer.ack(message)
+            got.append(message)
+    return got
+
+
+def test_send_receive_ack(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic = _name("orders")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    sent = []
+    for n in range(3):
+        message = _message(topic, f"order {n}".encode(), tag="created", keys=f"order-{n}")
+        message.add_property("source", "test")
+        sent.append(producer.send(message).message_id)
+    consumer = _consumer(grpc_broker, clients, topic)
+    got = _receive_all(consumer, 3)
+    assert sorted(m.body for m in got) == [b"order 0", b"order 1", b"order 2"]
+    assert sorted(m.message_id for m in got) == sorted(sent)
+    assert {m.tag for m in got} == {"created"}
+    assert {tuple(m.keys) for m in got} == {("order-0",), ("order-1",), ("order-2",)}
+    assert all(m.properties["source"] == "test" and m.delivery_attempt == 1 for m in got)
+    assert consumer.receive(32, 20) == []  # acked: MESSAGE_NOT_FOUND after the long poll
+
+
+def test_commit_is_visible_and_rollback_never(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic = _name("tx")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,), BodyChecker()))
+    ids = {}
+    for body in (b"committed", b"rolled back"):
+        transaction = producer.begin_transaction()
+        receipt = producer.send(_message(topic, body), transaction)
+        assert receipt.transaction_id == receipt.message_id  # the transaction id is the message id
+        (transaction.commit if body == b"committed" else transaction.rollback)()
+        ids[body] = receipt.transaction_id
+    consumer = _consumer(grpc_broker, clients, topic)
+    assert [m.body for m in _receive_all(consumer, 1)] == [b"committed"]
+    assert consumer.receive(32, 20) == []
+    with grpc_broker.native() as native:
+        assert native.transaction_state(ids[b"committed"]) is TransactionState.COMMITTED
+        assert native.transaction_state(ids[b"rolled back"]) is TransactionState.ROLLED_BACK
+
+
+def test_check_back_commit_and_rollback(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """Half messages left without END are checked over the sender's Telemetry stream; the
+    checker's answer (EndTransaction from SOURCE_SERVER_CHECK) resolves them."""
+    topic = _name("checked")
+    checker = BodyChecker()
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,), checker))
+    ids = {}
+    for body in (b"commit me", b"rollback me"):
+        ids[body] = producer.send(_message(topic, body), producer.begin_transaction()).transaction_id
+    with grpc_broker.native() as native:
+        def state(body: bytes) -> TransactionState:
+            return native.transaction_state(ids[body])
+
+        assert eventually(lambda: state(b"commit me") is TransactionState.COMMITTED)
+        assert eventually(lambda: state(b"rollback me") is TransactionState.ROLLED_BACK)
+    assert sorted(set(checker.checked)) == [b"commit me", b"rollback me"]
+    consumer = _consumer(grpc_broker, clients, topic)
+    assert [m.body for m in _receive_all(consumer, 1)] == [b"commit me"]
+
+
+def test_raising_checker_is_unknown_checked_again_then_parked(grpc_broker: GrpcBroker,
+                                                               clients: Callable[[Any], Any]) -> None:
+    topic = _name("unknown")
+    checker = BodyChecker()
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,), checker))
+    transaction_id = producer.send(_message(topic, b"cannot tell"), producer.begin_transaction()).transaction_id
+    with grpc_broker.native() as native:
+        assert eventually(lambda: native.transaction_state(transaction_id) is TransactionState.PARKED, 30)
+        assert transaction_id in [p.transaction_id for p in native.list_parked()]
+    assert len(checker.checked) == 3  # --check-max 3: asked three times, then parked
+
+
+def test_check_back_goes_to_another_producer_of_the_topic(grpc_broker: GrpcBroker,
+                                                          clients: Callable[[Any], Any]) -> None:
+    """The sender is gone: the check goes to a live client publishing the topic."""
+    topic = _name("handover")
+    sender = rocketmq.Producer(grpc_broker.config(), (topic,), NeverSure())
+    sender.startup()
+    transaction_id = sender.send(_message(topic, b"commit later"), sender.begin_transaction()).transaction_id
+    sender.shutdown()
+    checker = BodyChecker()
+    clients(rocketmq.Producer(grpc_broker.config(), (topic,), checker))
+    with grpc_broker.native() as native:
+        assert eventually(lambda: native.transaction_state(transaction_id) is TransactionState.COMMITTED)
+    assert checker.checked and set(checker.checked) == {b"commit later"}
+
+
+def test_repeated_and_conflicting_end(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic = _name("ends")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,), BodyChecker()))
+    transaction = producer.begin_transaction()
+    receipt = producer.send(_message(topic, b"commit once"), transaction)
+    assert transaction.commit().status.code == pb.OK
+    assert transaction.commit().status.code == pb.OK  # a repeat of the recorded resolution
+    with pytest.raises(rocketmq.v5.exception.ClientException) as conflict:
+        transaction.rollback()
+    assert conflict.value.code == pb.PRECONDITION_FAILED
+    stranger = _message(topic, b"x", message_id="no-such-transaction")
+    unknown = producer.end_transaction(receipt.message_queue.endpoints, stranger, stranger.message_id,
+                                       Resolution.COMMIT, pb.SOURCE_CLIENT)
+    assert unknown.status.code == pb.INVALID_TRANSACTION_ID
+
+
+def test_fifo_one_in_flight_per_group_in_order(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic = _name("fifo")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    for n in range(4):
+        producer.send(_message(topic, f"step {n}".encode(), message_group="account-1"))
+    consumer = _consumer(grpc_broker, clients, topic)
+    order = []
+    for _ in range(4):
+        batch = eventually(lambda: consumer.receive(32, 20))
+        assert len(batch) == 1  # the next of the group waits for this one's ack
+        assert batch[0].message_group == "account-1"
+        order.append(batch[0].body)
+        consumer.ack(batch[0])
+    assert order == [b"step 0", b"step 1", b"step 2", b"step 3"]
+
+
+def test_delay(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic = _name("delayed")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    due_ms = int(time.time() * 1000) + 2000
+    producer.send(_message(topic, b"later", delivery_timestamp=due_ms))  # 5.1.2: milliseconds
+    consumer = _consumer(grpc_broker, clients, topic)
+    got = _receive_all(consumer, 1)
+    assert [m.body for m in got] == [b"later"]
+    assert time.time() * 1000 >= due_ms  # not delivered before its time
+
+
+def test_delivery_timestamp_in_seconds_or_milliseconds() -> None:
+    """The protocol's seconds and the Python client 5.1.2's milliseconds-in-seconds agree."""
+    in_seconds, in_milliseconds = pb.SystemProperties(), pb.SystemProperties()
+    in_seconds.delivery_timestamp.seconds, in_seconds.delivery_timestamp.nanos = 1_900_000_000, 250_000_000
+    in_milliseconds.delivery_timestamp.seconds = 1_900_000_000_250
+    assert deliver_at_ms(in_seconds) == deliver_at_ms(in_milliseconds) == 1_900_000_000_250
+    assert deliver_at_ms(pb.SystemProperties()) is None
+
+
+def test_change_invisible_duration(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic = _name("invisible")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    producer.send(_message(topic, b"slow work"))
+    consumer = _consumer(grpc_broker, clients, topic)
+    [message] = eventually(lambda: consumer.receive(1, 30))
+    first_handle = message.receipt_handle
+    consumer.change_invisible_duration(message, 1)  # the client keeps the new handle
+    assert message.receipt_handle != first_handle
+    [again] = eventually(lambda: consumer.receive(1, 30))  # invisible for 1 s only: back again
+    assert again.body == b"slow work" and again.delivery_attempt == 2
+    consumer.ack(again)
+    assert consumer.receive(1, 30) == []
+
+
+def test_unimplemented_rpcs_say_so(grpc_broker: GrpcBroker) -> None:
+    with grpc.insecure_channel(grpc_broker.endpoint) as channel:
+        query = channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryAssignment",
+                                    request_serializer=spb.QueryAssignmentRequest.SerializeToString,
+                                    response_deserializer=spb.QueryAssignmentResponse.FromString)
+        with pytest.raises(grpc.RpcError) as refused:
+            query(spb.QueryAssignmentRequest(), timeout=10)
+    assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert "QueryAssignment is not implemented" in refused.value.details()
+
+
+@pytest.fixture
+def signed_broker(tmp_path: Path) -> Iterator[GrpcBroker]:
+    broker = start_grpc_broker(tmp_path / "broker", "--access-key", "app", "--secret-key", "s3cret")
+    yield broker
+    broker.process.stop()
+
+
+def _query_route(endpoint: str, metadata: tuple[tuple[str, str], ...]) -> spb.QueryRouteResponse:
+    with grpc.insecure_channel(endpoint) as channel:
+        query = channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryRoute",
+                                    request_serializer=spb.QueryRouteRequest.SerializeToString,
+                                    response_deserializer=spb.QueryRouteResponse.FromString)
+        return query(spb.QueryRouteRequest(topic=pb.Resource(name="signed")), metadata=metadata, timeout=10)
+
+
+def test_signed_calls_with_the_brokers_keys(signed_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic = _name("signed")
+    producer = clients(rocketmq.Producer(signed_broker.config("app", "s3cret"), (topic,)))
+    assert producer.send(_message(topic, b"signed")).message_id
+    intruder = clients(rocketmq.Producer(signed_broker.config("app", "wrong"), ()))
+    with pytest.raises(Exception, match="route"):  # the client reports the refused QueryRoute so
+        intruder.send(_message(topic, b"unsigned"))
+    date = "20261124T120000Z"
+    wrong = f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, Signature={sign('wrong', date)}"
+    for metadata, reason in ((((DATE_HEADER, date), ("authorization", wrong)), "signature is wrong"),
+                             ((), "not signed")):
+        with pytest.raises(grpc.RpcError) as refused:
+            _query_route(signed_broker.endpoint, metadata)
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert reason in refused.value.details()
+    right = wrong.replace(sign("wrong", date), sign("s3cret", date))
+    assert _query_route(signed_broker.endpoint, ((DATE_HEADER, date), ("authorization", right))).status.code == pb.OK
