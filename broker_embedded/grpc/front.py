@@ -9,12 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from ..api import BrokerAPI
+from ..config import BrokerConfig
 from .service import MessagingService
 from .signature import SignatureVerifier
 
 log = logging.getLogger("broker_embedded.grpc")
 
 STOP_GRACE_S = 5.0
+#: What a gRPC message may hold besides a body of ``max_body_size`` (properties, ids, framing).
+MESSAGE_OVERHEAD_BYTES = 1024 * 1024
 
 
 class GrpcFront:
@@ -32,14 +35,21 @@ class GrpcFront:
             _check_address(advertise)
         self.host = host
         self.port = port
+        config = getattr(broker, "config", None)
+        self.config = config if isinstance(config, BrokerConfig) else BrokerConfig()
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="broker-grpc")
+        #: Receives wait for messages on their own threads, so waiting consumers never hold up a send.
+        self.poll_executor = ThreadPoolExecutor(max_workers=self.config.limits.max_long_polls,
+                                                thread_name_prefix="broker-grpc-poll")
         verifier = SignatureVerifier(access_key, secret_key) if access_key is not None and secret_key is not None \
             else None
-        self.service = MessagingService(broker, self.executor, advertise, verifier)
+        self.service = MessagingService(broker, self.executor, self.poll_executor, advertise, verifier)
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server()
+        largest = self.config.max_body_size + self.config.max_properties_size + MESSAGE_OVERHEAD_BYTES
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", largest),
+                                          ("grpc.max_send_message_length", largest)])
         server.add_generic_rpc_handlers((self.service.handler(),))
         self.port = server.add_insecure_port(f"{self.host}:{self.port}")
         if not self.port:
@@ -51,9 +61,11 @@ class GrpcFront:
     async def stop(self) -> None:
         """Stop accepting calls, give those in flight ``STOP_GRACE_S`` to finish."""
         self.service.stopping = True
+        self.service.router.end_all()
         if self._server is not None:
             await self._server.stop(STOP_GRACE_S)
         self.executor.shutdown(wait=True, cancel_futures=False)
+        self.poll_executor.shutdown(wait=True, cancel_futures=False)
 
 
 def _check_address(address: str) -> None:

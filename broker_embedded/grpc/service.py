@@ -55,10 +55,11 @@ class MessagingService:
     ``advertise`` (``host:port``) is the address routes name; without it a route names the
     address the client used. ``verifier`` checks each call's signature when set."""
 
-    def __init__(self, broker: BrokerAPI, executor: Executor, advertise: str | None = None,
+    def __init__(self, broker: BrokerAPI, executor: Executor, poll_executor: Executor, advertise: str | None = None,
                  verifier: SignatureVerifier | None = None) -> None:
         self.broker = broker
         self.executor = executor
+        self.poll_executor = poll_executor
         self.advertise = advertise
         self.verifier = verifier
         self.router = CheckRouter(broker)
@@ -69,6 +70,11 @@ class MessagingService:
     async def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(function, *args, **kwargs))
+
+    async def _poll(self, receive: Callable[..., Any], wait_s: float) -> Any:
+        """A receive that may wait ``wait_s``, on a poll thread."""
+        executor = self.poll_executor if wait_s > 0 else self.executor
+        return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(receive, wait_s=wait_s))
 
     # -- routes, heartbeats ---------------------------------------------------------------
     async def QueryRoute(self, request: spb.QueryRouteRequest, context: Any) -> spb.QueryRouteResponse:
@@ -220,7 +226,7 @@ class MessagingService:
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             left = deadline - asyncio.get_running_loop().time()
-            received = await self._call(receive, wait_s=max(0.0, min(POLL_SLICE_S, left)))
+            received = await self._poll(receive, max(0.0, min(POLL_SLICE_S, left)))
             if received or left <= POLL_SLICE_S or self.stopping:
                 return received, invisible_s
 

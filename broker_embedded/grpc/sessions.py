@@ -39,8 +39,8 @@ class TelemetrySession:
     outgoing: asyncio.Queue[spb.TelemetryCommand | None] = field(default_factory=asyncio.Queue)
     topics: frozenset[str] = frozenset()
 
-    def push(self, command: spb.TelemetryCommand) -> None:
-        """Queue ``command`` for the client; callable from any thread."""
+    def push(self, command: spb.TelemetryCommand | None) -> None:
+        """Queue ``command`` for the client (None ends the stream); callable from any thread."""
         self.loop.call_soon_threadsafe(self.outgoing.put_nowait, command)
 
 
@@ -81,6 +81,13 @@ class CheckRouter:
                 del self._callbacks[topic]
         for topic, callback in gone:
             self.broker.unregister_producer(topic, callback)  # type: ignore[arg-type]
+
+    def end_all(self) -> None:
+        """End every open stream (the server is stopping)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.push(None)
 
     def sent_half(self, transaction_id: str, client_id: str) -> None:
         """``client_id`` sent the half message of ``transaction_id``: its checks go there first."""

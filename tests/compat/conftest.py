@@ -56,8 +56,9 @@ class GrpcBroker:
         return rocketmq.ClientConfiguration(self.endpoint, rocketmq.Credentials(access_key, secret_key))
 
 
-def start_grpc_broker(data_dir: Path, *extra: str) -> GrpcBroker:
-    grpc_port = free_port()
+def start_grpc_broker(data_dir: Path, *extra: str, grpc_port: int | None = None) -> GrpcBroker:
+    """A broker process on ``data_dir`` serving gRPC on ``grpc_port`` (default: a free port)."""
+    grpc_port = grpc_port or free_port()
     process = ServerProcess(data_dir, "--grpc-port", str(grpc_port), *TRANSACTION_OPTIONS, *extra).start()
     wait_for_port(grpc_port)
     return GrpcBroker(process, grpc_port)

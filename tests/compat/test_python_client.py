@@ -178,6 +178,48 @@ def test_repeated_and_conflicting_end(grpc_broker: GrpcBroker, clients: Callable
     assert unknown.status.code == pb.INVALID_TRANSACTION_ID
 
 
+def test_commit_after_a_broker_restart(tmp_path: Path, clients: Callable[[Any], Any]) -> None:
+    """The transaction is the broker's (durable), not a proxy's memory: END after a restart commits."""
+    slow_checks = ("--transaction-timeout", "60")  # no check-back meanwhile
+    broker = start_grpc_broker(tmp_path / "broker", *slow_checks)
+    try:
+        topic = _name("restart")
+        producer = clients(rocketmq.Producer(broker.config(), (topic,), NeverSure()))
+        transaction = producer.begin_transaction()
+        producer.send(_message(topic, b"survives"), transaction)
+        broker.process.stop()
+        broker = start_grpc_broker(tmp_path / "broker", *slow_checks, grpc_port=broker.grpc_port)
+        eventually(lambda: _commits(transaction))
+        consumer = _consumer(broker, clients, topic)
+        assert [m.body for m in _receive_all(consumer, 1)] == [b"survives"]
+    finally:
+        broker.process.stop()
+
+
+def _commits(transaction: Any) -> bool:
+    """Commit; False while the client's channel reconnects."""
+    try:
+        return bool(transaction.commit().status.code == pb.OK)
+    except Exception as exc:
+        if "UNAVAILABLE" in str(exc):
+            return False
+        raise
+
+
+def test_too_large_a_body(grpc_broker: GrpcBroker) -> None:
+    """Over the broker's max_body_size (4 MiB): MESSAGE_BODY_TOO_LARGE, nothing stored."""
+    message = pb.Message(topic=pb.Resource(name=_name("big")), body=b"x" * (4 * 1024 * 1024 + 1),
+                         system_properties=pb.SystemProperties(message_id="big-1", message_type=pb.NORMAL))
+    with grpc.insecure_channel(grpc_broker.endpoint) as channel:
+        send = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
+                                   request_serializer=spb.SendMessageRequest.SerializeToString,
+                                   response_deserializer=spb.SendMessageResponse.FromString)
+        answer = send(spb.SendMessageRequest(messages=[message]), timeout=30)
+    assert answer.status.code == answer.entries[0].status.code == pb.MESSAGE_BODY_TOO_LARGE
+    with grpc_broker.native() as native:
+        assert native.query_by_id("big-1") is None
+
+
 def test_fifo_one_in_flight_per_group_in_order(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
     topic = _name("fifo")
     producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
