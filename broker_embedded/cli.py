@@ -112,6 +112,7 @@ def serve(args: argparse.Namespace) -> int:
         limits=ServerLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
     )
     factory: Any = load_attribute(args.checker, "--checker") if args.checker else None
+    _check_grpc_options(args)
     readiness = Readiness()
     http = _http_port(args, readiness) if args.http_port is not None else None
     try:
@@ -167,14 +168,27 @@ def _serve_broker(args: argparse.Namespace, config: BrokerConfig, factory: Any, 
     return 0
 
 
+def _check_grpc_options(args: argparse.Namespace) -> None:
+    """``ValueError`` before the broker opens if ``--grpc-port`` cannot be served: grpcio
+    or protobuf missing, or a malformed ``--grpc-advertise``."""
+    if args.grpc_port is None:
+        if args.grpc_advertise or args.grpc_host:
+            raise ValueError("--grpc-host and --grpc-advertise need --grpc-port")
+        return
+    try:
+        from .grpc.front import check_advertised_address
+    except ImportError as exc:
+        raise ValueError(f"--grpc-port needs grpcio and protobuf (pip install 'halfmoon[grpc]'): {exc}") from None
+    if args.grpc_advertise is not None:
+        check_advertised_address(args.grpc_advertise)
+
+
 def _grpc_front(args: argparse.Namespace, broker: EmbeddedBroker) -> GrpcFront | None:
     """The RocketMQ 5 gRPC port of ``serve --grpc-port``, or None when not asked for."""
     if args.grpc_port is None:
         return None
-    try:
-        from .grpc.front import GrpcFront
-    except ImportError as exc:
-        raise ValueError(f"--grpc-port needs grpcio and protobuf (pip install 'halfmoon[grpc]'): {exc}") from None
+    from .grpc.front import GrpcFront
+
     return GrpcFront(broker, args.grpc_host or args.host, args.grpc_port, advertise=args.grpc_advertise,
                      access_key=args.access_key, secret_key=args.secret_key)
 

@@ -32,7 +32,7 @@ class GrpcFront:
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key, or neither")
         if advertise is not None:
-            _check_address(advertise)
+            check_advertised_address(advertise)
         self.host = host
         self.port = port
         config = getattr(broker, "config", None)
@@ -68,7 +68,7 @@ class GrpcFront:
         self.poll_executor.shutdown(wait=True, cancel_futures=False)
 
 
-def _check_address(address: str) -> None:
+def check_advertised_address(address: str) -> None:
     """``ValueError`` unless ``address`` is ``host:port``."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -66,8 +66,11 @@ def start_grpc_broker(data_dir: Path, *extra: str, grpc_port: int | None = None)
 
 @pytest.fixture(scope="module")
 def grpc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcBroker]:
-    """One broker for the module's tests (each test uses its own topics and groups)."""
-    broker = start_grpc_broker(tmp_path_factory.mktemp("grpc") / "broker")
+    """One broker for the module's tests (each test uses its own topics and groups); its
+    routes advertise its address explicitly."""
+    grpc_port = free_port()
+    broker = start_grpc_broker(tmp_path_factory.mktemp("grpc") / "broker", "--grpc-advertise",
+                               f"127.0.0.1:{grpc_port}", grpc_port=grpc_port)
     yield broker
     broker.process.stop()
 

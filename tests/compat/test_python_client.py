@@ -63,6 +63,15 @@ class NeverSure(rocketmq.TransactionChecker):  # type: ignore[misc]
         raise RuntimeError("not this process's transaction")
 
 
+def _call(endpoint: str, rpc: str, request: Any, answer: Any, metadata: tuple[tuple[str, str], ...] = ()) -> Any:
+    """One unary RPC of MessagingService over a plain gRPC channel (no client library)."""
+    with grpc.insecure_channel(endpoint) as channel:
+        call = channel.unary_unary(f"/apache.rocketmq.v2.MessagingService/{rpc}",
+                                   request_serializer=type(request).SerializeToString,
+                                   response_deserializer=answer.FromString)
+        return call(request, metadata=metadata, timeout=30)
+
+
 def _consumer(broker: GrpcBroker, clients: Callable[[Any], Any], topic: str, await_s: int = 1) -> Any:
     return clients(rocketmq.SimpleConsumer(broker.config(), _name("group"), {topic: rocketmq.FilterExpression()},
                                            await_duration=await_s))
@@ -210,11 +219,8 @@ def test_too_large_a_body(grpc_broker: GrpcBroker) -> None:
     """Over the broker's max_body_size (4 MiB): MESSAGE_BODY_TOO_LARGE, nothing stored."""
     message = pb.Message(topic=pb.Resource(name=_name("big")), body=b"x" * (4 * 1024 * 1024 + 1),
                          system_properties=pb.SystemProperties(message_id="big-1", message_type=pb.NORMAL))
-    with grpc.insecure_channel(grpc_broker.endpoint) as channel:
-        send = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
-                                   request_serializer=spb.SendMessageRequest.SerializeToString,
-                                   response_deserializer=spb.SendMessageResponse.FromString)
-        answer = send(spb.SendMessageRequest(messages=[message]), timeout=30)
+    answer = _call(grpc_broker.endpoint, "SendMessage", spb.SendMessageRequest(messages=[message]),
+                   spb.SendMessageResponse)
     assert answer.status.code == answer.entries[0].status.code == pb.MESSAGE_BODY_TOO_LARGE
     with grpc_broker.native() as native:
         assert native.query_by_id("big-1") is None
@@ -271,13 +277,23 @@ def test_change_invisible_duration(grpc_broker: GrpcBroker, clients: Callable[[A
     assert consumer.receive(1, 30) == []
 
 
+def test_route_names_the_advertised_address(grpc_broker: GrpcBroker) -> None:
+    asked_via = pb.Endpoints(scheme=pb.DOMAIN_NAME, addresses=[pb.Address(host="lb.example.com", port=80)])
+    route = _call(grpc_broker.endpoint, "QueryRoute",
+                  spb.QueryRouteRequest(topic=pb.Resource(name=_name("routed")), endpoints=asked_via),
+                  spb.QueryRouteResponse)
+    assert route.status.code == pb.OK
+    assert [queue.id for queue in route.message_queues] == [0, 1, 2, 3]  # the broker's default_queues
+    for queue in route.message_queues:
+        assert queue.permission == pb.READ_WRITE and queue.broker.id == 0
+        assert set(queue.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
+        assert queue.broker.endpoints == pb.Endpoints(
+            scheme=pb.IPv4, addresses=[pb.Address(host="127.0.0.1", port=grpc_broker.grpc_port)])
+
+
 def test_unimplemented_rpcs_say_so(grpc_broker: GrpcBroker) -> None:
-    with grpc.insecure_channel(grpc_broker.endpoint) as channel:
-        query = channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryAssignment",
-                                    request_serializer=spb.QueryAssignmentRequest.SerializeToString,
-                                    response_deserializer=spb.QueryAssignmentResponse.FromString)
-        with pytest.raises(grpc.RpcError) as refused:
-            query(spb.QueryAssignmentRequest(), timeout=10)
+    with pytest.raises(grpc.RpcError) as refused:
+        _call(grpc_broker.endpoint, "QueryAssignment", spb.QueryAssignmentRequest(), spb.QueryAssignmentResponse)
     assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
     assert "QueryAssignment is not implemented" in refused.value.details()
 
@@ -290,11 +306,8 @@ def signed_broker(tmp_path: Path) -> Iterator[GrpcBroker]:
 
 
 def _query_route(endpoint: str, metadata: tuple[tuple[str, str], ...]) -> spb.QueryRouteResponse:
-    with grpc.insecure_channel(endpoint) as channel:
-        query = channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryRoute",
-                                    request_serializer=spb.QueryRouteRequest.SerializeToString,
-                                    response_deserializer=spb.QueryRouteResponse.FromString)
-        return query(spb.QueryRouteRequest(topic=pb.Resource(name="signed")), metadata=metadata, timeout=10)
+    return _call(endpoint, "QueryRoute", spb.QueryRouteRequest(topic=pb.Resource(name="signed")),
+                 spb.QueryRouteResponse, metadata)
 
 
 def test_signed_calls_with_the_brokers_keys(signed_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
