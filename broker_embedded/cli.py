@@ -3,7 +3,7 @@
     serve   --data-dir DIR [--host 127.0.0.1] [--port 9876] [--flush sync|async]
             [--checker module:factory] [--access-key K --secret-key S] [--export-root DIR]
             [--max-connections 1024] [--idle-timeout 300] [--http-port P [--http-host H]]
-            [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT]]
+            [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT[,HOST:PORT...]]]
     topics  create NAME [--queues N] | list
     stats
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
@@ -176,20 +176,21 @@ def _check_grpc_options(args: argparse.Namespace) -> None:
             raise ValueError("--grpc-host and --grpc-advertise need --grpc-port")
         return
     try:
-        from .grpc.front import check_advertised_address
+        from .grpc.front import parse_advertised
     except ImportError as exc:
         raise ValueError(f"--grpc-port needs grpcio and protobuf (pip install 'halfmoon[grpc]'): {exc}") from None
     if args.grpc_advertise is not None:
-        check_advertised_address(args.grpc_advertise)
+        parse_advertised(args.grpc_advertise)
 
 
 def _grpc_front(args: argparse.Namespace, broker: EmbeddedBroker) -> GrpcFront | None:
     """The RocketMQ 5 gRPC port of ``serve --grpc-port``, or None when not asked for."""
     if args.grpc_port is None:
         return None
-    from .grpc.front import GrpcFront
+    from .grpc.front import GrpcFront, parse_advertised
 
-    return GrpcFront(broker, args.grpc_host or args.host, args.grpc_port, advertise=args.grpc_advertise,
+    advertise = parse_advertised(args.grpc_advertise) if args.grpc_advertise else ()
+    return GrpcFront(broker, args.grpc_host or args.host, args.grpc_port, advertise=advertise,
                      access_key=args.access_key, secret_key=args.secret_key)
 
 
@@ -311,8 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-port", type=int, help="also serve RocketMQ 5's gRPC protocol (the official clients) "
                    "on this port (0: a free one); none unless given")
     s.add_argument("--grpc-host", help="the gRPC port's address (default: --host)")
-    s.add_argument("--grpc-advertise", metavar="HOST:PORT", help="the gRPC address routes give the clients "
-                   "(default: the address they connected to)")
+    s.add_argument("--grpc-advertise", metavar="HOST:PORT[,HOST:PORT...]", help="the gRPC address routes give "
+                   "the clients (default: the address they connected to); several: the brokers of one static route, "
+                   "the same list given to each")
     s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker")
     s.add_argument("--access-key")
     s.add_argument("--secret-key")

@@ -4,6 +4,7 @@ broker server's event loop, serving ``MessagingService`` over the same broker.""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -22,17 +23,18 @@ MESSAGE_OVERHEAD_BYTES = 1024 * 1024
 
 class GrpcFront:
     """Serve RocketMQ 5's gRPC protocol for ``broker`` on ``host:port`` (0: a free port, see
-    ``port`` after ``start``). ``advertise`` (``host:port``) is the address routes give the
-    clients (default: the one they connected to); with ``access_key`` and ``secret_key`` every
+    ``port`` after ``start``). ``advertise`` (``host:port`` each) are the brokers routes give the
+    clients: this one, or all brokers of a static route (default: the address they connected
+    to); with ``access_key`` and ``secret_key`` every
     call must be signed with them (``MQv2-HMAC-SHA1``)."""
 
     def __init__(self, broker: BrokerAPI, host: str = "127.0.0.1", port: int = 8081, *,
-                 advertise: str | None = None, access_key: str | None = None, secret_key: str | None = None,
+                 advertise: Sequence[str] = (), access_key: str | None = None, secret_key: str | None = None,
                  max_workers: int = 64) -> None:
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key, or neither")
-        if advertise is not None:
-            check_advertised_address(advertise)
+        for address in advertise:
+            check_address(address)
         self.host = host
         self.port = port
         config = getattr(broker, "config", None)
@@ -68,8 +70,16 @@ class GrpcFront:
         self.poll_executor.shutdown(wait=True, cancel_futures=False)
 
 
-def check_advertised_address(address: str) -> None:
+def check_address(address: str) -> None:
     """``ValueError`` unless ``address`` is ``host:port``."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"the advertised gRPC address must be host:port, not {address!r}")
+        raise ValueError(f"an advertised gRPC address must be host:port, not {address!r}")
+
+
+def parse_advertised(value: str) -> tuple[str, ...]:
+    """The addresses of ``--grpc-advertise HOST:PORT[,HOST:PORT...]`` (``ValueError`` if malformed)."""
+    addresses = tuple(address.strip() for address in value.split(","))
+    for address in addresses:
+        check_address(address)
+    return addresses

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -52,15 +52,16 @@ def _seconds(duration: Any) -> float:
 class MessagingService:
     """The RPCs of RocketMQ 5's MessagingService, answering from ``broker``.
 
-    ``advertise`` (``host:port``) is the address routes name; without it a route names the
-    address the client used. ``verifier`` checks each call's signature when set."""
+    ``advertise`` (``host:port`` each) are the brokers routes name: this one, or every broker
+    of a static route (each serving its own store, the same list given to each); without it a
+    route names the address the client used. ``verifier`` checks each call's signature when set."""
 
-    def __init__(self, broker: BrokerAPI, executor: Executor, poll_executor: Executor, advertise: str | None = None,
-                 verifier: SignatureVerifier | None = None) -> None:
+    def __init__(self, broker: BrokerAPI, executor: Executor, poll_executor: Executor,
+                 advertise: Sequence[str] = (), verifier: SignatureVerifier | None = None) -> None:
         self.broker = broker
         self.executor = executor
         self.poll_executor = poll_executor
-        self.advertise = advertise
+        self.advertise = tuple(advertise)
         self.verifier = verifier
         self.router = CheckRouter(broker)
         config = getattr(broker, "config", None)
@@ -83,11 +84,12 @@ class MessagingService:
             queues = await self._call(self._queue_count, topic)
         except Exception as exc:
             return spb.QueryRouteResponse(status=status_of(exc))
-        broker = pb.Broker(name="halfmoon", id=0, endpoints=self._endpoints(request.endpoints))
+        brokers = ([pb.Broker(name=address, id=0, endpoints=_endpoints(address)) for address in self.advertise]
+                   or [pb.Broker(name="halfmoon", id=0, endpoints=request.endpoints)])
         return spb.QueryRouteResponse(status=ok(), message_queues=[
             pb.MessageQueue(topic=pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace),
                             id=queue, permission=pb.READ_WRITE, broker=broker, accept_message_types=ACCEPTED_TYPES)
-            for queue in range(queues)])
+            for broker in brokers for queue in range(queues)])
 
     def _queue_count(self, topic: str) -> int:
         for info in self.broker.list_topics():
@@ -96,13 +98,6 @@ class MessagingService:
         if not self.config.auto_create_topics:
             raise UnknownTopicError(f"topic {topic!r} does not exist")
         return self.broker.create_topic(topic).queues
-
-    def _endpoints(self, asked: pb.Endpoints) -> pb.Endpoints:
-        if self.advertise is None:
-            return asked
-        host, _, port = self.advertise.rpartition(":")
-        scheme = pb.IPv4 if host.replace(".", "").isdigit() else pb.IPv6 if ":" in host else pb.DOMAIN_NAME
-        return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host.strip("[]"), port=int(port))])
 
     async def Heartbeat(self, request: spb.HeartbeatRequest, context: Any) -> spb.HeartbeatResponse:
         return spb.HeartbeatResponse(status=ok())
@@ -298,6 +293,13 @@ class MessagingService:
             return await implementation(request, context)
 
         return stream if streaming else unary
+
+
+def _endpoints(address: str) -> pb.Endpoints:
+    """The endpoints of ``host:port`` (IPv4, ``[IPv6]`` or a domain name)."""
+    host, _, port = address.rpartition(":")
+    scheme = pb.IPv4 if host.replace(".", "").isdigit() else pb.IPv6 if ":" in host else pb.DOMAIN_NAME
+    return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host.strip("[]"), port=int(port))])
 
 
 def _client_id(context: Any) -> str:

@@ -5,6 +5,7 @@ is read back over its native protocol."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -20,6 +21,7 @@ from broker_embedded.grpc._proto import service_pb2 as spb
 from broker_embedded.grpc.convert import deliver_at_ms
 from broker_embedded.grpc.signature import DATE_HEADER, sign
 from broker_embedded.message import TransactionState
+from tests.server.conftest import free_port
 
 from .conftest import GrpcBroker, eventually, rocketmq, start_grpc_broker
 
@@ -327,3 +329,48 @@ def test_signed_calls_with_the_brokers_keys(signed_broker: GrpcBroker, clients: 
         assert reason in refused.value.details()
     right = wrong.replace(sign("wrong", date), sign("s3cret", date))
     assert _query_route(signed_broker.endpoint, ((DATE_HEADER, date), ("authorization", right))).status.code == pb.OK
+
+
+@pytest.fixture
+def two_brokers(tmp_path: Path) -> Iterator[list[GrpcBroker]]:
+    """Two brokers, each with its own store, behind one static route that names both."""
+    ports = [free_port(), free_port()]
+    route = ",".join(f"127.0.0.1:{port}" for port in ports)
+    brokers = [start_grpc_broker(tmp_path / f"broker-{n}", "--grpc-advertise", route, grpc_port=port)
+               for n, port in enumerate(ports)]
+    yield brokers
+    for broker in brokers:
+        broker.process.stop()
+
+
+def _holder(brokers: list[GrpcBroker], transaction_id: str) -> int:
+    """The index of the broker that stores ``transaction_id``."""
+    for n, broker in enumerate(brokers):
+        with broker.native() as native:
+            if transaction_id in native.open_transactions():
+                return n
+    raise AssertionError(f"no broker holds transaction {transaction_id}")
+
+
+def _committed(broker: GrpcBroker, transaction_id: str) -> bool:
+    with broker.native() as native:
+        return native.transaction_state(transaction_id) is TransactionState.COMMITTED
+
+
+def test_several_brokers_in_one_route(two_brokers: list[GrpcBroker], clients: Callable[[Any], Any]) -> None:
+    """The client spreads sends over both brokers and answers each one's check-backs."""
+    first, _ = two_brokers
+    topic = _name("spread")
+    checker = BodyChecker()
+    producer = clients(rocketmq.Producer(first.config(), (topic,), checker))
+    held: dict[int, str] = {}
+    sent = 0
+    while len(held) < 2 and sent < 16:  # the client takes the route's queues in turn
+        receipt = producer.send(_message(topic, f"commit {sent}".encode()), producer.begin_transaction())
+        held.setdefault(_holder(two_brokers, receipt.transaction_id), receipt.transaction_id)
+        sent += 1
+    assert sorted(held) == [0, 1]
+    for n, transaction_id in held.items():  # no END was sent: each broker's check-back committed it
+        assert eventually(functools.partial(_committed, two_brokers[n], transaction_id))
+    consumer = _consumer(first, clients, topic)  # receives from both brokers of the route
+    assert len(_receive_all(consumer, sent)) == sent
