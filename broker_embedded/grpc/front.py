@@ -53,9 +53,11 @@ class GrpcFront:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", largest),
                                           ("grpc.max_send_message_length", largest)])
         server.add_generic_rpc_handlers((self.service.handler(),))
-        self.port = server.add_insecure_port(f"{self.host}:{self.port}")
-        if not self.port:
-            raise OSError(f"cannot listen for gRPC on {self.host}")
+        address = f"{self.host}:{self.port}"
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpcio's way of saying the port is taken or the host unknown
+            raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
         await server.start()
         self._server = server
         log.info("gRPC (RocketMQ 5) listening on %s:%d", self.host, self.port)

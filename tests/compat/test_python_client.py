@@ -6,6 +6,9 @@ is read back over its native protocol."""
 from __future__ import annotations
 
 import functools
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -374,3 +377,23 @@ def test_several_brokers_in_one_route(two_brokers: list[GrpcBroker], clients: Ca
         assert eventually(functools.partial(_committed, two_brokers[n], transaction_id))
     consumer = _consumer(first, clients, topic)  # receives from both brokers of the route
     assert len(_receive_all(consumer, sent)) == sent
+
+
+REFUSED_OPTIONS = [
+    (("--grpc-port", "0", "--grpc-advertise", "no-port"), "ValueError: an advertised gRPC address must be host:port"),
+    (("--grpc-advertise", "127.0.0.1:8081"), "ValueError: --grpc-host and --grpc-advertise need --grpc-port"),
+    (("--grpc-port", "{taken}"), "OSError: cannot listen for gRPC on 127.0.0.1:"),
+]
+
+
+@pytest.mark.parametrize(("options", "error"), REFUSED_OPTIONS, ids=["bad advertise", "no port", "port in use"])
+def test_serve_refuses_grpc_options_it_cannot_serve(tmp_path: Path, options: tuple[str, ...], error: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        argv = [option.format(taken=taken.getsockname()[1]) for option in options]
+        result = subprocess.run([sys.executable, "-m", "broker_embedded", "serve", "--data-dir",
+                                 str(tmp_path / "broker"), "--port", str(free_port()), *argv],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {error}")
