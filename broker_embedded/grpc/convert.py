@@ -58,7 +58,17 @@ def from_proto(message: pb.Message) -> Message:
         message_id=properties.message_id,
         deliver_at_ms=deliver_at_ms(properties),
         message_group=properties.message_group if properties.HasField("message_group") else None,
+        transaction_timeout_s=_recovery_duration_s(properties),
     )
+
+
+def _recovery_duration_s(properties: pb.SystemProperties) -> float | None:
+    """A half message's ``orphaned_transaction_recovery_duration`` (the Java client's
+    transaction timeout): when its first check-back is due. None: the broker's default."""
+    if not properties.HasField("orphaned_transaction_recovery_duration"):
+        return None
+    duration = properties.orphaned_transaction_recovery_duration
+    return duration.seconds + duration.nanos / 1e9 or None
 
 
 def message_type(message: Message, transactional: bool) -> pb.MessageType:

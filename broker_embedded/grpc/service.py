@@ -121,9 +121,9 @@ class MessagingService:
             kind = sent.system_properties.message_type
             if kind == pb.TRANSACTION:
                 topic = message.topic  # the producer group is the topic, as RocketMQ's proxy has it
+                self.router.sent_half(message.message_id, client_id)  # before a check can come
                 result = await self._call(self.broker.send_half, message, producer_group=topic,
                                           transaction_id=message.message_id)
-                self.router.sent_half(message.message_id, client_id)
             else:
                 if kind == pb.FIFO and message.message_group is None:
                     raise InvalidMessageError("a FIFO message needs a message_group")

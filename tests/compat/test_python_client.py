@@ -6,12 +6,14 @@ is read back over its native protocol."""
 from __future__ import annotations
 
 import functools
+import gzip
 import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pytest
 
 from broker_embedded.grpc._proto import definition_pb2 as pb
 from broker_embedded.grpc._proto import service_pb2 as spb
-from broker_embedded.grpc.convert import deliver_at_ms
+from broker_embedded.grpc.convert import deliver_at_ms, from_proto, to_proto
 from broker_embedded.grpc.signature import DATE_HEADER, sign
 from broker_embedded.message import TransactionState
 from tests.server.conftest import free_port
@@ -265,6 +267,21 @@ def test_delivery_timestamp_in_seconds_or_milliseconds() -> None:
     in_milliseconds.delivery_timestamp.seconds = 1_900_000_000_250
     assert deliver_at_ms(in_seconds) == deliver_at_ms(in_milliseconds) == 1_900_000_000_250
     assert deliver_at_ms(pb.SystemProperties()) is None
+
+
+def test_a_sent_message_converts_field_by_field() -> None:
+    properties = pb.SystemProperties(message_id="m-1", tag="paid", keys=["order-7"], message_group="account-1",
+                                     message_type=pb.FIFO, body_encoding=pb.GZIP)
+    properties.orphaned_transaction_recovery_duration.FromSeconds(30)
+    sent = pb.Message(topic=pb.Resource(name="orders"), user_properties={"source": "shop"},
+                      system_properties=properties, body=gzip.compress(b"order paid"))
+    message = from_proto(sent)
+    assert (message.topic, message.body, message.message_id, message.tag, message.keys, message.message_group,
+            dict(message.properties), message.transaction_timeout_s) == (
+        "orders", b"order paid", "m-1", "paid", ("order-7",), "account-1", {"source": "shop"}, 30.0)
+    back = to_proto(message).system_properties
+    assert back.body_digest.checksum == f"{zlib.crc32(b'order paid'):08X}" and back.body_encoding == pb.IDENTITY
+    assert back.message_type == pb.FIFO and back.message_group == "account-1"
 
 
 def test_change_invisible_duration(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
