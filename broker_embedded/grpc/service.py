@@ -2,7 +2,8 @@
 
 The handlers are registered by hand under the service's wire name (the protos are compiled
 under a private package, see ``_proto/README.md``). Every broker call runs on the
-front's executor threads, as the native server's do. Producer RPCs (normal, FIFO, delay and
+front's executor threads, as the native server's do, and writes in flight together share one
+append and one fsync through the native server's batcher. Producer RPCs (normal, FIFO, delay and
 transactional sends, EndTransaction, check-backs over Telemetry) and SimpleConsumer RPCs
 (ReceiveMessage, AckMessage, ChangeInvisibleDuration) are served; the others answer
 UNIMPLEMENTED.
@@ -14,7 +15,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -24,6 +25,8 @@ from ..api import MAX_DURATION_S, BrokerAPI
 from ..config import BrokerConfig
 from ..errors import AuthenticationError, InvalidMessageError, UnknownTopicError
 from ..message import Resolution
+from ..server import MAX_WRITE_BATCH_BYTES, _Batcher, _body_bytes, _write_one_by_one
+from ..writes import EndCall, HalfCall, SendCall, WriteCall
 from ._proto import definition_pb2 as pb
 from ._proto import service_pb2 as spb
 from .convert import from_proto, received_to_proto
@@ -56,7 +59,7 @@ class MessagingService:
     of a static route (each serving its own store, the same list given to each); without it a
     route names the address the client used. ``verifier`` checks each call's signature when set."""
 
-    def __init__(self, broker: BrokerAPI, executor: Executor, poll_executor: Executor,
+    def __init__(self, broker: BrokerAPI, executor: ThreadPoolExecutor, poll_executor: Executor,
                  advertise: Sequence[str] = (), verifier: SignatureVerifier | None = None) -> None:
         self.broker = broker
         self.executor = executor
@@ -67,6 +70,28 @@ class MessagingService:
         config = getattr(broker, "config", None)
         self.config = config if isinstance(config, BrokerConfig) else BrokerConfig()
         self.stopping = False
+        #: Concurrent writes share one append and one fsync (group commit), as on the native port.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writes = _Batcher(getattr(broker, "produce", None) or _write_one_by_one(broker), executor, self._track,
+                                max_batches=2, weigh=_body_bytes, max_batch_weight=MAX_WRITE_BATCH_BYTES)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, call: WriteCall, client_id: str) -> Any:
+        """Run a write in the next batch; its result, or its error raised."""
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def on_done(outcome: Any) -> None:
+            if not answer.done():  # the call may have been cancelled meanwhile
+                answer.set_result(outcome)
+
+        self._writes.submit(call, on_done, client_id)
+        outcome = await answer
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     async def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -122,12 +147,11 @@ class MessagingService:
             if kind == pb.TRANSACTION:
                 topic = message.topic  # the producer group is the topic, as RocketMQ's proxy has it
                 self.router.sent_half(message.message_id, client_id)  # before a check can come
-                result = await self._call(self.broker.send_half, message, producer_group=topic,
-                                          transaction_id=message.message_id)
+                result = await self._write(HalfCall(message, topic, message.message_id), client_id)
             else:
                 if kind == pb.FIFO and message.message_group is None:
                     raise InvalidMessageError("a FIFO message needs a message_group")
-                result = await self._call(self.broker.send, message)
+                result = await self._write(SendCall(message), client_id)
         except Exception as exc:
             return spb.SendResultEntry(status=status_of(exc))
         return spb.SendResultEntry(status=ok(), message_id=result.message_id, offset=result.queue_offset,
@@ -140,9 +164,8 @@ class MessagingService:
             return spb.EndTransactionResponse(status=pb.Status(
                 code=pb.BAD_REQUEST, message=f"unknown transaction resolution {request.resolution}"))
         try:
-            await self._call(self.broker.end_transaction, transaction_id, resolution,
-                             producer_group=request.topic.name,
-                             from_check=request.source == pb.SOURCE_SERVER_CHECK)
+            await self._write(EndCall(transaction_id, resolution, request.topic.name,
+                                      from_check=request.source == pb.SOURCE_SERVER_CHECK), _client_id(context))
         except Exception as exc:
             return spb.EndTransactionResponse(status=status_of(exc))
         if resolution is not Resolution.UNKNOWN:

@@ -113,6 +113,17 @@ def test_send_receive_ack(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]
     assert consumer.receive(32, 20) == []  # acked: MESSAGE_NOT_FOUND after the long poll
 
 
+def test_concurrent_sends(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """Sends in flight together (they share the broker's write batches) each get their own receipt."""
+    topic = _name("burst")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    futures = [producer.send_async(_message(topic, f"burst {n}".encode())) for n in range(20)]
+    receipts = [future.result(timeout=30) for future in futures]
+    assert len({receipt.message_id for receipt in receipts}) == 20
+    consumer = _consumer(grpc_broker, clients, topic)
+    assert sorted(m.body for m in _receive_all(consumer, 20)) == sorted(f"burst {n}".encode() for n in range(20))
+
+
 def test_commit_is_visible_and_rollback_never(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
     topic = _name("tx")
     producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,), BodyChecker()))
