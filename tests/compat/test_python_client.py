@@ -171,7 +171,7 @@ def test_raising_checker_is_unknown_checked_again_then_parked(grpc_broker: GrpcB
     with grpc_broker.native() as native:
         assert eventually(lambda: native.transaction_state(transaction_id) is TransactionState.PARKED, 30)
         assert transaction_id in [p.transaction_id for p in native.list_parked()]
-    assert len(checker.checked) == 3  # --check-max 3: asked three times, then parked
+    assert eventually(lambda: len(checker.checked) == 3)  # --check-max 3: asked three times, then parked
 
 
 def test_check_back_goes_to_another_producer_of_the_topic(grpc_broker: GrpcBroker,
