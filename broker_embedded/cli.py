@@ -3,6 +3,7 @@
     serve   --data-dir DIR [--host 127.0.0.1] [--port 9876] [--flush sync|async]
             [--checker module:factory] [--access-key K --secret-key S] [--export-root DIR]
             [--max-connections 1024] [--idle-timeout 300] [--http-port P [--http-host H]]
+            [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT[,HOST:PORT...]]]
     topics  create NAME [--queues N] | list
     stats
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
@@ -52,6 +53,7 @@ from .store.repair import repair
 from .store.verify import check
 
 if TYPE_CHECKING:  # prometheus_client comes with the [server] extra, needed for --http-port only
+    from .grpc.front import GrpcFront  # grpcio comes with the [grpc] extra, for --grpc-port only
     from .http_port import HttpPort
 
 #: The exit statuses, as --help shows them.
@@ -110,6 +112,7 @@ def serve(args: argparse.Namespace) -> int:
         limits=ServerLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
     )
     factory: Any = load_attribute(args.checker, "--checker") if args.checker else None
+    _check_grpc_options(args)
     readiness = Readiness()
     http = _http_port(args, readiness) if args.http_port is not None else None
     try:
@@ -132,6 +135,7 @@ def _serve_broker(args: argparse.Namespace, config: BrokerConfig, factory: Any, 
 
         register_broker_metrics(http.registry, broker, lambda: server.connections)
         http.mount("/", make_console_app(broker, access_key=args.access_key, secret_key=args.secret_key))
+    grpc_front = _grpc_front(args, broker)
     readiness.broker = broker
     tune_gc_for_server()
 
@@ -143,7 +147,15 @@ def _serve_broker(args: argparse.Namespace, config: BrokerConfig, factory: Any, 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_server(server, stop, listening)
+        if grpc_front is None:
+            await run_server(server, stop, listening)
+            return
+        await grpc_front.start()
+        print(f"halfmoon-broker: gRPC (RocketMQ 5) port on {grpc_front.host}:{grpc_front.port}", flush=True)
+        try:
+            await run_server(server, stop, listening)
+        finally:
+            await grpc_front.stop()
 
     try:
         import uvloop
@@ -154,6 +166,32 @@ def _serve_broker(args: argparse.Namespace, config: BrokerConfig, factory: Any, 
     finally:
         broker.close()
     return 0
+
+
+def _check_grpc_options(args: argparse.Namespace) -> None:
+    """``ValueError`` before the broker opens if ``--grpc-port`` cannot be served: grpcio
+    or protobuf missing, or a malformed ``--grpc-advertise``."""
+    if args.grpc_port is None:
+        if args.grpc_advertise or args.grpc_host:
+            raise ValueError("--grpc-host and --grpc-advertise need --grpc-port")
+        return
+    try:
+        from .grpc.front import parse_advertised
+    except ImportError as exc:
+        raise ValueError(f"--grpc-port needs grpcio and protobuf (pip install 'halfmoon[grpc]'): {exc}") from None
+    if args.grpc_advertise is not None:
+        parse_advertised(args.grpc_advertise)
+
+
+def _grpc_front(args: argparse.Namespace, broker: EmbeddedBroker) -> GrpcFront | None:
+    """The RocketMQ 5 gRPC port of ``serve --grpc-port``, or None when not asked for."""
+    if args.grpc_port is None:
+        return None
+    from .grpc.front import GrpcFront, parse_advertised
+
+    advertise = parse_advertised(args.grpc_advertise) if args.grpc_advertise else ()
+    return GrpcFront(broker, args.grpc_host or args.host, args.grpc_port, advertise=advertise,
+                     access_key=args.access_key, secret_key=args.secret_key)
 
 
 def _broker(args: argparse.Namespace) -> BrokerAPI:
@@ -271,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-port", type=int, help="also serve HTTP on this port (0: a free one): /metrics "
                    "(Prometheus), /healthz, /readyz and the console at /; none unless given")
     s.add_argument("--http-host", help="the HTTP port's address (default: --host)")
+    s.add_argument("--grpc-port", type=int, help="also serve RocketMQ 5's gRPC protocol (the official clients) "
+                   "on this port (0: a free one); none unless given")
+    s.add_argument("--grpc-host", help="the gRPC port's address (default: --host)")
+    s.add_argument("--grpc-advertise", metavar="HOST:PORT[,HOST:PORT...]", help="the gRPC address routes give "
+                   "the clients (default: the address they connected to); several: the brokers of one static route, "
+                   "the same list given to each")
     s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker")
     s.add_argument("--access-key")
     s.add_argument("--secret-key")

@@ -17,13 +17,14 @@ import collections
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .api import BrokerAPI
 from .auth import Authenticator, is_challenge_request, new_challenge
+from .batching import Batcher, each, write_batcher
 from .config import BrokerConfig, ServerLimits
 from .errors import (
     AuthenticationError,
@@ -57,16 +58,13 @@ from .protocol import (
     to_wire,
 )
 from .requests import Request, decode_request, request_arguments
-from .writes import EndCall, HalfCall, SendCall, WriteCall
+from .writes import EndCall, HalfCall, SendCall
 
 log = logging.getLogger("broker_embedded.server")
 
 STOP_GRACE_S = 10.0
 #: The longest a receive waits in the broker before the server looks at it again.
 POLL_SLICE_S = 1.0
-#: The message bodies one write batch holds at most (or one message): another client's
-#: small write waits behind one such batch, not behind a backlog of big ones.
-MAX_WRITE_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class _Connection:
@@ -231,125 +229,10 @@ class _Budget:
             self._waiting.popleft()
 
 
-class _Batcher:
-    """Groups the calls that arrive while a batch is running into the next batch: one
-    executor hop for all of them. ``run_batch`` takes the list of items and returns, per
-    item, a result or the exception that refused it. For writes this is group commit: one
-    append and one fsync for every write in flight. Up to ``max_batches`` batches run at
-    once, so one fills and appends while the one before it waits for its fsync. ``backlog``
-    is what ``weigh`` says the items queued or in a running batch hold (bytes).
-
-    The heavy items of a batch (over ``READ_CHUNK``) weigh at most ``max_batch_weight``
-    together (or are one item): one that does not fit waits for the next batch, and so does
-    everything after it from the same ``source`` (a connection's items keep their order),
-    while light items of other sources go ahead, so a small write never waits behind more
-    than the running batches, whatever other clients have queued."""
-
-    def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: ThreadPoolExecutor,
-                 track: Callable[[asyncio.Task[None]], None], max_batches: int = 1,
-                 weigh: Callable[[Any], int] = lambda item: 0, max_batch_weight: int = 0) -> None:
-        self.run_batch = run_batch
-        self.executor = executor
-        self.track = track
-        self.max_batches = max_batches
-        self.weigh = weigh
-        self.max_batch_weight = max_batch_weight
-        self.waiting: list[tuple[Any, Callable[[Any], None], object]] = []
-        self.running = 0
-        self.backlog = 0
-        self._lighter = asyncio.Event()
-
-    def submit(self, item: Any, on_done: Callable[[Any], None], source: object = None) -> None:
-        """Queue ``item`` from ``source``; ``on_done`` gets its result or exception on the
-        event loop."""
-        self.backlog += self.weigh(item)
-        self.waiting.append((item, on_done, source))
-        if self.running < self.max_batches:
-            self.running += 1
-            self.track(asyncio.get_running_loop().create_task(self._drain()))
-
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self.waiting:
-                batch = self._next_batch()
-                try:
-                    outcomes = await loop.run_in_executor(self.executor, self.run_batch, [item for item, _, _ in batch])
-                except Exception as exc:  # the whole batch failed (e.g. the disk is full)
-                    outcomes = [exc] * len(batch)
-                self.backlog -= sum(self.weigh(item) for item, _, _ in batch)
-                self._lighter.set()
-                for (_, on_done, _), outcome in zip(batch, outcomes, strict=True):
-                    on_done(outcome)
-        finally:
-            self.running -= 1
-
-    def _next_batch(self) -> list[tuple[Any, Callable[[Any], None], object]]:
-        """Take the items of the next batch out of ``waiting`` (see the class docstring)."""
-        if not self.max_batch_weight:
-            batch, self.waiting = self.waiting, []
-            return batch
-        batch, left, held = [], [], set()
-        heavy = 0
-        for entry in self.waiting:
-            weight = self.weigh(entry[0])
-            if weight <= READ_CHUNK:
-                weight = 0  # light: always fits
-            if entry[2] in held or (heavy and heavy + weight > self.max_batch_weight):
-                held.add(entry[2])
-                left.append(entry)
-            else:
-                batch.append(entry)
-                heavy += weight
-        self.waiting = left
-        return batch
-
-    async def lighter_than(self, limit: int) -> None:
-        """Until the backlog is at most ``limit``."""
-        while self.backlog > limit:
-            self._lighter.clear()
-            await self._lighter.wait()
-
-
-def _each(call: Callable[..., Any]) -> Callable[[list[Any]], list[Any]]:
-    """A ``run_batch`` that makes one call per item (keyword arguments if a map), catching each error."""
-
-    def run(items: list[Any]) -> list[Any]:
-        outcomes: list[Any] = []
-        for item in items:
-            try:
-                outcomes.append(call(**item) if isinstance(item, dict) else call(item))
-            except Exception as exc:
-                outcomes.append(exc)
-        return outcomes
-
-    return run
-
-
 #: The write requests, which share one batch (one append, one fsync) in ``EmbeddedBroker.produce``.
 _WRITE_CALLS: dict[str, type[SendCall] | type[HalfCall] | type[EndCall]] = {
     "send": SendCall, "send_half": HalfCall, "end_transaction": EndCall,
 }
-
-
-def _body_bytes(call: WriteCall) -> int:
-    """What a write holds while it waits for its batch: its message body."""
-    return len(call.message.body) if isinstance(call, SendCall | HalfCall) else 0
-
-
-def _write_one_by_one(broker: BrokerAPI) -> Callable[[list[WriteCall]], list[Any]]:
-    """A ``run_batch`` for a broker without ``produce``: one API call per write."""
-
-    def write(call: WriteCall) -> Any:
-        if isinstance(call, SendCall):
-            return broker.send(call.message)
-        if isinstance(call, HalfCall):
-            return broker.send_half(call.message, producer_group=call.producer_group,
-                                    transaction_id=call.transaction_id)
-        return broker.end_transaction(call.transaction_id, call.resolution, producer_group=call.producer_group,
-                                      from_check=call.from_check)
-
-    return _each(write)
 
 
 class BrokerServer:
@@ -394,12 +277,10 @@ class BrokerServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         #: Cheap calls that arrive together share one executor hop; writes share one fsync.
-        produce = getattr(broker, "produce", None)
-        writes = _Batcher(produce or _write_one_by_one(broker), self.executor, self._track, max_batches=2,
-                          weigh=_body_bytes, max_batch_weight=MAX_WRITE_BATCH_BYTES)
-        acks = _Batcher(_each(broker.ack), self.executor, self._track)
+        writes = write_batcher(broker, self.executor, self._track)
+        acks = Batcher(each(broker.ack), self.executor, self._track)
         self._writes = writes
-        self._batched: dict[int, tuple[str, _Batcher]] = {
+        self._batched: dict[int, tuple[str, Batcher]] = {
             int(CODES[method]): (method, writes) for method in _WRITE_CALLS
         }
         self._batched[int(CODES["ack"])] = ("ack", acks)

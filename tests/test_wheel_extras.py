@@ -126,6 +126,10 @@ def test_core_runs_the_broker_server_and_its_cli(install: Callable[[str], Venv])
                             "--http-port", "0"], cwd=env.work, env=env.env(), capture_output=True, text=True,
                            timeout=120)
     assert needs.returncode == 2 and "--http-port needs prometheus_client" in needs.stderr
+    needs = subprocess.run([env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "b3"), "--port", "0",
+                            "--grpc-port", "0"], cwd=env.work, env=env.env(), capture_output=True, text=True,
+                           timeout=120)
+    assert needs.returncode == 2 and "--grpc-port needs grpcio and protobuf" in needs.stderr
 
 
 def test_core_imports_outbox_without_an_orm(install: Callable[[str], Venv]) -> None:
@@ -155,6 +159,32 @@ def _our_alembic_head() -> str:
 
     (head,) = ScriptDirectory(str(Path(outbox.integrations.alembic.__file__).parent)).get_heads()
     return head
+
+
+GRPC_ROUTE = """
+import sys
+import grpc
+from broker_embedded.grpc._proto import definition_pb2 as pb, service_pb2 as spb
+with grpc.insecure_channel(sys.argv[1]) as channel:
+    query = channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryRoute",
+                                request_serializer=spb.QueryRouteRequest.SerializeToString,
+                                response_deserializer=spb.QueryRouteResponse.FromString)
+    route = query(spb.QueryRouteRequest(topic=pb.Resource(name="order.paid")), timeout=30)
+print(route.status.code == pb.OK, len(route.message_queues))
+"""
+
+
+def test_grpc_extra_serves_rocketmq5s_protocol(install: Callable[[str], Venv]) -> None:
+    """The committed generated code runs on the protobuf the extra installs."""
+    env = install("grpc")
+    grpc_port = free_port()
+    server = env.start("grpc-broker", env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "broker"),
+                       "--port", str(free_port()), "--grpc-port", str(grpc_port))
+    try:
+        env.wait_for_log("grpc-broker", server, f"gRPC (RocketMQ 5) port on 127.0.0.1:{grpc_port}")
+        assert env.run(env.bin("python"), "-c", GRPC_ROUTE, f"127.0.0.1:{grpc_port}").stdout.split() == ["True", "4"]
+    finally:
+        _stop(server)
 
 
 def _broker_round_trip(env: Venv, *serve_options: str) -> None:

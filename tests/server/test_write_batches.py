@@ -8,7 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from broker_embedded.server import _Batcher
+from broker_embedded.batching import Batcher
 
 MIB = 1024 * 1024
 
@@ -25,7 +25,7 @@ def test_a_small_write_goes_ahead_of_another_sources_big_ones_and_each_source_ke
     async def scenario() -> list[Any]:
         tasks: set[asyncio.Task[None]] = set()
         with ThreadPoolExecutor(2) as executor:
-            batcher = _Batcher(run_batch, executor, tasks.add, max_batches=1,
+            batcher = Batcher(run_batch, executor, tasks.add, max_batches=1,
                                weigh=lambda item: item[1], max_batch_weight=4 * MIB)
             loop = asyncio.get_running_loop()
             done: list[asyncio.Future[Any]] = []

@@ -1,0 +1,1 @@
+"""RocketMQ 5 gRPC front end of the broker (``halfmoon-broker serve --grpc-port``)."""

@@ -1,0 +1,108 @@
+"""A real ``halfmoon-broker serve --grpc-port`` subprocess, and the official RocketMQ 5 Python
+client (``rocketmq-python-client``, a dev dependency) imported with its log files in a
+temporary folder (it picks ``~/logs/rocketmq_python`` at import)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from broker_embedded import BrokerClient
+from tests.conftest import services_required
+from tests.server.conftest import ServerProcess, free_port, wait_for_port
+
+#: The broker's transaction settings for these tests: quick first check, quick re-checks,
+#: parked after three unanswered checks.
+TRANSACTION_OPTIONS = ("--transaction-timeout", "1", "--check-interval", "1", "--check-max", "3")
+
+
+def _import_client() -> ModuleType:
+    """The official client (a dev dependency): missing, these tests fail in CI and skip elsewhere."""
+    home = os.environ.get("HOME")
+    os.environ["HOME"] = tempfile.mkdtemp(prefix="rocketmq-client-home-")
+    try:
+        return importlib.import_module("rocketmq")
+    except ImportError:
+        reason = "rocketmq-python-client (a dev dependency) is not installed"
+        if services_required():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason, allow_module_level=True)
+    finally:
+        if home is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = home
+
+
+rocketmq = _import_client()
+
+
+@dataclass
+class GrpcBroker:
+    """A broker process with its native and gRPC ports."""
+
+    process: ServerProcess
+    grpc_port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def native(self) -> BrokerClient:
+        return BrokerClient(self.process.url)
+
+    def config(self, access_key: str = "", secret_key: str = "") -> Any:
+        return rocketmq.ClientConfiguration(self.endpoint, rocketmq.Credentials(access_key, secret_key))
+
+
+def start_grpc_broker(data_dir: Path, *extra: str, grpc_port: int | None = None) -> GrpcBroker:
+    """A broker process on ``data_dir`` serving gRPC on ``grpc_port`` (default: a free port)."""
+    grpc_port = grpc_port or free_port()
+    process = ServerProcess(data_dir, "--grpc-port", str(grpc_port), *TRANSACTION_OPTIONS, *extra).start()
+    wait_for_port(grpc_port)
+    return GrpcBroker(process, grpc_port)
+
+
+@pytest.fixture(scope="module")
+def grpc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcBroker]:
+    """One broker for the module's tests (each test uses its own topics and groups); its
+    routes advertise its address explicitly."""
+    grpc_port = free_port()
+    broker = start_grpc_broker(tmp_path_factory.mktemp("grpc") / "broker", "--grpc-advertise",
+                               f"127.0.0.1:{grpc_port}", grpc_port=grpc_port)
+    yield broker
+    broker.process.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[Callable[[Any], Any]]:
+    """Start official clients; each is shut down after the test."""
+    started: list[Any] = []
+
+    def start(client: Any) -> Any:
+        client.startup()
+        started.append(client)
+        return client
+
+    yield start
+    for client in reversed(started):
+        client.shutdown()
+
+
+def eventually(condition: Callable[[], Any], within_s: float = 20.0) -> Any:
+    """Poll ``condition`` until it returns something truthy (a bound, not a measurement)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
