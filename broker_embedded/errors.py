@@ -138,6 +138,13 @@ class RequestTimeoutError(BrokerUnavailableError):
     code = "REQUEST_TIMEOUT"
 
 
+class UnsupportedError(BrokerError):
+    """The broker backend cannot do this: a RocketMQ 5 proxy (``rocketmq5://``) offers no
+    admin API (parked transactions, exports, open transactions, DLQ, stats, queue reads)."""
+
+    code = "UNSUPPORTED"
+
+
 def _all_subclasses(cls: type[BrokerError]) -> list[type[BrokerError]]:
     found: list[type[BrokerError]] = []
     for sub in cls.__subclasses__():

@@ -2,7 +2,7 @@
 
 | variable | default | meaning |
 | --- | --- | --- |
-| ``HALFMOON_BROKER_URL`` | ``tcp://127.0.0.1:9876`` | the broker (``tcp://`` or ``embedded://``) |
+| ``HALFMOON_BROKER_URL`` | ``tcp://127.0.0.1:9876`` | the broker (``tcp://``, ``rocketmq5://`` or ``embedded://``) |
 | ``OUTBOX_BROKER_URL`` | | older name of ``HALFMOON_BROKER_URL`` (an error if both differ) |
 | ``OUTBOX_DATABASE_URL`` | ``sqlite:///outbox.sqlite3`` | the database with transaction_log |
 | ``OUTBOX_GROUP_DATABASES`` | ``{}`` | JSON map producer group -> database URL, for the checker |
@@ -42,14 +42,14 @@ class ConflictingBrokerUrlsError(ConfigurationError):
 
 
 def validated_broker_url(url: object, where: str) -> str:
-    """``url`` if it is ``tcp://host:port`` or ``embedded://path``; ``ConfigurationError``
+    """``url`` if it is ``tcp://host:port``, ``rocketmq5://host:port`` or ``embedded://path``; ``ConfigurationError``
     naming ``where`` it came from otherwise."""
     parsed = urlparse(url) if isinstance(url, str) else None
     if parsed is None or not (
-        (parsed.scheme == "tcp" and parsed.hostname and _has_port(parsed.netloc))
+        (parsed.scheme in ("tcp", "rocketmq5") and parsed.hostname and _has_port(parsed.netloc))
         or (parsed.scheme == "embedded" and (parsed.netloc or parsed.path))
     ):
-        raise ConfigurationError(f"{where} must be a tcp://host:port or embedded:///path URL, not {url!r}")
+        raise ConfigurationError(f"{where} must be a tcp://host:port, rocketmq5://host:port or embedded:///path URL, not {url!r}")
     return str(url)
 
 
@@ -61,7 +61,7 @@ def _has_port(netloc: str) -> bool:
 def broker_url_from_env(env: Mapping[str, str] | None = None) -> str | None:
     """The broker URL of ``HALFMOON_BROKER_URL`` or its older name ``OUTBOX_BROKER_URL``
     (unset or empty: None); ``ConfigurationError`` if both are set and differ, or for a
-    URL that is not ``tcp://`` or ``embedded://``."""
+    URL that is not ``tcp://``, ``rocketmq5://`` or ``embedded://``."""
     env = os.environ if env is None else env
     given = {name: env[name] for name in BROKER_URL_VARIABLES if env.get(name)}
     if len(set(given.values())) > 1:

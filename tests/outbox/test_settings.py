@@ -56,10 +56,13 @@ def test_halfmoon_broker_url_is_read_and_outbox_broker_url_is_its_alias(monkeypa
     monkeypatch.setenv("HALFMOON_BROKER_URL", "")  # empty is unset
     monkeypatch.setenv("OUTBOX_BROKER_URL", "embedded:///var/lib/halfmoon")
     assert OutboxSettings.from_env().broker_url == "embedded:///var/lib/halfmoon"
+    monkeypatch.setenv("OUTBOX_BROKER_URL", "rocketmq5://proxy.example:8081?topics=orders")
+    assert OutboxSettings.from_env().broker_url == "rocketmq5://proxy.example:8081?topics=orders"
 
 
 @pytest.mark.parametrize(("halfmoon", "outbox"), [("tcp://127.0.0.1:7", "tcp://127.0.0.1:8"),
-                                                  ("127.0.0.1:7", ""), ("", "http://example.com")])
+                                                  ("127.0.0.1:7", ""), ("", "http://example.com"),
+                                                  ("rocketmq5://proxy.example", "")])
 def test_conflicting_or_schemeless_broker_urls_are_typed_errors(monkeypatch, halfmoon: str, outbox: str) -> None:
     monkeypatch.setenv("HALFMOON_BROKER_URL", halfmoon)
     monkeypatch.setenv("OUTBOX_BROKER_URL", outbox)

@@ -1,0 +1,169 @@
+"""The outbox on ``rocketmq5://``: the official Python client against our own
+``serve --grpc-port`` process (and against a real RocketMQ 5 cluster when
+``HALFMOON_RMQ_ENDPOINTS`` names its proxy; its topic ``HALFMOON_RMQ_TOPIC`` must be a
+TRANSACTION topic): multi-message commit, rollback, a producer SIGKILLed after its DB commit
+settled by the fenced check-back in another process, the idempotent consumer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker_embedded import Resolution, connect
+from broker_embedded.errors import UnknownReceiptError, UnknownTransactionError, UnsupportedError
+from broker_embedded.rocketmq5 import TRANSACTION_PROPERTY, RocketMQ5Broker
+from outbox import Producer, install, json_message, message_json, send
+from outbox.integrations.celery.check_back import fence_answer
+from outbox.integrations.in_process_checks import answer_check_backs
+from outbox.integrations.sqlalchemy.consumer import idempotent_consumer
+from outbox.integrations.sqlalchemy.engine import create_engine
+from outbox.integrations.sqlalchemy.tables import metadata, transaction_log
+from outbox.settings import OutboxSettings
+from tests.outbox.test_crash_recovery import PRODUCER
+
+from .conftest import GrpcBroker, eventually
+
+
+@pytest.fixture(params=["serve --grpc-port", "cluster"])
+def target(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(the ``rocketmq5://`` URL, a topic for the test)."""
+    if request.param == "cluster":
+        endpoints = os.environ.get("HALFMOON_RMQ_ENDPOINTS")
+        if not endpoints:
+            pytest.skip("HALFMOON_RMQ_ENDPOINTS (a RocketMQ 5 proxy, host:port) is not set")
+        return f"rocketmq5://{endpoints}", os.environ.get("HALFMOON_RMQ_TOPIC", "halfmoon_outbox")
+    grpc_broker: GrpcBroker = request.getfixturevalue("grpc_broker")
+    return f"rocketmq5://{grpc_broker.endpoint}", f"outbox-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'shop.sqlite3'}"
+    engine = create_engine(url)
+    metadata.create_all(engine)
+    yield url
+    engine.dispose()
+
+
+def _drain(broker: RocketMQ5Broker, group: str, topic: str, count: int, within_s: float = 20) -> list[bytes]:
+    """Receive and ack until ``count`` bodies came (bounded), then one more empty poll."""
+    bodies: list[bytes] = []
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        batch = broker.receive(group, topic, wait_s=1, invisible_duration_s=20)
+        for received in batch:
+            bodies.append(received.message.body)
+            broker.ack(group, received.receipt_handle)
+        if len(bodies) >= count and not batch:
+            break
+    return bodies
+
+
+def test_multi_message_transaction_commits_together_and_rollback_never(target: tuple[str, str], database: str) -> None:
+    url, topic = target
+    producer = Producer(url, "shop")
+    assert isinstance(producer.broker, RocketMQ5Broker)
+    factory = sessionmaker(create_engine(database))
+    install(factory, producer)
+    try:
+        with factory.begin() as session:
+            committed = send(session, json_message(topic, {"n": 1}))
+            send(session, json_message(topic, {"n": 2}))
+        with pytest.raises(ValueError), factory.begin() as session:
+            send(session, json_message(topic, {"n": "rolled back"}))
+            raise ValueError("the business rule failed")
+        group = f"points-{uuid.uuid4().hex[:8]}"
+        assert sorted(_drain(producer.broker, group, topic, 2)) == [b'{"n":1}', b'{"n":2}']
+        with factory() as session:
+            assert session.execute(select(transaction_log.c.transaction_id)).scalars().all() == [committed]
+        with pytest.raises(UnknownTransactionError):  # both broker transactions are ended already
+            producer.broker.end_transaction(committed, Resolution.COMMIT, producer_group="shop")
+    finally:
+        producer.close()
+
+
+@pytest.mark.parametrize(("crash", "resolution"), [("after_commit", Resolution.COMMIT),
+                                                 ("before_commit", Resolution.ROLLBACK)])
+def test_killed_producer_is_settled_by_the_fenced_check_back(grpc_broker: GrpcBroker, database: str, crash: str,
+                                                             resolution: Resolution) -> None:
+    """SIGKILLed after its DB commit: the check-back commits; before it: rolls back, never delivered."""
+    topic = f"paid-{uuid.uuid4().hex[:10]}"
+    url = f"rocketmq5://{grpc_broker.endpoint}"
+    script = PRODUCER.replace('topic="order.paid"', 'topic=os.environ["TOPIC"]')
+    env = {**os.environ, "OUTBOX_BROKER_URL": url, "OUTBOX_DATABASE_URL": database, "TOPIC": topic,
+           "CRASH": crash, "HOME": tempfile.mkdtemp(prefix="rocketmq-client-home-")}
+    crashed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert crashed.returncode == -9, crashed.stderr
+    transaction_id = crashed.stdout.strip()
+
+    # A long-running process of the group, publishing the topic, answers by the fence.
+    checker = Producer(RocketMQ5Broker(url, topics=(topic,)), "shop")
+    answers: list[tuple[str, Resolution]] = []
+    fence = OutboxSettings(database_url=database)
+    def recorded(transaction: str, group: str) -> Resolution:
+        resolution = fence_answer(fence)(transaction, group)
+        answers.append((transaction, resolution))
+        return resolution
+
+    answer_check_backs(checker, answer=recorded)
+    try:
+        assert eventually(lambda: answers, within_s=30) == [(transaction_id, resolution)]
+        if resolution is Resolution.ROLLBACK:
+            assert checker.broker.receive("points", topic, wait_s=2) == []
+            return
+        received = eventually(lambda: checker.broker.receive("points", topic, wait_s=1))
+        assert [message_json(r.message) for r in received] == [{"order_id": "o1"}]
+        assert received[0].transaction_id == transaction_id
+        assert received[0].message.properties[TRANSACTION_PROPERTY] == transaction_id
+    finally:
+        checker.close()
+
+
+def test_idempotent_consumer_handles_a_redelivery_once(grpc_broker: GrpcBroker, database: str) -> None:
+    topic = f"once-{uuid.uuid4().hex[:10]}"
+    broker = connect(f"rocketmq5://{grpc_broker.endpoint}")
+    assert isinstance(broker, RocketMQ5Broker)
+    factory = sessionmaker(create_engine(database))
+    handled: list[object] = []
+
+    @idempotent_consumer("points", factory)
+    def handle(session: Session, received: object) -> None:
+        handled.append(received)
+
+    try:
+        broker.send(json_message(topic, {"order_id": "o7"}))
+        first = eventually(lambda: broker.receive("points", topic, wait_s=1))
+        assert handle(first[0]) is not False
+        # Not acked: released at once, it comes back and the duplicate check skips it.
+        released = broker.change_invisible_duration("points", first[0].receipt_handle, 1)
+        with pytest.raises(UnknownReceiptError):
+            broker.ack("points", first[0].receipt_handle)
+        again = eventually(lambda: broker.receive("points", topic, wait_s=1))
+        assert again[0].message.message_id == first[0].message.message_id and released
+        assert handle(again[0]) is False
+        broker.ack("points", again[0].receipt_handle)
+        assert len(handled) == 1
+    finally:
+        broker.close()
+
+
+def test_what_a_proxy_cannot_give_raises_unsupported(grpc_broker: GrpcBroker) -> None:
+    broker = RocketMQ5Broker(f"rocketmq5://{grpc_broker.endpoint}")
+    try:
+        for call in (broker.list_parked, broker.open_transactions, broker.stats, lambda: broker.list_dlq("g"),
+                     lambda: broker.transaction_state("t"), lambda: broker.query_by_id("m")):
+            with pytest.raises(UnsupportedError, match="not available on a RocketMQ 5 proxy"):
+                call()
+    finally:
+        broker.close()
+
