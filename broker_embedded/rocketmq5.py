@@ -262,9 +262,21 @@ class RocketMQ5Broker:
         self._answer.slot = _Answer(transaction_id)
         try:
             callbacks[0](request)
-            return self._answer.slot.resolution or Resolution.UNKNOWN
+            resolution = self._answer.slot.resolution or Resolution.UNKNOWN
         finally:
             self._answer.slot = None
+        if resolution is not Resolution.UNKNOWN:
+            self._settled(transaction_id, message.message_id)
+        return resolution
+
+    def _settled(self, transaction_id: str, message_id: str) -> None:
+        """Forget a broker transaction a check-back ends (its sender's END never came)."""
+        with self._lock:
+            left = [held for held in self._open.get(transaction_id, []) if held[1] != message_id]
+            if left:
+                self._open[transaction_id] = left
+            else:
+                self._open.pop(transaction_id, None)
 
     # -- consuming ------------------------------------------------------------------------
     @staticmethod
