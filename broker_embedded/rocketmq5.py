@@ -57,6 +57,9 @@ TRANSACTION_PROPERTY = "HALFMOON_TRANSACTION_ID"
 #: The property carrying the outbox producer group (the proxy routes checks by topic).
 GROUP_PROPERTY = "HALFMOON_PRODUCER_GROUP"
 
+#: A queue id or offset the client does not report.
+UNKNOWN_POSITION = -1
+
 _ENDED = {Resolution.COMMIT: TransactionState.COMMITTED, Resolution.ROLLBACK: TransactionState.ROLLED_BACK}
 
 
@@ -179,9 +182,10 @@ class RocketMQ5Broker:
 
     @staticmethod
     def _result(receipt: Any, topic: str, transaction_id: str | None = None) -> SendResult:
-        queue = receipt.message_queue
-        return SendResult(message_id=receipt.message_id, topic=topic, queue_id=getattr(queue, "queue_id", 0),
-                          queue_offset=receipt.offset or 0, commit_log_offset=-1, transaction_id=transaction_id)
+        """The client's receipt; it does not say the queue or the commit log offset (-1)."""
+        return SendResult(message_id=receipt.message_id, topic=topic, queue_id=UNKNOWN_POSITION,
+                          queue_offset=receipt.offset if receipt.offset is not None else UNKNOWN_POSITION,
+                          commit_log_offset=UNKNOWN_POSITION, transaction_id=transaction_id)
 
     def send(self, message: Message) -> SendResult:
         """Send a normal, FIFO (``message_group``) or delayed message."""
@@ -302,7 +306,8 @@ class RocketMQ5Broker:
             born = message.born_timestamp or 0
             received.append(ReceivedMessage(
                 message=self._message(message), receipt_handle=message.receipt_handle,
-                delivery_attempt=message.delivery_attempt or 1, queue_id=0, queue_offset=-1,
+                delivery_attempt=message.delivery_attempt or 1, queue_id=UNKNOWN_POSITION,
+                queue_offset=UNKNOWN_POSITION,
                 born_timestamp_ms=born, store_timestamp_ms=born,
                 transaction_id=message.properties.get(TRANSACTION_PROPERTY)))
             with self._lock:
