@@ -94,7 +94,8 @@ class RocketMQ5Broker:
 
     ``topics`` (or the URL's ``?topics=a,b``) are the topics this process publishes,
     announced at start so that check-backs of a crashed producer's transactions reach this
-    process before it sends anything itself. ``access_key``/``secret_key`` sign requests; ``timeout_s`` (whole seconds) bounds each request.
+    process before it sends anything itself. ``access_key``/``secret_key`` sign requests;
+    ``timeout_s`` (whole seconds) bounds each request.
     """
 
     def __init__(self, url: str, *, topics: tuple[str, ...] = (), access_key: str = "", secret_key: str = "",
