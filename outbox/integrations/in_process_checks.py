@@ -5,7 +5,7 @@ A RocketMQ 5 cluster (``rocketmq5://``) sends check-backs to a live producer cli
 a Celery queue: call ``answer_check_backs(producer)`` in the process that runs the producer
 (a web server, a worker). Each check-back runs what the Celery check task runs
 (``answer_check_back`` with the fence on the group's transaction_log), so the answer is the
-same whichever way the check came.
+same whichever way the check came. It needs the ``celery`` extra, where that body lives.
 """
 
 from __future__ import annotations
