@@ -187,6 +187,40 @@ def test_grpc_extra_serves_rocketmq5s_protocol(install: Callable[[str], Venv]) -
         _stop(server)
 
 
+RMQ5_ROUND_TRIP = """
+import sys, time
+from broker_embedded import Message, Resolution, connect
+from outbox import Producer
+
+broker = connect(f"rocketmq5://{sys.argv[1]}")
+producer = Producer(broker, "shop")
+producer.send_half(Message("orders", b"paid"), "tx-wheel")
+producer.end_transaction("tx-wheel", Resolution.COMMIT)
+deadline = time.monotonic() + 60
+received = []
+while not received and time.monotonic() < deadline:
+    received = broker.receive("points", "orders", wait_s=1)
+print(received[0].message.body.decode(), received[0].transaction_id)
+broker.ack("points", received[0].receipt_handle)
+broker.close()
+"""
+
+
+def test_rocketmq5_extra_runs_the_outbox_through_the_official_client(install: Callable[[str], Venv]) -> None:
+    """``rocketmq5://`` from the wheel: a transactional message committed and consumed
+    through the official client, against the wheel's own gRPC port."""
+    env = install("grpc,rocketmq5")
+    grpc_port = free_port()
+    server = env.start("rmq5-broker", env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "broker"),
+                       "--port", str(free_port()), "--grpc-port", str(grpc_port))
+    try:
+        env.wait_for_log("rmq5-broker", server, f"gRPC (RocketMQ 5) port on 127.0.0.1:{grpc_port}")
+        out = env.run(env.bin("python"), "-c", RMQ5_ROUND_TRIP, f"127.0.0.1:{grpc_port}").stdout
+        assert out.split() == ["paid", "tx-wheel"]
+    finally:
+        _stop(server)
+
+
 def _broker_round_trip(env: Venv, *serve_options: str) -> None:
     """``halfmoon-broker serve``, then ``send`` and ``receive`` one message through it; with
     ``--http-port P`` among ``serve_options``, its /metrics saved in ``metrics.txt``."""

@@ -23,8 +23,7 @@ from broker_embedded import Resolution, connect
 from broker_embedded.errors import UnknownReceiptError, UnknownTransactionError, UnsupportedError
 from broker_embedded.rocketmq5 import TRANSACTION_PROPERTY, RocketMQ5Broker
 from outbox import Producer, install, json_message, message_json, send
-from outbox.integrations.celery.check_back import fence_answer
-from outbox.integrations.in_process_checks import answer_check_backs
+from outbox.integrations.sqlalchemy.check_back import answer_check_backs, fence_answer
 from outbox.integrations.sqlalchemy.consumer import idempotent_consumer
 from outbox.integrations.sqlalchemy.engine import create_engine
 from outbox.integrations.sqlalchemy.tables import metadata, transaction_log

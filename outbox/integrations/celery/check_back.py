@@ -10,28 +10,19 @@ the body is ``answer_check_back``: the fence decides, END_TRANSACTION tells the 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery, current_task
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
-from broker_embedded import BrokerAPI, Resolution, connect
+from broker_embedded import BrokerAPI, connect
 
-from ... import instrumentation
-from ...producer import Producer
+from ... import check_back, instrumentation
+from ...check_back import Answer
 from ...settings import OutboxSettings
-from ..sqlalchemy.engine import checker_engine
-from ..sqlalchemy.fence import check_transaction
-
-log = logging.getLogger("outbox.celery")
+from ..sqlalchemy.check_back import DATABASE_ERRORS, fence_answer
 
 CHECK_TASK = "outbox.check_transaction"
-
-#: What a check-back asks: ``answer(transaction_id, producer_group)``, by the fence.
-Answer = Callable[[str, str], Resolution]
 
 #: Options of the check task in any app: no result to store (the broker gets the answer),
 #: acknowledged after it ran (a worker killed mid-check leaves it to another worker).
@@ -58,49 +49,16 @@ def carried_context() -> dict[str, str]:
 
 def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_group: str,
                       transaction_id: str, message_id: str | None = None) -> str:
-    """Answer one check-back: ``answer`` (the fencing check), then END_TRANSACTION to
-    ``broker()``; the resolution's value.
-
-    ``message_id`` (the half message the broker checked) is only logged and traced: the
-    answer is per transaction. UNKNOWN (a lock, statement or connect timeout, or the database is
-    unreachable) sends nothing; the broker checks again at its next interval."""
-    log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
-    with instrumentation.operation(instrumentation.CHECK_BACK, producer_group=producer_group,
-                                   transaction_id=transaction_id, message_id=message_id,
-                                   context=carried_context()) as check:
-        try:
-            resolution = answer(transaction_id, producer_group)
-        except SQLAlchemyError as exc:
-            log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
-                        transaction_id, exc)
-            resolution = Resolution.UNKNOWN
-        check.outcome = resolution.value
-        if resolution is not Resolution.UNKNOWN:  # not delivered: logged, and the broker checks again
-            Producer(broker(), producer_group).end_transaction(transaction_id, resolution, from_check=True)
-        return resolution.value
+    """``outbox.check_back.answer_check_back`` in a check task: traced with the context the
+    task carries, a database error of SQLAlchemy's is UNKNOWN."""
+    return check_back.answer_check_back(answer, broker, producer_group, transaction_id, message_id,
+                                        context=carried_context(), database_errors=DATABASE_ERRORS)
 
 
 @functools.cache
 def broker_client(url: str) -> BrokerAPI:
     """This process's connection to the broker at ``url``, opened on first use."""
     return connect(url)
-
-
-@functools.cache
-def _engine(url: str, connect_timeout_s: int) -> Engine:
-    return checker_engine(url, connect_timeout_s)
-
-
-def fence_answer(settings: OutboxSettings) -> Answer:
-    """The fence on each group's database (``settings.database_for(group)``), bounded by
-    the settings' connect, lock and statement timeouts."""
-
-    def answer(transaction_id: str, producer_group: str) -> Resolution:
-        engine = _engine(settings.database_for(producer_group), settings.check_connect_timeout_s)
-        return check_transaction(engine, transaction_id, producer_group,
-                                 settings.check_lock_timeout_ms, settings.check_statement_timeout_ms)
-
-    return answer
 
 
 def register(app: Celery, *, answer: Answer | None = None, settings: OutboxSettings | None = None) -> Any:

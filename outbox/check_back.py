@@ -1,0 +1,50 @@
+"""A check-back's one body, ORM-free: the fence decides, END_TRANSACTION tells the broker.
+
+Every way a check-back reaches this process runs ``answer_check_back``: the Celery task
+(``outbox.integrations.celery``, Django's autodiscovered task), a long-running producer that
+answers its own group's check-backs (``outbox.integrations.sqlalchemy.check_back``, needed on
+a RocketMQ 5 cluster, which asks live producer clients), so the answer is the same whichever
+way the check came.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from broker_embedded import BrokerAPI, Resolution
+
+from . import instrumentation
+from .producer import Producer
+
+log = logging.getLogger("outbox.check_back")
+
+#: What a check-back asks: ``answer(transaction_id, producer_group)``, by the fence.
+Answer = Callable[[str, str], Resolution]
+
+
+def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_group: str,
+                      transaction_id: str, message_id: str | None = None, *,
+                      context: Mapping[str, str] | None = None,
+                      database_errors: tuple[type[Exception], ...] = ()) -> str:
+    """Answer one check-back: ``answer`` (the fencing check), then END_TRANSACTION to
+    ``broker()``; the resolution's value.
+
+    ``message_id`` (the half message the broker checked) is only logged and traced, with the
+    half message's trace ``context``: the answer is per transaction. UNKNOWN (a lock,
+    statement or connect timeout; one of ``database_errors``, e.g. the database is
+    unreachable) sends nothing; the broker checks again at its next interval."""
+    log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
+    with instrumentation.operation(instrumentation.CHECK_BACK, producer_group=producer_group,
+                                   transaction_id=transaction_id, message_id=message_id,
+                                   context=dict(context or {})) as check:
+        try:
+            resolution = answer(transaction_id, producer_group)
+        except database_errors as exc:
+            log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
+                        transaction_id, exc)
+            resolution = Resolution.UNKNOWN
+        check.outcome = resolution.value
+        if resolution is not Resolution.UNKNOWN:  # not delivered: logged, and the broker checks again
+            Producer(broker(), producer_group).end_transaction(transaction_id, resolution, from_check=True)
+        return resolution.value
