@@ -1,0 +1,186 @@
+"""The official RocketMQ 5 Node client (rocketmq-client-nodejs 1.0.8, pinned in
+tests/compat/node/package.json) against a real ``halfmoon-broker serve --grpc-port`` process:
+the core scenarios of test_python_client.py, each run by tests/compat/node/client.js in a
+``node`` process. The broker's own state is read back over its native protocol."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_embedded.message import TransactionState
+from tests.conftest import unavailable
+
+from .conftest import GrpcBroker, eventually
+
+NODE_DIR = Path(__file__).parent / "node"
+LOCK_FILES = ("package.json", "package-lock.json")
+
+
+def _install_dir() -> Path:
+    """Where ``npm ci`` puts the pinned client: outside the checkout, keyed by the lock file."""
+    digest = hashlib.sha256(b"".join((NODE_DIR / name).read_bytes() for name in LOCK_FILES)).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "halfmoon-node" / digest
+
+
+def _npm_ci(target: Path) -> None:
+    """Install into a fresh folder, then move it into place (a concurrent session may win)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
+    try:
+        for name in LOCK_FILES:
+            shutil.copy(NODE_DIR / name, staging / name)
+        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=staging,
+                                capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            unavailable(f"npm ci of tests/compat/node failed: {result.stderr.strip()[-500:]}")
+        try:
+            staging.rename(target)
+        except OSError:  # another session installed it first
+            if not (target / "node_modules").is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@dataclass
+class NodeClient:
+    """Runs client.js scenarios with the installed modules and a throwaway HOME (the client
+    logs to ``~/logs/rocketmq``)."""
+
+    node_modules: Path
+    home: Path
+
+    def start(self, scenario: str, **arguments: Any) -> subprocess.Popen[str]:
+        env = {**os.environ, "NODE_PATH": str(self.node_modules), "HOME": str(self.home)}
+        return subprocess.Popen(["node", str(NODE_DIR / "client.js"), scenario, json.dumps(arguments)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+
+    def run(self, scenario: str, **arguments: Any) -> list[dict[str, Any]]:
+        """Run a scenario to its end; its JSON records."""
+        process = self.start(scenario, **arguments)
+        out, err = process.communicate(timeout=90)
+        assert process.returncode == 0, f"client.js {scenario} failed: {err}"
+        return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> NodeClient:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        unavailable("node and npm are needed for the official Node client's tests")
+    target = _install_dir()
+    if not (target / "node_modules").is_dir():
+        _npm_ci(target)
+    return NodeClient(target / "node_modules", tmp_path_factory.mktemp("node-home"))
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int, **options: Any) -> list[dict[str, Any]]:
+    """Receive (and ack) ``count`` messages with a fresh Node SimpleConsumer; asserts none follow."""
+    records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=count,
+                       **options)
+    assert records[-1] == {"emptyAfter": True}
+    return [message for record in records[:-1] for message in record["batch"]]
+
+
+def test_send_receive_ack(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("orders")
+    messages = [{"body": f"order {n}", "tag": "created", "keys": [f"order-{n}"], "properties": {"source": "test"}}
+                for n in range(3)]
+    sent = node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=messages)
+    got = _received(node, grpc_broker, topic, 3)
+    assert sorted(m["body"] for m in got) == ["order 0", "order 1", "order 2"]
+    assert sorted(m["messageId"] for m in got) == sorted(r["messageId"] for r in sent)
+    assert {m["tag"] for m in got} == {"created"}
+    assert sorted(tuple(m["keys"]) for m in got) == [("order-0",), ("order-1",), ("order-2",)]
+    assert all(m["properties"] == {"source": "test"} and m["deliveryAttempt"] == 1 for m in got)
+
+
+def test_commit_is_visible_and_rollback_never(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("tx")
+    committed, rolled_back = node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[
+        {"body": "committed", "transaction": "commit"}, {"body": "rolled back", "transaction": "rollback"}])
+    assert committed["transactionId"] == committed["messageId"]  # the transaction id is the message id
+    assert [m["body"] for m in _received(node, grpc_broker, topic, 1)] == ["committed"]
+    with grpc_broker.native() as native:
+        assert native.transaction_state(committed["transactionId"]) is TransactionState.COMMITTED
+        assert native.transaction_state(rolled_back["transactionId"]) is TransactionState.ROLLED_BACK
+
+
+def test_check_back_commit_and_rollback(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    """Half messages left without END are checked over the Node producer's Telemetry stream;
+    its checker's answer resolves them."""
+    topic = _name("checked")
+    producer = node.start("send", endpoint=grpc_broker.endpoint, topic=topic, stay=True, messages=[
+        {"body": "commit me", "transaction": "none"}, {"body": "rollback me", "transaction": "none"}])
+    try:
+        records = _records_until_ready(producer)
+        ids = {r["transactionId"] for r in records if "transactionId" in r}
+        with grpc_broker.native() as native:
+            assert eventually(lambda: {native.transaction_state(i) for i in ids}
+                              == {TransactionState.COMMITTED, TransactionState.ROLLED_BACK})
+    finally:
+        out, err = producer.communicate(timeout=60)  # closes stdin: the producer shuts down
+    assert producer.returncode == 0, err
+    checked = {json.loads(line)["checked"] for line in out.splitlines()}
+    assert checked == {"commit me", "rollback me"}
+    assert [m["body"] for m in _received(node, grpc_broker, topic, 1)] == ["commit me"]
+
+
+def _records_until_ready(process: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    """Read a staying producer's records up to its ``ready`` line."""
+    assert process.stdout is not None
+    records: list[dict[str, Any]] = []
+    for line in process.stdout:
+        record = json.loads(line)
+        if record.get("ready"):
+            return records
+        records.append(record)
+    raise AssertionError(f"the Node producer ended early: {process.communicate()[1]}")
+
+
+def test_fifo_one_in_flight_per_group_in_order(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("fifo")
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic,
+             messages=[{"body": f"step {n}", "messageGroup": "account-1"} for n in range(4)])
+    records = node.run("receive", endpoint=grpc_broker.endpoint, topic=topic, group=_name("group"), count=4)
+    batches = [record["batch"] for record in records[:-1]]
+    assert [len(batch) for batch in batches] == [1, 1, 1, 1]  # the next of the group waits for the ack
+    assert [batch[0]["body"] for batch in batches] == ["step 0", "step 1", "step 2", "step 3"]
+    assert {batch[0]["messageGroup"] for batch in batches} == {"account-1"}
+
+
+def test_delay(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("delayed")
+    due_ms = int(time.time() * 1000) + 2000
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[{"body": "later", "deliveryAtMs": due_ms}])
+    [message] = _received(node, grpc_broker, topic, 1)
+    assert message["body"] == "later"
+    assert message["receivedAtMs"] >= due_ms  # not delivered before its time
+
+
+def test_change_invisible_duration(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("invisible")
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[{"body": "slow work"}])
+    first, again, empty = node.run("change-invisible-duration", endpoint=grpc_broker.endpoint, topic=topic,
+                                   group=_name("group"))
+    assert first["first"]["receiptHandle"] != first["firstHandle"]  # the client keeps the new handle
+    assert again["again"]["body"] == "slow work" and again["again"]["deliveryAttempt"] == 2
+    assert empty == {"emptyAfter": True}
+
