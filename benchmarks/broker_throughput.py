@@ -1,7 +1,7 @@
 """Broker throughput, side by side with Redis and RabbitMQ on this machine.
 
     ./dev bench broker_throughput [--seconds 5] [--recovery-mib 1024] [--skip-peers]
-                                  [--tx-only] [--repeat 3] [--metrics-overhead]
+                                  [--tx-only] [--repeat 3] [--metrics-overhead] [--grpc]
 
 All durable: our broker in sync flush mode (a send is acknowledged after fsync), a private
 redis-server with ``appendonly yes, appendfsync always``, RabbitMQ with publisher
@@ -28,6 +28,13 @@ receive+ack workloads of ours, against two servers side by side: one without an 
 and one with ``--http-port`` whose /metrics is scraped every second. ``--repeat N`` rounds,
 each running every workload on both back to back; it prints both figures and the on/off
 ratio of each pair (the target: metrics cost at most 5 %, a ratio >= 0.95).
+
+``--grpc`` runs only the official RocketMQ 5 Python client (``rocketmq-python-client``, a dev
+dependency) over gRPC next to our native protocol, on one server started with ``--port`` and
+``--grpc-port``: sends and transactions (send + commit), 256 B, sequential and from
+``GRPC_THREADS`` threads (native: a client per thread; gRPC: one Producer, as its users share
+it). ``--repeat N`` rounds, each running every workload over both, back to back (which goes first
+alternates); it prints both figures and the gRPC/native ratio of each pair.
 
 ``--repeat N`` runs everything N times and prints the median (min-max).
 """
@@ -300,6 +307,114 @@ def print_metrics_overhead(columns: Columns, rounds: int) -> None:
         print(f"{label:<48}{'':>60}{summary([r for row in rows for r in ratios[row]], '.3f'):>22}")
 
 
+#: The columns of ``--grpc``, and its threads.
+NATIVE, GRPC, GRPC_NATIVE = "native TCP", "gRPC, official Python client", "gRPC/native"
+GRPC_THREADS = 4
+GRPC_TOPIC = "bench-grpc"
+
+
+class AlwaysCommit:
+    """The Python client's transaction checker for ``--grpc`` (a check is never due: every
+    transaction is committed within the timeout)."""
+
+    def check(self, message: Any) -> Any:
+        import rocketmq
+
+        return rocketmq.TransactionResolution.COMMIT
+
+
+def _import_rocketmq(home: Path) -> Any:
+    """The official client, which picks its log folder (``~/logs/rocketmq_python``) at import."""
+    previous = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        import rocketmq
+    finally:
+        if previous is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = previous
+    return rocketmq
+
+
+def _grpc_send(rocketmq: Any, producer: Any) -> None:
+    message = rocketmq.Message()
+    message.topic, message.body = GRPC_TOPIC, TX_BODY
+    producer.send(message)
+
+
+def _grpc_tx(rocketmq: Any, producer: Any) -> None:
+    """One transaction of one message: the half message, then EndTransaction COMMIT."""
+    message = rocketmq.Message()
+    message.topic, message.body = GRPC_TOPIC, TX_BODY
+    transaction = producer.begin_transaction()
+    producer.send(message, transaction)
+    transaction.commit()
+
+
+def _threaded(threads: int, seconds: float, steps: list[Callable[[], None]]) -> float:
+    """Run ``steps[i]`` in a loop in thread i (``threads`` of them) for ``seconds``; calls per second."""
+    counts = [0] * threads
+    start = time.perf_counter()
+    stop = start + seconds
+
+    def run(n: int) -> None:
+        while time.perf_counter() < stop:
+            steps[n]()
+            counts[n] += 1
+
+    workers = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def grpc_versus_native(seconds: float, work: Path, rounds: int) -> Columns:
+    """Sends and transactions over the native protocol and over gRPC with the official Python
+    client, against one server; per round, each workload on both back to back."""
+    rocketmq = _import_rocketmq(work / "rocketmq-home")
+    grpc_port = free_port()
+    columns: Columns = {}
+    with halfmoon_process(work / "grpc", "--grpc-port", str(grpc_port)) as (_, port):
+        url = f"tcp://127.0.0.1:{port}"
+        config = rocketmq.ClientConfiguration(f"127.0.0.1:{grpc_port}", rocketmq.Credentials("", ""))
+        producer = rocketmq.Producer(config, (GRPC_TOPIC,), AlwaysCommit())
+        producer.startup()
+        natives = [BrokerClient(url, timeout_s=30) for _ in range(GRPC_THREADS)]
+        try:
+            _grpc_tx(rocketmq, producer)  # the route and the Telemetry settings, before timing
+            grpc_steps = {"send": functools.partial(_grpc_send, rocketmq, producer),
+                          "tx": functools.partial(_grpc_tx, rocketmq, producer)}
+            native_steps = {"send": [functools.partial(_send_one, client, TX_BODY) for client in natives],
+                            "tx": [functools.partial(_tx_one, client, TX_BODY) for client in natives]}
+            for round_number in range(rounds):
+                for kind, label in (("send", "send 256B"), ("tx", "tx (send + commit) 256B")):
+                    for threads in (1, GRPC_THREADS):
+                        row = f"{label}, {'sequential' if threads == 1 else f'{threads} threads'} (ops/s)"
+                        runs = {NATIVE: functools.partial(_threaded, threads, seconds, native_steps[kind]),
+                                GRPC: functools.partial(_threaded, threads, seconds, [grpc_steps[kind]] * threads)}
+                        order = (NATIVE, GRPC) if round_number % 2 == 0 else (GRPC, NATIVE)
+                        rate = {column: runs[column]() for column in order}
+                        for column, value in rate.items():
+                            measure_into(columns, column, {row: value})
+                        measure_into(columns, GRPC_NATIVE, {row: rate[GRPC] / rate[NATIVE]})
+        finally:
+            for client in natives:
+                client.close()
+            producer.shutdown()
+    return columns
+
+
+def print_grpc_versus_native(columns: Columns, rounds: int) -> None:
+    print(f"{rounds} rounds; each cell: median (min-max) over the rounds; gRPC/native: of each round's pair")
+    print(f"{'workload':<44}{NATIVE:>26}{GRPC:>32}{GRPC_NATIVE:>22}")
+    for row in columns[NATIVE]:
+        print(f"{row:<44}{summary(columns[NATIVE][row]):>26}{summary(columns[GRPC][row]):>32}"
+              f"{summary(columns[GRPC_NATIVE][row], '.3f'):>22}")
+
+
 RECOVERY_WRITER = r"""
 import sys
 from broker_embedded.store.config import StoreConfig
@@ -478,13 +593,19 @@ def main() -> None:
     parser.add_argument("--metrics-overhead", action="store_true",
                         help="only the hot workloads, with the HTTP port and metrics (scraped every second) "
                              "and without, in the same run")
+    parser.add_argument("--grpc", action="store_true",
+                        help="only sends and transactions over gRPC (the official Python client) next to the "
+                             "native protocol, on one server")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hm-bench-"))
     ours, redis_column = "halfmoon (sync fsync)", "Redis (AOF always)"
     columns: Columns = {}
-    if args.metrics_overhead:
+    if args.metrics_overhead or args.grpc:
         try:
-            print_metrics_overhead(metrics_overhead(args.seconds, work, args.repeat), args.repeat)
+            if args.metrics_overhead:
+                print_metrics_overhead(metrics_overhead(args.seconds, work, args.repeat), args.repeat)
+            else:
+                print_grpc_versus_native(grpc_versus_native(args.seconds, work, args.repeat), args.repeat)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return
