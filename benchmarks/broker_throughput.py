@@ -55,7 +55,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -352,7 +352,7 @@ def _grpc_tx(rocketmq: Any, producer: Any) -> None:
     transaction.commit()
 
 
-def _threaded(threads: int, seconds: float, steps: list[Callable[[], None]]) -> float:
+def _threaded(threads: int, seconds: float, steps: Sequence[Callable[[], None]]) -> float:
     """Run ``steps[i]`` in a loop in thread i (``threads`` of them) for ``seconds``; calls per second."""
     counts = [0] * threads
     start = time.perf_counter()
