@@ -352,11 +352,10 @@ def _grpc_tx(rocketmq: Any, producer: Any) -> None:
     transaction.commit()
 
 
-def _threaded(threads: int, seconds: float, steps: Sequence[Callable[[], None]]) -> float:
-    """Run ``steps[i]`` in a loop in thread i (``threads`` of them) for ``seconds``; calls per second."""
+def _threaded(threads: int, seconds: float, steps: Sequence[Callable[[], None]]) -> int:
+    """Run ``steps[i]`` in a loop in thread i (``threads`` of them) for ``seconds``; the calls made."""
     counts = [0] * threads
-    start = time.perf_counter()
-    stop = start + seconds
+    stop = time.perf_counter() + seconds
 
     def run(n: int) -> None:
         while time.perf_counter() < stop:
@@ -368,7 +367,7 @@ def _threaded(threads: int, seconds: float, steps: Sequence[Callable[[], None]])
         worker.start()
     for worker in workers:
         worker.join()
-    return sum(counts) / (time.perf_counter() - start)
+    return sum(counts)
 
 
 def grpc_versus_native(seconds: float, work: Path, rounds: int) -> Columns:
@@ -377,7 +376,7 @@ def grpc_versus_native(seconds: float, work: Path, rounds: int) -> Columns:
     rocketmq = _import_rocketmq(work / "rocketmq-home")
     grpc_port = free_port()
     columns: Columns = {}
-    with halfmoon_process(work / "grpc", "--grpc-port", str(grpc_port)) as (_, port):
+    with halfmoon_process(work / "grpc", "--grpc-port", str(grpc_port)) as (server, port):
         url = f"tcp://127.0.0.1:{port}"
         config = rocketmq.ClientConfiguration(f"127.0.0.1:{grpc_port}", rocketmq.Credentials("", ""))
         producer = rocketmq.Producer(config, (GRPC_TOPIC,), AlwaysCommit())
@@ -392,14 +391,22 @@ def grpc_versus_native(seconds: float, work: Path, rounds: int) -> Columns:
             for round_number in range(rounds):
                 for kind, label in (("send", "send 256B"), ("tx", "tx (send + commit) 256B")):
                     for threads in (1, GRPC_THREADS):
-                        row = f"{label}, {'sequential' if threads == 1 else f'{threads} threads'} (ops/s)"
+                        row = f"{label}, {'sequential' if threads == 1 else f'{threads} threads'}"
                         runs = {NATIVE: functools.partial(_threaded, threads, seconds, native_steps[kind]),
                                 GRPC: functools.partial(_threaded, threads, seconds, [grpc_steps[kind]] * threads)}
-                        order = (NATIVE, GRPC) if round_number % 2 == 0 else (GRPC, NATIVE)
-                        rate = {column: runs[column]() for column in order}
-                        for column, value in rate.items():
-                            measure_into(columns, column, {row: value})
-                        measure_into(columns, GRPC_NATIVE, {row: rate[GRPC] / rate[NATIVE]})
+                        figures = {}
+                        for column in (NATIVE, GRPC) if round_number % 2 == 0 else (GRPC, NATIVE):
+                            start, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(server.pid), \
+                                time.process_time()
+                            done = runs[column]()
+                            figures[column] = {
+                                row: done / (time.perf_counter() - start),
+                                _cpu_row(row): (cpu_seconds(server.pid) - server_cpu) / done * 1e6,
+                                _client_cpu_row(row): (time.process_time() - client_cpu) / done * 1e6,
+                            }
+                            measure_into(columns, column, figures[column])
+                        measure_into(columns, GRPC_NATIVE, {name: figures[GRPC][name] / figures[NATIVE][name]
+                                                            for name in figures[NATIVE]})
         finally:
             for client in natives:
                 client.close()
@@ -407,11 +414,18 @@ def grpc_versus_native(seconds: float, work: Path, rounds: int) -> Columns:
     return columns
 
 
+def _client_cpu_row(workload: str) -> str:
+    return f"{workload}: client CPU per op (µs)"
+
+
 def print_grpc_versus_native(columns: Columns, rounds: int) -> None:
+    """Per workload: operations per second, then the server's and the benchmark process's
+    (the clients') CPU time per operation; median (min-max) over the rounds."""
     print(f"{rounds} rounds; each cell: median (min-max) over the rounds; gRPC/native: of each round's pair")
-    print(f"{'workload':<44}{NATIVE:>26}{GRPC:>32}{GRPC_NATIVE:>22}")
+    print(f"{'workload (ops/s)':<44}{NATIVE:>28}{GRPC:>32}{GRPC_NATIVE:>22}")
     for row in columns[NATIVE]:
-        print(f"{row:<44}{summary(columns[NATIVE][row]):>26}{summary(columns[GRPC][row]):>32}"
+        label = row if ": " not in row else f"  {row.split(': ', 1)[1]}"
+        print(f"{label:<44}{summary(columns[NATIVE][row]):>28}{summary(columns[GRPC][row]):>32}"
               f"{summary(columns[GRPC_NATIVE][row], '.3f'):>22}")
 
 

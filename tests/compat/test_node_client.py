@@ -91,10 +91,9 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int, **options: Any) -> list[dict[str, Any]]:
+def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int) -> list[dict[str, Any]]:
     """Receive (and ack) ``count`` messages with a fresh Node SimpleConsumer; asserts none follow."""
-    records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=count,
-                       **options)
+    records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=count)
     assert records[-1] == {"emptyAfter": True}
     return [message for record in records[:-1] for message in record["batch"]]
 

@@ -100,7 +100,7 @@ async function receive() {
     let got = 0;
     const deadline = Date.now() + 30000;
     while (got < args.count && Date.now() < deadline) {
-      const batch = await simpleConsumer.receive(args.batch || 32, args.invisibleMs || 20000);
+      const batch = await simpleConsumer.receive(32, 20000);
       if (batch.length === 0) continue;
       emit({ batch: batch.map(viewOf) });
       for (const message of batch) await simpleConsumer.ack(message);
