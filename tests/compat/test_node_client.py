@@ -22,7 +22,7 @@ import pytest
 from broker_embedded.message import TransactionState
 from tests.conftest import unavailable
 
-from .conftest import GrpcBroker, eventually
+from .conftest import GrpcBroker, eventually, start_grpc_broker
 
 NODE_DIR = Path(__file__).parent / "node"
 LOCK_FILES = ("package.json", "package-lock.json")
@@ -75,6 +75,13 @@ class NodeClient:
         out, err = process.communicate(timeout=90)
         assert process.returncode == 0, f"client.js {scenario} failed: {err}"
         return [json.loads(line) for line in out.splitlines()]
+
+    def fails(self, scenario: str, **arguments: Any) -> str:
+        """Run a scenario that must fail; its error output."""
+        process = self.start(scenario, **arguments)
+        _, err = process.communicate(timeout=90)
+        assert process.returncode == 1, f"client.js {scenario} did not fail"
+        return err
 
 
 @pytest.fixture(scope="session")
@@ -142,6 +149,22 @@ def test_check_back_commit_and_rollback(grpc_broker: GrpcBroker, node: NodeClien
     assert [m["body"] for m in _received(node, grpc_broker, topic, 1)] == ["commit me"]
 
 
+def test_raising_checker_is_unknown_checked_again_then_parked(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("unknown")
+    producer = node.start("send", endpoint=grpc_broker.endpoint, topic=topic, stay=True,
+                          messages=[{"body": "cannot tell", "transaction": "none"}])
+    try:
+        [record] = _records_until_ready(producer)
+        with grpc_broker.native() as native:
+            assert eventually(lambda: native.transaction_state(record["transactionId"]) is TransactionState.PARKED,
+                              30)
+    finally:
+        out, err = producer.communicate(timeout=60)
+    assert producer.returncode == 0, err
+    # --check-max 3: asked three times, then parked (the checker's error is the client's to log)
+    assert [json.loads(line) for line in out.splitlines()] == [{"checked": "cannot tell"}] * 3
+
+
 def _records_until_ready(process: subprocess.Popen[str]) -> list[dict[str, Any]]:
     """Read a staying producer's records up to its ``ready`` line."""
     assert process.stdout is not None
@@ -183,3 +206,18 @@ def test_change_invisible_duration(grpc_broker: GrpcBroker, node: NodeClient) ->
     assert again["again"]["body"] == "slow work" and again["again"]["deliveryAttempt"] == 2
     assert empty == {"emptyAfter": True}
 
+
+
+def test_signed_calls_with_the_brokers_keys(tmp_path: Path, node: NodeClient) -> None:
+    """With sessionCredentials the Node client signs its calls (MQv2-HMAC-SHA1); without them it
+    sends no authorization header, and the broker refuses it (UNAUTHENTICATED)."""
+    broker = start_grpc_broker(tmp_path / "broker", "--access-key", "app", "--secret-key", "s3cret")
+    try:
+        topic, keys = _name("signed"), {"accessKey": "app", "secretKey": "s3cret"}
+        [sent] = node.run("send", endpoint=broker.endpoint, topic=topic, messages=[{"body": "signed"}], **keys)
+        records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=1, **keys)
+        assert [m["messageId"] for m in records[0]["batch"]] == [sent["messageId"]]
+        refused = node.fails("send", endpoint=broker.endpoint, topic=topic, messages=[{"body": "unsigned"}])
+        assert "Failed to fetch topic routes" in refused  # how the client reports the refused QueryRoute
+    finally:
+        broker.process.stop()

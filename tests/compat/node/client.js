@@ -55,9 +55,13 @@ function stdinClosed() {
   });
 }
 
+// Signs every call when args.accessKey is given (without it the client sends no authorization).
+const sessionCredentials = args.accessKey ? { accessKey: args.accessKey, accessSecret: args.secretKey } : undefined;
+
 // Sends args.messages; each may ask for a transaction ending in "commit", "rollback" or "none".
 async function send() {
-  const producer = new Producer({ endpoints: args.endpoint, topic: args.topic, checker: bodyChecker });
+  const producer = new Producer({ endpoints: args.endpoint, topic: args.topic, checker: bodyChecker,
+    sessionCredentials });
   await producer.startup();
   try {
     for (const spec of args.messages) {
@@ -88,6 +92,7 @@ function consumer() {
     consumerGroup: args.group,
     subscriptions: new Map().set(args.topic, '*'),
     awaitDuration: 1000,
+    sessionCredentials,
   });
 }
 
