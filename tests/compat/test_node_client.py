@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from broker_embedded.grpc._proto import definition_pb2 as pb
 from broker_embedded.message import TransactionState
 from tests.conftest import unavailable
 
@@ -121,12 +122,22 @@ def test_send_receive_ack(grpc_broker: GrpcBroker, node: NodeClient) -> None:
 def test_commit_is_visible_and_rollback_never(grpc_broker: GrpcBroker, node: NodeClient) -> None:
     topic = _name("tx")
     committed, rolled_back = node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[
-        {"body": "committed", "transaction": "commit"}, {"body": "rolled back", "transaction": "rollback"}])
+        {"body": "committed", "ends": ["commit"]}, {"body": "rolled back", "ends": ["rollback"]}])
     assert committed["transactionId"] == committed["messageId"]  # the transaction id is the message id
+    assert committed["ends"] == rolled_back["ends"] == [pb.OK]
     assert [m["body"] for m in _received(node, grpc_broker, topic, 1)] == ["committed"]
     with grpc_broker.native() as native:
         assert native.transaction_state(committed["transactionId"]) is TransactionState.COMMITTED
         assert native.transaction_state(rolled_back["transactionId"]) is TransactionState.ROLLED_BACK
+
+
+def test_repeated_and_conflicting_end(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    [sent] = node.run("send", endpoint=grpc_broker.endpoint, topic=_name("ends"),
+                      messages=[{"body": "commit once", "ends": ["commit", "commit", "rollback"]}])
+    # a repeat of the recorded resolution is OK, the opposite one PRECONDITION_FAILED
+    assert sent["ends"] == [pb.OK, pb.OK, pb.PRECONDITION_FAILED]
+    with grpc_broker.native() as native:
+        assert native.transaction_state(sent["transactionId"]) is TransactionState.COMMITTED
 
 
 def test_check_back_commit_and_rollback(grpc_broker: GrpcBroker, node: NodeClient) -> None:
@@ -134,7 +145,7 @@ def test_check_back_commit_and_rollback(grpc_broker: GrpcBroker, node: NodeClien
     its checker's answer resolves them."""
     topic = _name("checked")
     producer = node.start("send", endpoint=grpc_broker.endpoint, topic=topic, stay=True, messages=[
-        {"body": "commit me", "transaction": "none"}, {"body": "rollback me", "transaction": "none"}])
+        {"body": "commit me", "ends": []}, {"body": "rollback me", "ends": []}])
     try:
         records = _records_until_ready(producer)
         ids = {r["transactionId"] for r in records if "transactionId" in r}
@@ -152,7 +163,7 @@ def test_check_back_commit_and_rollback(grpc_broker: GrpcBroker, node: NodeClien
 def test_raising_checker_is_unknown_checked_again_then_parked(grpc_broker: GrpcBroker, node: NodeClient) -> None:
     topic = _name("unknown")
     producer = node.start("send", endpoint=grpc_broker.endpoint, topic=topic, stay=True,
-                          messages=[{"body": "cannot tell", "transaction": "none"}])
+                          messages=[{"body": "cannot tell", "ends": []}])
     try:
         [record] = _records_until_ready(producer)
         with grpc_broker.native() as native:

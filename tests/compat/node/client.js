@@ -4,7 +4,7 @@
 'use strict';
 
 const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
-const { TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
+const { Code, TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 
 const [scenario, rawArguments] = process.argv.slice(2);
 const args = JSON.parse(rawArguments || '{}');
@@ -58,23 +58,35 @@ function stdinClosed() {
 // Signs every call when args.accessKey is given (without it the client sends no authorization).
 const sessionCredentials = args.accessKey ? { accessKey: args.accessKey, accessSecret: args.secretKey } : undefined;
 
-// Sends args.messages; each may ask for a transaction ending in "commit", "rollback" or "none".
+// Ends a transaction with "commit" or "rollback"; the broker's status code (a Code value).
+async function end(transaction, resolution) {
+  try {
+    await transaction[resolution]();
+    return Code.OK;
+  } catch (error) {
+    if (error.code === undefined) throw error;
+    return error.code;
+  }
+}
+
+// Sends args.messages; a message with "ends" (say ["commit"], or [] to leave it to the
+// check-back) is sent in a transaction, then ended that way, each end's status code reported.
 async function send() {
   const producer = new Producer({ endpoints: args.endpoint, topic: args.topic, checker: bodyChecker,
     sessionCredentials });
   await producer.startup();
   try {
     for (const spec of args.messages) {
-      if (!spec.transaction) {
+      if (!spec.ends) {
         const receipt = await producer.send(messageOf(spec));
         emit({ messageId: receipt.messageId });
         continue;
       }
       const transaction = producer.beginTransaction();
       const receipt = await producer.send(messageOf(spec), transaction);
-      if (spec.transaction === 'commit') await transaction.commit();
-      if (spec.transaction === 'rollback') await transaction.rollback();
-      emit({ messageId: receipt.messageId, transactionId: receipt.transactionId });
+      const ends = [];
+      for (const resolution of spec.ends) ends.push(await end(transaction, resolution));
+      emit({ messageId: receipt.messageId, transactionId: receipt.transactionId, ends });
     }
     // A producer left with open transactions stays to answer check-backs until stdin closes.
     if (args.stay) {
