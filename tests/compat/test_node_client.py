@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 
+from broker_embedded.errors import UnknownTransactionError
 from broker_embedded.grpc._proto import definition_pb2 as pb
 from broker_embedded.message import TransactionState
 from tests.conftest import unavailable
+from tests.server.conftest import free_port
 
 from .conftest import GrpcBroker, eventually, start_grpc_broker
 
@@ -232,3 +234,39 @@ def test_signed_calls_with_the_brokers_keys(tmp_path: Path, node: NodeClient) ->
         assert "Failed to fetch topic routes" in refused  # how the client reports the refused QueryRoute
     finally:
         broker.process.stop()
+
+
+def test_several_brokers_in_one_route(tmp_path: Path, node: NodeClient) -> None:
+    """Two brokers behind one static route: the Node client spreads transactions over both and
+    answers each broker's check-backs on its own Telemetry stream; its consumer receives from both."""
+    ports = [free_port(), free_port()]
+    route = ",".join(f"127.0.0.1:{port}" for port in ports)
+    brokers = [start_grpc_broker(tmp_path / f"broker-{n}", "--grpc-advertise", route, grpc_port=port)
+               for n, port in enumerate(ports)]
+    try:
+        topic = _name("spread")
+        producer = node.start("send", endpoint=brokers[0].endpoint, topic=topic, stay=True,
+                              messages=[{"body": f"commit {n}", "ends": []} for n in range(8)])
+        try:
+            ids = [record["transactionId"] for record in _records_until_ready(producer)]
+            assert eventually(lambda: sum(_committed_on(broker, ids) for broker in brokers) == len(ids))
+        finally:
+            _, err = producer.communicate(timeout=60)
+        assert producer.returncode == 0, err
+        assert all(_committed_on(broker, ids) for broker in brokers)  # each broker held some
+        assert sorted(m["body"] for m in _received(node, brokers[0], topic, 8)) == [f"commit {n}" for n in range(8)]
+    finally:
+        for broker in brokers:
+            broker.process.stop()
+
+
+def _committed_on(broker: GrpcBroker, transaction_ids: list[str]) -> int:
+    """How many of ``transaction_ids`` ``broker`` has committed (the others are the other broker's)."""
+    committed = 0
+    with broker.native() as native:
+        for transaction_id in transaction_ids:
+            try:
+                committed += native.transaction_state(transaction_id) is TransactionState.COMMITTED
+            except UnknownTransactionError:
+                pass
+    return committed
