@@ -178,6 +178,36 @@ def test_raising_checker_is_unknown_checked_again_then_parked(grpc_broker: GrpcB
     assert [json.loads(line) for line in out.splitlines()] == [{"checked": "cannot tell"}] * 3
 
 
+def test_commit_after_a_broker_restart(tmp_path: Path, node: NodeClient) -> None:
+    """The transaction is the broker's (durable), not a proxy's memory: END after a restart commits."""
+    slow_checks = ("--transaction-timeout", "60")  # no check-back meanwhile
+    broker = start_grpc_broker(tmp_path / "broker", *slow_checks)
+    topic = _name("restart")
+    producer = node.start("send", endpoint=broker.endpoint, topic=topic, stay=True,
+                          messages=[{"body": "survives", "ends": []}])
+    try:
+        [sent] = _records_until_ready(producer)
+        broker.process.stop()
+        broker = start_grpc_broker(tmp_path / "broker", *slow_checks, grpc_port=broker.grpc_port)
+        assert eventually(lambda: _end(producer, "commit") == [pb.OK])  # once the channel is back
+        with broker.native() as native:
+            assert native.transaction_state(sent["transactionId"]) is TransactionState.COMMITTED
+        assert [m["body"] for m in _received(node, broker, topic, 1)] == ["survives"]
+    finally:
+        _, err = producer.communicate(timeout=60)
+        broker.process.stop()
+    assert producer.returncode == 0, err
+
+
+def _end(producer: subprocess.Popen[str], resolution: str) -> list[int]:
+    """Ask a staying Node producer to end its transactions; their status codes."""
+    assert producer.stdin is not None and producer.stdout is not None
+    producer.stdin.write(f"{resolution}\n")
+    producer.stdin.flush()
+    codes: list[int] = json.loads(producer.stdout.readline())["ends"]
+    return codes
+
+
 def _records_until_ready(process: subprocess.Popen[str]) -> list[dict[str, Any]]:
     """Read a staying producer's records up to its ``ready`` line."""
     assert process.stdout is not None

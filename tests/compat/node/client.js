@@ -3,6 +3,7 @@
 // Every scenario writes one JSON object per line on stdout; the test reads them.
 'use strict';
 
+const readline = require('node:readline');
 const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
 const { Code, TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 
@@ -48,11 +49,14 @@ const bodyChecker = {
   },
 };
 
-function stdinClosed() {
-  return new Promise(resolve => {
-    process.stdin.on('end', resolve);
-    process.stdin.resume();
-  });
+// Until stdin closes: each line read ("commit" or "rollback") ends the transactions again
+// that way, reporting the status codes (a gRPC status such as UNAVAILABLE while reconnecting).
+async function endOnRequest(transactions) {
+  for await (const resolution of readline.createInterface({ input: process.stdin })) {
+    const ends = [];
+    for (const transaction of transactions) ends.push(await end(transaction, resolution));
+    emit({ ends });
+  }
 }
 
 // Signs every call when args.accessKey is given (without it the client sends no authorization).
@@ -76,6 +80,7 @@ async function send() {
     sessionCredentials });
   await producer.startup();
   try {
+    const transactions = [];
     for (const spec of args.messages) {
       if (!spec.ends) {
         const receipt = await producer.send(messageOf(spec));
@@ -84,14 +89,15 @@ async function send() {
       }
       const transaction = producer.beginTransaction();
       const receipt = await producer.send(messageOf(spec), transaction);
+      transactions.push(transaction);
       const ends = [];
       for (const resolution of spec.ends) ends.push(await end(transaction, resolution));
       emit({ messageId: receipt.messageId, transactionId: receipt.transactionId, ends });
     }
-    // A producer left with open transactions stays to answer check-backs until stdin closes.
+    // A producer asked to stay answers check-backs, and ends its transactions on request.
     if (args.stay) {
       emit({ ready: true });
-      await stdinClosed();
+      await endOnRequest(transactions);
     }
   } finally {
     await producer.shutdown();
