@@ -1,7 +1,7 @@
 """Broker throughput, side by side with Redis and RabbitMQ on this machine.
 
     ./dev bench broker_throughput [--seconds 5] [--recovery-mib 1024] [--skip-peers]
-                                  [--tx-only] [--repeat 3] [--metrics-overhead]
+                                  [--tx-only] [--repeat 3] [--metrics-overhead] [--grpc]
 
 All durable: our broker in sync flush mode (a send is acknowledged after fsync), a private
 redis-server with ``appendonly yes, appendfsync always``, RabbitMQ with publisher
@@ -29,6 +29,13 @@ and one with ``--http-port`` whose /metrics is scraped every second. ``--repeat 
 each running every workload on both back to back; it prints both figures and the on/off
 ratio of each pair (the target: metrics cost at most 5 %, a ratio >= 0.95).
 
+``--grpc`` runs only the official RocketMQ 5 Python client (``rocketmq-python-client``, a dev
+dependency) over gRPC next to our native protocol, on one server started with ``--port`` and
+``--grpc-port``: sends and transactions (send + commit), 256 B, sequential and from
+``GRPC_THREADS`` threads (native: a client per thread; gRPC: one Producer, as its users share
+it). ``--repeat N`` rounds, each running every workload over both, back to back (which goes first
+alternates); it prints both figures and the gRPC/native ratio of each pair.
+
 ``--repeat N`` runs everything N times and prints the median (min-max).
 """
 
@@ -48,7 +55,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -300,6 +307,128 @@ def print_metrics_overhead(columns: Columns, rounds: int) -> None:
         print(f"{label:<48}{'':>60}{summary([r for row in rows for r in ratios[row]], '.3f'):>22}")
 
 
+#: The columns of ``--grpc``, and its threads.
+NATIVE, GRPC, GRPC_NATIVE = "native TCP", "gRPC, official Python client", "gRPC/native"
+GRPC_THREADS = 4
+GRPC_TOPIC = "bench-grpc"
+
+
+class AlwaysCommit:
+    """The Python client's transaction checker for ``--grpc`` (a check is never due: every
+    transaction is committed within the timeout)."""
+
+    def check(self, message: Any) -> Any:
+        import rocketmq
+
+        return rocketmq.TransactionResolution.COMMIT
+
+
+def _import_rocketmq(home: Path) -> Any:
+    """The official client, which picks its log folder (``~/logs/rocketmq_python``) at import."""
+    previous = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        import rocketmq
+    finally:
+        if previous is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = previous
+    return rocketmq
+
+
+def _grpc_send(rocketmq: Any, producer: Any) -> None:
+    message = rocketmq.Message()
+    message.topic, message.body = GRPC_TOPIC, TX_BODY
+    producer.send(message)
+
+
+def _grpc_tx(rocketmq: Any, producer: Any) -> None:
+    """One transaction of one message: the half message, then EndTransaction COMMIT."""
+    message = rocketmq.Message()
+    message.topic, message.body = GRPC_TOPIC, TX_BODY
+    transaction = producer.begin_transaction()
+    producer.send(message, transaction)
+    transaction.commit()
+
+
+def _threaded(threads: int, seconds: float, steps: Sequence[Callable[[], None]]) -> int:
+    """Run ``steps[i]`` in a loop in thread i (``threads`` of them) for ``seconds``; the calls made."""
+    counts = [0] * threads
+    stop = time.perf_counter() + seconds
+
+    def run(n: int) -> None:
+        while time.perf_counter() < stop:
+            steps[n]()
+            counts[n] += 1
+
+    workers = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return sum(counts)
+
+
+def grpc_versus_native(seconds: float, work: Path, rounds: int) -> Columns:
+    """Sends and transactions over the native protocol and over gRPC with the official Python
+    client, against one server; per round, each workload on both back to back."""
+    rocketmq = _import_rocketmq(work / "rocketmq-home")
+    grpc_port = free_port()
+    columns: Columns = {}
+    with halfmoon_process(work / "grpc", "--grpc-port", str(grpc_port)) as (server, port):
+        url = f"tcp://127.0.0.1:{port}"
+        config = rocketmq.ClientConfiguration(f"127.0.0.1:{grpc_port}", rocketmq.Credentials("", ""))
+        producer = rocketmq.Producer(config, (GRPC_TOPIC,), AlwaysCommit())
+        producer.startup()
+        natives = [BrokerClient(url, timeout_s=30) for _ in range(GRPC_THREADS)]
+        try:
+            _grpc_tx(rocketmq, producer)  # the route and the Telemetry settings, before timing
+            grpc_steps = {"send": functools.partial(_grpc_send, rocketmq, producer),
+                          "tx": functools.partial(_grpc_tx, rocketmq, producer)}
+            native_steps = {"send": [functools.partial(_send_one, client, TX_BODY) for client in natives],
+                            "tx": [functools.partial(_tx_one, client, TX_BODY) for client in natives]}
+            for round_number in range(rounds):
+                for kind, label in (("send", "send 256B"), ("tx", "tx (send + commit) 256B")):
+                    for threads in (1, GRPC_THREADS):
+                        row = f"{label}, {'sequential' if threads == 1 else f'{threads} threads'}"
+                        runs = {NATIVE: functools.partial(_threaded, threads, seconds, native_steps[kind]),
+                                GRPC: functools.partial(_threaded, threads, seconds, [grpc_steps[kind]] * threads)}
+                        figures = {}
+                        for column in (NATIVE, GRPC) if round_number % 2 == 0 else (GRPC, NATIVE):
+                            start, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(server.pid), \
+                                time.process_time()
+                            done = runs[column]()
+                            figures[column] = {
+                                row: done / (time.perf_counter() - start),
+                                _cpu_row(row): (cpu_seconds(server.pid) - server_cpu) / done * 1e6,
+                                _client_cpu_row(row): (time.process_time() - client_cpu) / done * 1e6,
+                            }
+                            measure_into(columns, column, figures[column])
+                        measure_into(columns, GRPC_NATIVE, {name: figures[GRPC][name] / figures[NATIVE][name]
+                                                            for name in figures[NATIVE]})
+        finally:
+            for client in natives:
+                client.close()
+            producer.shutdown()
+    return columns
+
+
+def _client_cpu_row(workload: str) -> str:
+    return f"{workload}: client CPU per op (µs)"
+
+
+def print_grpc_versus_native(columns: Columns, rounds: int) -> None:
+    """Per workload: operations per second, then the server's and the benchmark process's
+    (the clients') CPU time per operation; median (min-max) over the rounds."""
+    print(f"{rounds} rounds; each cell: median (min-max) over the rounds; gRPC/native: of each round's pair")
+    print(f"{'workload (ops/s)':<44}{NATIVE:>28}{GRPC:>32}{GRPC_NATIVE:>22}")
+    for row in columns[NATIVE]:
+        label = row if ": " not in row else f"  {row.split(': ', 1)[1]}"
+        print(f"{label:<44}{summary(columns[NATIVE][row]):>28}{summary(columns[GRPC][row]):>32}"
+              f"{summary(columns[GRPC_NATIVE][row], '.3f'):>22}")
+
+
 RECOVERY_WRITER = r"""
 import sys
 from broker_embedded.store.config import StoreConfig
@@ -478,13 +607,19 @@ def main() -> None:
     parser.add_argument("--metrics-overhead", action="store_true",
                         help="only the hot workloads, with the HTTP port and metrics (scraped every second) "
                              "and without, in the same run")
+    parser.add_argument("--grpc", action="store_true",
+                        help="only sends and transactions over gRPC (the official Python client) next to the "
+                             "native protocol, on one server")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hm-bench-"))
     ours, redis_column = "halfmoon (sync fsync)", "Redis (AOF always)"
     columns: Columns = {}
-    if args.metrics_overhead:
+    if args.metrics_overhead or args.grpc:
         try:
-            print_metrics_overhead(metrics_overhead(args.seconds, work, args.repeat), args.repeat)
+            if args.metrics_overhead:
+                print_metrics_overhead(metrics_overhead(args.seconds, work, args.repeat), args.repeat)
+            else:
+                print_grpc_versus_native(grpc_versus_native(args.seconds, work, args.repeat), args.repeat)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return

@@ -1,0 +1,172 @@
+// Drives the official RocketMQ 5 Node client (rocketmq-client-nodejs, pinned in package.json)
+// for tests/compat/test_node_client.py. Usage: node client.js <scenario> '<json arguments>'.
+// Every scenario writes one JSON object per line on stdout; the test reads them.
+'use strict';
+
+const readline = require('node:readline');
+const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
+const { Code, TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
+
+const [scenario, rawArguments] = process.argv.slice(2);
+const args = JSON.parse(rawArguments || '{}');
+
+function emit(record) {
+  process.stdout.write(`${JSON.stringify(record)}\n`);
+}
+
+function viewOf(message) {
+  return {
+    messageId: message.messageId,
+    body: message.body.toString(),
+    tag: message.tag || null,
+    keys: message.keys,
+    messageGroup: message.messageGroup || null,
+    properties: Object.fromEntries(message.properties),
+    deliveryAttempt: message.deliveryAttempt,
+    receiptHandle: message.receiptHandle,
+    receivedAtMs: Date.now(),
+  };
+}
+
+function messageOf(spec) {
+  const message = { topic: args.topic, body: Buffer.from(spec.body) };
+  if (spec.tag) message.tag = spec.tag;
+  if (spec.keys) message.keys = spec.keys;
+  if (spec.messageGroup) message.messageGroup = spec.messageGroup;
+  if (spec.properties) message.properties = new Map(Object.entries(spec.properties));
+  if (spec.deliveryAtMs) message.deliveryTimestamp = new Date(spec.deliveryAtMs);
+  return message;
+}
+
+// Answers a check-back from the half message's body: "commit…", "rollback…", else unknown (throws).
+const bodyChecker = {
+  async check(message) {
+    const body = message.body.toString();
+    emit({ checked: body });
+    if (body.startsWith('commit')) return TransactionResolution.COMMIT;
+    if (body.startsWith('rollback')) return TransactionResolution.ROLLBACK;
+    throw new Error("the local transaction's outcome cannot be read");
+  },
+};
+
+// Until stdin closes: each line read ("commit" or "rollback") ends the transactions again
+// that way, reporting the status codes (a gRPC status such as UNAVAILABLE while reconnecting).
+async function endOnRequest(transactions) {
+  for await (const resolution of readline.createInterface({ input: process.stdin })) {
+    const ends = [];
+    for (const transaction of transactions) ends.push(await end(transaction, resolution));
+    emit({ ends });
+  }
+}
+
+// Signs every call when args.accessKey is given (without it the client sends no authorization).
+const sessionCredentials = args.accessKey ? { accessKey: args.accessKey, accessSecret: args.secretKey } : undefined;
+
+// Ends a transaction with "commit" or "rollback"; the broker's status code (a Code value).
+async function end(transaction, resolution) {
+  try {
+    await transaction[resolution]();
+    return Code.OK;
+  } catch (error) {
+    if (error.code === undefined) throw error;
+    return error.code;
+  }
+}
+
+// Sends args.messages; a message with "ends" (say ["commit"], or [] to leave it to the
+// check-back) is sent in a transaction, then ended that way, each end's status code reported.
+async function send() {
+  const producer = new Producer({ endpoints: args.endpoint, topic: args.topic, checker: bodyChecker,
+    sessionCredentials });
+  await producer.startup();
+  try {
+    const transactions = [];
+    for (const spec of args.messages) {
+      if (!spec.ends) {
+        const receipt = await producer.send(messageOf(spec));
+        emit({ messageId: receipt.messageId });
+        continue;
+      }
+      const transaction = producer.beginTransaction();
+      const receipt = await producer.send(messageOf(spec), transaction);
+      transactions.push(transaction);
+      const ends = [];
+      for (const resolution of spec.ends) ends.push(await end(transaction, resolution));
+      emit({ messageId: receipt.messageId, transactionId: receipt.transactionId, ends });
+    }
+    // A producer asked to stay answers check-backs, and ends its transactions on request.
+    if (args.stay) {
+      emit({ ready: true });
+      await endOnRequest(transactions);
+    }
+  } finally {
+    await producer.shutdown();
+  }
+}
+
+function consumer() {
+  return new SimpleConsumer({
+    endpoints: args.endpoint,
+    consumerGroup: args.group,
+    subscriptions: new Map().set(args.topic, '*'),
+    awaitDuration: 1000,
+    sessionCredentials,
+  });
+}
+
+// Receives args.count messages one receive at a time (each batch reported), acking each;
+// then reports whether one more receive comes back empty.
+async function receive() {
+  const simpleConsumer = consumer();
+  await simpleConsumer.startup();
+  try {
+    let got = 0;
+    const deadline = Date.now() + 30000;
+    while (got < args.count && Date.now() < deadline) {
+      const batch = await simpleConsumer.receive(32, 20000);
+      if (batch.length === 0) continue;
+      emit({ batch: batch.map(viewOf) });
+      for (const message of batch) await simpleConsumer.ack(message);
+      got += batch.length;
+    }
+    const more = await simpleConsumer.receive(32, 20000);
+    emit({ emptyAfter: more.length === 0 });
+  } finally {
+    await simpleConsumer.shutdown();
+  }
+}
+
+// Receives one message, shortens its invisible duration to 1 s, and receives it again.
+async function changeInvisibleDuration() {
+  const simpleConsumer = consumer();
+  await simpleConsumer.startup();
+  try {
+    const first = await receiveOne(simpleConsumer);
+    const firstHandle = first.receiptHandle;
+    await simpleConsumer.changeInvisibleDuration(first, 1000);
+    emit({ first: viewOf(first), firstHandle });
+    const again = await receiveOne(simpleConsumer);
+    await simpleConsumer.ack(again);
+    emit({ again: viewOf(again) });
+    const more = await simpleConsumer.receive(1, 30000);
+    emit({ emptyAfter: more.length === 0 });
+  } finally {
+    await simpleConsumer.shutdown();
+  }
+}
+
+async function receiveOne(simpleConsumer) {
+  const deadline = Date.now() + 30000;
+  while (Date.now() < deadline) {
+    const [message] = await simpleConsumer.receive(1, 30000);
+    if (message) return message;
+  }
+  throw new Error('no message within 30 s');
+}
+
+const scenarios = { send, receive, 'change-invisible-duration': changeInvisibleDuration };
+
+scenarios[scenario]().then(() => process.exit(0), error => {
+  process.stderr.write(`${error.stack || error}\n`);
+  process.exit(1);
+});

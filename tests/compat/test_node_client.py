@@ -1,0 +1,302 @@
+"""The official RocketMQ 5 Node client (rocketmq-client-nodejs 1.0.8, pinned in
+tests/compat/node/package.json) against a real ``halfmoon-broker serve --grpc-port`` process:
+the core scenarios of test_python_client.py, each run by tests/compat/node/client.js in a
+``node`` process. The broker's own state is read back over its native protocol."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_embedded.errors import UnknownTransactionError
+from broker_embedded.grpc._proto import definition_pb2 as pb
+from broker_embedded.message import TransactionState
+from tests.conftest import unavailable
+from tests.server.conftest import free_port
+
+from .conftest import GrpcBroker, eventually, start_grpc_broker
+
+NODE_DIR = Path(__file__).parent / "node"
+LOCK_FILES = ("package.json", "package-lock.json")
+
+
+def _install_dir() -> Path:
+    """Where ``npm ci`` puts the pinned client: outside the checkout, keyed by the lock file."""
+    digest = hashlib.sha256(b"".join((NODE_DIR / name).read_bytes() for name in LOCK_FILES)).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "halfmoon-node" / digest
+
+
+def _npm_ci(target: Path) -> None:
+    """Install into a fresh folder, then move it into place (a concurrent session may win)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
+    try:
+        for name in LOCK_FILES:
+            shutil.copy(NODE_DIR / name, staging / name)
+        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=staging,
+                                capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            unavailable(f"npm ci of tests/compat/node failed: {result.stderr.strip()[-500:]}")
+        try:
+            staging.rename(target)
+        except OSError:  # another session installed it first
+            if not (target / "node_modules").is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@dataclass
+class NodeClient:
+    """Runs client.js scenarios with the installed modules and a throwaway HOME (the client
+    logs to ``~/logs/rocketmq``)."""
+
+    node_modules: Path
+    home: Path
+
+    def start(self, scenario: str, **arguments: Any) -> subprocess.Popen[str]:
+        env = {**os.environ, "NODE_PATH": str(self.node_modules), "HOME": str(self.home)}
+        return subprocess.Popen(["node", str(NODE_DIR / "client.js"), scenario, json.dumps(arguments)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+
+    def run(self, scenario: str, **arguments: Any) -> list[dict[str, Any]]:
+        """Run a scenario to its end; its JSON records."""
+        process = self.start(scenario, **arguments)
+        out, err = process.communicate(timeout=90)
+        assert process.returncode == 0, f"client.js {scenario} failed: {err}"
+        return [json.loads(line) for line in out.splitlines()]
+
+    def fails(self, scenario: str, **arguments: Any) -> str:
+        """Run a scenario that must fail; its error output."""
+        process = self.start(scenario, **arguments)
+        _, err = process.communicate(timeout=90)
+        assert process.returncode == 1, f"client.js {scenario} did not fail"
+        return err
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> NodeClient:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        unavailable("node and npm are needed for the official Node client's tests")
+    target = _install_dir()
+    if not (target / "node_modules").is_dir():
+        _npm_ci(target)
+    return NodeClient(target / "node_modules", tmp_path_factory.mktemp("node-home"))
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int) -> list[dict[str, Any]]:
+    """Receive (and ack) ``count`` messages with a fresh Node SimpleConsumer; asserts none follow."""
+    records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=count)
+    assert records[-1] == {"emptyAfter": True}
+    return [message for record in records[:-1] for message in record["batch"]]
+
+
+def test_send_receive_ack(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("orders")
+    messages = [{"body": f"order {n}", "tag": "created", "keys": [f"order-{n}"], "properties": {"source": "test"}}
+                for n in range(3)]
+    sent = node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=messages)
+    got = _received(node, grpc_broker, topic, 3)
+    assert sorted(m["body"] for m in got) == ["order 0", "order 1", "order 2"]
+    assert sorted(m["messageId"] for m in got) == sorted(r["messageId"] for r in sent)
+    assert {m["tag"] for m in got} == {"created"}
+    assert sorted(tuple(m["keys"]) for m in got) == [("order-0",), ("order-1",), ("order-2",)]
+    assert all(m["properties"] == {"source": "test"} and m["deliveryAttempt"] == 1 for m in got)
+
+
+def test_commit_is_visible_and_rollback_never(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("tx")
+    committed, rolled_back = node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[
+        {"body": "committed", "ends": ["commit"]}, {"body": "rolled back", "ends": ["rollback"]}])
+    assert committed["transactionId"] == committed["messageId"]  # the transaction id is the message id
+    assert committed["ends"] == rolled_back["ends"] == [pb.OK]
+    assert [m["body"] for m in _received(node, grpc_broker, topic, 1)] == ["committed"]
+    with grpc_broker.native() as native:
+        assert native.transaction_state(committed["transactionId"]) is TransactionState.COMMITTED
+        assert native.transaction_state(rolled_back["transactionId"]) is TransactionState.ROLLED_BACK
+
+
+def test_repeated_and_conflicting_end(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    [sent] = node.run("send", endpoint=grpc_broker.endpoint, topic=_name("ends"),
+                      messages=[{"body": "commit once", "ends": ["commit", "commit", "rollback"]}])
+    # a repeat of the recorded resolution is OK, the opposite one PRECONDITION_FAILED
+    assert sent["ends"] == [pb.OK, pb.OK, pb.PRECONDITION_FAILED]
+    with grpc_broker.native() as native:
+        assert native.transaction_state(sent["transactionId"]) is TransactionState.COMMITTED
+
+
+def test_check_back_commit_and_rollback(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    """Half messages left without END are checked over the Node producer's Telemetry stream;
+    its checker's answer resolves them."""
+    topic = _name("checked")
+    producer = node.start("send", endpoint=grpc_broker.endpoint, topic=topic, stay=True, messages=[
+        {"body": "commit me", "ends": []}, {"body": "rollback me", "ends": []}])
+    try:
+        records = _records_until_ready(producer)
+        ids = {r["transactionId"] for r in records if "transactionId" in r}
+        with grpc_broker.native() as native:
+            assert eventually(lambda: {native.transaction_state(i) for i in ids}
+                              == {TransactionState.COMMITTED, TransactionState.ROLLED_BACK})
+    finally:
+        out, err = producer.communicate(timeout=60)  # closes stdin: the producer shuts down
+    assert producer.returncode == 0, err
+    checked = {json.loads(line)["checked"] for line in out.splitlines()}
+    assert checked == {"commit me", "rollback me"}
+    assert [m["body"] for m in _received(node, grpc_broker, topic, 1)] == ["commit me"]
+
+
+def test_raising_checker_is_unknown_checked_again_then_parked(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("unknown")
+    producer = node.start("send", endpoint=grpc_broker.endpoint, topic=topic, stay=True,
+                          messages=[{"body": "cannot tell", "ends": []}])
+    try:
+        [record] = _records_until_ready(producer)
+        with grpc_broker.native() as native:
+            assert eventually(lambda: native.transaction_state(record["transactionId"]) is TransactionState.PARKED,
+                              30)
+    finally:
+        out, err = producer.communicate(timeout=60)
+    assert producer.returncode == 0, err
+    # --check-max 3: asked three times, then parked (the checker's error is the client's to log)
+    assert [json.loads(line) for line in out.splitlines()] == [{"checked": "cannot tell"}] * 3
+
+
+def test_commit_after_a_broker_restart(tmp_path: Path, node: NodeClient) -> None:
+    """The transaction is the broker's (durable), not a proxy's memory: END after a restart commits."""
+    slow_checks = ("--transaction-timeout", "60")  # no check-back meanwhile
+    broker = start_grpc_broker(tmp_path / "broker", *slow_checks)
+    topic = _name("restart")
+    producer = node.start("send", endpoint=broker.endpoint, topic=topic, stay=True,
+                          messages=[{"body": "survives", "ends": []}])
+    try:
+        [sent] = _records_until_ready(producer)
+        broker.process.stop()
+        broker = start_grpc_broker(tmp_path / "broker", *slow_checks, grpc_port=broker.grpc_port)
+        assert eventually(lambda: _end(producer, "commit") == [pb.OK])  # once the channel is back
+        with broker.native() as native:
+            assert native.transaction_state(sent["transactionId"]) is TransactionState.COMMITTED
+        assert [m["body"] for m in _received(node, broker, topic, 1)] == ["survives"]
+    finally:
+        _, err = producer.communicate(timeout=60)
+        broker.process.stop()
+    assert producer.returncode == 0, err
+
+
+def _end(producer: subprocess.Popen[str], resolution: str) -> list[int]:
+    """Ask a staying Node producer to end its transactions; their status codes."""
+    assert producer.stdin is not None and producer.stdout is not None
+    producer.stdin.write(f"{resolution}\n")
+    producer.stdin.flush()
+    codes: list[int] = json.loads(producer.stdout.readline())["ends"]
+    return codes
+
+
+def _records_until_ready(process: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    """Read a staying producer's records up to its ``ready`` line."""
+    assert process.stdout is not None
+    records: list[dict[str, Any]] = []
+    for line in process.stdout:
+        record = json.loads(line)
+        if record.get("ready"):
+            return records
+        records.append(record)
+    raise AssertionError(f"the Node producer ended early: {process.communicate()[1]}")
+
+
+def test_fifo_one_in_flight_per_group_in_order(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("fifo")
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic,
+             messages=[{"body": f"step {n}", "messageGroup": "account-1"} for n in range(4)])
+    records = node.run("receive", endpoint=grpc_broker.endpoint, topic=topic, group=_name("group"), count=4)
+    batches = [record["batch"] for record in records[:-1]]
+    assert [len(batch) for batch in batches] == [1, 1, 1, 1]  # the next of the group waits for the ack
+    assert [batch[0]["body"] for batch in batches] == ["step 0", "step 1", "step 2", "step 3"]
+    assert {batch[0]["messageGroup"] for batch in batches} == {"account-1"}
+
+
+def test_delay(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("delayed")
+    due_ms = int(time.time() * 1000) + 2000
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[{"body": "later", "deliveryAtMs": due_ms}])
+    [message] = _received(node, grpc_broker, topic, 1)
+    assert message["body"] == "later"
+    assert message["receivedAtMs"] >= due_ms  # not delivered before its time
+
+
+def test_change_invisible_duration(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("invisible")
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[{"body": "slow work"}])
+    first, again, empty = node.run("change-invisible-duration", endpoint=grpc_broker.endpoint, topic=topic,
+                                   group=_name("group"))
+    assert first["first"]["receiptHandle"] != first["firstHandle"]  # the client keeps the new handle
+    assert again["again"]["body"] == "slow work" and again["again"]["deliveryAttempt"] == 2
+    assert empty == {"emptyAfter": True}
+
+
+
+def test_signed_calls_with_the_brokers_keys(tmp_path: Path, node: NodeClient) -> None:
+    """With sessionCredentials the Node client signs its calls (MQv2-HMAC-SHA1); without them it
+    sends no authorization header, and the broker refuses it (UNAUTHENTICATED)."""
+    broker = start_grpc_broker(tmp_path / "broker", "--access-key", "app", "--secret-key", "s3cret")
+    try:
+        topic, keys = _name("signed"), {"accessKey": "app", "secretKey": "s3cret"}
+        [sent] = node.run("send", endpoint=broker.endpoint, topic=topic, messages=[{"body": "signed"}], **keys)
+        records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=1, **keys)
+        assert [m["messageId"] for m in records[0]["batch"]] == [sent["messageId"]]
+        refused = node.fails("send", endpoint=broker.endpoint, topic=topic, messages=[{"body": "unsigned"}])
+        assert "Failed to fetch topic routes" in refused  # how the client reports the refused QueryRoute
+    finally:
+        broker.process.stop()
+
+
+def test_several_brokers_in_one_route(tmp_path: Path, node: NodeClient) -> None:
+    """Two brokers behind one static route: the Node client spreads transactions over both and
+    answers each broker's check-backs on its own Telemetry stream; its consumer receives from both."""
+    ports = [free_port(), free_port()]
+    route = ",".join(f"127.0.0.1:{port}" for port in ports)
+    brokers = [start_grpc_broker(tmp_path / f"broker-{n}", "--grpc-advertise", route, grpc_port=port)
+               for n, port in enumerate(ports)]
+    try:
+        topic = _name("spread")
+        producer = node.start("send", endpoint=brokers[0].endpoint, topic=topic, stay=True,
+                              messages=[{"body": f"commit {n}", "ends": []} for n in range(8)])
+        try:
+            ids = [record["transactionId"] for record in _records_until_ready(producer)]
+            assert eventually(lambda: sum(_committed_on(broker, ids) for broker in brokers) == len(ids))
+        finally:
+            _, err = producer.communicate(timeout=60)
+        assert producer.returncode == 0, err
+        assert all(_committed_on(broker, ids) for broker in brokers)  # each broker held some
+        assert sorted(m["body"] for m in _received(node, brokers[0], topic, 8)) == [f"commit {n}" for n in range(8)]
+    finally:
+        for broker in brokers:
+            broker.process.stop()
+
+
+def _committed_on(broker: GrpcBroker, transaction_ids: list[str]) -> int:
+    """How many of ``transaction_ids`` ``broker`` has committed (the others are the other broker's)."""
+    committed = 0
+    with broker.native() as native:
+        for transaction_id in transaction_ids:
+            try:
+                committed += native.transaction_state(transaction_id) is TransactionState.COMMITTED
+            except UnknownTransactionError:
+                pass
+    return committed
