@@ -20,7 +20,8 @@ import sys
 import time
 import urllib.request
 import venv
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,12 +178,19 @@ print(route.status.code == pb.OK, len(route.message_queues))
 def test_grpc_extra_serves_rocketmq5s_protocol(install: Callable[[str], Venv]) -> None:
     """The committed generated code runs on the protobuf the extra installs."""
     env = install("grpc")
+    with _grpc_broker(env) as endpoint:
+        assert env.run(env.bin("python"), "-c", GRPC_ROUTE, endpoint).stdout.split() == ["True", "4"]
+
+
+@contextmanager
+def _grpc_broker(env: Venv) -> Iterator[str]:
+    """``halfmoon-broker serve --grpc-port`` of ``env``, until the block ends; its gRPC endpoint."""
     grpc_port = free_port()
     server = env.start("grpc-broker", env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "broker"),
                        "--port", str(free_port()), "--grpc-port", str(grpc_port))
     try:
         env.wait_for_log("grpc-broker", server, f"gRPC (RocketMQ 5) port on 127.0.0.1:{grpc_port}")
-        assert env.run(env.bin("python"), "-c", GRPC_ROUTE, f"127.0.0.1:{grpc_port}").stdout.split() == ["True", "4"]
+        yield f"127.0.0.1:{grpc_port}"
     finally:
         _stop(server)
 
@@ -210,15 +218,9 @@ def test_rocketmq5_extra_runs_the_outbox_through_the_official_client(install: Ca
     """``rocketmq5://`` from the wheel: a transactional message committed and consumed
     through the official client, against the wheel's own gRPC port."""
     env = install("grpc,rocketmq5")
-    grpc_port = free_port()
-    server = env.start("rmq5-broker", env.bin("halfmoon-broker"), "serve", "--data-dir", str(env.work / "broker"),
-                       "--port", str(free_port()), "--grpc-port", str(grpc_port))
-    try:
-        env.wait_for_log("rmq5-broker", server, f"gRPC (RocketMQ 5) port on 127.0.0.1:{grpc_port}")
-        out = env.run(env.bin("python"), "-c", RMQ5_ROUND_TRIP, f"127.0.0.1:{grpc_port}").stdout
-        assert out.split() == ["paid", "tx-wheel"]
-    finally:
-        _stop(server)
+    with _grpc_broker(env) as endpoint:
+        out = env.run(env.bin("python"), "-c", RMQ5_ROUND_TRIP, endpoint).stdout
+    assert out.split() == ["paid", "tx-wheel"]
 
 
 def _broker_round_trip(env: Venv, *serve_options: str) -> None:
