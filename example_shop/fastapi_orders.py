@@ -23,7 +23,7 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import BigInteger, Column, MetaData, String, Table
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from outbox import (
     AsyncProducer,
@@ -71,6 +71,15 @@ def order_payment(producer: AsyncProducer, sessions: async_sessionmaker[AsyncSes
     return pay
 
 
+async def open_database(url: str, tables: MetaData) -> AsyncEngine:
+    """An async engine on ``url`` with the outbox tables and ``tables`` created (as a demo may)."""
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(outbox_metadata.create_all)
+        await conn.run_sync(tables.create_all)
+    return engine
+
+
 def create_app(database_url: str | None = None, broker_url: str | None = None,
                producer_group: str = "shop") -> FastAPI:
     """The service on ``database_url`` (an async SQLAlchemy URL; default
@@ -80,10 +89,7 @@ def create_app(database_url: str | None = None, broker_url: str | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = create_async_engine(database)
-        async with engine.begin() as conn:
-            await conn.run_sync(outbox_metadata.create_all)
-            await conn.run_sync(shop.create_all)
+        engine = await open_database(database, shop)
         producer = AsyncProducer(broker, producer_group)
         app.state.pay = order_payment(producer, async_sessionmaker(engine, expire_on_commit=False))
         try:

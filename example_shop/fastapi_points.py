@@ -26,10 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from broker_embedded import AsyncBrokerClient, ReceivedMessage
 from outbox import arun_consumer, idempotent_consumer, message_json
 from outbox.aio_consumer import AsyncHandler
-from outbox.integrations.sqlalchemy.engine import create_async_engine
-from outbox.integrations.sqlalchemy.tables import metadata as outbox_metadata
 
-from .fastapi_orders import TOPIC
+from .fastapi_orders import TOPIC, open_database
 
 GROUP = "points"
 
@@ -62,10 +60,7 @@ def create_app(database_url: str | None = None, broker_url: str | None = None) -
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = create_async_engine(database)
-        async with engine.begin() as conn:
-            await conn.run_sync(outbox_metadata.create_all)
-            await conn.run_sync(ledger.create_all)
+        engine = await open_database(database, ledger)
         sessions = async_sessionmaker(engine, expire_on_commit=False)
         app.state.sessions = sessions
         broker = AsyncBrokerClient(broker_address)
