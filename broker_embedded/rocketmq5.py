@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlparse
 
 from .api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo
+from .checkers import ProducerCallbackChecker
 from .errors import (
     BrokerClosedError,
     BrokerError,
@@ -114,7 +115,7 @@ class RocketMQ5Broker:
         self._consumers: dict[tuple[str, str], Any] = {}
         self._open: dict[str, list[tuple[Any, str]]] = {}  # outbox id -> (client transaction, message id)
         self._received: dict[str, _Received] = {}
-        self._checkers: dict[str, list[CheckCallback]] = {}
+        self._checkers = ProducerCallbackChecker()
         self._answer = threading.local()
 
     # -- clients --------------------------------------------------------------------------
@@ -242,16 +243,12 @@ class RocketMQ5Broker:
     def register_producer(self, producer_group: str, on_check: CheckCallback) -> None:
         """Answer check-backs of ``producer_group``'s transactions with ``on_check`` (the
         client starts, announcing its topics, so the proxy can route checks here)."""
-        with self._lock:
-            self._checkers.setdefault(producer_group, []).append(on_check)
+        self._checkers.register(producer_group, on_check)
         self._client_producer()
 
     def unregister_producer(self, producer_group: str, on_check: CheckCallback) -> None:
         """Withdraw a callback given to ``register_producer``."""
-        with self._lock:
-            callbacks = self._checkers.get(producer_group, [])
-            if on_check in callbacks:
-                callbacks.remove(on_check)
+        self._checkers.unregister(producer_group, on_check)
 
     def check(self, message: Any) -> Resolution:
         """Run one check-back of the client (a half message) through the registered callback
@@ -259,15 +256,13 @@ class RocketMQ5Broker:
         properties = dict(message.properties)
         transaction_id = properties.get(TRANSACTION_PROPERTY)
         group = properties.get(GROUP_PROPERTY, "")
-        with self._lock:
-            callbacks = list(self._checkers.get(group, ()))
-        if transaction_id is None or not callbacks:
+        if transaction_id is None:
             return Resolution.UNKNOWN
         request = CheckRequest(group, transaction_id, self._message(message), check_times=0)
         self._answer.slot = _Answer(transaction_id)
-        try:
-            callbacks[0](request)
-            resolution = self._answer.slot.resolution or Resolution.UNKNOWN
+        try:  # a callback answers through end_transaction(from_check=True), in this thread
+            answered = self._checkers.request_check(request)
+            resolution = (self._answer.slot.resolution if answered else None) or Resolution.UNKNOWN
         finally:
             self._answer.slot = None
         if resolution is not Resolution.UNKNOWN:
