@@ -1,0 +1,131 @@
+"""The loss ledger: every acknowledged record the store found destroyed, kept on disk until
+an operator acknowledges it.
+
+Recovery (a log cut above the checkpoint), ``repair`` (damage below it) and the background
+scrub (a bad page in a closed segment) each write what they drop here, by message id where a
+surviving byte (a consume queue entry, the index, a readable record header, the transaction
+book) names it and as an exact count where none does. ``fsck``, the console, ``/metrics`` and
+``/healthz`` read the ledger, so a loss stays visible across restarts until ``halfmoon-broker
+losses --acknowledge`` says someone has looked. The file is small: it grows with damage found,
+never with messages stored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .files import write_atomically
+
+log = logging.getLogger("broker_embedded.store")
+
+LEDGER_FILE = "losses.json"
+
+FoundBy = Literal["recovery", "repair", "scrub"]
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """One damaged or missing commit log range ``[start, end)`` and the records it took."""
+
+    loss_id: int
+    found_by: FoundBy
+    start: int
+    end: int
+    #: Ids of the lost records that a surviving byte names.
+    message_ids: tuple[str, ...]
+    #: Lost records no surviving byte names (counted exactly where the store can).
+    unnamed: int
+    detail: str
+    found_at_ms: int
+    acknowledged: bool = False
+
+    @property
+    def records(self) -> int:
+        """How many records this loss took."""
+        return len(self.message_ids) + self.unnamed
+
+    def describe(self) -> str:
+        """One line for a log or a terminal."""
+        named = f"{len(self.message_ids)} named" if self.message_ids else "none named"
+        return (f"loss {self.loss_id} ({self.found_by}): commit log {self.start}-{self.end}, "
+                f"{self.records} records lost ({named}, {self.unnamed} unnamed): {self.detail}")
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["message_ids"] = list(self.message_ids)
+        return data
+
+
+@dataclass
+class LossLedger:
+    """The ledger of ``data_dir`` (``losses.json``): read at open, rewritten atomically (fsync'd)
+    on every change. Thread-safe."""
+
+    data_dir: Path
+    _losses: list[Loss] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        path = self.data_dir / LEDGER_FILE
+        if path.exists():
+            self._losses = [_loss_from_json(item) for item in json.loads(path.read_text())["losses"]]
+
+    def record(
+        self, found_by: FoundBy, start: int, end: int, message_ids: Iterable[str], unnamed: int,
+        detail: str,
+    ) -> Loss:
+        """Add a loss, make it durable, log it as an ERROR; returns it."""
+        with self._lock:
+            loss = Loss(
+                loss_id=max((item.loss_id for item in self._losses), default=0) + 1,
+                found_by=found_by, start=start, end=end, message_ids=tuple(message_ids),
+                unnamed=unnamed, detail=detail, found_at_ms=int(time.time() * 1000),
+            )
+            self._losses.append(loss)
+            self._write()
+        log.error("acknowledged messages lost: %s; ids: %s", loss.describe(),
+                  ", ".join(loss.message_ids) or "none known")
+        return loss
+
+    def open_losses(self) -> list[Loss]:
+        """The losses nobody has acknowledged yet."""
+        with self._lock:
+            return [loss for loss in self._losses if not loss.acknowledged]
+
+    def all(self) -> list[Loss]:
+        """Every loss in the ledger, acknowledged or not, oldest first."""
+        with self._lock:
+            return list(self._losses)
+
+    def acknowledge(self, loss_ids: Iterable[int] | None = None) -> list[Loss]:
+        """Mark the given losses (all open ones for None) as seen; returns those marked."""
+        wanted = None if loss_ids is None else set(loss_ids)
+        with self._lock:
+            marked = [loss for loss in self._losses
+                      if not loss.acknowledged and (wanted is None or loss.loss_id in wanted)]
+            if marked:
+                ids = {loss.loss_id for loss in marked}
+                self._losses = [_acknowledged(loss) if loss.loss_id in ids else loss
+                                for loss in self._losses]
+                self._write()
+        return marked
+
+    def _write(self) -> None:
+        body = {"losses": [loss.to_json() for loss in self._losses]}
+        write_atomically(self.data_dir / LEDGER_FILE, json.dumps(body, indent=1).encode())
+
+
+def _acknowledged(loss: Loss) -> Loss:
+    return Loss(**{**asdict(loss), "message_ids": loss.message_ids, "acknowledged": True})
+
+
+def _loss_from_json(item: dict[str, Any]) -> Loss:
+    return Loss(**{**item, "message_ids": tuple(item["message_ids"])})
