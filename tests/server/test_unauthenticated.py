@@ -8,6 +8,7 @@ import resource
 import socket
 import threading
 import time
+
 import pytest
 
 from broker_embedded import BrokerClient, BrokerConfig, Message, ServerLimits
