@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import AuthenticationError
@@ -72,3 +74,25 @@ class Authenticator:
         if not (hmac.compare_digest(access_key.encode(), self.access_key.encode())
                 and hmac.compare_digest(signature.encode(), expected.encode())):
             raise AuthenticationError("access key or signature is wrong")
+
+
+@dataclass
+class RateLimitedLog:
+    """Log lines about what unauthenticated or malformed clients do, at most one per
+    ``interval_s`` (each saying how many were left out since the last), so a flood of them
+    never floods the log."""
+
+    logger: logging.Logger
+    interval_s: float = 10.0
+    _next_at: float = 0.0
+    _left_out: int = field(default=0)
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next_at:
+            self._left_out += 1
+            return
+        if self._left_out:
+            message += f" (and {self._left_out} more like it in the last {self.interval_s:g}s)"
+        self.logger.warning(message, *args)
+        self._next_at, self._left_out = now + self.interval_s, 0

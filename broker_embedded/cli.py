@@ -3,7 +3,8 @@
     serve   --data-dir DIR [--host 127.0.0.1] [--port 9876] [--flush sync|async]
             [--checker module:factory] [--access-key K --secret-key S] [--export-root DIR]
             [--max-connections 1024] [--idle-timeout 300] [--http-port P [--http-host H]]
-            [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT[,HOST:PORT...]]]
+            [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT[,HOST:PORT...]]
+             [--grpc-tls-cert PEM --grpc-tls-key PEM] [--grpc-client-utc-offsets +HH:MM[,...]]]
     topics  create NAME [--queues N] | list
     stats
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
@@ -171,16 +172,24 @@ def _serve_broker(args: argparse.Namespace, config: BrokerConfig, factory: Any, 
 def _check_grpc_options(args: argparse.Namespace) -> None:
     """``ValueError`` before the broker opens if ``--grpc-port`` cannot be served: grpcio
     or protobuf missing, or a malformed ``--grpc-advertise``."""
+    grpc_only = (args.grpc_advertise, args.grpc_host, args.grpc_tls_cert, args.grpc_tls_key,
+                 args.grpc_client_utc_offsets)
     if args.grpc_port is None:
-        if args.grpc_advertise or args.grpc_host:
-            raise ValueError("--grpc-host and --grpc-advertise need --grpc-port")
+        if any(option is not None for option in grpc_only):
+            raise ValueError("--grpc-host, --grpc-advertise, --grpc-tls-* and --grpc-client-utc-offsets "
+                             "need --grpc-port")
         return
     try:
         from .grpc.front import parse_advertised
+        from .grpc.signature import parse_utc_offsets
     except ImportError as exc:
         raise ValueError(f"--grpc-port needs grpcio and protobuf (pip install 'halfmoon[grpc]'): {exc}") from None
     if args.grpc_advertise is not None:
         parse_advertised(args.grpc_advertise)
+    if args.grpc_client_utc_offsets is not None:
+        parse_utc_offsets(args.grpc_client_utc_offsets)
+    if (args.grpc_tls_cert is None) != (args.grpc_tls_key is None):
+        raise ValueError("--grpc-tls-cert and --grpc-tls-key go together")
 
 
 def _grpc_front(args: argparse.Namespace, broker: EmbeddedBroker) -> GrpcFront | None:
@@ -188,10 +197,13 @@ def _grpc_front(args: argparse.Namespace, broker: EmbeddedBroker) -> GrpcFront |
     if args.grpc_port is None:
         return None
     from .grpc.front import GrpcFront, parse_advertised
+    from .grpc.signature import UTC_OFFSETS_MIN, parse_utc_offsets
 
     advertise = parse_advertised(args.grpc_advertise) if args.grpc_advertise else ()
+    offsets = parse_utc_offsets(args.grpc_client_utc_offsets) if args.grpc_client_utc_offsets else UTC_OFFSETS_MIN
     return GrpcFront(broker, args.grpc_host or args.host, args.grpc_port, advertise=advertise,
-                     access_key=args.access_key, secret_key=args.secret_key)
+                     access_key=args.access_key, secret_key=args.secret_key, utc_offsets=offsets,
+                     tls_cert=args.grpc_tls_cert, tls_key=args.grpc_tls_key)
 
 
 def _broker(args: argparse.Namespace) -> BrokerAPI:
@@ -315,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-advertise", metavar="HOST:PORT[,HOST:PORT...]", help="the gRPC address routes give "
                    "the clients (default: the address they connected to); several: the brokers of one static route, "
                    "the same list given to each")
+    s.add_argument("--grpc-tls-cert", type=Path, help="serve gRPC over TLS only, with this PEM certificate (chain)")
+    s.add_argument("--grpc-tls-key", type=Path, help="the PEM private key of --grpc-tls-cert")
+    s.add_argument("--grpc-client-utc-offsets", metavar="+HH:MM[,...]", help="the time zones the gRPC clients "
+                   "run in (they sign their local time): a signature is then good only within 5 minutes of when "
+                   "it was made (default: every zone in use, see docs/rocketmq.md)")
     s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker")
     s.add_argument("--access-key")
     s.add_argument("--secret-key")

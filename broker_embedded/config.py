@@ -25,6 +25,12 @@ class ServerLimits:
 
     #: Open connections; the next one gets ``ServerBusyError`` and is closed.
     max_connections: int = 1024
+    #: With keys: a connection must authenticate within this long of opening or it is
+    #: closed (asking for challenges does not extend it).
+    auth_timeout_s: float = 10.0
+    #: With keys: connections not authenticated yet (at most half of ``max_connections``);
+    #: one more closes the oldest of them, so they never keep the right keys out.
+    max_unauthenticated: int = 64
     #: A connection with nothing in flight (or whose client reads none of its answers)
     #: and no request for this long is closed. One registered for check-backs is not idle.
     idle_timeout_s: float = 300.0
@@ -51,6 +57,11 @@ class ServerLimits:
     #: together; over it the server reads no request over 256 KiB from any connection
     #: until the batches have caught up (smaller ones never wait behind big writes).
     max_write_backlog_bytes: int = 8 * 1024 * 1024
+
+    @property
+    def unauthenticated_cap(self) -> int:
+        """The connections that may wait to authenticate at once."""
+        return max(1, min(self.max_unauthenticated, self.max_connections // 2))
 
     def __post_init__(self) -> None:
         for setting in fields(self):

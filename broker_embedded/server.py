@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .api import BrokerAPI
-from .auth import Authenticator, is_challenge_request, new_challenge
+from .auth import Authenticator, RateLimitedLog, is_challenge_request, new_challenge
 from .batching import Batcher, each, write_batcher
 from .config import BrokerConfig, ServerLimits
 from .errors import (
@@ -79,6 +79,7 @@ class _Connection:
         #: The AUTHENTICATE challenge issued on this connection and not yet answered.
         self.challenge: str | None = None
         self.limits = limits
+        self.opened = loop.time()
         self.peer = writer.get_extra_info("peername")
         self.producer_callbacks: list[tuple[str, Any]] = []
         self.outgoing: list[bytes] = []
@@ -166,6 +167,8 @@ class _Connection:
     def overdue(self, now: float) -> str | None:
         """Why this connection should be closed at loop time ``now``, or None."""
         limits = self.limits
+        if not self.authenticated and now - self.opened > limits.auth_timeout_s:
+            return f"it did not authenticate within {limits.auth_timeout_s:g}s"
         if self.frame_started is not None and now - self.frame_started > limits.frame_timeout_s:
             return f"a request took over {limits.frame_timeout_s:g}s to arrive"
         if now - self.last_active <= limits.idle_timeout_s:
@@ -271,7 +274,10 @@ class BrokerServer:
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._connections: set[_Connection] = set()
+        #: The connections still to authenticate, oldest first.
+        self._unauthenticated: dict[_Connection, None] = {}
         self._refusing = False
+        self._auth_log = RateLimitedLog(log)
         #: Receives waiting for messages now, over all connections.
         self.long_polls = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -334,6 +340,8 @@ class BrokerServer:
             return
         self._refusing = False
         self._connections.add(connection)
+        if not connection.authenticated:
+            self._wait_for_authentication(connection)
         log.debug("connection from %s", connection.peer)
         frames = FrameBuffer()
         try:
@@ -361,6 +369,7 @@ class BrokerServer:
             for group, callback in connection.producer_callbacks:
                 self.broker.unregister_producer(group, callback)
             self._connections.discard(connection)
+            self._unauthenticated.pop(connection, None)
             connection.close()
             log.debug("connection from %s closed", connection.peer)
 
@@ -376,6 +385,17 @@ class BrokerServer:
             connection.frame_started = asyncio.get_running_loop().time()
         return await reader.read(READ_CHUNK)
 
+    def _wait_for_authentication(self, connection: _Connection) -> None:
+        """Count ``connection`` among those still to authenticate; past the cap the oldest
+        of them is closed (it had its turn), so they never fill ``max_connections``."""
+        if len(self._unauthenticated) >= self.limits.unauthenticated_cap:
+            oldest = next(iter(self._unauthenticated))
+            del self._unauthenticated[oldest]
+            self._auth_log.warning("%d connections wait to authenticate, the maximum: closing the oldest, from %s",
+                                   self.limits.unauthenticated_cap, oldest.peer)
+            oldest.drop()
+        self._unauthenticated[connection] = None
+
     def _refuse(self, connection: _Connection) -> None:
         """Answer a connection over ``max_connections`` with ``ServerBusyError`` and close it."""
         if not self._refusing:
@@ -388,7 +408,8 @@ class BrokerServer:
     async def _sweep(self) -> None:
         """Close the connections past ``idle_timeout_s`` or ``frame_timeout_s``."""
         loop = asyncio.get_running_loop()
-        interval = min(1.0, self.limits.idle_timeout_s / 4, self.limits.frame_timeout_s / 4)
+        limits = self.limits
+        interval = min(1.0, limits.idle_timeout_s / 4, limits.frame_timeout_s / 4, limits.auth_timeout_s / 4)
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
@@ -398,8 +419,9 @@ class BrokerServer:
                 except Exception:
                     log.exception("cannot check the connection from %s", connection.peer)
                     continue
-                if reason:
-                    log.info("closing the connection from %s: %s", connection.peer, reason)
+                if reason:  # unauthenticated ones may be a flood: not one line each
+                    (log.info if connection.authenticated else log.debug)(
+                        "closing the connection from %s: %s", connection.peer, reason)
                     connection.drop()
 
     def _on_frame(self, connection: _Connection, payload: bytes) -> bool:
@@ -580,10 +602,11 @@ class BrokerServer:
             try:
                 self._authenticator.verify(body, challenge)
             except AuthenticationError as exc:
-                log.warning("authentication failed from %s: %s", connection.peer, exc)
+                self._auth_log.warning("authentication failed from %s: %s", connection.peer, exc)
                 self._reply_error(connection, code, request_id, exc)
                 return False
         connection.authenticated = True
+        self._unauthenticated.pop(connection, None)
         self._reply(connection, code, request_id, None)
         return True
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
 from ..api import BrokerAPI
 from ..config import BrokerConfig
 from .service import MessagingService
-from .signature import SignatureVerifier
+from .signature import UTC_OFFSETS_MIN, SignatureFirst, SignatureVerifier
 
 log = logging.getLogger("broker_embedded.grpc")
 
@@ -26,13 +27,20 @@ class GrpcFront:
     ``port`` after ``start``). ``advertise`` (``host:port`` each) are the brokers routes give the
     clients: this one, or all brokers of a static route (default: the address they connected
     to); with ``access_key`` and ``secret_key`` every
-    call must be signed with them (``MQv2-HMAC-SHA1``)."""
+    call must be signed with them (``MQv2-HMAC-SHA1``) at a time that is now in one of
+    ``utc_offsets`` (minutes; default: every zone in use). With ``tls_cert`` and ``tls_key``
+    (PEM files) the port speaks TLS only."""
 
     def __init__(self, broker: BrokerAPI, host: str = "127.0.0.1", port: int = 8081, *,
                  advertise: Sequence[str] = (), access_key: str | None = None, secret_key: str | None = None,
-                 max_workers: int = 64) -> None:
+                 utc_offsets: Sequence[int] = UTC_OFFSETS_MIN, tls_cert: Path | None = None,
+                 tls_key: Path | None = None, max_workers: int = 64) -> None:
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key, or neither")
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("give both a TLS certificate and its key, or neither")
+        self.credentials = (grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
+                            if tls_cert is not None and tls_key is not None else None)
         for address in advertise:
             check_address(address)
         self.host = host
@@ -43,19 +51,25 @@ class GrpcFront:
         #: Receives wait for messages on their own threads, so waiting consumers never hold up a send.
         self.poll_executor = ThreadPoolExecutor(max_workers=self.config.limits.max_long_polls,
                                                 thread_name_prefix="broker-grpc-poll")
-        verifier = SignatureVerifier(access_key, secret_key) if access_key is not None and secret_key is not None \
-            else None
-        self.service = MessagingService(broker, self.executor, self.poll_executor, advertise, verifier)
+        self.interceptors = [SignatureFirst(SignatureVerifier(access_key, secret_key, utc_offsets=utc_offsets))] \
+            if access_key is not None and secret_key is not None else []
+        self.service = MessagingService(broker, self.executor, self.poll_executor, advertise)
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
         largest = self.config.max_body_size + self.config.max_properties_size + MESSAGE_OVERHEAD_BYTES
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", largest),
-                                          ("grpc.max_send_message_length", largest)])
+        limits = self.config.limits
+        server = grpc.aio.server(interceptors=self.interceptors, options=[
+            ("grpc.max_receive_message_length", largest), ("grpc.max_send_message_length", largest),
+            # a connection must finish its (TLS and) HTTP/2 handshake within the native port's
+            # deadline to authenticate, and one without a call open is closed when idle
+            ("grpc.server_handshake_timeout_ms", int(limits.auth_timeout_s * 1000)),
+            ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000))])
         server.add_generic_rpc_handlers((self.service.handler(),))
         address = f"{self.host}:{self.port}"
         try:
-            self.port = server.add_insecure_port(address)
+            self.port = (server.add_insecure_port(address) if self.credentials is None
+                         else server.add_secure_port(address, self.credentials))
         except RuntimeError as exc:  # grpcio's way of saying the port is taken or the host unknown
             raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
         await server.start()

@@ -20,18 +20,19 @@ from typing import Any
 
 import grpc
 from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
 
 from ..api import MAX_DURATION_S, BrokerAPI
+from ..auth import RateLimitedLog
 from ..batching import write_batcher
 from ..config import BrokerConfig
-from ..errors import AuthenticationError, InvalidMessageError, UnknownTopicError
+from ..errors import InvalidMessageError, UnknownTopicError
 from ..message import Resolution
 from ..writes import EndCall, HalfCall, SendCall, WriteCall
 from ._proto import definition_pb2 as pb
 from ._proto import service_pb2 as spb
 from .convert import from_proto, received_to_proto
 from .sessions import CheckRouter, TelemetrySession
-from .signature import SignatureVerifier
 from .status import ok, status_of
 
 log = logging.getLogger("broker_embedded.grpc")
@@ -57,15 +58,16 @@ class MessagingService:
 
     ``advertise`` (``host:port`` each) are the brokers routes name: this one, or every broker
     of a static route (each serving its own store, the same list given to each); without it a
-    route names the address the client used. ``verifier`` checks each call's signature when set."""
+    route names the address the client used. Signatures are checked before the service is
+    reached (``signature.SignatureFirst``)."""
 
     def __init__(self, broker: BrokerAPI, executor: ThreadPoolExecutor, poll_executor: Executor,
-                 advertise: Sequence[str] = (), verifier: SignatureVerifier | None = None) -> None:
+                 advertise: Sequence[str] = ()) -> None:
         self.broker = broker
         self.executor = executor
         self.poll_executor = poll_executor
         self.advertise = tuple(advertise)
-        self.verifier = verifier
+        self.malformed = RateLimitedLog(log)
         self.router = CheckRouter(broker)
         config = getattr(broker, "config", None)
         self.config = config if isinstance(config, BrokerConfig) else BrokerConfig()
@@ -272,7 +274,8 @@ class MessagingService:
     # -- the service ----------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
         """The service's handlers under its wire name, built from the service descriptor:
-        every RPC this class does not define answers UNIMPLEMENTED."""
+        every RPC this class does not define answers UNIMPLEMENTED. Requests arrive as bytes
+        and are decoded by ``_guarded`` (grpcio would log a traceback for each undecodable one)."""
         handlers = {}
         for method in spb.DESCRIPTOR.services_by_name["MessagingService"].methods:
             implementation = getattr(self, method.name, None) or _unimplemented(method.name)
@@ -283,26 +286,38 @@ class MessagingService:
                     (True, True): grpc.stream_stream_rpc_method_handler,
                     (True, False): grpc.stream_unary_rpc_method_handler}[
                         (method.client_streaming, method.server_streaming)]
-            handlers[method.name] = make(self._guarded(implementation, method.server_streaming),
-                                         request_deserializer=request_class.FromString,
-                                         response_serializer=response_class.SerializeToString)
+            handlers[method.name] = make(
+                self._guarded(implementation, request_class, method.client_streaming, method.server_streaming),
+                response_serializer=response_class.SerializeToString)
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
-    def _guarded(self, implementation: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
-        """``implementation`` behind the signature check (UNAUTHENTICATED when it fails); a
-        streaming one writes what it yields through the context."""
-        verifier = self.verifier
+    def _guarded(self, implementation: Callable[..., Any], request_class: Any, client_streaming: bool,
+                 server_streaming: bool) -> Callable[..., Any]:
+        """``implementation`` given its request decoded from bytes: one that does not decode
+        is answered INVALID_ARGUMENT (one rate-limited log line, no traceback). A streaming
+        implementation writes what it yields through the context."""
+        malformed = self.malformed
 
-        async def check(context: Any) -> None:
-            if verifier is None:
-                return
+        async def decoded(raw: bytes, context: Any) -> Any:
             try:
-                verifier.verify(dict(context.invocation_metadata() or ()))
-            except AuthenticationError as exc:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+                return request_class.FromString(raw)
+            except DecodeError as exc:
+                malformed.warning("a malformed %s request: %s", request_class.DESCRIPTOR.name, exc)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"the request is not a valid {request_class.DESCRIPTOR.name}")
 
-        async def stream(request: Any, context: Any) -> None:
-            await check(context)
+        async def each_decoded(raws: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
+            async for raw in raws:
+                try:
+                    yield request_class.FromString(raw)
+                except DecodeError as exc:  # ends the stream with that status
+                    malformed.warning("a malformed %s request: %s", request_class.DESCRIPTOR.name, exc)
+                    context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+                    context.set_details(f"a request is not a valid {request_class.DESCRIPTOR.name}")
+                    return
+
+        async def stream(raw: Any, context: Any) -> None:
+            request = each_decoded(raw, context) if client_streaming else await decoded(raw, context)
             result = implementation(request, context)
             if hasattr(result, "__aiter__"):
                 async for item in result:
@@ -310,11 +325,11 @@ class MessagingService:
             else:
                 await result
 
-        async def unary(request: Any, context: Any) -> Any:
-            await check(context)
+        async def unary(raw: Any, context: Any) -> Any:
+            request = each_decoded(raw, context) if client_streaming else await decoded(raw, context)
             return await implementation(request, context)
 
-        return stream if streaming else unary
+        return stream if server_streaming else unary
 
 
 def _endpoints(address: str) -> pb.Endpoints:

@@ -350,7 +350,7 @@ def test_signed_calls_with_the_brokers_keys(signed_broker: GrpcBroker, clients: 
     intruder = clients(rocketmq.Producer(signed_broker.config("app", "wrong"), ()))
     with pytest.raises(Exception, match="route"):  # the client reports the refused QueryRoute so
         intruder.send(_message(topic, b"unsigned"))
-    date = "20261124T120000Z"
+    date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     wrong = f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, Signature={sign('wrong', date)}"
     for metadata, reason in ((((DATE_HEADER, date), ("authorization", wrong)), "signature is wrong"),
                              ((), "not signed")):
@@ -409,12 +409,15 @@ def test_several_brokers_in_one_route(two_brokers: list[GrpcBroker], clients: Ca
 
 REFUSED_OPTIONS = [
     (("--grpc-port", "0", "--grpc-advertise", "no-port"), "ValueError: an advertised gRPC address must be host:port"),
-    (("--grpc-advertise", "127.0.0.1:8081"), "ValueError: --grpc-host and --grpc-advertise need --grpc-port"),
+    (("--grpc-advertise", "127.0.0.1:8081"), "ValueError: --grpc-host, --grpc-advertise, --grpc-tls-* and"),
     (("--grpc-port", "{taken}"), "OSError: cannot listen for gRPC on 127.0.0.1:"),
+    (("--grpc-port", "0", "--grpc-tls-cert", "cert.pem"), "ValueError: --grpc-tls-cert and --grpc-tls-key go"),
+    (("--grpc-port", "0", "--grpc-client-utc-offsets", "+25:00"), "ValueError: UTC offset +25:00 is beyond"),
 ]
 
 
-@pytest.mark.parametrize(("options", "error"), REFUSED_OPTIONS, ids=["bad advertise", "no port", "port in use"])
+@pytest.mark.parametrize(("options", "error"), REFUSED_OPTIONS,
+                         ids=["bad advertise", "no port", "port in use", "TLS cert alone", "no such zone"])
 def test_serve_refuses_grpc_options_it_cannot_serve(tmp_path: Path, options: tuple[str, ...], error: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
