@@ -320,8 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-host", default="127.0.0.1", help="the HTTP port's address (default: 127.0.0.1 "
                    "whatever --host is; without keys a non-loopback one needs --http-insecure)")
     s.add_argument("--metrics-token", default=os.environ.get("HALFMOON_METRICS_TOKEN"),
-                   help="a bearer token that may read /metrics (default: $HALFMOON_METRICS_TOKEN); with keys "
-                   "/metrics needs it or a console sign-in, without keys it then needs it")
+                   help="a bearer token that may read /metrics (default: $HALFMOON_METRICS_TOKEN); given, or with "
+                   "keys, /metrics answers only it (or, with keys, a console sign-in)")
     s.add_argument("--http-trusted-proxy", metavar="ADDR", help="the reverse proxy's address: its "
                    "X-Forwarded-For and X-Forwarded-Proto are believed (client address, https)")
     s.add_argument("--http-insecure", action="store_true", help="allow a non-loopback --http-host without "

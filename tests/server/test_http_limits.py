@@ -27,7 +27,6 @@ def healthz(port: HttpPort) -> int:
         connection.close()
 
 
-@pytest.mark.slow
 def test_unfinished_requests_hold_no_thread_and_a_normal_request_still_answers() -> None:
     port = HttpPort("127.0.0.1", 0, CollectorRegistry(), lambda: None)
     port.start()
