@@ -2,7 +2,8 @@
 
     serve   --data-dir DIR [--host 127.0.0.1] [--port 9876] [--flush sync|async]
             [--checker module:factory] [--access-key K --secret-key S] [--export-root DIR]
-            [--max-connections 1024] [--idle-timeout 300] [--http-port P [--http-host H]]
+            [--max-connections 1024] [--idle-timeout 300] [--http-port P [--http-host 127.0.0.1]
+            [--metrics-token T] [--http-trusted-proxy ADDR] [--http-insecure]]
             [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT[,HOST:PORT...]]
              [--grpc-tls-cert PEM --grpc-tls-key PEM] [--grpc-client-utc-offsets +HH:MM[,...]]]
     topics  create NAME [--queues N] | list
@@ -93,10 +94,18 @@ def _http_port(args: argparse.Namespace, readiness: Readiness) -> HttpPort:
     try:
         from prometheus_client import CollectorRegistry
 
-        from .http_port import HttpPort
+        from .http_port import HttpPort, MetricsAccess, check_exposure
     except ImportError as exc:
-        raise ValueError(f"--http-port needs prometheus_client (pip install 'halfmoon[server]'): {exc}") from None
-    port = HttpPort(args.http_host or args.host, args.http_port, CollectorRegistry(), readiness.reason)
+        raise ValueError(f"--http-port needs prometheus_client and waitress (pip install 'halfmoon[server]'): "
+                         f"{exc}") from None
+    from .console import DEFAULT_SESSION_TTL_S
+    from .console.session import Sessions
+
+    keys = bool(args.access_key or args.secret_key)
+    check_exposure(args.http_host, keys=keys, insecure=args.http_insecure)
+    sessions = Sessions(args.access_key, args.secret_key, DEFAULT_SESSION_TTL_S) if keys else None
+    port = HttpPort(args.http_host, args.http_port, CollectorRegistry(), readiness.reason,
+                    metrics_access=MetricsAccess(args.metrics_token, sessions), trusted_proxy=args.http_trusted_proxy)
     port.start()
     print(f"halfmoon-broker: HTTP port on {port.url} (/metrics, /healthz, /readyz)", flush=True)
     return port
@@ -320,7 +329,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close a connection with nothing in flight after this many seconds without a request")
     s.add_argument("--http-port", type=int, help="also serve HTTP on this port (0: a free one): /metrics "
                    "(Prometheus), /healthz, /readyz and the console at /; none unless given")
-    s.add_argument("--http-host", help="the HTTP port's address (default: --host)")
+    s.add_argument("--http-host", default="127.0.0.1", help="the HTTP port's address (default: 127.0.0.1 "
+                   "whatever --host is; without keys a non-loopback one needs --http-insecure)")
+    s.add_argument("--metrics-token", default=os.environ.get("HALFMOON_METRICS_TOKEN"),
+                   help="a bearer token that may read /metrics (default: $HALFMOON_METRICS_TOKEN); given, or with "
+                   "keys, /metrics answers only it (or, with keys, a console sign-in)")
+    s.add_argument("--http-trusted-proxy", metavar="ADDR", help="the reverse proxy's address: its "
+                   "X-Forwarded-For and X-Forwarded-Proto are believed (client address, https)")
+    s.add_argument("--http-insecure", action="store_true", help="allow a non-loopback --http-host without "
+                   "keys: anyone who reaches it reads message bodies in the console")
     s.add_argument("--grpc-port", type=int, help="also serve RocketMQ 5's gRPC protocol (the official clients) "
                    "on this port (0: a free one); none unless given")
     s.add_argument("--grpc-host", help="the gRPC port's address (default: --host)")

@@ -145,7 +145,7 @@ def test_core_imports_outbox_without_an_orm(install: Callable[[str], Venv]) -> N
 
 def test_server_extra_serves_on_uvloop_with_metrics(install: Callable[[str], Venv]) -> None:
     env = install("server")
-    assert env.importable("uvloop") and env.importable("prometheus_client")
+    assert env.importable("uvloop") and env.importable("prometheus_client") and env.importable("waitress")
     http_port = free_port()
     _broker_round_trip(env, "--http-port", str(http_port))
     # the round trip's message, as the HTTP port counted it (scraped before the server stopped)

@@ -32,13 +32,15 @@ from . import pages
 from .markup import Markup, fill, join, tag
 from .notices import Notices
 from .pages import Page, View
-from .session import Sessions
+from .session import FAILURE_WINDOW_S, MAX_FAILURES, SESSION_COOKIE, Sessions
 from .wsgi import SECURITY_HEADERS, HttpError, Request, Response, cookie_header
 
 log = logging.getLogger("broker_embedded.console")
 
-SESSION_COOKIE = "halfmoon_console"
 SIGN_IN_COOKIE = "halfmoon_console_sign_in"
+
+#: What a console with keys shows before a sign-in: the sign-in form, nothing of the broker.
+_OPEN_PATHS = frozenset({"/sign-in"})
 
 _LAYOUT = Template(files(__package__).joinpath("layout.html").read_text(encoding="utf-8"))
 _STYLE = re.search(r"<style>(.*?)</style>", _LAYOUT.template, re.S)
@@ -97,7 +99,10 @@ class ConsoleApp:
         """Answer one request; a refused one is a 4xx page, a fault a 500 page without details."""
         request: Request | None = None
         try:
-            handler = self._handler(environ.get("REQUEST_METHOD", "GET").upper(), environ.get("PATH_INFO", "") or "/")
+            method, path = environ.get("REQUEST_METHOD", "GET").upper(), environ.get("PATH_INFO", "") or "/"
+            if self.sessions is not None and path not in _OPEN_PATHS and not self.sessions.signed_in(environ):
+                return _signed_out(environ, method)
+            handler = self._handler(method, path)
             request = Request.from_environ(environ)
             try:
                 return handler(request)
@@ -243,14 +248,19 @@ class ConsoleApp:
     def _sign_in(self, request: Request) -> Response:
         sessions = self._sessions()
         _same_origin(request)
-        if sessions.throttled():
-            raise HttpError(HTTPStatus.TOO_MANY_REQUESTS, "Too many failed sign-ins: try again in a minute.",
-                            [("Retry-After", "60")])
         if not sessions.csrf_ok(request.cookies.get(SIGN_IN_COOKIE), request.form.get("csrf", "")):
             raise HttpError(HTTPStatus.FORBIDDEN, "The sign-in form was stale or came from elsewhere: "
                                                   "open the sign-in page again and retry.")
+        # The keys are always compared, so the right pair signs in even from a throttled address
+        # (several operators behind one proxy share it); the throttle answers only wrong keys.
         if not sessions.keys_match(request.field("access_key"), request.field("secret_key")):
-            sessions.failed()
+            if sessions.throttle.throttled(request.client):
+                raise HttpError(HTTPStatus.TOO_MANY_REQUESTS, "Too many failed sign-ins from your address: "
+                                                              "try again in a minute.", [("Retry-After", "60")])
+            sessions.throttle.failed(request.client)
+            if sessions.throttle.throttled(request.client):
+                log.warning("console: %d failed sign-ins from %s within %.0f s", MAX_FAILURES, request.client,
+                            FAILURE_WINDOW_S)
             return self._sign_in_page(request, "The access key or the secret key is wrong.")
         path = request.base or "/"
         return self._redirect(request, "/", "ok", "Signed in: actions are available.", [
@@ -260,14 +270,12 @@ class ConsoleApp:
 
     # -- actions --------------------------------------------------------------------------
     def _action(self, act: Callable[[Request], Response]) -> Handler:
-        """``act`` for a signed-in operator whose form carries the session's CSRF token."""
+        """``act`` for a signed-in operator (``handle`` saw the session) whose form carries the
+        session's CSRF token."""
         def handler(request: Request) -> Response:
             sessions = self._sessions()
             _same_origin(request)
-            session = self._session_id(request)
-            if session is None:
-                raise HttpError(HTTPStatus.FORBIDDEN, "Sign in first: your session is missing or has expired.")
-            if not sessions.csrf_ok(session, request.form.get("csrf", "")):
+            if not sessions.csrf_ok(self._session_id(request), request.form.get("csrf", "")):
                 raise HttpError(HTTPStatus.FORBIDDEN, "The form's security token is missing or stale: "
                                                       "reload the page and try again.")
             return act(request)
@@ -306,10 +314,8 @@ class ConsoleApp:
         return tx, resolution
 
     def _force_page(self, request: Request) -> Response:
-        self._sessions()
+        self._sessions()  # a read-only console has no actions; with keys, ``handle`` saw a session
         view = self._view(request)
-        if not view.signed_in:
-            raise HttpError(HTTPStatus.FORBIDDEN, "Sign in first: forcing a resolution is an action.")
         tx, resolution = self._force_target(request, request.query)
         return self._show(request, pages.force(view, tx, resolution))
 
@@ -331,6 +337,15 @@ class ConsoleApp:
         self.broker.resend_dlq(group, message_id)
         return self._redirect(request, "/dead-letters?" + urlencode({"group": group}), "ok",
                               f"Message {message_id} was sent to group {group} again.")
+
+
+def _signed_out(environ: dict[str, Any], method: str) -> Response:
+    """What a console with keys answers before a sign-in, unread: a page is a redirect to
+    the sign-in form, anything else a 403; neither shows anything of the broker."""
+    if method == "GET":
+        return Response(HTTPStatus.SEE_OTHER, b"", [("Location", environ.get("SCRIPT_NAME", "").rstrip("/")
+                                                     + "/sign-in")])
+    raise HttpError(HTTPStatus.FORBIDDEN, "Sign in first: your session is missing or has expired.")
 
 
 def _status_of(exc: BrokerError) -> HTTPStatus:

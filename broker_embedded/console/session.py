@@ -1,5 +1,5 @@
-"""Who may act in the console: sign-in with the broker's keys, a signed session cookie,
-CSRF tokens bound to the session, and a brake on guessing.
+"""Who may use the console: sign-in with the broker's keys, a signed session cookie,
+CSRF tokens bound to the session, and a brake on guessing per client address.
 
 The cookie is ``<expiry>.<nonce>.<signature>``, an HMAC-SHA256 under a key derived from the
 broker's secret key; nothing is stored on the server, so sessions end when they expire
@@ -14,14 +14,55 @@ import hmac
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
+from typing import Any
+
+from .wsgi import cookies
 
 #: Signatures made here differ from any other HMAC under the same secret (the TCP handshake's).
 _CONTEXT = b"halfmoon-console-session-v1"
 
-#: Failed sign-ins allowed per ``FAILURE_WINDOW_S`` before sign-in is refused for the rest of it.
+#: The cookie that carries a console session (``/metrics`` accepts it too).
+SESSION_COOKIE = "halfmoon_console"
+
+#: Failed sign-ins allowed from one client address per ``FAILURE_WINDOW_S`` before its
+#: wrong keys are answered 429 for the rest of it.
 MAX_FAILURES = 10
 FAILURE_WINDOW_S = 60.0
+#: Client addresses whose failures are remembered; the least recently failed is forgotten first.
+MAX_THROTTLED_CLIENTS = 4096
+
+
+class SignInThrottle:
+    """Failed sign-ins per client address, in a table of at most ``max_clients`` addresses
+    (least recently failed forgotten first), so a flood from one address slows only that
+    address and memory stays bounded whatever addresses a flood comes from."""
+
+    def __init__(self, max_clients: int = MAX_THROTTLED_CLIENTS) -> None:
+        if max_clients < 1:
+            raise ValueError(f"max_clients must be at least 1, got {max_clients!r}")
+        self.max_clients = max_clients
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    def throttled(self, client: str) -> bool:
+        """True while ``client`` failed ``MAX_FAILURES`` times within ``FAILURE_WINDOW_S``."""
+        with self._lock:
+            failures = self._failures.get(client)
+            return (failures is not None and len(failures) == MAX_FAILURES
+                    and time.monotonic() - failures[0] <= FAILURE_WINDOW_S)
+
+    def failed(self, client: str) -> None:
+        """Count a failed sign-in from ``client``."""
+        with self._lock:
+            failures = self._failures.pop(client, None) or deque(maxlen=MAX_FAILURES)
+            failures.append(time.monotonic())
+            self._failures[client] = failures
+            while len(self._failures) > self.max_clients:
+                self._failures.popitem(last=False)
 
 
 class Sessions:
@@ -36,8 +77,7 @@ class Sessions:
         self._secret_key = secret_key.encode()
         self._key = hmac.new(self._secret_key, _CONTEXT, hashlib.sha256).digest()
         self.ttl_s = ttl_s
-        self._failures: deque[float] = deque()
-        self._lock = threading.Lock()
+        self.throttle = SignInThrottle()
 
     def _sign(self, purpose: str, value: str) -> str:
         return hmac.new(self._key, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
@@ -48,18 +88,6 @@ class Sessions:
         access_ok = hmac.compare_digest(access_key.encode(), self._access_key)
         secret_ok = hmac.compare_digest(secret_key.encode(), self._secret_key)
         return access_ok and secret_ok
-
-    def throttled(self) -> bool:
-        """True while too many sign-ins failed lately; they are refused unread then."""
-        now = time.monotonic()
-        with self._lock:
-            while self._failures and now - self._failures[0] > FAILURE_WINDOW_S:
-                self._failures.popleft()
-            return len(self._failures) >= MAX_FAILURES
-
-    def failed(self) -> None:
-        with self._lock:
-            self._failures.append(time.monotonic())
 
     # -- sessions -------------------------------------------------------------------------
     def new_session(self) -> str:
@@ -75,6 +103,10 @@ class Sessions:
         if not hmac.compare_digest(signature.encode(), self._sign("session", f"{expiry}.{nonce}").encode()):
             return None
         return nonce if expiry.isdigit() and int(expiry) > time.time() else None
+
+    def signed_in(self, environ: dict[str, Any]) -> bool:
+        """Whether the WSGI request ``environ`` carries a valid session cookie."""
+        return self.session_id(cookies(environ.get("HTTP_COOKIE", "")).get(SESSION_COOKIE)) is not None
 
     # -- CSRF -----------------------------------------------------------------------------
     @staticmethod

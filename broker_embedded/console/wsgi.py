@@ -41,7 +41,8 @@ def _fields(text: str, what: str) -> dict[str, str]:
 
 @dataclass
 class Request:
-    """A parsed request: query and form fields, cookies, and where it came from."""
+    """A parsed request: query and form fields, cookies, and where it came from (``client``:
+    the peer's address, the sign-in throttle's key)."""
 
     #: Where the console is mounted (WSGI ``SCRIPT_NAME``); links are built under it.
     base: str
@@ -51,6 +52,7 @@ class Request:
     secure: bool
     origin: str | None
     host: str
+    client: str
 
     @classmethod
     def from_environ(cls, environ: dict[str, Any]) -> Request:
@@ -66,10 +68,11 @@ class Request:
             base=environ.get("SCRIPT_NAME", "").rstrip("/"),
             query=_fields(query_string, "query string"),
             form=form,
-            cookies=_cookies(environ.get("HTTP_COOKIE", "")),
+            cookies=cookies(environ.get("HTTP_COOKIE", "")),
             secure=environ.get("wsgi.url_scheme") == "https",
             origin=environ.get("HTTP_ORIGIN"),
             host=environ.get("HTTP_HOST", ""),
+            client=environ.get("REMOTE_ADDR", ""),
         )
 
     def field(self, name: str, max_length: int = 256) -> str:
@@ -99,7 +102,8 @@ def _read_form(environ: dict[str, Any]) -> str:
         raise HttpError(HTTPStatus.BAD_REQUEST, "The form is not URL-encoded.") from None
 
 
-def _cookies(header: str) -> dict[str, str]:
+def cookies(header: str) -> dict[str, str]:
+    """The cookies of a ``Cookie`` header by name (none when it is malformed)."""
     cookie = SimpleCookie()
     try:
         cookie.load(header)

@@ -1,18 +1,20 @@
 """A real broker with something on every console page, and the console served over HTTP.
 
-``serve`` runs a WSGI app on a threaded wsgiref server on an ephemeral port; it stands in
-for the broker's HTTP port (``halfmoon-broker serve --http-port``), which mounts the console
-at ``/`` the same way, so swapping it in changes only this fixture.
+``serve`` mounts a WSGI app at ``/`` of the broker's own HTTP port (``HttpPort``, as
+``halfmoon-broker serve --http-port`` does) on an ephemeral port; ``sign_in`` signs an
+``httpx`` client in with the broker's keys.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -32,6 +34,21 @@ CONFIG = BrokerConfig(
     retry_backoff_s=(0.0,),
     service_tick_s=0.02,
 )
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert found, "the page has a form with a CSRF token"
+    return found.group(1)
+
+
+def sign_in(client: httpx.Client, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> str:
+    """Sign ``client`` in with the broker's keys; the session's CSRF token."""
+    form = client.get("/sign-in")
+    answer = client.post("/sign-in", data={"csrf": csrf_of(form.text), "access_key": access_key,
+                                           "secret_key": secret_key})
+    assert answer.status_code == 303, answer.text
+    return csrf_of(client.get("/").text)  # the sign-out form carries it
 
 
 class SilentChecker:

@@ -13,6 +13,7 @@ import pytest
 
 from broker_embedded import EmbeddedBroker, Message, Resolution, TransactionState
 from broker_embedded.console import make_console_app
+from broker_embedded.console.session import SignInThrottle
 
 from .conftest import (
     ACCESS_KEY,
@@ -20,10 +21,12 @@ from .conftest import (
     SECRET_KEY,
     Shop,
     SilentChecker,
+    csrf_of,
     dead_letter,
     eventually,
     park,
     serve,
+    sign_in,
 )
 
 PAGES = ("/", "/groups", "/transactions", "/dead-letters", "/dead-letters?group=mailer", "/search")
@@ -31,23 +34,16 @@ PAGES = ("/", "/groups", "/transactions", "/dead-letters", "/dead-letters?group=
 
 @pytest.fixture
 def client(console_url: str) -> Iterator[httpx.Client]:
+    """A client not signed in."""
     with httpx.Client(base_url=console_url, follow_redirects=False, timeout=30) as c:
         yield c
 
 
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
-    assert found, "the page has a form with a CSRF token"
-    return found.group(1)
-
-
-def sign_in(client: httpx.Client) -> str:
-    """Sign in with the broker's keys; the session's CSRF token."""
-    form = client.get("/sign-in")
-    answer = client.post("/sign-in", data={"csrf": csrf_of(form.text), "access_key": ACCESS_KEY,
-                                           "secret_key": SECRET_KEY})
-    assert answer.status_code == 303, answer.text
-    return csrf_of(client.get("/").text)  # the sign-out form carries it
+@pytest.fixture
+def operator(client: httpx.Client) -> httpx.Client:
+    """A client signed in with the broker's keys (every page needs that when it has keys)."""
+    sign_in(client)
+    return client
 
 
 def no_fault(response: httpx.Response) -> httpx.Response:
@@ -81,25 +77,26 @@ def test_lag_and_in_flight_are_counted(read_only_url: str, shop: Shop) -> None:
     assert row and row.groups() == ("7", "2")
 
 
-def test_bodies_properties_and_tags_are_escaped(client: httpx.Client, shop: Shop) -> None:
-    html = client.get("/search", params={"id": shop.script_id}).text
+def test_bodies_properties_and_tags_are_escaped(operator: httpx.Client, shop: Shop) -> None:
+    html = operator.get("/search", params={"id": shop.script_id}).text
     assert "<script>" not in html and "<b>bold" not in html and "<i>" not in html
     assert "&lt;script&gt;alert(&#x27;body&#x27;)&lt;/script&gt;" in html
     assert "&lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;" in html
-    echoed = client.get("/search", params={"id": '"><script>x</script>'}).text
+    echoed = operator.get("/search", params={"id": '"><script>x</script>'}).text
     assert "<script>x" not in echoed and "&quot;&gt;&lt;script&gt;" in echoed
 
 
-def test_binary_bodies_show_as_hex_with_their_length(client: httpx.Client, shop: Shop) -> None:
-    html = client.get("/search", params={"id": shop.binary_id}).text
+def test_binary_bodies_show_as_hex_with_their_length(operator: httpx.Client, shop: Shop) -> None:
+    html = operator.get("/search", params={"id": shop.binary_id}).text
     assert "binary, 1.0 KiB, first 256 bytes shown as hex" in html and "00 01 02 03" in html
 
 
-def test_search_by_key_and_a_half_message_by_id(client: httpx.Client, broker: EmbeddedBroker, shop: Shop) -> None:
-    by_key = client.get("/search", params={"topic": "orders", "key": "order-2"})
+def test_search_by_key_and_a_half_message_by_id(operator: httpx.Client, broker: EmbeddedBroker,
+                                                shop: Shop) -> None:
+    by_key = operator.get("/search", params={"topic": "orders", "key": "order-2"})
     assert by_key.status_code == 200 and shop.order_ids[2] in by_key.text
     half_id = broker.open_transaction(shop.pending_tx).message_ids[0]  # type: ignore[union-attr]
-    half = client.get("/search", params={"id": half_id})
+    half = operator.get("/search", params={"id": half_id})
     assert half.status_code == 200 and "half message" in half.text and shop.pending_tx in half.text
     assert "<dt>Transaction state</dt><dd>pending</dd>" in half.text
 
@@ -118,19 +115,19 @@ def test_search_by_key_and_a_half_message_by_id(client: httpx.Client, broker: Em
     ("/search?topic=orders&key=", 400),
     ("/dead-letters?group=not%20a%20group", 400),
     ("/dead-letters?group=nobody", 404),
-    ("/transactions/force?id=tx-x&resolution=commit", 403),
 ])
-def test_bad_input_gets_a_clear_4xx_page(client: httpx.Client, path: str, status: int) -> None:
-    response = no_fault(client.get(path))
+def test_bad_input_gets_a_clear_4xx_page(operator: httpx.Client, path: str, status: int) -> None:
+    response = no_fault(operator.get(path))
     assert response.status_code == status
     assert response.headers["content-type"] == "text/html; charset=utf-8"
     assert 'role="alert"' in response.text
 
 
 def test_bad_posts_get_4xx_pages(client: httpx.Client) -> None:
+    assert no_fault(client.post("/")).status_code == 403, "signed out: nothing but the sign-in form"
+    csrf = sign_in(client)
     assert no_fault(client.post("/")).status_code == 405
     assert client.post("/").headers["allow"] == "GET"
-    csrf = sign_in(client)
     form = {"csrf": csrf, "id": "tx-x"}
     assert no_fault(client.post("/transactions/recheck", data=form)).status_code == 404
     assert no_fault(client.post("/transactions/recheck", data={**form, "id": "bad id"})).status_code == 400
@@ -181,7 +178,7 @@ def test_actions_need_a_valid_session_a_csrf_token_and_the_same_origin(
     with httpx.Client(base_url=console_url) as forger:
         forger.cookies.set("halfmoon_console", f"{int(expiry) + 10**6}.{nonce}.{signature}")
         assert forger.post("/transactions/recheck", data={**form, "csrf": csrf}).status_code == 403
-        assert "Sign in" in forger.get("/").text
+        assert forger.get("/").headers["location"] == "/sign-in"
     with httpx.Client(base_url=console_url) as stranger:  # a sign-in form without its cookie
         refused = stranger.post("/sign-in", data={"csrf": csrf, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
         assert refused.status_code == 403
@@ -191,7 +188,7 @@ def test_sign_out_ends_the_session(client: httpx.Client) -> None:
     csrf = sign_in(client)
     out = client.post("/sign-out", data={"csrf": csrf})
     assert out.status_code == 303 and "Max-Age=0" in out.headers["set-cookie"]
-    assert "Sign out" not in client.get("/").text
+    assert client.get("/").headers["location"] == "/sign-in"
 
 
 def test_sessions_expire(broker: EmbeddedBroker, shop: Shop) -> None:
@@ -200,18 +197,42 @@ def test_sessions_expire(broker: EmbeddedBroker, shop: Shop) -> None:
         sign_in(c)
         assert "Sign out" in c.get("/").text
         time.sleep(2.1)
-        assert "Sign out" not in c.get("/").text
+        assert c.get("/", follow_redirects=False).headers["location"] == "/sign-in"
 
 
-def test_repeated_wrong_keys_are_refused_for_a_while(broker: EmbeddedBroker, shop: Shop) -> None:
-    with serve(make_console_app(broker, access_key=ACCESS_KEY, secret_key=SECRET_KEY)) as url, \
-            httpx.Client(base_url=url) as c:
-        csrf = csrf_of(c.get("/sign-in").text)
-        codes = [c.post("/sign-in", data={"csrf": csrf, "access_key": "a", "secret_key": f"s{i}"}).status_code
-                 for i in range(11)]
-        assert codes == [401] * 10 + [429]
-        right = c.post("/sign-in", data={"csrf": csrf, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
-        assert right.status_code == 429 and right.headers["retry-after"] == "60"
+def client_from(url: str, address: str) -> httpx.Client:
+    """A client whose connections come from ``address`` (any of 127/8 reaches 127.0.0.1)."""
+    return httpx.Client(base_url=url, transport=httpx.HTTPTransport(local_address=address))
+
+
+def test_a_flood_of_wrong_keys_throttles_its_own_address_and_never_the_right_keys(
+    broker: EmbeddedBroker, shop: Shop,
+) -> None:
+    with serve(make_console_app(broker, access_key=ACCESS_KEY, secret_key=SECRET_KEY)) as url:
+        with client_from(url, "127.0.0.2") as flood:
+            csrf = csrf_of(flood.get("/sign-in").text)
+            codes = [flood.post("/sign-in", data={"csrf": csrf, "access_key": "a", "secret_key": f"s{i}"}).status_code
+                     for i in range(11)]
+            assert codes == [401] * 10 + [429]
+            wrong = flood.post("/sign-in", data={"csrf": csrf, "access_key": ACCESS_KEY, "secret_key": "guess"})
+            assert wrong.status_code == 429 and wrong.headers["retry-after"] == "60"
+            right = flood.post("/sign-in", data={"csrf": csrf, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
+            assert right.status_code == 303, "the right keys were refused from a throttled address"
+        with client_from(url, "127.0.0.3") as operator:
+            csrf = csrf_of(operator.get("/sign-in").text)
+            once = operator.post("/sign-in", data={"csrf": csrf, "access_key": "a", "secret_key": "typo"})
+            assert once.status_code == 401, "another address's failures throttled this one"
+            sign_in(operator)
+
+
+def test_the_throttle_remembers_a_bounded_number_of_addresses() -> None:
+    throttle = SignInThrottle(max_clients=64)
+    for i in range(10_000):
+        throttle.failed(f"10.0.{i // 256}.{i % 256}")
+    assert len(throttle) == 64
+    for _ in range(10):
+        throttle.failed("192.0.2.1")
+    assert throttle.throttled("192.0.2.1") and not throttle.throttled("192.0.2.2")
 
 
 def follow(client: httpx.Client, response: httpx.Response) -> str:

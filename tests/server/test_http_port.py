@@ -239,6 +239,25 @@ def test_mounted_apps_get_their_prefix_and_never_the_built_in_paths(tmp_path: Pa
         port.mount("api", _app("api"))
 
 
+def _peer(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    """A WSGI app answering with the client address and scheme it was given."""
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [f"{environ['REMOTE_ADDR']} {environ['wsgi.url_scheme']}".encode()]
+
+
+@pytest.mark.parametrize(("proxy", "seen"), [("127.0.0.1", "203.0.113.9 https"), ("127.0.0.2", "127.0.0.1 http")])
+def test_forwarded_headers_are_believed_from_the_trusted_proxy_only(proxy: str, seen: str) -> None:
+    port = HttpPort("127.0.0.1", 0, CollectorRegistry(), lambda: None, {"/": _peer}, trusted_proxy=proxy)
+    port.start()
+    try:
+        request = urllib.request.Request(port.url + "/", headers={"X-Forwarded-For": "203.0.113.9",
+                                                                 "X-Forwarded-Proto": "https"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.read().decode() == seen
+    finally:
+        port.stop()
+
+
 def test_a_port_in_use_stops_serve_with_an_error(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
