@@ -170,6 +170,10 @@ def test_a_purge_never_deletes_the_row_of_a_transaction_committed_by_a_producer_
         with live.engine.connect() as conn:
             left = dict(conn.execute(select(transaction_log.c.transaction_id, transaction_log.c.state)).all())
         assert left == {transaction_id: COMMITTED}  # every old row went, the new one stayed
+        with live.engine.connect() as conn:
+            stamped = conn.execute(select(transaction_log.c.created_at)).scalar_one()
+        stamped = stamped if stamped.tzinfo else stamped.replace(tzinfo=UTC)
+        assert abs(stamped - datetime.now(UTC)) < timedelta(minutes=1)  # the database's clock, not the producer's
         assert live.delivered() == ["o-1"] and live.committed_orders() == {"o-1"}
 
 
