@@ -47,9 +47,13 @@ class OutboxSQL:
     @property
     def now(self) -> str:
         """The database's clock as an SQL expression, in the column's stored form:
-        PostgreSQL's ``CURRENT_TIMESTAMP`` (the transaction's start); on SQLite UTC text
-        to the millisecond, the format SQLAlchemy and Django write there."""
-        return "strftime('%Y-%m-%d %H:%M:%f000', 'now')" if self.dialect == "sqlite" else "CURRENT_TIMESTAMP"
+        PostgreSQL's ``statement_timestamp()``; on SQLite UTC text to the millisecond, the
+        format SQLAlchemy and Django write there. (No ``%`` in the statement: drivers with
+        the ``format`` paramstyle, Django's SQLite cursor among them, read it as a
+        placeholder or unescape it, depending on whether there are parameters.)"""
+        if self.dialect == "sqlite":
+            return "strftime(replace('#Y-#m-#d #H:#M:#f000', '#', char(37)), 'now')"
+        return "statement_timestamp()"
 
     @property
     def read_now(self) -> str:
