@@ -6,8 +6,8 @@ small batches, each its own short transaction.
   (transaction timeout + check interval x check max, plus a margin; never less than the
   horizon itself, ``RetentionPolicy.min_age_s``) AND its transaction is not open at the
   broker (pending or parked: ``BrokerAPI.open_transactions``), whatever its age: a broker
-  that was down for days still checks those. If the broker cannot be asked, no
-  transaction_log row is deleted.
+  that was down for days still checks those. Once the broker cannot be asked, no more
+  transaction_log rows are deleted.
 * ``outbox_consumed_message``: a row is what makes a redelivery a no-op. It may go once it
   is older than the dedup window (7 days by default): a redelivery older than that would
   run its handler a second time.
