@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 from broker_embedded import Resolution
 
@@ -37,9 +36,10 @@ DEFAULT_LOCK_TIMEOUT_MS = 2000
 DEFAULT_STATEMENT_TIMEOUT_MS = 5000
 
 
-def row_params(sql: OutboxSQL, transaction_id: str, producer_group: str, state: str) -> tuple[object, ...]:
-    """The parameters of ``record_transaction`` and ``fence``, in their order."""
-    return transaction_id, producer_group, state, sql.timestamp(datetime.now(UTC))
+def row_params(transaction_id: str, producer_group: str, state: str) -> tuple[object, ...]:
+    """The parameters of ``record_transaction`` and ``fence``, in their order (the row's
+    ``created_at`` is the database's clock)."""
+    return transaction_id, producer_group, state
 
 
 def fenced_error(transaction_id: str, producer_group: str) -> TransactionFencedError:
@@ -62,7 +62,7 @@ def fence_and_read(execute: Execute, sql: OutboxSQL, transaction_id: str, produc
     then the row's state as a Resolution."""
     for statement in sql.transaction_setup(lock_timeout_ms, statement_timeout_ms):
         execute(statement, ())
-    execute(sql.fence, row_params(sql, transaction_id, producer_group, ROLLED_BACK))
+    execute(sql.fence, row_params(transaction_id, producer_group, ROLLED_BACK))
     (row,) = execute(sql.read_state, (transaction_id,))
     resolution = resolution_of(row[0])
     log.info("check of %s (group %s): %s", transaction_id, producer_group, resolution.value)

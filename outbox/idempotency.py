@@ -14,13 +14,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from broker_embedded import ReceivedMessage
 
 from . import instrumentation
-from .sql import OutboxSQL
 
 log = logging.getLogger("outbox.consumer")
 
@@ -45,10 +43,10 @@ class ConsumedRow:
     def of(cls, group: str, received: ReceivedMessage) -> ConsumedRow:
         return cls(group, received.message.message_id, received.message.topic, received.transaction_id)
 
-    def params(self, sql: OutboxSQL) -> tuple[object, ...]:
-        """The parameters of ``sql.record_consumed``, in their order."""
-        return (self.consumer_group, self.message_id, self.topic, self.transaction_id,
-                sql.timestamp(datetime.now(UTC)))
+    def params(self) -> tuple[object, ...]:
+        """The parameters of ``sql.record_consumed``, in their order (``consumed_at`` is the
+        database's clock)."""
+        return self.consumer_group, self.message_id, self.topic, self.transaction_id
 
 
 def handling(group: str, received: ReceivedMessage) -> instrumentation.Operation:

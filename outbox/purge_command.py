@@ -43,7 +43,8 @@ def add_purge_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds between batches (default {DEFAULT_PAUSE_S})")
     parser.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
     parser.add_argument("--transaction-log-older-than", type=_duration, metavar="AGE",
-                        help="instead of the broker's check horizon plus margin (e.g. 30d; open transactions stay)")
+                        help="instead of the broker's check horizon plus margin (e.g. 30d; open transactions stay; "
+                             "never below the broker's horizon)")
     parser.add_argument("--consumed-older-than", type=_duration, metavar="AGE",
                         help="instead of the dedup window (e.g. 7d, 12h)")
 

@@ -3,31 +3,62 @@ small batches, each its own short transaction.
 
 * ``outbox_transaction_log``: a row is needed while the broker may still send a check-back
   for its transaction. It may go once it is older than the broker's full check horizon
-  (transaction timeout + check interval x check max, plus a margin) AND its transaction is
-  not open at the broker (pending or parked: ``BrokerAPI.open_transactions``), whatever
-  its age: a broker that was down for days still checks those. If the broker cannot be
-  asked, no transaction_log row is deleted.
+  (transaction timeout + check interval x check max, plus a margin; never less than the
+  horizon itself, ``RetentionPolicy.min_age_s``) AND its transaction is not open at the
+  broker (pending or parked: ``BrokerAPI.open_transactions``), whatever its age: a broker
+  that was down for days still checks those. Once the broker cannot be asked, no more
+  transaction_log rows are deleted.
 * ``outbox_consumed_message``: a row is what makes a redelivery a no-op. It may go once it
   is older than the dedup window (7 days by default): a redelivery older than that would
   run its handler a second time.
 
+No application host's clock takes part. Rows are stamped by the database's clock
+(``OutboxSQL.now`` in the producer's, the checker's and the consumer's inserts), and the
+purge reads the database's clock once, when it begins, for its horizons: a row written
+after that is never a candidate, and a producer or purging host whose clock is off by an
+hour changes nothing.
+
+Why no row of a transaction the broker may still check is ever deleted (the order of each
+transaction_log batch: select the candidates, THEN ask the broker for its open set, then
+delete the candidates that are not in it):
+
+* a row a batch selects is committed, so its transaction was known to the broker before
+  the select: the producer's row (COMMITTED) commits only after the broker acknowledged the
+  transaction's half message, and a checker's fence (ROLLED_BACK) is written because the
+  broker checked the transaction;
+* so when the open set is read, after the select, that transaction is either still open
+  (pending or parked: in the set, the row is kept) or resolved at the broker, which then
+  never asks about it again. A transaction that becomes open after the open set was read
+  has no row this batch selected: its half message precedes its row;
+* the delete names the selected ids and repeats ``created_at < horizon``, so a row written
+  since the select (a fence for the same id) is not deleted.
+
+Reading the open set once per purge, before the deletes, was the bug of issue 21: a row
+committed during a long purge was not in that set and went, its END lost, and the check
+fenced a committed order. The age floor keeps what the open set cannot speak for: a fence
+(ROLLED_BACK) row of a resolved transaction stops a producer that stalled before its first
+statement from committing later; it stays at least the broker's horizon (and the margin).
+
 Each batch selects the oldest rows through the ``created_at`` / ``consumed_at`` index
-and deletes at most ``batch_size`` of them by key, so a batch holds its row locks for
-milliseconds and never scans a table; batches are separated by a pause. The statements
-follow ``outbox.sql``'s dialects (PostgreSQL; SQLite 3.35 or later, for ``RETURNING``).
-The integrations hand ``purge`` a way to run a transaction on their connection
-(``outbox.integrations.sqlalchemy.retention``, ``outbox.integrations.django.retention``).
+(transaction_log: a keyset walk on ``(created_at, transaction_id)``, so rows kept open are
+stepped over, not selected again) and deletes at most ``batch_size`` of them by key, so a
+batch holds its row locks for milliseconds and never scans a table; batches are separated
+by a pause. The statements follow ``outbox.sql``'s dialects (PostgreSQL; SQLite 3.35 or
+later, for ``RETURNING``). The integrations hand ``purge`` a way to run a transaction on
+their connection (``outbox.integrations.sqlalchemy.retention``,
+``outbox.integrations.django.retention``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from broker_embedded import BrokerConfig, BrokerError
 
@@ -84,10 +115,17 @@ class RetentionPolicy:
                 raise ConfigurationError(f"retention setting {name} must be a number >= 0, not {value!r}")
 
     @property
+    def min_age_s(self) -> float:
+        """The broker's own check horizon (transaction timeout + check interval x check
+        max): after this long it has resolved or parked every transaction. No purge deletes
+        a younger transaction_log row, whatever age it is asked for."""
+        return self.transaction_timeout_s + self.check_interval_s * self.check_max
+
+    @property
     def check_horizon_s(self) -> float:
-        """After this long the broker has parked a transaction it could not resolve, plus
-        the margin: the age from which a resolved transaction's row may go."""
-        return self.transaction_timeout_s + self.check_interval_s * self.check_max + self.margin_s
+        """The broker's horizon plus the margin: the age from which a resolved
+        transaction's row goes by default."""
+        return self.min_age_s + self.margin_s
 
 
 @dataclass(frozen=True)
@@ -138,6 +176,8 @@ class TablePurge:
 
     def summary(self, dry_run: bool = False) -> str:
         """One line: the table and what happened to it."""
+        if self.skipped is not None and self.rows:
+            return f"{self.table}: stopped after {self.rows} rows deleted ({self.skipped})"
         if self.skipped is not None:
             return f"{self.table}: skipped ({self.skipped})"
         done = (f"{self.rows} rows would be deleted" if dry_run else
@@ -187,11 +227,16 @@ class PurgeSQL:
     def _groups(self, groups: Sequence[str]) -> str:
         return f" AND producer_group IN ({self._list(len(groups))})" if groups else ""
 
-    def old_transactions(self, groups: Sequence[str]) -> str:
-        """The oldest ids before a moment; parameters: the moment, *groups, the limit."""
+    def old_transactions(self, groups: Sequence[str], after: bool = False) -> str:
+        """The oldest rows (id, created_at) before a moment, in (created_at, id) order;
+        parameters: the moment, *groups, when ``after`` the last row's created_at twice
+        and its id, then the limit."""
         p = self.sql.placeholder
-        return (f"SELECT transaction_id FROM {TRANSACTION_LOG} WHERE created_at < {p}{self._groups(groups)} "
-                f"ORDER BY created_at LIMIT {p}")
+        cursor = f" AND created_at >= {p} AND (created_at > {p} OR transaction_id > {p})" if after else ""
+        # SQLite: the stored text itself, which no driver converter rounds (a cursor compares exactly)
+        created_at = "CAST(created_at AS TEXT)" if self.sql.dialect == "sqlite" else "created_at"
+        return (f"SELECT transaction_id, {created_at} FROM {TRANSACTION_LOG} WHERE created_at < {p}"
+                f"{self._groups(groups)}{cursor} ORDER BY created_at, transaction_id LIMIT {p}")
 
     def delete_transactions(self, count: int) -> str:
         """Delete these ids if still before the moment; parameters: the moment, *ids."""
@@ -266,37 +311,58 @@ def _kept_open(transaction: Transaction, statements: PurgeSQL, before: object, g
                for chunk in (ids[i:i + _ID_CHUNK] for i in range(0, len(ids), _ID_CHUNK)))
 
 
-def purge_transaction_log(transaction: Transaction, sql: OutboxSQL, before: datetime, open_ids: frozenset[str],
-                          options: PurgeOptions, progress: Progress | None = None) -> TablePurge:
-    """Delete the transaction_log rows created before ``before`` whose transaction is not
-    in ``open_ids``, in batches (with ``dry_run``: count them)."""
+def database_now(transaction: Transaction, sql: OutboxSQL) -> datetime:
+    """The database's clock, read in a transaction of its own."""
+    with transaction() as execute:
+        ((now,),) = execute(sql.read_now, ())
+    return sql.database_time(now)
+
+
+def purge_transaction_log(transaction: Transaction, sql: OutboxSQL, before: datetime,
+                          list_open: Callable[[str | None], Collection[str]], options: PurgeOptions,
+                          progress: Progress | None = None) -> TablePurge:
+    """Delete the transaction_log rows created before ``before`` (the database's clock)
+    whose transaction is not open at the broker, in batches (with ``dry_run``: count them).
+    Each batch asks ``list_open`` (the broker's ``open_transactions``) after selecting its
+    candidates (why: the module's docstring). A ``BrokerError`` stops the purge of the
+    table: the outcome's ``skipped`` says why (its ``rows`` were deleted before)."""
     statements, moment = PurgeSQL(sql), sql.timestamp(before)
     groups = sorted(options.producer_groups or ())
-    kept = _kept_open(transaction, statements, moment, groups, open_ids)
-    if options.dry_run:
-        total = _count(transaction, statements.count_transactions(groups), [moment, *groups])
-        return TablePurge(TRANSACTION_LOG, total - kept, 0, 0.0, kept)
     batches = _Batches(TRANSACTION_LOG, options.pause_s, progress)
-    # At most ``kept`` of the rows found belong to open transactions: asking for
-    # ``batch_size + kept`` ids yields ``batch_size`` deletable ones while any are left.
-    limit = options.batch_size + kept
-    while True:
-        with transaction() as execute:
-            found = [row[0] for row in execute(statements.old_transactions(groups), [moment, *groups, limit])]
-            doomed = [tx for tx in found if tx not in open_ids][:options.batch_size]
-            deleted = execute(statements.delete_transactions(len(doomed)), [moment, *doomed]) if doomed else []
-        if not doomed:
-            return batches.outcome(kept)
-        batches.done(len(deleted), kept)
-        if len(found) < limit:
-            return batches.outcome(kept)
-        batches.pause()
+    kept, cursor = 0, list[object]()
+    try:
+        if options.dry_run:
+            total = _count(transaction, statements.count_transactions(groups), [moment, *groups])
+            kept = _kept_open(transaction, statements, moment, groups,
+                              open_transaction_ids(list_open, options.producer_groups))
+            return TablePurge(TRANSACTION_LOG, total - kept, 0, 0.0, kept)
+        while True:
+            with transaction() as execute:
+                found = execute(statements.old_transactions(groups, bool(cursor)),
+                                [moment, *groups, *cursor, options.batch_size])
+            if not found:
+                return batches.outcome(kept)
+            open_ids = open_transaction_ids(list_open, options.producer_groups)  # after the select
+            doomed = [row[0] for row in found if row[0] not in open_ids]
+            kept += len(found) - len(doomed)
+            if doomed:
+                with transaction() as execute:
+                    deleted = execute(statements.delete_transactions(len(doomed)), [moment, *doomed])
+                batches.done(len(deleted), kept)
+            if len(found) < options.batch_size:
+                return batches.outcome(kept)
+            last_id, last_created_at = found[-1][0], found[-1][1]
+            cursor = [last_created_at, last_created_at, last_id]
+            batches.pause()
+    except BrokerError as exc:
+        return dataclasses.replace(batches.outcome(kept),
+                                   skipped=f"the broker cannot say which transactions are open: {exc}")
 
 
 def purge_consumed_messages(transaction: Transaction, sql: OutboxSQL, before: datetime, options: PurgeOptions,
                             progress: Progress | None = None) -> TablePurge:
-    """Delete the consumed_message rows consumed before ``before``, in batches (with
-    ``dry_run``: count them)."""
+    """Delete the consumed_message rows consumed before ``before`` (the database's clock),
+    in batches (with ``dry_run``: count them)."""
     statements, moment = PurgeSQL(sql), sql.timestamp(before)
     if options.dry_run:
         return TablePurge(CONSUMED_MESSAGE, _count(transaction, statements.count_consumed, [moment]))
@@ -312,26 +378,39 @@ def purge_consumed_messages(transaction: Transaction, sql: OutboxSQL, before: da
         batches.pause()
 
 
+def transaction_log_age_s(policy: RetentionPolicy, options: PurgeOptions) -> float:
+    """The age transaction_log rows are purged at: the override, else the policy's horizon
+    with its margin; ``ConfigurationError`` for an override below the broker's own horizon
+    (``policy.min_age_s``), where the broker may still check a transaction."""
+    age_s = options.transaction_log_older_than_s
+    if age_s is None:
+        return policy.check_horizon_s
+    if age_s < policy.min_age_s:
+        raise ConfigurationError(
+            f"transaction_log rows younger than {policy.min_age_s:g}s may still be checked by the broker "
+            f"(transaction timeout {policy.transaction_timeout_s:g}s + check interval "
+            f"{policy.check_interval_s:g}s x check max {policy.check_max}): {age_s:g}s is too young")
+    return age_s
+
+
 def purge(database: str, transaction: Transaction, sql: OutboxSQL, policy: RetentionPolicy,
           list_open: Callable[[str | None], Collection[str]], options: PurgeOptions | None = None,
-          progress: Progress | None = None, now: datetime | None = None) -> PurgeReport:
+          progress: Progress | None = None) -> PurgeReport:
     """Purge the framework tables of one database (named ``database`` in the report) by
-    ``policy``; ``list_open`` is the broker's ``open_transactions``. A ``BrokerError`` from
-    it skips transaction_log (reported in ``skipped``); consumed_message is purged anyway."""
+    ``policy``; ``list_open`` is the broker's ``open_transactions``. Ages count from the
+    database's clock, read when the purge begins. A ``BrokerError`` from ``list_open``
+    stops transaction_log (reported in ``skipped``); consumed_message is purged anyway.
+    ``ConfigurationError`` for a transaction_log age below the broker's horizon."""
     options = options or PurgeOptions()
-    now = now or datetime.now(UTC)
+    log_age_s = transaction_log_age_s(policy, options) if TRANSACTION_LOG in options.tables else None
+    now = database_now(transaction, sql)
     outcomes: list[TablePurge] = []
-    if TRANSACTION_LOG in options.tables:
-        age_s = options.transaction_log_older_than_s
-        before = now - timedelta(seconds=policy.check_horizon_s if age_s is None else age_s)
-        try:
-            open_ids = open_transaction_ids(list_open, options.producer_groups)
-        except BrokerError as exc:
-            reason = f"the broker cannot say which transactions are open: {exc}"
-            log.warning("%s: not purging %s: %s", database, TRANSACTION_LOG, reason)
-            outcomes.append(TablePurge(TRANSACTION_LOG, skipped=reason))
-        else:
-            outcomes.append(purge_transaction_log(transaction, sql, before, open_ids, options, progress))
+    if log_age_s is not None:
+        outcome = purge_transaction_log(transaction, sql, now - timedelta(seconds=log_age_s), list_open, options,
+                                        progress)
+        if outcome.skipped is not None:
+            log.warning("%s: not purging %s: %s", database, TRANSACTION_LOG, outcome.skipped)
+        outcomes.append(outcome)
     if CONSUMED_MESSAGE in options.tables:
         age_s = options.consumed_message_older_than_s
         before = now - timedelta(seconds=policy.dedup_window_s if age_s is None else age_s)

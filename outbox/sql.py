@@ -23,6 +23,9 @@ UNDEFINED_TABLE_SQLSTATE = "42P01"
 #: The placeholder of drivers that number their parameters (``$1``; asyncpg).
 NUMBERED = "$"
 
+#: How SQLite stores a timestamp (naive UTC text), as SQLAlchemy and Django write it.
+_SQLITE_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+
 #: Runs one statement with its parameters and returns the rows it produced (maybe none).
 Execute = Callable[[str, Sequence[Any]], Sequence[Sequence[Any]]]
 
@@ -42,10 +45,27 @@ class OutboxSQL:
         return ", ".join(self._parameter(n) for n in range(1, count + 1))
 
     @property
+    def now(self) -> str:
+        """The database's clock as an SQL expression, in the column's stored form:
+        PostgreSQL's ``statement_timestamp()``; on SQLite UTC text to the millisecond, the
+        format SQLAlchemy and Django write there. (No ``%`` in the statement: drivers with
+        the ``format`` paramstyle, Django's SQLite cursor among them, read it as a
+        placeholder or unescape it, depending on whether there are parameters.)"""
+        if self.dialect == "sqlite":
+            return "strftime(replace('#Y-#m-#d #H:#M:#f000', '#', char(37)), 'now')"
+        return "statement_timestamp()"
+
+    @property
+    def read_now(self) -> str:
+        """The database's clock (``database_time`` makes it a datetime)."""
+        return f"SELECT {self.now}"
+
+    @property
     def record_transaction(self) -> str:
-        """The producer's insert; parameters: ``fence.row_params(...)``."""
+        """The producer's insert; parameters: ``fence.row_params(...)``. ``created_at`` is
+        the database's clock, never the producer host's (retention ages rows by it)."""
         return (f"INSERT INTO {TRANSACTION_LOG} (transaction_id, producer_group, state, created_at) "
-                f"VALUES ({self._values(4)})")
+                f"VALUES ({self._values(3)}, {self.now})")
 
     @property
     def fence(self) -> str:
@@ -59,9 +79,10 @@ class OutboxSQL:
 
     @property
     def record_consumed(self) -> str:
-        """The idempotent consumer's insert; parameters: ``ConsumedRow.params(...)``."""
+        """The idempotent consumer's insert; parameters: ``ConsumedRow.params(...)``.
+        ``consumed_at`` is the database's clock."""
         return (f"INSERT INTO {CONSUMED_MESSAGE} (consumer_group, message_id, topic, transaction_id, "
-                f"consumed_at) VALUES ({self._values(5)})")
+                f"consumed_at) VALUES ({self._values(4)}, {self.now})")
 
     @property
     def begin(self) -> str:
@@ -84,8 +105,16 @@ class OutboxSQL:
         """``moment`` as the driver stores it: aware for PostgreSQL; naive UTC text on
         SQLite, the format SQLAlchemy and Django both write and read there."""
         if self.dialect == "sqlite":
-            return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+            return moment.astimezone(UTC).strftime(_SQLITE_FORMAT)
         return moment
+
+    def database_time(self, value: object) -> datetime:
+        """A value of ``read_now`` (or of a timestamp column) as an aware datetime."""
+        if isinstance(value, str):
+            return datetime.strptime(value, _SQLITE_FORMAT).replace(tzinfo=UTC)
+        if not isinstance(value, datetime):
+            raise TypeError(f"not a database timestamp: {value!r}")
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def outbox_sql(dialect: str, placeholder: str = "%s") -> OutboxSQL:

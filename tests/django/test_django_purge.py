@@ -14,15 +14,21 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
+from django.db import connections, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from broker_embedded import Message
+from outbox.fence import row_params
+from outbox.idempotency import ConsumedRow
 from outbox.integrations.celery.purge import purge_summary
 from outbox.integrations.django.conf import producer
+from outbox.integrations.django.fence import alias_sql, run
 from outbox.integrations.django.models import ConsumedMessage, TransactionLog
 from outbox.integrations.django.retention import purge_project
 from outbox.retention import PurgeOptions
+from outbox.schema import COMMITTED
 from tests.django.support import park
 
 
@@ -94,3 +100,17 @@ def test_outbox_purge_without_the_broker_fails_and_keeps_the_transaction_log(row
         assert "skipped (the broker cannot say which transactions are open" in out.getvalue()
         assert _left(alias) == (set(rows.values()), {"new"})
         call_command("outbox_purge", "--database", alias, "--table", "consumed_message", stdout=io.StringIO())
+
+
+def test_rows_are_stamped_by_the_databases_clock_even_through_the_debug_cursor(alias: str) -> None:
+    """The framework's inserts carry the database's clock (no host timestamp), and their
+    SQL survives Django's debug cursor, which formats each statement with ``%``."""
+    connection = connections[alias]
+    sql = alias_sql(connection)
+    with CaptureQueriesContext(connection) as queries, transaction.atomic(using=alias):
+        run(connection, sql.record_transaction, row_params("stamped", "shop", COMMITTED))
+        run(connection, sql.record_consumed, ConsumedRow("points", "m-stamped", "order.paid", "stamped").params())
+    assert len(queries.captured_queries) >= 2
+    stamps = [TransactionLog.objects.using(alias).get(transaction_id="stamped").created_at,
+              ConsumedMessage.objects.using(alias).get(message_id="m-stamped").consumed_at]
+    assert all(abs(stamp - timezone.now()) < timedelta(minutes=1) for stamp in stamps), stamps

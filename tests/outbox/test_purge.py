@@ -140,6 +140,41 @@ def test_open_transactions_of_one_group_only(engine: Engine, broker: EmbeddedBro
     assert _ids(engine) == {"billing-open"} and asked == ["shop", "billing"]
 
 
+def test_each_batch_asks_the_broker_after_selecting_so_a_transaction_opened_during_the_purge_keeps_its_row(
+        engine: Engine, broker: EmbeddedBroker) -> None:
+    """A transaction that becomes open after the purge began (its half message, then its
+    row, stamped a month ago as a wrong clock or an old release would) is open when the
+    batch that selects its row asks the broker: the row stays."""
+    _log_rows(engine, *((f"done-{n}", COMMITTED, timedelta(days=30, seconds=10 - n)) for n in range(3)))
+    asked: list[str | None] = []
+
+    def open_transactions(group: str | None) -> list[str]:
+        asked.append(group)
+        return broker.open_transactions(group)
+
+    def after_batch(progress: TablePurge) -> None:
+        if progress.batches == 1:  # a producer commits while the purge runs
+            _half(broker, "late")
+            _log_rows(engine, ("late", COMMITTED, timedelta(days=30)))
+
+    report = purge_engine(engine, POLICY, open_transactions, PurgeOptions(batch_size=1, pause_s=0), after_batch)
+    assert _ids(engine) == {"late"} and report.rows()[TRANSACTION_LOG] == 3 and report.tables[0].kept_open == 1
+    assert len(asked) == 4  # once per batch that found rows
+
+
+def test_no_purge_age_is_below_the_brokers_check_horizon(engine: Engine, broker: EmbeddedBroker) -> None:
+    _log_rows(engine, ("done", COMMITTED, timedelta(minutes=2)))
+    assert POLICY.min_age_s == 6 + 5 * 15
+    with pytest.raises(ConfigurationError, match="may still be checked by the broker"):
+        purge_engine(engine, POLICY, broker.open_transactions, PurgeOptions(transaction_log_older_than_s=80))
+    assert _ids(engine) == {"done"}
+    # only consumed_message: the transaction_log age does not matter
+    purge_engine(engine, POLICY, broker.open_transactions,
+                 PurgeOptions(tables=[CONSUMED_MESSAGE], transaction_log_older_than_s=0))
+    report = purge_engine(engine, POLICY, broker.open_transactions, PurgeOptions(transaction_log_older_than_s=81))
+    assert report.rows()[TRANSACTION_LOG] == 1 and _ids(engine) == set()
+
+
 def test_consumed_messages_older_than_the_dedup_window_go_in_bounded_batches(engine: Engine,
                                                                             broker: EmbeddedBroker) -> None:
     ages = {f"old-{n}": timedelta(days=8, minutes=n) for n in range(25)}

@@ -90,4 +90,7 @@ def test_purge_command_keeps_open_transactions_and_fails_without_a_broker(tmp_pa
 
     bad = _purge("--database-url", db_url, "--batch-size", "0")
     assert bad.returncode == 2 and bad.stderr.startswith("outbox purge: batch size must be 1..10000")
+    too_young = _purge("--database-url", db_url, "--transaction-log-older-than", "80s")  # the horizon: 81 s
+    assert too_young.returncode == 2 and "may still be checked by the broker" in too_young.stderr
+    assert ids() == {"parked", "pending"}
     engine.dispose()

@@ -23,7 +23,7 @@ def idempotent_consumer(group: str, using: str = "default") -> Callable[[Callabl
         connection = connections[using]
         sql = alias_sql(connection)
         try:
-            run(connection, sql.record_consumed, row.params(sql))
+            run(connection, sql.record_consumed, row.params())
         except IntegrityError:
             raise AlreadyConsumed from None
 

@@ -72,7 +72,7 @@ def record_committed(using: str, transaction_id: str, producer_group: str) -> No
     connection = connections[using]
     sql = alias_sql(connection)
     try:
-        run(connection, sql.record_transaction, row_params(sql, transaction_id, producer_group, COMMITTED))
+        run(connection, sql.record_transaction, row_params(transaction_id, producer_group, COMMITTED))
     except IntegrityError as exc:
         raise fenced_error(transaction_id, producer_group) from exc
 

@@ -38,7 +38,7 @@ def record_consumed(session: Session, row: ConsumedRow) -> None:
     connection = session.connection()
     sql = sql_for(connection)
     try:
-        run(connection, sql.record_consumed, row.params(sql))
+        run(connection, sql.record_consumed, row.params())
     except IntegrityError:
         raise AlreadyConsumed from None
 

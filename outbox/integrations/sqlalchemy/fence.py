@@ -59,7 +59,7 @@ def record_committed(db: Connection | Session, transaction_id: str, producer_gro
     connection = db.connection() if isinstance(db, Session) else db
     sql = sql_for(connection)
     try:
-        run(connection, sql.record_transaction, row_params(sql, transaction_id, producer_group, COMMITTED))
+        run(connection, sql.record_transaction, row_params(transaction_id, producer_group, COMMITTED))
     except IntegrityError as exc:
         raise fenced_error(transaction_id, producer_group) from exc
 

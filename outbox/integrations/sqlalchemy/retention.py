@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 
 from sqlalchemy import Engine
 
@@ -16,8 +15,7 @@ from .fence import run, sql_for
 
 
 def purge_engine(engine: Engine, policy: RetentionPolicy, list_open: Callable[[str | None], Collection[str]],
-                 options: PurgeOptions | None = None, progress: Progress | None = None,
-                 now: datetime | None = None) -> PurgeReport:
+                 options: PurgeOptions | None = None, progress: Progress | None = None) -> PurgeReport:
     """Purge the framework tables of ``engine``'s database (see ``outbox.retention.purge``;
     ``list_open`` is the broker's ``open_transactions``)."""
 
@@ -27,7 +25,7 @@ def purge_engine(engine: Engine, policy: RetentionPolicy, list_open: Callable[[s
             yield lambda statement, params: run(conn, statement, params)
 
     return purge(engine.url.render_as_string(hide_password=True), transaction, sql_for(engine), policy, list_open,
-                 options, progress, now)
+                 options, progress)
 
 
 def purge_databases(urls: Iterable[str], policy: RetentionPolicy, list_open: Callable[[str | None], Collection[str]],

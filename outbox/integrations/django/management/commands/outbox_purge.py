@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from outbox.errors import ConfigurationError
 from outbox.purge_command import add_purge_arguments, progress_printer, purge_options
 
 from ...retention import purge_project
@@ -22,8 +23,11 @@ class Command(BaseCommand):
         add_purge_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        reports = purge_project(purge_options(options), progress_printer(self.stdout.write), options["database"],
-                                on_report=lambda report: self.stdout.write(str(report)))
+        try:
+            reports = purge_project(purge_options(options), progress_printer(self.stdout.write), options["database"],
+                                    on_report=lambda report: self.stdout.write(str(report)))
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
         skipped = {table for report in reports for table in report.skipped}
         if skipped:
             raise CommandError(f"not purged: {', '.join(sorted(skipped))} (the broker could not be asked)")
