@@ -1,0 +1,115 @@
+"""Every acknowledged record a damaged store drops is named or counted, and stays visible.
+
+Issue 21, findings 2 and 3. Each data directory is written by a real writer process that
+acknowledges ids and is SIGKILLed when idle (tests/store/load_writer.py), then damaged on
+disk. The test knows which acknowledged ids the damage destroyed; recovery, ``fsck`` and
+``repair`` must report exactly those (by id where a surviving byte names one, else by an
+exact count), write them to the loss ledger until ``losses --acknowledge``, and every other
+record must stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_embedded.cli import main
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.losses import LossLedger
+from broker_embedded.store.message_store import MessageStore, read_checkpoint
+from tests.store.damage import segments
+from tests.store.load_writer import Acknowledged, load_until_killed
+
+CONFIG = {"segment_size": 16 * 1024, "checkpoint_interval_s": 3600, "index_slots": 64, "index_entries": 512,
+          "consume_queue_file_entries": 64}
+STORE = StoreConfig(**CONFIG)  # type: ignore[arg-type]
+
+
+@dataclass
+class Written:
+    """A SIGKILLed writer's directory: what it acknowledged and where its checkpoint is."""
+
+    data: Path
+    acknowledged: list[Acknowledged]
+    checkpoint: int
+
+    @property
+    def end(self) -> int:
+        return max(a.commit_log_offset for a in self.acknowledged) + self.size(self.acknowledged[-1])
+
+    def size(self, record: Acknowledged) -> int:
+        later = [a.commit_log_offset for a in self.acknowledged if a.commit_log_offset > record.commit_log_offset]
+        if later:
+            return min(later) - record.commit_log_offset
+        return segments(self.data)[-1].stat().st_size + int(segments(self.data)[-1].name) - record.commit_log_offset
+
+    def ids(self) -> set[str]:
+        return {a.message_id for a in self.acknowledged}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Written:
+    data = tmp_path_factory.mktemp("written") / "data"
+    acknowledged = load_until_killed(data, 0, phases=(150, 100), **CONFIG)
+    assert len(acknowledged) == 600
+    acknowledged.sort(key=lambda a: a.commit_log_offset)
+    return Written(data, acknowledged, int(read_checkpoint(data)["verified"]))
+
+
+def copy_of(written: Written, target: Path) -> Written:
+    shutil.copytree(written.data, target)
+    return Written(target, written.acknowledged, written.checkpoint)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    code = main([*argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def survivors(data: Path) -> set[str]:
+    """The ids a fresh reader gets from every queue of topic ``load``."""
+    with MessageStore(data, STORE) as store:
+        return {r.properties["UNIQ_KEY"] for queue_id in range(4)
+                for r in store.read_queue("load", queue_id, 0, 10_000)}
+
+
+def test_a_log_cut_above_the_checkpoint_names_and_counts_the_acknowledged_records_it_took(
+    written: Written, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    w = copy_of(written, tmp_path / "data")
+    last = segments(w.data)[-1]
+    above = [a for a in w.acknowledged if a.commit_log_offset >= max(w.checkpoint, int(last.name))]
+    assert len(above) > 20
+    victim = above[len(above) // 2]  # cut inside its body: its header survives
+    cut_at = victim.commit_log_offset + w.size(victim) - 5
+    lost = [a for a in w.acknowledged if a.commit_log_offset >= victim.commit_log_offset]
+    lost_ids = {a.message_id for a in lost}
+    with last.open("r+b") as f:
+        f.truncate(cut_at - int(last.name))
+
+    code, report = cli(capsys, "fsck", "--data-dir", str(w.data))
+    assert code == 1 and not report["ok"]
+    assert report["lost_count"] == len(lost)
+    assert {m["message_id"] for m in report["lost"]} - {None} == {victim.message_id}
+
+    with caplog.at_level(logging.ERROR), MessageStore(w.data, STORE) as store:
+        (loss,) = store.losses.open_losses()
+    assert (loss.found_by, loss.message_ids, loss.unnamed) == ("recovery", (victim.message_id,), len(lost) - 1)
+    assert loss.start == victim.commit_log_offset
+    assert any(r.levelno == logging.ERROR and victim.message_id in r.getMessage() for r in caplog.records)
+    assert survivors(w.data) == w.ids() - lost_ids
+    assert len(LossLedger(w.data).open_losses()) == 1  # a second open records nothing again
+
+    code, report = cli(capsys, "fsck", "--data-dir", str(w.data))
+    assert code == 1 and [loss["loss_id"] for loss in report["open_losses"]] == [1]
+    code, listed = cli(capsys, "losses", "--data-dir", str(w.data))
+    assert code == 1 and listed["open"][0]["message_ids"] == [victim.message_id]
+    assert cli(capsys, "losses", "--data-dir", str(w.data), "--acknowledge", "1")[0] == 0
+    assert cli(capsys, "fsck", "--data-dir", str(w.data))[0] == 0
+    assert cli(capsys, "losses", "--data-dir", str(w.data))[1]["open"] == []
