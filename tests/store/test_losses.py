@@ -36,18 +36,15 @@ class Written:
     """A SIGKILLed writer's directory: what it acknowledged and where its checkpoint is."""
 
     data: Path
-    acknowledged: list[Acknowledged]
+    acknowledged: list[Acknowledged]  # in commit log order
     checkpoint: int
-
-    @property
-    def end(self) -> int:
-        return max(a.commit_log_offset for a in self.acknowledged) + self.size(self.acknowledged[-1])
+    log_end: int
 
     def size(self, record: Acknowledged) -> int:
-        later = [a.commit_log_offset for a in self.acknowledged if a.commit_log_offset > record.commit_log_offset]
-        if later:
-            return min(later) - record.commit_log_offset
-        return segments(self.data)[-1].stat().st_size + int(segments(self.data)[-1].name) - record.commit_log_offset
+        """The record's size (up to the next record: a segment's filler included)."""
+        at = self.acknowledged.index(record)
+        following = self.acknowledged[at + 1].commit_log_offset if at + 1 < len(self.acknowledged) else self.log_end
+        return following - record.commit_log_offset
 
     def ids(self) -> set[str]:
         return {a.message_id for a in self.acknowledged}
@@ -59,12 +56,13 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Written:
     acknowledged = load_until_killed(data, 0, phases=(150, 100), **CONFIG)
     assert len(acknowledged) == 600
     acknowledged.sort(key=lambda a: a.commit_log_offset)
-    return Written(data, acknowledged, int(read_checkpoint(data)["verified"]))
+    last = segments(data)[-1]
+    return Written(data, acknowledged, int(read_checkpoint(data)["verified"]), int(last.name) + last.stat().st_size)
 
 
 def copy_of(written: Written, target: Path) -> Written:
     shutil.copytree(written.data, target)
-    return Written(target, written.acknowledged, written.checkpoint)
+    return Written(target, written.acknowledged, written.checkpoint, written.log_end)
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
@@ -113,3 +111,64 @@ def test_a_log_cut_above_the_checkpoint_names_and_counts_the_acknowledged_record
     assert cli(capsys, "losses", "--data-dir", str(w.data), "--acknowledge", "1")[0] == 0
     assert cli(capsys, "fsck", "--data-dir", str(w.data))[0] == 0
     assert cli(capsys, "losses", "--data-dir", str(w.data))[1]["open"] == []
+
+
+def cut_below_the_checkpoint(w: Written) -> set[str]:
+    """Cut the log 40 % of the way into the checkpointed part of the segment holding the
+    checkpoint, dropping the segments after it; returns the ids destroyed."""
+    holding = [p for p in segments(w.data) if int(p.name) < w.checkpoint][-1]
+    base = int(holding.name)
+    cut_at = base + (w.checkpoint - base) * 4 // 10
+    for later in segments(w.data):
+        if int(later.name) > base:
+            later.unlink()
+    with holding.open("r+b") as f:
+        f.truncate(cut_at - base)
+    return {a.message_id for a in w.acknowledged if a.commit_log_offset + w.size(a) > cut_at}
+
+
+def delete_a_segment(w: Written) -> set[str]:
+    """Delete the second segment (below the checkpoint); returns the ids it held."""
+    second = segments(w.data)[1]
+    base, end = int(second.name), int(second.name) + STORE.segment_size
+    assert end < w.checkpoint
+    second.unlink()
+    return {a.message_id for a in w.acknowledged if base <= a.commit_log_offset < end}
+
+
+DAMAGE = {
+    "cut below the checkpoint": (cut_below_the_checkpoint, False),
+    "cut below the checkpoint, consume queues deleted": (cut_below_the_checkpoint, True),
+    "a deleted segment": (delete_a_segment, False),
+    "a deleted segment and consume queues": (delete_a_segment, True),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_repair_names_or_counts_every_acknowledged_record_it_drops(
+    written: Written, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    w = copy_of(written, tmp_path / "data")
+    destroy, without_queues = DAMAGE[damage]
+    destroyed = destroy(w)
+    if without_queues:
+        shutil.rmtree(w.data / "consumequeue")
+    assert destroyed
+    place = {a.message_id: (a.writer, a.queue_offset) for a in w.acknowledged}
+
+    code, report = cli(capsys, "fsck", "--data-dir", str(w.data))
+    assert code == 1 and report["lost_count"] == len(destroyed)
+    code, repaired = cli(capsys, "repair", "--data-dir", str(w.data))
+    assert code == 1 and repaired["lost_count"] == len(destroyed)
+    named = {m["message_id"] for m in repaired["lost"]} - {None}
+    assert named <= destroyed
+    placed = {(m["queue_id"], m["queue_offset"]) for m in repaired["lost"] if m["topic"] == "load"}
+    assert placed <= {place[i] for i in destroyed}
+
+    (loss,) = LossLedger(w.data).open_losses()
+    assert (loss.found_by, loss.records, set(loss.message_ids)) == ("repair", len(destroyed), named)
+    assert survivors(w.data) == w.ids() - destroyed
+    code, report = cli(capsys, "fsck", "--data-dir", str(w.data))
+    assert code == 1 and report["lost_count"] == 0 and len(report["open_losses"]) == 1
+    assert cli(capsys, "losses", "--data-dir", str(w.data), "--acknowledge")[0] == 0
+    assert cli(capsys, "fsck", "--data-dir", str(w.data))[0] == 0
