@@ -53,6 +53,7 @@ from .server import BrokerServer, run_server
 from .store.config import StoreConfig
 from .store.repair import repair
 from .store.verify import acknowledge_losses, check, list_losses
+from .transactions.names import TransactionNames
 
 if TYPE_CHECKING:  # prometheus_client comes with the [server] extra, needed for --http-port only
     from .grpc.front import GrpcFront  # grpcio comes with the [grpc] extra, for --grpc-port only
@@ -280,7 +281,7 @@ def store_tool(args: argparse.Namespace) -> int:
     if not data_dir.is_dir():
         raise FileNotFoundError(f"no data directory {data_dir}")
     if args.command == "fsck":
-        found = check(data_dir)
+        found = check(data_dir, TransactionNames())
         lines, as_json, code = found.lines(), found.to_json(), 0 if found.ok else 1
     elif args.command == "losses":
         if args.acknowledge is not None:
@@ -288,7 +289,7 @@ def store_tool(args: argparse.Namespace) -> int:
         ledger = list_losses(data_dir)
         lines, as_json, code = ledger.lines(), ledger.to_json(), 1 if ledger.open else 0
     else:
-        repaired = repair(data_dir)
+        repaired = repair(data_dir, TransactionNames())
         lines, as_json, code = repaired.lines(), repaired.to_json(), 1 if repaired.lost_records else 0
     print(json.dumps(as_json, indent=2) if args.json else "\n".join(lines))
     return code

@@ -189,12 +189,12 @@ class IndexFile:
             found.append((number, hash_, offset, previous))
         return found
 
-    def offsets(self) -> list[int]:
-        """The commit log offsets of every entry, oldest first."""
-        found: list[int] = []
+    def entries(self) -> list[tuple[int, int]]:
+        """``(hash, commit log offset)`` of every entry, oldest first."""
+        found: list[tuple[int, int]] = []
         for first in range(1, self.count + 1, _COUNT_CHUNK):
             raw = os.pread(self.fd, min(_COUNT_CHUNK, self.count + 1 - first) * ENTRY_SIZE, self._entry_position(first))
-            found += [offset for _, offset, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE])]
+            found += [(hash_, offset) for hash_, offset, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE])]
         return found
 
     def drop_tail(self, start: int) -> list[tuple[int, int]]:

@@ -28,6 +28,7 @@ from . import codec
 from .commitlog import Gap
 from .config import StoreConfig
 from .files import fsync_directory
+from .losses import Namer
 from .message_store import CHECKPOINT, MessageStore, pinned_layout
 from .verify import Report, inspect, locked, lost_lines
 
@@ -72,10 +73,11 @@ class RepairReport:
         return lines
 
 
-def repair(data_dir: Path) -> RepairReport:
-    """Salvage ``data_dir`` (see the module docstring); the store opens afterwards."""
+def repair(data_dir: Path, namer: Namer | None = None) -> RepairReport:
+    """Salvage ``data_dir`` (see the module docstring); the store opens afterwards.
+    ``namer``: names the layers above the store keep, to name lost records by."""
     with locked(data_dir, shared=False):
-        check = inspect(data_dir)
+        check = inspect(data_dir, namer)
         config = pinned_layout(data_dir, StoreConfig())
         aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
         moved_to = _move_aside(data_dir, config.segment_size, aside, check) if aside else None

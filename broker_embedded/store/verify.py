@@ -32,7 +32,7 @@ from .commitlog import Gap, layout_gaps, walk
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .index import IndexFile, IndexFileError, key_hash
-from .losses import Loss, LossLedger
+from .losses import Loss, LossLedger, Name, Namer
 from .message_store import lock_directory, pinned_layout, read_checkpoint
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
 
@@ -80,8 +80,8 @@ class Report:
 
     @property
     def lost_ids(self) -> list[str]:
-        """The message ids of the lost records that a surviving byte names."""
-        return sorted({message.message_id for message in self.lost if message.message_id})
+        """The message ids of the lost records that a surviving byte names, one per record."""
+        return [message.message_id for message in self.lost if message.message_id]
 
     @property
     def ok(self) -> bool:
@@ -245,13 +245,14 @@ def acknowledge_losses(data_dir: Path, loss_ids: list[int] | None) -> list[Loss]
         return ledger.acknowledge(loss_ids)
 
 
-def check(data_dir: Path) -> Report:
-    """Check a stopped store's directory without changing anything."""
+def check(data_dir: Path, namer: Namer | None = None) -> Report:
+    """Check a stopped store's directory without changing anything (``namer``: names the
+    layers above the store keep, to name lost records by)."""
     with locked(data_dir, shared=True):
-        return inspect(data_dir)
+        return inspect(data_dir, namer)
 
 
-def inspect(data_dir: Path) -> Report:
+def inspect(data_dir: Path, namer: Namer | None = None) -> Report:
     """``check`` for a caller that holds the directory's lock."""
     config = pinned_layout(data_dir, StoreConfig())
     checkpoint = read_checkpoint(data_dir)
@@ -260,7 +261,7 @@ def inspect(data_dir: Path) -> Report:
         report.queue_counts.update({(topic, int(queue_id)): count for queue_id, count in by_id.items()})
     files = _Files()
     try:
-        _Inspection(data_dir, config, report, files).run()
+        _Inspection(data_dir, config, report, files, namer).run()
     finally:
         files.close()
     report.open_losses = LossLedger(data_dir).open_losses()
@@ -272,8 +273,11 @@ def inspect(data_dir: Path) -> Report:
 class _Inspection:
     """One pass of ``inspect`` over a directory."""
 
-    def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files) -> None:
+    def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files,
+                 namer: Namer | None) -> None:
         self.data_dir = data_dir
+        self.namer = namer
+        self.names: list[Name] = list(namer.from_files(data_dir)) if namer else []
         self.config = config
         self.report = report
         self.files = files
@@ -347,6 +351,8 @@ class _Inspection:
 
     def _record(self, record: StoredRecord) -> None:
         self.report.records += 1
+        if self.namer is not None:
+            self.names += self.namer.from_record(record)
         queue = self._queue(record.topic, record.queue_id)
         if queue.last_seen >= 0:
             queue.skipped += range(queue.last_seen + 1, record.queue_offset)
@@ -392,7 +398,8 @@ class _Inspection:
                 entry = queue.entry(self.files, queue_offset)
                 if entry is not None and entry[1] and destroyed(entry[0]):  # not a hole: a loss repaired before
                     known[entry[0]] = LostMessage(entry[0], topic, queue_id, queue_offset)
-        for offset in self._indexed_offsets():
+        indexed = self._index_entries()
+        for offset in indexed:
             if destroyed(offset):
                 known.setdefault(offset, LostMessage(offset))
         for gap in gaps:
@@ -405,6 +412,7 @@ class _Inspection:
                                             head.properties.get(PROPERTY_MESSAGE_ID))
             elif message.topic is None and offset in starts:
                 del known[offset]  # damaged bytes at a gap's start that no entry says held a record
+        self._name(known, indexed)
         placed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         unplaced = [m for m in known.values() if m.topic is None]
         counted = [LostMessage(None, topic, queue_id, queue_offset)
@@ -413,7 +421,7 @@ class _Inspection:
         # a record below the checkpoint is one of the queue offsets the checkpoint counted
         below = [m for m in unplaced if m.commit_log_offset is not None and m.commit_log_offset < report.checkpoint]
         report.lost_count = len(known) - len(below) + max(len(below), len(counted))
-        report.lost = sorted([*(m for m in known.values() if m.topic is not None or m not in below), *counted],
+        report.lost = sorted([*(m for m in known.values() if m.topic or m.message_id or m not in below), *counted],
                              key=lambda m: (m.commit_log_offset is None, m.commit_log_offset or 0,
                                             m.topic or "", m.queue_id or 0, m.queue_offset or 0))
 
@@ -436,18 +444,36 @@ class _Inspection:
                     found.append((topic, queue_id, queue_offset))
         return found
 
-    def _indexed_offsets(self) -> set[int]:
-        """The commit log offsets the index points at: before the end of the log, all of
-        them; past it, those of the newest entries (records dispatched before a cut; an
-        older entry past the end is left from an earlier crash)."""
+    def _name(self, known: dict[int, LostMessage], indexed: dict[int, set[int]]) -> None:
+        """Name lost records no header names by the ``namer``'s names: at their offset, or
+        by an index entry of the record with the hash of the id."""
+        at_offset = {offset: message_id for offset, message_id in self.names if offset is not None}
+        by_hash = {key_hash("i", "", message_id): message_id for _, message_id in self.names}
+        for offset, message in known.items():
+            if message.message_id is None:
+                found = at_offset.get(offset) or next(
+                    (by_hash[hash_] for hash_ in indexed.get(offset, ()) if hash_ in by_hash), None)
+                if found is not None:
+                    known[offset] = dataclasses.replace(message, message_id=found)
+
+    def _index_entries(self) -> dict[int, set[int]]:
+        """The commit log offsets the index points at, with the hashes of their entries:
+        before the end of the log, all of them; past it, those of the newest entries
+        (records dispatched before a cut; an older entry past the end is left from an
+        earlier crash)."""
         end = self.report.log_end
-        offsets = {offset for file in self.index for offset in file.offsets() if offset < end}
+        indexed: dict[int, set[int]] = {}
+        for file in self.index:
+            for hash_, offset in file.entries():
+                if offset < end:
+                    indexed.setdefault(offset, set()).add(hash_)
         for file in reversed(self.index):
             tail = file.tail(end)
-            offsets.update(offset for _, _, offset, _ in tail)
+            for _, hash_, offset, _ in tail:
+                indexed.setdefault(offset, set()).add(hash_)
             if len(tail) < file.count:
                 break
-        return offsets
+        return indexed
 
     def _salvage(self, offset: int) -> codec.RecordHead | None:
         """What the header of a damaged record at ``offset`` still says, if anything."""

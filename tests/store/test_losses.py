@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
+from broker_embedded import EmbeddedBroker, Message, Resolution
 from broker_embedded.cli import main
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.losses import LossLedger
 from broker_embedded.store.message_store import MessageStore, read_checkpoint
-from tests.store.damage import segments
+from tests.store.damage import drain, segments, zero
 from tests.store.load_writer import Acknowledged, load_until_killed
+from tests.store.test_damaged_files import BROKER
 
 CONFIG = {"segment_size": 16 * 1024, "checkpoint_interval_s": 3600, "index_slots": 64, "index_entries": 512,
           "consume_queue_file_entries": 64}
@@ -172,3 +174,30 @@ def test_repair_names_or_counts_every_acknowledged_record_it_drops(
     assert code == 1 and report["lost_count"] == 0 and len(report["open_losses"]) == 1
     assert cli(capsys, "losses", "--data-dir", str(w.data), "--acknowledge")[0] == 0
     assert cli(capsys, "fsck", "--data-dir", str(w.data))[0] == 0
+
+
+def test_repair_names_committed_messages_and_their_halves_by_the_transaction_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with EmbeddedBroker(tmp_path, BROKER) as broker:
+        sent = []
+        for n in range(20):
+            sent.append(broker.send_half(Message("orders", b"order %d" % n * 20), producer_group="pg",
+                                         transaction_id=f"tx{n}"))
+            broker.end_transaction(f"tx{n}", Resolution.COMMIT, producer_group="pg")
+        victim = sent[7].message_id
+        half, real = broker.store.lookup_message_id(victim)
+        sizes = [broker.store.get(offset).size for offset in (half, real)]
+    for offset, size in zip((half, real), sizes, strict=True):
+        zero(tmp_path, offset, size)  # nothing of either record is left to read
+
+    code, report = cli(capsys, "fsck", "--data-dir", str(tmp_path))
+    assert code == 1 and report["lost_count"] == 2
+    assert [m["message_id"] for m in report["lost"]] == [victim, victim]
+    code, repaired = cli(capsys, "repair", "--data-dir", str(tmp_path))
+    assert code == 1 and repaired["lost_count"] == 2
+    (loss,) = LossLedger(tmp_path).open_losses()
+    assert (loss.found_by, loss.message_ids, loss.unnamed) == ("repair", (victim, victim), 0)
+    with EmbeddedBroker(tmp_path, BROKER) as broker:
+        bodies = drain(broker, "fresh", "orders")
+    assert sorted(bodies) == sorted(b"order %d" % n * 20 for n in range(20) if n != 7)
