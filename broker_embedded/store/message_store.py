@@ -37,9 +37,12 @@ rebuilt byte-identical. Records from ``verified`` on are verified (CRC): a bad r
 zeros, in the last segment with nothing intact after it is a torn tail and is truncated;
 one with intact records after it, or in a closed segment, raises ``LogDamageError`` (a
 ``CorruptLogError``) and nothing is changed: ``halfmoon-broker repair`` salvages such a
-directory. Consume queue entries past the end are dropped; index entries past the
-checkpoint are added again (lookups drop duplicates and confirm each offset against the
-record there, so a stale entry is never returned).
+directory. The index's newest entries (those at or past the checkpoint) are taken off and
+added again by the replay; consume queue entries past the end are dropped. An index or
+queue entry that pointed at or past the recovered end marks a record that had been
+dispatched (durable, and acknowledged in sync mode): a log cut short, not a torn append.
+Those are counted, named where the truncated bytes still hold their header, and written
+to the loss ledger (``store.losses``, logged as an ERROR).
 
 Dispatch listeners are told of records dispatched after the store is open, never of those
 replayed during recovery: the broker core rebuilds its state with ``scan()`` (or by
