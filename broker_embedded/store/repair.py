@@ -108,11 +108,28 @@ def _record_losses(store: MessageStore, check: Report) -> None:
     start = min([gap.start for gap in ranges] + offsets, default=check.log_end)
     end = max([gap.end for gap in ranges] + [offset + 1 for offset in offsets], default=check.log_end)
     named = check.lost_ids
-    places = [f"{m.topic}/{m.queue_id}@{m.queue_offset}" for m in check.lost if m.topic is not None]
+    places = _queue_ranges(check)
     detail = "; ".join([f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" for gap in check.gaps]
                        + ([f"queue offsets {', '.join(places)}"] if places else []))
     store.losses.record("repair", start, end, named, check.lost_count - len(named),
                         f"repair dropped {check.lost_count} records: {detail or 'cut off past the end of the log'}")
+
+
+def _queue_ranges(check: Report) -> list[str]:
+    """The lost records' queue offsets, as ``topic/queue@first-last`` runs."""
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for m in check.lost:
+        if m.topic is not None and m.queue_id is not None and m.queue_offset is not None:
+            by_queue.setdefault((m.topic, m.queue_id), []).append(m.queue_offset)
+    runs = []
+    for (topic, queue_id), offsets in sorted(by_queue.items()):
+        offsets.sort()
+        start: int | None = offsets[0]
+        for before, after in zip(offsets, [*offsets[1:], None], strict=True):
+            if after != before + 1:
+                runs.append(f"{topic}/{queue_id}@{start}" + (f"-{before}" if before != start else ""))
+                start = after
+    return runs
 
 
 def _move_aside(data_dir: Path, segment_size: int, gaps: list[Gap], check: Report) -> Path:
