@@ -17,6 +17,8 @@
     export  --out DIR [--format parquet|jsonl]   (over TCP: DIR under the server's export root)
     fsck    --data-dir DIR [--json]      check a stopped broker's files (exit 1: problems)
     repair  --data-dir DIR [--json]      salvage them (exit 1: records were lost)
+    losses  --data-dir DIR [--acknowledge [ID ...]] [--json]
+                                         the loss ledger (exit 1: open losses remain)
 
 ``parked resolve ID`` asks the checker of the transaction's producer group (one check-back:
 the fenced transaction_log decides) and applies its answer; when no checker answers it
@@ -52,7 +54,8 @@ from .readiness import Readiness
 from .server import BrokerServer, run_server
 from .store.config import StoreConfig
 from .store.repair import repair
-from .store.verify import check
+from .store.verify import acknowledge_losses, check, list_losses
+from .transactions.names import TransactionNames
 
 if TYPE_CHECKING:  # prometheus_client comes with the [server] extra, needed for --http-port only
     from .grpc.front import GrpcFront  # grpcio comes with the [grpc] extra, for --grpc-port only
@@ -63,7 +66,7 @@ EXIT_STATUS = """exit status:
   0    done (an empty list from topics/parked/dlq list or receive is not an error)
   1    not found: the message, key, transaction or topic named does not exist
        (query, tx state, parked resolve/recheck, dlq resend); one line "not found: ..." on stderr.
-       fsck: problems found; repair: records were lost
+       fsck: problems found; repair: records were lost; losses: open losses remain
   2    usage, configuration or broker error; one line "error: Type: reason" on stderr
   141  the output pipe closed early (halfmoon-broker stats | head): nothing more is written
 """
@@ -293,16 +296,21 @@ def admin(args: argparse.Namespace) -> int:
 
 
 def store_tool(args: argparse.Namespace) -> int:
-    """``fsck`` (read only; 1 when it finds problems) or ``repair`` (1 when records were
-    lost) of a stopped broker's data directory."""
+    """``fsck`` (read only; 1 when it finds problems), ``repair`` (1 when records were
+    lost) or ``losses`` (1 while open losses remain) of a stopped broker's data directory."""
     data_dir = Path(args.data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"no data directory {data_dir}")
     if args.command == "fsck":
-        found = check(data_dir)
+        found = check(data_dir, TransactionNames())
         lines, as_json, code = found.lines(), found.to_json(), 0 if found.ok else 1
+    elif args.command == "losses":
+        if args.acknowledge is not None:
+            acknowledge_losses(data_dir, args.acknowledge or None)
+        ledger = list_losses(data_dir)
+        lines, as_json, code = ledger.lines(), ledger.to_json(), 1 if ledger.open else 0
     else:
-        repaired = repair(data_dir)
+        repaired = repair(data_dir, TransactionNames())
         lines, as_json, code = repaired.lines(), repaired.to_json(), 1 if repaired.lost_records else 0
     print(json.dumps(as_json, indent=2) if args.json else "\n".join(lines))
     return code
@@ -414,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
         f = sub.add_parser(name, help=text)
         f.add_argument("--data-dir", required=True)
         f.add_argument("--json", action="store_true", help="print the report as JSON")
+    ledger = sub.add_parser("losses", help="the records recovery, repair or the scrub found destroyed")
+    ledger.add_argument("--data-dir", required=True)
+    ledger.add_argument("--acknowledge", nargs="*", type=int, metavar="ID",
+                        help="mark these losses (all open ones without IDs) as dealt with")
+    ledger.add_argument("--json", action="store_true", help="print the ledger as JSON")
     return parser
 
 
@@ -440,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_arguments(parser, args)
     try:
-        if args.command in ("fsck", "repair"):
+        if args.command in ("fsck", "repair", "losses"):
             return store_tool(args)
         return serve(args) if args.command == "serve" else admin(args)
     except BrokenPipeError:

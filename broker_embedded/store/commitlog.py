@@ -58,6 +58,9 @@ class CommitLog:
         ]
         self.write_offset = self.segments[0].base_offset if self.segments else 0
         self._dirty: set[Segment] = set()
+        #: The torn tail ``recover`` truncated: its start offset and its bytes (what may
+        #: still name a record that was cut there); None if there was none.
+        self.truncated: tuple[int, bytes] | None = None
 
     # -- recovery -------------------------------------------------------------------------
     def check_layout(self, verified_offset: int) -> None:
@@ -98,6 +101,7 @@ class CommitLog:
                     raise LogDamageError(self.directory, item, "followed by intact records")
                 log.warning("truncating a torn tail at commit log offset %d (%s, %d bytes)",
                             item.start, item.detail, item.end - item.start)
+                self.truncated = (item.start, data[item.start - segment.base_offset:])
                 self._zero_from(segment, item.start - segment.base_offset)
                 end = item.start
             offset = self.write_offset = end

@@ -176,6 +176,42 @@ class IndexFile:
             number = previous
         return found
 
+    def tail(self, start: int) -> list[tuple[int, int, int, int]]:
+        """``(number, hash, offset, previous)`` of the newest entries pointing at commit log
+        offset ``start`` or beyond, newest first (entries are in commit log order, so these
+        are the records dispatched from ``start`` on; an older entry past ``start``, left by
+        an earlier crash, is not among them)."""
+        found = []
+        for number in range(self.count, 0, -1):
+            hash_, offset, previous = _ENTRY.unpack(os.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))
+            if offset < start:
+                break
+            found.append((number, hash_, offset, previous))
+        return found
+
+    def entries(self) -> list[tuple[int, int]]:
+        """``(hash, commit log offset)`` of every entry, oldest first."""
+        found: list[tuple[int, int]] = []
+        for first in range(1, self.count + 1, _COUNT_CHUNK):
+            raw = os.pread(self.fd, min(_COUNT_CHUNK, self.count + 1 - first) * ENTRY_SIZE, self._entry_position(first))
+            found += [(hash_, offset) for hash_, offset, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE])]
+        return found
+
+    def drop_tail(self, start: int) -> list[tuple[int, int]]:
+        """Remove the ``tail`` entries from ``start`` on, unlinking them from their slots;
+        returns their ``(hash, offset)``. Header written and fsync'd."""
+        dropped = self.tail(start)
+        for number, hash_, _, previous in dropped:
+            slot = HEADER_SIZE + 4 * (hash_ % self.slots)
+            if _SLOT.unpack(os.pread(self.fd, 4, slot))[0] == number:
+                _write(self.fd, _SLOT.pack(previous), slot)
+            _write(self.fd, bytes(ENTRY_SIZE), self._entry_position(number))
+            self.count = number - 1
+        if dropped:
+            self.write_header()
+            os.fsync(self.fd)
+        return [(hash_, offset) for _, hash_, offset, _ in dropped]
+
     def write_header(self) -> None:
         """Write the in-memory header fields (not fsync'd)."""
         header = _HEADER.pack(
@@ -275,6 +311,20 @@ class MessageIndex:
             if self.failed_from is None:
                 log.exception("cannot index the record at commit log offset %d", offset)
                 self.failed_from = offset
+
+    def drop_tail(self, start: int) -> list[tuple[int, int]]:
+        """Remove the newest entries pointing at commit log offset ``start`` or beyond
+        (recovery indexes the records it keeps there again); returns their ``(hash,
+        offset)``, newest first: what the index knew of the records dispatched from
+        ``start`` on."""
+        dropped: list[tuple[int, int]] = []
+        with self._lock:
+            for file in reversed(self.files):
+                dropped += file.drop_tail(start)
+                if file.count:
+                    break
+        self.max_indexed = min(self.max_indexed, start - 1)
+        return dropped
 
     def lookup_id(self, message_id: str) -> list[int]:
         """Candidate offsets of a message id, in commit log order."""

@@ -19,15 +19,35 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .files import write_atomically
+from .record import StoredRecord
 
 log = logging.getLogger("broker_embedded.store")
 
 LEDGER_FILE = "losses.json"
 
 FoundBy = Literal["recovery", "repair", "scrub"]
+
+
+#: A message id a surviving byte outside its record names, with its commit log offset where
+#: that is known too (None: the index tells, by the id's hash).
+Name = tuple[int | None, str]
+
+
+class Namer(Protocol):
+    """Names that the layers above the store keep for records (the broker's transaction
+    records), for ``fsck`` and ``repair`` to name lost records by: the store knows no
+    transactions, so the broker passes one in."""
+
+    def from_record(self, record: StoredRecord) -> Iterable[Name]:
+        """The records ``record`` names (called with every intact record)."""
+        ...
+
+    def from_files(self, data_dir: Path) -> Iterable[Name]:
+        """The records the layer's own files in ``data_dir`` name."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,9 +37,12 @@ rebuilt byte-identical. Records from ``verified`` on are verified (CRC): a bad r
 zeros, in the last segment with nothing intact after it is a torn tail and is truncated;
 one with intact records after it, or in a closed segment, raises ``LogDamageError`` (a
 ``CorruptLogError``) and nothing is changed: ``halfmoon-broker repair`` salvages such a
-directory. Consume queue entries past the end are dropped; index entries past the
-checkpoint are added again (lookups drop duplicates and confirm each offset against the
-record there, so a stale entry is never returned).
+directory. The index's newest entries (those at or past the checkpoint) are taken off and
+added again by the replay; consume queue entries past the end are dropped. An index or
+queue entry that pointed at or past the recovered end marks a record that had been
+dispatched (durable, and acknowledged in sync mode): a log cut short, not a torn append.
+Those are counted, named where the truncated bytes still hold their header, and written
+to the loss ledger (``store.losses``, logged as an ERROR).
 
 Dispatch listeners are told of records dispatched after the store is open, never of those
 replayed during recovery: the broker core rebuilds its state with ``scan()`` (or by
@@ -74,6 +77,7 @@ from .consume_queue import ConsumeQueue
 from .files import write_atomically
 from .index import MessageIndex
 from .interface import DispatchListener
+from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 
 log = logging.getLogger("broker_embedded.store")
@@ -156,6 +160,8 @@ class MessageStore:
         self._closed = False
         self._last_store_ms = 0
         started = time.monotonic()
+        #: Every acknowledged record found destroyed (recovery, repair, the scrub).
+        self.losses = LossLedger(self.data_dir)
         try:
             self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
             self.index = MessageIndex(
@@ -220,12 +226,14 @@ class MessageStore:
             starts.append(self.commitlog.min_offset)
         replay_from = max(min([verified, index_from, *starts]), self.commitlog.min_offset)
         self.index.rewind(min(verified, index_from))
+        indexed_tail = self.index.drop_tail(verified)  # indexed again below, as far as the log goes
         if replay_from < verified:
             for record in self.commitlog.scan(replay_from, verified):
                 self._dispatch(record)
         for record in self.commitlog.recover(verified):
             self._dispatch(record)
         end = self.commitlog.write_offset
+        self._record_cut_off(end, [offset for _, offset in indexed_tail])
         for queue in self._queues.values():
             queue.truncate_beyond(end)
             queue.drop_below(self.commitlog.min_offset)
@@ -236,6 +244,46 @@ class MessageStore:
                     "the commit log, %d entries now", topic, queue_id, had,
                     counts.get(topic, {}).get(str(queue_id), 0), self._queues[(topic, queue_id)].max_offset,
                 )
+
+    def _record_cut_off(self, end: int, indexed: list[int]) -> None:
+        """Write to the ledger the records past the recovered ``end`` of the log that were
+        dispatched: an index entry (``indexed``) or a queue entry on disk points at them.
+        A record is dispatched only once durable (sync mode: before it is acknowledged), so
+        these were acknowledged and a cut log took them; a torn append has no entry. Named
+        by what the truncated bytes still hold of their headers, counted exactly."""
+        lost = {offset for offset in indexed if offset >= end}
+        for queue in self._queues.values():
+            for queue_offset in range(queue.max_offset - 1, queue.min_offset - 1, -1):
+                offset, size = queue.entry(queue_offset)
+                if offset < end:
+                    break
+                if size:
+                    lost.add(offset)
+        if not lost:
+            return
+        named = [message_id for offset in sorted(lost) if (message_id := self._name_truncated(offset))]
+        truncated = self.commitlog.truncated
+        self.losses.record(
+            "recovery", end, max(max(lost) + 1, truncated[0] + len(truncated[1]) if truncated else 0), named, len(lost) - len(named),
+            f"the commit log ends at offset {end} (cut short), {len(lost)} records after it had been "
+            "dispatched (durable and, in sync flush mode, acknowledged); their consume queue and index "
+            "entries are dropped",
+        )
+
+    def _name_truncated(self, offset: int) -> str | None:
+        """The message id in what the torn tail recovery truncated still holds of the
+        header of the record at ``offset``, if anything."""
+        if self.commitlog.truncated is None:
+            return None
+        start, data = self.commitlog.truncated
+        position = offset - start
+        if not 0 <= position < len(data):
+            return None
+        try:
+            head = codec.decode_head(lambda at, length: data[position + at: position + at + length], salvage=True)
+        except codec.RecordError:
+            return None
+        return head.properties.get(PROPERTY_MESSAGE_ID)
 
     def _index_from(self, checkpoint: dict[str, Any], verified: int) -> int:
         """Where records must be indexed again from: ``verified`` when the index holds

@@ -6,7 +6,9 @@ check's report (``report.json``) and fsync'd, and only then replaced in the log:
 blank filler inside the log (a missing segment file or the missing end of a closed
 segment is filled the same way), by truncation at its end. The consume queues, the index
 and the checkpoint are derived data: they are deleted, and opening the store rebuilds them
-from the repaired log, verifying every record. Queue offsets of lost records become holes,
+from the repaired log, verifying every record. What the repair dropped (every record the
+check named or counted, see ``verify``) goes to the loss ledger (``found_by="repair"``),
+logged as an ERROR. Queue offsets of lost records become holes,
 and no queue hands out an offset it had before (a consumer past it would skip the new
 record). A crash during a repair leaves a directory that the store refuses to open and
 that ``repair`` salvages again.
@@ -26,8 +28,9 @@ from . import codec
 from .commitlog import Gap
 from .config import StoreConfig
 from .files import fsync_directory
+from .losses import Namer
 from .message_store import CHECKPOINT, MessageStore, pinned_layout
-from .verify import Report, inspect, locked
+from .verify import Report, inspect, locked, lost_lines
 
 
 @dataclass
@@ -42,7 +45,7 @@ class RepairReport:
     @property
     def lost_records(self) -> bool:
         """Whether acknowledged records were damaged or missing (a torn tail was not)."""
-        return bool(self.check.gaps)
+        return bool(self.check.gaps or self.check.lost_count)
 
     def to_json(self) -> dict[str, Any]:
         check = self.check.to_json()
@@ -50,6 +53,7 @@ class RepairReport:
             "data_dir": check["data_dir"], "salvaged_records": self.check.records,
             "moved_to": str(self.moved_to) if self.moved_to else None,
             "gaps": check["gaps"], "torn_tail": check["torn_tail"], "lost": check["lost"],
+            "lost_count": check["lost_count"],
             "problems": check["problems"],
             "reserved": [[topic, queue_id, offset] for (topic, queue_id), offset in sorted(self.reserved.items())],
         }
@@ -63,20 +67,17 @@ class RepairReport:
             moved = sum(gap.end - gap.start for gap in check.gaps if gap.kind != "missing")
             lines.append(f"{len(check.gaps)} damaged or missing ranges; {moved} bytes moved to {self.moved_to}")
         lines += [f"  {gap.kind} {gap.start}-{gap.end}: {gap.detail}" for gap in check.gaps]
-        if check.lost:
-            lines.append(f"lost records ({len(check.lost)}):")
-            lines += [f"  {message.describe()}" for message in check.lost]
-        elif check.gaps:
-            lines.append("the lost records are not known by id (no consume queue entry or header names them)")
+        lines += lost_lines(check.lost, check.lost_count)
         lines += [f"queue {topic}/{queue_id} continues at offset {offset} (lost offsets are not reused)"
                   for (topic, queue_id), offset in sorted(self.reserved.items())]
         return lines
 
 
-def repair(data_dir: Path) -> RepairReport:
-    """Salvage ``data_dir`` (see the module docstring); the store opens afterwards."""
+def repair(data_dir: Path, namer: Namer | None = None) -> RepairReport:
+    """Salvage ``data_dir`` (see the module docstring); the store opens afterwards.
+    ``namer``: names the layers above the store keep, to name lost records by."""
     with locked(data_dir, shared=False):
-        check = inspect(data_dir)
+        check = inspect(data_dir, namer)
         config = pinned_layout(data_dir, StoreConfig())
         aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
         moved_to = _move_aside(data_dir, config.segment_size, aside, check) if aside else None
@@ -91,11 +92,44 @@ def repair(data_dir: Path) -> RepairReport:
         fsync_directory(log_dir)
     raised: dict[tuple[str, int], int] = {}
     with MessageStore(data_dir, config) as store:
+        if check.lost_count:
+            _record_losses(store, check)
         for (topic, queue_id), offset in _offsets_in_use(check).items():
             if store.queue_max_offset(topic, queue_id) < offset:
                 store.reserve_queue_offsets(topic, queue_id, offset)
                 raised[(topic, queue_id)] = offset
     return RepairReport(check, moved_to, raised)
+
+
+def _record_losses(store: MessageStore, check: Report) -> None:
+    """Write what the repair dropped to the ledger: the ids named, the rest counted."""
+    ranges = [*check.gaps, *([check.torn_tail] if check.torn_tail else [])]
+    offsets = [m.commit_log_offset for m in check.lost if m.commit_log_offset is not None]
+    start = min([gap.start for gap in ranges] + offsets, default=check.log_end)
+    end = max([gap.end for gap in ranges] + [offset + 1 for offset in offsets], default=check.log_end)
+    named = check.lost_ids
+    places = _queue_ranges(check)
+    detail = "; ".join([f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" for gap in check.gaps]
+                       + ([f"queue offsets {', '.join(places)}"] if places else []))
+    store.losses.record("repair", start, end, named, check.lost_count - len(named),
+                        f"repair dropped {check.lost_count} records: {detail or 'cut off past the end of the log'}")
+
+
+def _queue_ranges(check: Report) -> list[str]:
+    """The lost records' queue offsets, as ``topic/queue@first-last`` runs."""
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for m in check.lost:
+        if m.topic is not None and m.queue_id is not None and m.queue_offset is not None:
+            by_queue.setdefault((m.topic, m.queue_id), []).append(m.queue_offset)
+    runs = []
+    for (topic, queue_id), offsets in sorted(by_queue.items()):
+        offsets.sort()
+        start: int | None = offsets[0]
+        for before, after in zip(offsets, [*offsets[1:], None], strict=True):
+            if after != before + 1:
+                runs.append(f"{topic}/{queue_id}@{start}" + (f"-{before}" if before != start else ""))
+                start = after
+    return runs
 
 
 def _move_aside(data_dir: Path, segment_size: int, gaps: list[Gap], check: Report) -> Path:

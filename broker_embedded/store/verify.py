@@ -3,10 +3,15 @@
 Walks every commit log segment and verifies every record (magic, crc), past damage to the
 next intact record; checks the log's shape against the checkpoint (no segment missing,
 closed segments whole, the log as long as the checkpoint says); compares every record with
-its consume queue entry and its index entries; and names the records the damage took,
-from the queue entries that point into it and from what can still be read of a damaged
-record's header. Start-up takes care of some findings by itself (a torn tail after the
-checkpoint, queue and index entries after it): those are notes, the rest problems.
+its consume queue entry and its index entries; and names the records the damage took, from
+every source that survives: the queue entries and index entries that point into damaged or
+missing bytes or past the end of the log (a record with an entry was dispatched, so durable
+and, in sync flush mode, acknowledged), what can still be read of a damaged record's
+header, and the checkpoint's per-queue counts (a queue offset below its count with no intact
+record was lost, even when its queue files are gone). Where no byte names a lost record it
+is counted exactly. The loss ledger's open losses are problems until acknowledged. Start-up
+takes care of some findings by itself (a torn tail after the checkpoint that nothing
+dispatched, queue and index entries after it): those are notes, the rest problems.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from .commitlog import Gap, layout_gaps, walk
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .index import IndexFile, IndexFileError, key_hash
+from .losses import Loss, LossLedger, Name, Namer
 from .message_store import lock_directory, pinned_layout, read_checkpoint
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
 
@@ -37,7 +43,7 @@ _OPEN_FILES = 64  # descriptors the check keeps open at once
 class LostMessage:
     """A record that damage took, with what is known of it (None: unknown)."""
 
-    commit_log_offset: int
+    commit_log_offset: int | None
     topic: str | None = None
     queue_id: int | None = None
     queue_offset: int | None = None
@@ -45,7 +51,8 @@ class LostMessage:
 
     def describe(self) -> str:
         where = f"{self.topic}/{self.queue_id}@{self.queue_offset}" if self.topic else "unknown queue"
-        return f"{self.message_id or 'unknown id'} ({where}, commit log offset {self.commit_log_offset})"
+        offset = "unknown" if self.commit_log_offset is None else self.commit_log_offset
+        return f"{self.message_id or 'unknown id'} ({where}, commit log offset {offset})"
 
 
 @dataclass
@@ -62,9 +69,19 @@ class Report:
     notes: list[str] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
     torn_tail: Gap | None = None
+    #: the lost records known one by one (by offset, queue offset or id)
     lost: list[LostMessage] = field(default_factory=list)
+    #: how many records the damage took, exactly: ``lost`` and those nothing names
+    lost_count: int = 0
     #: per queue, the entry count the checkpoint recorded
     queue_counts: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: losses found earlier (recovery, repair, the scrub) that nobody acknowledged yet
+    open_losses: list[Loss] = field(default_factory=list)
+
+    @property
+    def lost_ids(self) -> list[str]:
+        """The message ids of the lost records that a surviving byte names, one per record."""
+        return [message.message_id for message in self.lost if message.message_id]
 
     @property
     def ok(self) -> bool:
@@ -77,7 +94,8 @@ class Report:
             "problems": self.problems, "notes": self.notes,
             "gaps": [dataclasses.asdict(gap) for gap in self.gaps],
             "torn_tail": dataclasses.asdict(self.torn_tail) if self.torn_tail else None,
-            "lost": [dataclasses.asdict(message) for message in self.lost],
+            "lost": [dataclasses.asdict(message) for message in self.lost], "lost_count": self.lost_count,
+            "open_losses": [loss.to_json() for loss in self.open_losses],
         }
 
     def lines(self) -> list[str]:
@@ -86,12 +104,21 @@ class Report:
                  f"log end {self.log_end}, checkpoint {self.checkpoint}"]
         lines += [f"PROBLEM {problem}" for problem in self.problems]
         lines += [f"note: {note}" for note in self.notes]
-        if self.lost:
-            lines.append(f"lost records ({len(self.lost)}):")
-            lines += [f"  {message.describe()}" for message in self.lost]
+        lines += lost_lines(self.lost, self.lost_count)
         if self.problems:
             lines.append(f"salvage with `halfmoon-broker repair --data-dir {self.data_dir}`")
         return lines
+
+
+def lost_lines(lost: list[LostMessage], count: int) -> list[str]:
+    """The lost records for a terminal: those known one by one, then how many nothing names."""
+    if not count:
+        return []
+    lines = [f"lost records: {count}"]
+    lines += [f"  {message.describe()}" for message in lost]
+    if count > len(lost):
+        lines.append(f"  and {count - len(lost)} records that no surviving byte names")
+    return lines
 
 
 class _Files:
@@ -122,6 +149,8 @@ class _Queue:
     directory: Path
     per_file: int
     count: int = 0  # entries in the files: the last file's number and size
+    first: int = 0  # the first queue offset of the first file
+    first_seen: int | None = None  # the lowest queue offset of an intact record
     last_seen: int = -1  # the highest queue offset of an intact record
     missing: int = 0  # records before the checkpoint without their entry
     wrong: int = 0  # entries pointing elsewhere than their record
@@ -134,6 +163,12 @@ class _Queue:
         if firsts:
             size = (self.directory / file_name(firsts[-1])).stat().st_size
             self.count = firsts[-1] + size // ENTRY_SIZE
+            self.first = firsts[0]
+
+    def without_record(self, low: int, count: int) -> list[int]:
+        """The queue offsets in ``[low, count)`` that no intact record has."""
+        first_seen = count if self.first_seen is None else self.first_seen
+        return [*range(low, min(first_seen, count)), *self.skipped, *range(max(self.last_seen + 1, low), count)]
 
     def entry(self, files: _Files, queue_offset: int) -> tuple[int, int] | None:
         """``(commit log offset, size)`` of an entry, None if its file lacks it."""
@@ -166,13 +201,58 @@ def locked(data_dir: Path, shared: bool) -> Iterator[None]:
         os.close(fd)
 
 
-def check(data_dir: Path) -> Report:
-    """Check a stopped store's directory without changing anything."""
+@dataclass
+class Ledger:
+    """The loss ledger of a data directory, for ``halfmoon-broker losses``."""
+
+    data_dir: Path
+    losses: list[Loss]
+
+    @property
+    def open(self) -> list[Loss]:
+        return [loss for loss in self.losses if not loss.acknowledged]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data_dir": str(self.data_dir), "open": [loss.to_json() for loss in self.open],
+                "acknowledged": [loss.to_json() for loss in self.losses if loss.acknowledged]}
+
+    def lines(self) -> list[str]:
+        """The ledger for a terminal: open losses with their ids, then a count of the rest."""
+        lines = [f"{self.data_dir}: {len(self.open)} open losses, "
+                 f"{len(self.losses) - len(self.open)} acknowledged"]
+        for loss in self.open:
+            lines.append(f"  {loss.describe()}")
+            lines += [f"    {message_id}" for message_id in loss.message_ids]
+        if self.open:
+            lines.append(f"once dealt with: `halfmoon-broker losses --data-dir {self.data_dir} --acknowledge ID ...`")
+        return lines
+
+
+def list_losses(data_dir: Path) -> Ledger:
+    """The ledger of a stopped store's directory (read only)."""
     with locked(data_dir, shared=True):
-        return inspect(data_dir)
+        return Ledger(data_dir, LossLedger(data_dir).all())
 
 
-def inspect(data_dir: Path) -> Report:
+def acknowledge_losses(data_dir: Path, loss_ids: list[int] | None) -> list[Loss]:
+    """Mark losses of a stopped store's directory as dealt with (None: every open one);
+    ``ValueError`` for an id the ledger does not have."""
+    with locked(data_dir, shared=False):
+        ledger = LossLedger(data_dir)
+        unknown = set(loss_ids or ()) - {loss.loss_id for loss in ledger.all()}
+        if unknown:
+            raise ValueError(f"no loss {', '.join(map(str, sorted(unknown)))} in the ledger of {data_dir}")
+        return ledger.acknowledge(loss_ids)
+
+
+def check(data_dir: Path, namer: Namer | None = None) -> Report:
+    """Check a stopped store's directory without changing anything (``namer``: names the
+    layers above the store keep, to name lost records by)."""
+    with locked(data_dir, shared=True):
+        return inspect(data_dir, namer)
+
+
+def inspect(data_dir: Path, namer: Namer | None = None) -> Report:
     """``check`` for a caller that holds the directory's lock."""
     config = pinned_layout(data_dir, StoreConfig())
     checkpoint = read_checkpoint(data_dir)
@@ -181,17 +261,23 @@ def inspect(data_dir: Path) -> Report:
         report.queue_counts.update({(topic, int(queue_id)): count for queue_id, count in by_id.items()})
     files = _Files()
     try:
-        _Inspection(data_dir, config, report, files).run()
+        _Inspection(data_dir, config, report, files, namer).run()
     finally:
         files.close()
+    report.open_losses = LossLedger(data_dir).open_losses()
+    report.problems += [f"open {loss.describe()} (`halfmoon-broker losses --acknowledge {loss.loss_id}` "
+                        "once dealt with)" for loss in report.open_losses]
     return report
 
 
 class _Inspection:
     """One pass of ``inspect`` over a directory."""
 
-    def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files) -> None:
+    def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files,
+                 namer: Namer | None) -> None:
         self.data_dir = data_dir
+        self.namer = namer
+        self.names: list[Name] = list(namer.from_files(data_dir)) if namer else []
         self.config = config
         self.report = report
         self.files = files
@@ -233,6 +319,12 @@ class _Inspection:
             report.problems.append(f"commit log: {gap.end - gap.start} bytes {gap.kind} at offset "
                                    f"{gap.start} ({gap.detail})")
         self._find_lost()
+        cut_off = sum(1 for message in report.lost
+                      if message.commit_log_offset is not None and message.commit_log_offset >= report.log_end)
+        if cut_off:
+            report.problems.append(
+                f"commit log: {cut_off} records past its end at offset {report.log_end} were dispatched (consume "
+                "queue or index entries point at them): a cut log took acknowledged records")
         self._report_queues()
         self._report_index()
 
@@ -259,9 +351,13 @@ class _Inspection:
 
     def _record(self, record: StoredRecord) -> None:
         self.report.records += 1
+        if self.namer is not None:
+            self.names += self.namer.from_record(record)
         queue = self._queue(record.topic, record.queue_id)
         if queue.last_seen >= 0:
             queue.skipped += range(queue.last_seen + 1, record.queue_offset)
+        else:
+            queue.first_seen = record.queue_offset
         queue.last_seen = max(queue.last_seen, record.queue_offset)
         entry = queue.entry(self.files, record.queue_offset)
         if entry is None:
@@ -284,36 +380,100 @@ class _Inspection:
             if queue.count < expected and queue.last_seen < 0:
                 self.report.problems.append(
                     f"{name}: {queue.count} entries, the checkpoint counted {expected}")
-            end = max(self.report.log_end, self.report.checkpoint)
-            past = sum(1 for n in range(queue.last_seen + 1, queue.count)
-                       if (entry := queue.entry(self.files, n)) and entry[0] >= end)
-            if past:
-                self.report.notes.append(f"{name}: {past} entries past the end of the log (a torn "
-                                         "tail), dropped on start")
 
     # -- what was lost ---------------------------------------------------------------------
     def _find_lost(self) -> None:
-        """Name the records in the gaps: by the queue entries pointing into them (offsets
-        skipped by intact records, or after the last one), else by a damaged header."""
-        gaps = self.report.gaps
+        """Name and count the records the damage took (see the module docstring)."""
+        report = self.report
+        gaps = report.gaps
         starts = [gap.start for gap in gaps]
-        lost: dict[int, LostMessage] = {}
+
+        def destroyed(offset: int) -> bool:
+            at = bisect.bisect_right(starts, offset) - 1
+            return offset >= report.log_end or (at >= 0 and offset < gaps[at].end)
+
+        known: dict[int, LostMessage] = {}
         for (topic, queue_id), queue in self.queues.items():
-            for queue_offset in [*queue.skipped, *range(queue.last_seen + 1, queue.count)]:
+            for queue_offset in queue.without_record(queue.first, queue.count):
                 entry = queue.entry(self.files, queue_offset)
-                if entry is None or not entry[1]:
-                    continue  # no entry, or a hole: a loss repaired before
-                at = bisect.bisect_right(starts, entry[0]) - 1
-                if at >= 0 and entry[0] < gaps[at].end:
-                    head = self._salvage(entry[0])
-                    lost[entry[0]] = LostMessage(
-                        entry[0], topic, queue_id, queue_offset,
-                        head.properties.get(PROPERTY_MESSAGE_ID) if head else None)
+                if entry is not None and entry[1] and destroyed(entry[0]):  # not a hole: a loss repaired before
+                    known[entry[0]] = LostMessage(entry[0], topic, queue_id, queue_offset)
+        indexed = self._index_entries()
+        for offset in indexed:
+            if destroyed(offset):
+                known.setdefault(offset, LostMessage(offset))
         for gap in gaps:
-            if gap.kind != "missing" and gap.start not in lost and (head := self._salvage(gap.start)):
-                lost[gap.start] = LostMessage(gap.start, head.topic, head.queue_id, head.queue_offset,
-                                              head.properties.get(PROPERTY_MESSAGE_ID))
-        self.report.lost = sorted(lost.values(), key=lambda message: message.commit_log_offset)
+            if gap.kind != "missing":
+                known.setdefault(gap.start, LostMessage(gap.start))
+        for offset, message in list(known.items()):
+            head = self._salvage(offset)
+            if head is not None:
+                known[offset] = LostMessage(offset, message.topic or head.topic, head.queue_id, head.queue_offset,
+                                            head.properties.get(PROPERTY_MESSAGE_ID))
+            elif message.topic is None and offset in starts:
+                del known[offset]  # damaged bytes at a gap's start that no entry says held a record
+        self._name(known, indexed)
+        placed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
+        unplaced = [m for m in known.values() if m.topic is None]
+        counted = [LostMessage(None, topic, queue_id, queue_offset)
+                   for topic, queue_id, queue_offset in self._uncounted_positions() if
+                   (topic, queue_id, queue_offset) not in placed]
+        # a record below the checkpoint is one of the queue offsets the checkpoint counted
+        below = [m for m in unplaced if m.commit_log_offset is not None and m.commit_log_offset < report.checkpoint]
+        report.lost_count = len(known) - len(below) + max(len(below), len(counted))
+        report.lost = sorted([*(m for m in known.values() if m.topic or m.message_id or m not in below), *counted],
+                             key=lambda m: (m.commit_log_offset is None, m.commit_log_offset or 0,
+                                            m.topic or "", m.queue_id or 0, m.queue_offset or 0))
+
+    def _uncounted_positions(self) -> list[tuple[str, int, int]]:
+        """Queue offsets the checkpoint counted (or intact records pass) that hold no intact
+        record and no hole: lost records, even where their queue files are gone. Below a
+        queue's first intact record only when the log still starts at 0 (nothing was ever
+        deleted by retention)."""
+        directory = self.data_dir / "commitlog"
+        from_zero = (directory / f"{0:020d}").exists()
+        found = []
+        for (topic, queue_id), queue in self.queues.items():
+            if queue.first_seen is None and not from_zero:
+                continue
+            count = max(self.report.queue_counts.get((topic, queue_id), 0), queue.last_seen + 1)
+            low = 0 if from_zero else queue.first_seen or 0
+            for queue_offset in queue.without_record(low, count):
+                entry = queue.entry(self.files, queue_offset)
+                if entry is None or entry[1]:  # no entry, or one the walk found no record for
+                    found.append((topic, queue_id, queue_offset))
+        return found
+
+    def _name(self, known: dict[int, LostMessage], indexed: dict[int, set[int]]) -> None:
+        """Name lost records no header names by the ``namer``'s names: at their offset, or
+        by an index entry of the record with the hash of the id."""
+        at_offset = {offset: message_id for offset, message_id in self.names if offset is not None}
+        by_hash = {key_hash("i", "", message_id): message_id for _, message_id in self.names}
+        for offset, message in known.items():
+            if message.message_id is None:
+                found = at_offset.get(offset) or next(
+                    (by_hash[hash_] for hash_ in indexed.get(offset, ()) if hash_ in by_hash), None)
+                if found is not None:
+                    known[offset] = dataclasses.replace(message, message_id=found)
+
+    def _index_entries(self) -> dict[int, set[int]]:
+        """The commit log offsets the index points at, with the hashes of their entries:
+        before the end of the log, all of them; past it, those of the newest entries
+        (records dispatched before a cut; an older entry past the end is left from an
+        earlier crash)."""
+        end = self.report.log_end
+        indexed: dict[int, set[int]] = {}
+        for file in self.index:
+            for hash_, offset in file.entries():
+                if offset < end:
+                    indexed.setdefault(offset, set()).add(hash_)
+        for file in reversed(self.index):
+            tail = file.tail(end)
+            for _, hash_, offset, _ in tail:
+                indexed.setdefault(offset, set()).add(hash_)
+            if len(tail) < file.count:
+                break
+        return indexed
 
     def _salvage(self, offset: int) -> codec.RecordHead | None:
         """What the header of a damaged record at ``offset`` still says, if anything."""

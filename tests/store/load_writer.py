@@ -1,8 +1,11 @@
 """A child process that loads a ``MessageStore`` until SIGKILLed, for crash tests, and RSS.
 
-``python -m tests.store.load_writer DATA_DIR CONFIG_JSON``: four threads put records of
-topic ``load`` (queue = writer, id ``<writer>-<n>``, key ``w<writer>``) and print one line
-per acknowledged record: ``<writer> <queue offset> <message id> <commit log offset>``.
+``python -m tests.store.load_writer DATA_DIR CONFIG_JSON [PER_WRITER CHECKPOINT_AFTER]``: four
+threads put records of topic ``load`` (queue = writer, id ``<writer>-<n>``, key ``w<writer>``)
+and print one line per acknowledged record: ``<writer> <queue offset> <message id> <commit
+log offset>``. With ``PER_WRITER``, each thread stops after that many records (a checkpoint
+is written once each has put ``CHECKPOINT_AFTER``) and the process prints ``idle`` and waits
+for its SIGKILL: every acknowledged record is printed, none is in flight.
 """
 
 from __future__ import annotations
@@ -36,18 +39,23 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def load_until_killed(data_dir: Path, lines: int, **config: Any) -> list[Acknowledged]:
+def load_until_killed(data_dir: Path, lines: int, phases: tuple[int, int] | None = None,
+                      **config: Any) -> list[Acknowledged]:
     """Run the writer on ``data_dir`` with ``StoreConfig(**config)``, SIGKILL it once it
-    acknowledged ``lines`` records, and return every record it acknowledged."""
+    acknowledged ``lines`` records (with ``phases`` = (per writer, checkpoint after): once
+    it is idle), and return every record it acknowledged."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen([sys.executable, "-m", "tests.store.load_writer", str(data_dir), json.dumps(config)],
-                             stdout=subprocess.PIPE, text=True, env=env)
+    extra = [str(n) for n in phases] if phases else []
+    child = subprocess.Popen([sys.executable, "-m", "tests.store.load_writer", str(data_dir), json.dumps(config),
+                              *extra], stdout=subprocess.PIPE, text=True, env=env)
     assert child.stdout is not None
     output: list[str] = []
     try:
         for line in child.stdout:
+            if line == "idle\n":
+                break
             output.append(line)
-            if len(output) >= lines:
+            if phases is None and len(output) >= lines:
                 break
     finally:
         os.kill(child.pid, signal.SIGKILL)
@@ -62,8 +70,8 @@ def load_until_killed(data_dir: Path, lines: int, **config: Any) -> list[Acknowl
     return acknowledged
 
 
-def _write(store: MessageStore, writer: int, out: threading.Lock) -> None:
-    for n in range(10**7):
+def _write(store: MessageStore, writer: int, out: threading.Lock, numbers: range = range(10**7)) -> None:
+    for n in numbers:
         stored = store.put(StoredRecord(topic="load", queue_id=writer, body=f"{writer}:{n}".encode() * 8,
                                         properties={"UNIQ_KEY": f"{writer}-{n}", "KEYS": f"w{writer}"}))
         with out:
@@ -73,8 +81,20 @@ def _write(store: MessageStore, writer: int, out: threading.Lock) -> None:
 def main() -> None:
     store = MessageStore(sys.argv[1], StoreConfig(**json.loads(sys.argv[2])))
     out = threading.Lock()
-    for writer in range(4):
-        threading.Thread(target=_write, args=(store, writer, out), daemon=True).start()
+    if len(sys.argv) > 3:
+        per_writer, checkpoint_after = int(sys.argv[3]), int(sys.argv[4])
+        for numbers in (range(checkpoint_after), range(checkpoint_after, per_writer)):
+            threads = [threading.Thread(target=_write, args=(store, writer, out, numbers)) for writer in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if numbers.start == 0:
+                store.checkpoint()
+        print("idle", flush=True)
+    else:
+        for writer in range(4):
+            threading.Thread(target=_write, args=(store, writer, out), daemon=True).start()
     threading.Event().wait()
 
 
