@@ -105,7 +105,8 @@ def _http_port(args: argparse.Namespace, readiness: Readiness) -> HttpPort:
     check_exposure(args.http_host, keys=keys, insecure=args.http_insecure)
     sessions = Sessions(args.access_key, args.secret_key, DEFAULT_SESSION_TTL_S) if keys else None
     port = HttpPort(args.http_host, args.http_port, CollectorRegistry(), readiness.reason,
-                    metrics_access=MetricsAccess(args.metrics_token, sessions), trusted_proxy=args.http_trusted_proxy)
+                    metrics_access=MetricsAccess(args.metrics_token, sessions), trusted_proxy=args.http_trusted_proxy,
+                    health=readiness.degraded)
     port.start()
     print(f"halfmoon-broker: HTTP port on {port.url} (/metrics, /healthz, /readyz)", flush=True)
     return port

@@ -74,7 +74,9 @@ from .consume_queue import ConsumeQueue
 from .files import write_atomically
 from .index import MessageIndex
 from .interface import DispatchListener
+from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
+from .scrub import Scrub
 
 log = logging.getLogger("broker_embedded.store")
 T = TypeVar("T")
@@ -155,6 +157,7 @@ class MessageStore:
         self.on_fsync: Callable[[float], None] | None = None
         self._closed = False
         self._last_store_ms = 0
+        self.losses = LossLedger(self.data_dir)
         started = time.monotonic()
         try:
             self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
@@ -176,6 +179,9 @@ class MessageStore:
             target=self._run_background, name="store-flush-checkpoint", daemon=True
         )
         self._background.start()
+        #: The background CRC scrub of the commit log (``scrub.py``); its ``stats`` for metrics.
+        self.scrub = Scrub(self)
+        self.scrub.start()
 
     # -- opening --------------------------------------------------------------------------
     def _pin_layout(self, config: StoreConfig) -> StoreConfig:
@@ -544,12 +550,48 @@ class MessageStore:
     def read_queue(self, topic: str, queue_id: int, offset: int, max_records: int,
                    max_bytes: int | None = None) -> list[StoredRecord]:
         """Records of a consume queue from ``offset`` (empty past the end), as many as fit
-        in ``max_bytes`` of record size (at least one)."""
+        in ``max_bytes`` of record size (at least one).
+
+        A record whose CRC fails is skipped like a hole (the scrub records its loss if it
+        has not yet): the records behind it are returned, and the result is empty only
+        when no readable record follows ``offset``."""
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             return []
-        entries = fitting(queue.entries(offset, max_records), lambda entry: entry[1], max_bytes)
-        return [self.commitlog.read(*entry) for entry in entries]
+        while True:
+            entries = queue.entries(offset, max_records)
+            fitted = fitting(entries, lambda entry: entry[1], max_bytes)
+            records = [record for entry in fitted if (record := self._readable(*entry)) is not None]
+            if records or not entries or len(fitted) == len(entries) < max_records:
+                return records
+            offset = queue.offset_after(fitted[-1][0])
+
+    def _readable(self, offset: int, size: int) -> StoredRecord | None:
+        """The record at ``offset``; None when it is damaged (reported to the scrub) or
+        retention deleted it meanwhile."""
+        try:
+            return self.commitlog.read(offset, size)
+        except CorruptLogError as exc:
+            if offset >= self.commitlog.min_offset:
+                self.scrub.damaged_record(offset, size, str(exc))
+            return None
+
+    @property
+    def dispatched_end(self) -> int:
+        """The commit log offset up to which records are durable and dispatched."""
+        return self._dispatched_end
+
+    def queue_entries_between(self, start: int, end: int) -> list[tuple[str, int, int, int, int]]:
+        """``(topic, queue id, queue offset, commit log offset, size)`` of every consume queue
+        entry whose record starts in commit log ``[start, end)``: the records a damaged range
+        took."""
+        found: list[tuple[str, int, int, int, int]] = []
+        for (topic, queue_id), queue in list(self._queues.items()):
+            try:
+                found += [(topic, queue_id, *entry) for entry in queue.entries_pointing_into(start, end)]
+            except (IndexError, OSError):  # retention deleted the queue's head meanwhile
+                continue
+        return sorted(found, key=lambda entry: entry[3])
 
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get((topic, queue_id))
@@ -662,6 +704,7 @@ class MessageStore:
                 return
             self._closed = True  # refuse new puts; those already appended are flushed below
         self._stop.set()
+        self.scrub.stop()
         self._background.join(timeout=5)
         try:
             self.checkpoint()
