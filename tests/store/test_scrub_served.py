@@ -74,7 +74,7 @@ def test_a_zeroed_page_is_found_at_start_said_loudly_and_every_readable_message_
     destroyed = zero_a_page(data, records)
     http_port = free_port()
     base = f"http://127.0.0.1:{http_port}"
-    server = ServerProcess(data, "--http-port", str(http_port)).start()
+    server = ServerProcess(data, "--http-port", str(http_port), "--scrub-rate", "8").start()
     try:
         wait_for(lambda: get(base + "/readyz")[0] == 200, "readiness")
         wait_for(lambda: "degraded" in get(base + "/healthz")[1], "the scrub to report the damage")
