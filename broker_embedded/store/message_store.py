@@ -618,8 +618,9 @@ class MessageStore:
         while low < high:
             middle = (low + high) // 2
             offset, size = queue.entry(middle)
-            # a hole (size 0) counts as late enough: a replay from it misses nothing
-            if size and self.commitlog.read(offset, size).store_timestamp_ms < timestamp_ms:
+            # a hole (size 0) or a damaged record counts as late enough: a replay from it misses nothing
+            record = self._readable(offset, size) if size else None
+            if record is not None and record.store_timestamp_ms < timestamp_ms:
                 low = middle + 1
             else:
                 high = middle

@@ -100,6 +100,16 @@ def test_a_reader_skips_damaged_records_records_the_loss_and_nothing_blocks_the_
         assert broker.store.scrub.run_pass() == []  # the readers recorded every damaged range
 
 
+def test_a_search_by_timestamp_passes_a_damaged_record(tmp_path: Path) -> None:
+    written(tmp_path, 400)  # queue 0 holds offsets 0..99; a search by time reads offset 50 first
+    with MessageStore(tmp_path, STORE) as store:
+        [middle] = store.read_queue("orders", 0, 50, 1)
+    flip(tmp_path, middle.commit_log_offset + middle.size - 3)
+    with MessageStore(tmp_path, STORE) as store:
+        assert store.offset_for_timestamp("orders", 0, 0) == 0
+        assert [loss.records for loss in store.losses.open_losses()] == [1]
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_chunked_reads_find_what_a_whole_segment_walk_finds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
