@@ -102,6 +102,8 @@ class _SegmentReader:
             self._data = os.pread(self.fd, want, pos)
             self._start = pos
             self.read_bytes += len(self._data)
+            if len(self._data) < want:  # the file is shorter (cut since): it ends there
+                self.end = pos + len(self._data)
         return self._data, pos - self._start
 
     def items(self, pos: int) -> Iterator[int | Gap]:
