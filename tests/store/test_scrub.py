@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message
+from broker_embedded.readiness import Readiness
 from broker_embedded.store import scrub
 from broker_embedded.store.commitlog import Gap, Segment, walk
 from broker_embedded.store.config import StoreConfig
@@ -98,6 +99,20 @@ def test_a_reader_skips_damaged_records_records_the_loss_and_nothing_blocks_the_
         assert all("found by a reader" in loss.detail for loss in losses)
         assert drain(broker, "second-group", "orders") and len(broker.store.losses.all()) == len(losses)
         assert broker.store.scrub.run_pass() == []  # the readers recorded every damaged range
+
+
+def test_the_broker_is_degraded_until_an_operator_acknowledges_the_losses(tmp_path: Path) -> None:
+    destroyed = zero_page(tmp_path, written(tmp_path))
+    readiness = Readiness()
+    with EmbeddedBroker(tmp_path, BrokerConfig(store=STORE)) as broker:
+        readiness.broker = broker
+        assert readiness.degraded() == []  # no scrub thread here: nothing found yet
+        assert broker.store.scrub.run_pass()
+        [reason] = readiness.degraded()
+        assert reason.startswith(f"{len(destroyed)} messages lost in 1 damaged")
+        broker.store.losses.acknowledge()
+        assert readiness.degraded() == []
+        assert broker.store.scrub.run_pass() == []  # an acknowledged range is not recorded again
 
 
 def test_a_search_by_timestamp_passes_a_damaged_record(tmp_path: Path) -> None:
