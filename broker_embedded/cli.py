@@ -108,7 +108,8 @@ def _http_port(args: argparse.Namespace, readiness: Readiness) -> HttpPort:
     check_exposure(args.http_host, keys=keys, insecure=args.http_insecure)
     sessions = Sessions(args.access_key, args.secret_key, DEFAULT_SESSION_TTL_S) if keys else None
     port = HttpPort(args.http_host, args.http_port, CollectorRegistry(), readiness.reason,
-                    metrics_access=MetricsAccess(args.metrics_token, sessions), trusted_proxy=args.http_trusted_proxy)
+                    metrics_access=MetricsAccess(args.metrics_token, sessions), trusted_proxy=args.http_trusted_proxy,
+                    health=readiness.degraded)
     port.start()
     print(f"halfmoon-broker: HTTP port on {port.url} (/metrics, /healthz, /readyz)", flush=True)
     return port
@@ -117,7 +118,8 @@ def _http_port(args: argparse.Namespace, readiness: Readiness) -> HttpPort:
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = BrokerConfig(
-        store=StoreConfig(flush_mode=args.flush, segment_size=args.segment_size),
+        store=StoreConfig(flush_mode=args.flush, segment_size=args.segment_size,
+                          scrub_bytes_per_s=int(args.scrub_rate * 1024 * 1024), scrub_interval_s=args.scrub_interval),
         transaction_timeout_s=args.transaction_timeout,
         check_interval_s=args.check_interval,
         check_max=args.check_max,
@@ -327,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=9876)
     s.add_argument("--flush", choices=["sync", "async"], default="sync")
     s.add_argument("--segment-size", type=int, default=StoreConfig.segment_size)
+    s.add_argument("--scrub-rate", type=float, default=StoreConfig.scrub_bytes_per_s / 2**20, metavar="MIB_PER_S",
+                   help="how fast the background scrub re-reads the commit log to find damaged records "
+                   "(MiB/s; 0: no scrub)")
+    s.add_argument("--scrub-interval", type=float, default=StoreConfig.scrub_interval_s, metavar="SECONDS",
+                   help="time between the end of one scrub pass and the next (the first starts at open)")
     s.add_argument("--transaction-timeout", type=float, default=6.0)
     s.add_argument("--check-interval", type=float, default=5.0)
     s.add_argument("--check-max", type=int, default=15)

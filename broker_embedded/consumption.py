@@ -149,6 +149,19 @@ class QueueProgress:
         self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
         self.mark_done(offset - 1)  # advances the floor over done offsets just above it
 
+    def pass_holes(self, upto: int) -> None:
+        """Nothing to deliver at the offsets from ``next_offset`` to ``upto``, which the store
+        skipped (holes, records whose CRC fails): done, so they never hold the floor back."""
+        if self.next_offset >= upto:
+            return
+        if self.floor == self.next_offset:
+            self.skip_to(upto)
+        else:
+            for offset in range(self.next_offset, upto):
+                self.mark_done(offset)
+        self.next_offset = upto
+
+
 
 ProgressKey = tuple[str, str, str, int]  # group, subscribed topic, stored topic, queue id
 
@@ -322,14 +335,16 @@ class ConsumerGroups:
     def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
         group, topic, stored_topic, queue_id = key
         end = self.store.queue_max_offset(stored_topic, queue_id)
+        if progress.next_offset < end:
+            progress.skip_to(self.store.queue_min_offset(stored_topic, queue_id))  # retention deleted them
         while progress.next_offset < end and len(progress.pending) < self.max_inflight:
             batch = self.store.read_queue(stored_topic, queue_id, progress.next_offset, 64)
             if not batch:
+                progress.pass_holes(end)
                 break
-            if batch[0].queue_offset > progress.next_offset:
-                progress.skip_to(batch[0].queue_offset)
             for record in batch:
                 offset = record.queue_offset
+                progress.pass_holes(offset)
                 progress.next_offset = offset + 1
                 if offset < progress.floor or offset in progress.done_above:
                     continue

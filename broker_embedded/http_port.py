@@ -17,7 +17,9 @@ rewritten or every call moved to threads anyway. ``HttpLimits`` sets the bounds.
 * ``/metrics``: the Prometheus exposition of the broker's own ``CollectorRegistry``
   (``broker_embedded.metrics``); GET and HEAD only; to whom ``MetricsAccess`` allows (anyone
   when the broker has neither keys nor a metrics token), else 401.
-* ``/healthz``: liveness, 200 while the process serves HTTP.
+* ``/healthz``: liveness, 200 while the process serves HTTP: ``ok``, or ``degraded: <reasons>``
+  when ``health()`` gives reasons (in ``serve``: ``Readiness.degraded``, messages the store
+  lost that nobody acknowledged yet). Still 200: restarting the broker would not help.
 * ``/readyz``: 200 when ``readiness()`` says None (in ``serve``: ``Readiness``, once the
   store is open, its recovery done and the TCP port listening, until the broker closes);
   503 with the reason it gives, in plain text, otherwise.
@@ -148,7 +150,7 @@ class HttpPort:
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  readiness: Callable[[], str | None], mounts: Mapping[str, WSGIApp] | None = None, *,
                  metrics_access: MetricsAccess | None = None, limits: HttpLimits | None = None,
-                 trusted_proxy: str | None = None) -> None:
+                 trusted_proxy: str | None = None, health: Callable[[], list[str]] | None = None) -> None:
         self.host = host
         self.port = port
         self.registry = registry
@@ -156,6 +158,7 @@ class HttpPort:
         self.metrics_access = metrics_access or MetricsAccess()
         self.limits = limits or HttpLimits()
         self.trusted_proxy = trusted_proxy
+        self.health = health
         self._metrics = make_wsgi_app(registry)
         self._mounts: list[tuple[str, WSGIApp]] = []
         for prefix, app in (mounts or {}).items():
@@ -227,7 +230,9 @@ class HttpPort:
                 return _plain(start_response, "405 Method Not Allowed", f"{method} is not allowed on {path}\n",
                               method, [("Allow", ", ".join(READ_METHODS))])
             if path == "/healthz":
-                return _plain(start_response, "200 OK", "ok\n", method)
+                reasons = self.health() if self.health is not None else []
+                return _plain(start_response, "200 OK", f"degraded: {'; '.join(reasons)}\n" if reasons else "ok\n",
+                              method)
             if path == "/readyz":
                 reason = self.readiness()
                 if reason is None:

@@ -230,6 +230,27 @@ class BrokerMetrics(Collector):
         yield _gauge("disk_size_bytes", "Size of the data directory's file system", disk.f_blocks * disk.f_frsize)
         yield _gauge("recovery_seconds", "How long the store's recovery took when the broker opened",
                      store.recovery_seconds)
+        yield from self._damage()
+
+    def _damage(self) -> Iterator[Metric]:
+        """Messages the store lost (the ledger's open losses, whoever found them) and what
+        the scrub has checked: O(losses), never O(messages)."""
+        store = self.broker.store
+        losses = store.losses.open_losses()
+        yield _gauge("store_lost_messages", "Acknowledged messages lost to damaged or missing commit log bytes "
+                     "and not acknowledged by an operator yet", sum(loss.records for loss in losses))
+        yield _gauge("store_losses_open", "Damaged or missing commit log ranges in the loss ledger not "
+                     "acknowledged yet", len(losses))
+        stats = store.scrub.stats
+        yield CounterMetricFamily(PREFIX + "store_scrub_passes", "Full passes of the scrub over the commit "
+                                  "log since the broker opened", value=stats.passes)
+        yield CounterMetricFamily(PREFIX + "store_scrub_checked_bytes", "Commit log bytes the scrub read "
+                                  "and verified since the broker opened", value=stats.checked_bytes)
+        yield CounterMetricFamily(PREFIX + "store_scrub_damaged_ranges", "Damaged commit log ranges the scrub "
+                                  "(or a reader) found and wrote to the loss ledger since the broker opened",
+                                  value=stats.damaged_ranges)
+        yield _gauge("store_scrub_last_pass_timestamp_seconds", "When the scrub's last full pass ended "
+                     "(Unix time; 0 before the first)", stats.last_pass_end)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -1,8 +1,10 @@
-"""``Readiness``: whether a served broker is ready, for the HTTP port's ``/readyz``."""
+"""``Readiness``: whether a served broker is ready, for the HTTP port's ``/readyz``, and
+whether it is degraded, for ``/healthz``."""
 
 from __future__ import annotations
 
 from .broker import EmbeddedBroker
+from .store.scrub import damage_reasons
 
 
 class Readiness:
@@ -23,3 +25,12 @@ class Readiness:
         if not self.listening:
             return "the TCP port is not listening"
         return None
+
+    def degraded(self) -> list[str]:
+        """Why the broker serves degraded (acknowledged messages lost and not acknowledged by
+        an operator, a scrub that cannot read the log), for ``/healthz``; empty when it
+        does not or is not open."""
+        broker = self.broker
+        if broker is None or broker.closed:
+            return []
+        return damage_reasons(broker.store)

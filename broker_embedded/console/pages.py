@@ -16,6 +16,7 @@ from ..api import FORCE_WARNINGS, OpenTransaction
 from ..broker import EmbeddedBroker
 from ..errors import UnknownTransactionError
 from ..message import Resolution, StoredMessage, TransactionState
+from ..store.scrub import damage_reasons
 from ..topics import RETRY_PREFIX
 from .markup import (
     Markup,
@@ -143,9 +144,33 @@ def overview(broker: EmbeddedBroker, view: View) -> Page:
     if stats.unanswered_check_groups:
         advice = tag("p", "No checker of these groups took or answered a check for over two check intervals: "
                           "start their Celery checker workers or connected producers.", class_="note")
-    content = (tag("h2", "At a glance") + summary + tag("h2", "Topics") + topics
+    content = (_losses(broker, view) + tag("h2", "At a glance") + summary + tag("h2", "Topics") + topics
                + tag("h2", "Check-backs") + unanswered + advice)
     return Page("Overview", content, section="/")
+
+
+def _losses(broker: EmbeddedBroker, view: View) -> Markup:
+    """The loss panel: the ledger's open losses (messages destroyed by damaged or missing
+    commit log bytes, found by recovery, ``repair`` or the scrub) and a scrub that cannot
+    read the log; nothing when there are none."""
+    store = broker.store
+    reasons = damage_reasons(store)
+    if not reasons:
+        return Markup("")
+    losses = store.losses.open_losses()
+    rows = [(str(loss.loss_id), loss.found_by, timestamp(loss.found_at_ms), f"{loss.start}-{loss.end}",
+             number(loss.records), _ids(view, loss.message_ids) if loss.message_ids else "none known",
+             loss.detail) for loss in losses]
+    notice = tag("div", tag("p", tag("strong", "Messages lost: ") + "; ".join(reasons) + ".")
+                 + tag("p", "Every readable message is still delivered; these are not. Find what they were "
+                            "from the ids and queue positions below (the producers' transaction_log, the "
+                            "reconciliation), then acknowledge the losses."),
+                 class_="notice error", role="alert")
+    return notice + table(
+        "Losses not acknowledged", ("Loss", "Found by", "Found at", "Commit log range", "Messages",
+                                    "Message ids", "Detail"),
+        rows, "No loss is open.", numeric=(4,),
+    )
 
 
 # -- consumer groups ------------------------------------------------------------------------

@@ -15,6 +15,11 @@ class StoreConfig:
     is the number of 20-byte entries per consume queue file (300,000: 6 MB). Each index
     file has ``index_slots`` hash slots and room for ``index_entries`` entries (4 + 20
     bytes each, sparse until used); sizes apply to index files created after a change.
+
+    The scrub (``scrub.py``) re-reads the commit log in the background and verifies every
+    record's CRC: a pass starts when the store opens and then every ``scrub_interval_s``,
+    reading at most ``scrub_bytes_per_s`` (0: no scrub thread; damage is then found only by
+    the readers that meet it).
     """
 
     segment_size: int = 64 * 1024 * 1024
@@ -27,3 +32,11 @@ class StoreConfig:
     consume_queue_file_entries: int = 300_000
     index_slots: int = 1 << 20
     index_entries: int = 1 << 22
+    scrub_bytes_per_s: int = 16 * 1024 * 1024
+    scrub_interval_s: float = 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        if self.scrub_bytes_per_s < 0:
+            raise ValueError(f"scrub_bytes_per_s must be 0 (off) or positive, got {self.scrub_bytes_per_s}")
+        if self.scrub_interval_s <= 0:
+            raise ValueError(f"scrub_interval_s must be positive, got {self.scrub_interval_s}")

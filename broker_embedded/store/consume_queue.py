@@ -286,6 +286,24 @@ class ConsumeQueue:
             start += len(data) // ENTRY_SIZE
         return found
 
+    def offset_after(self, commit_offset: int) -> int:
+        """The first queue offset whose entry points past ``commit_offset``."""
+        return self._first_at_or_above(commit_offset + 1)
+
+    def entries_pointing_into(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """``(queue offset, commit log offset, size)`` of the entries whose record starts in
+        commit log ``[start, end)``, holes left out: a binary search, then one read each."""
+        found: list[tuple[int, int, int]] = []
+        queue_offset = self._first_at_or_above(start)
+        while queue_offset < self.max_offset:
+            offset, size = self.entry(queue_offset)
+            if offset >= end:
+                break
+            if size:
+                found.append((queue_offset, offset, size))
+            queue_offset += 1
+        return found
+
     def _read_from(self, start: int, count: int) -> tuple[int, bytes]:
         """``(first, entries)``: up to ``count`` packed entries from ``start`` or, below
         ``min_offset``, from ``first`` = ``min_offset``."""

@@ -79,6 +79,7 @@ from .index import MessageIndex
 from .interface import DispatchListener
 from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
+from .scrub import Scrub
 
 log = logging.getLogger("broker_embedded.store")
 T = TypeVar("T")
@@ -182,6 +183,9 @@ class MessageStore:
             target=self._run_background, name="store-flush-checkpoint", daemon=True
         )
         self._background.start()
+        #: The background CRC scrub of the commit log (``scrub.py``); its ``stats`` for metrics.
+        self.scrub = Scrub(self)
+        self.scrub.start()
 
     # -- opening --------------------------------------------------------------------------
     def _pin_layout(self, config: StoreConfig) -> StoreConfig:
@@ -592,12 +596,48 @@ class MessageStore:
     def read_queue(self, topic: str, queue_id: int, offset: int, max_records: int,
                    max_bytes: int | None = None) -> list[StoredRecord]:
         """Records of a consume queue from ``offset`` (empty past the end), as many as fit
-        in ``max_bytes`` of record size (at least one)."""
+        in ``max_bytes`` of record size (at least one).
+
+        A record whose CRC fails is skipped like a hole (the scrub records its loss if it
+        has not yet): the records behind it are returned, and the result is empty only
+        when no readable record follows ``offset``."""
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             return []
-        entries = fitting(queue.entries(offset, max_records), lambda entry: entry[1], max_bytes)
-        return [self.commitlog.read(*entry) for entry in entries]
+        while True:
+            entries = queue.entries(offset, max_records)
+            fitted = fitting(entries, lambda entry: entry[1], max_bytes)
+            records = [record for entry in fitted if (record := self._readable(*entry)) is not None]
+            if records or not entries or len(fitted) == len(entries) < max_records:
+                return records
+            offset = queue.offset_after(fitted[-1][0])
+
+    def _readable(self, offset: int, size: int) -> StoredRecord | None:
+        """The record at ``offset``; None when it is damaged (reported to the scrub) or
+        retention deleted it meanwhile."""
+        try:
+            return self.commitlog.read(offset, size)
+        except CorruptLogError as exc:
+            if offset >= self.commitlog.min_offset:
+                self.scrub.damaged_record(offset, size, str(exc))
+            return None
+
+    @property
+    def dispatched_end(self) -> int:
+        """The commit log offset up to which records are durable and dispatched."""
+        return self._dispatched_end
+
+    def queue_entries_between(self, start: int, end: int) -> list[tuple[str, int, int, int, int]]:
+        """``(topic, queue id, queue offset, commit log offset, size)`` of every consume queue
+        entry whose record starts in commit log ``[start, end)``: the records a damaged range
+        took."""
+        found: list[tuple[str, int, int, int, int]] = []
+        for (topic, queue_id), queue in list(self._queues.items()):
+            try:
+                found += [(topic, queue_id, *entry) for entry in queue.entries_pointing_into(start, end)]
+            except (IndexError, OSError):  # retention deleted the queue's head meanwhile
+                continue
+        return sorted(found, key=lambda entry: entry[3])
 
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get((topic, queue_id))
@@ -624,8 +664,9 @@ class MessageStore:
         while low < high:
             middle = (low + high) // 2
             offset, size = queue.entry(middle)
-            # a hole (size 0) counts as late enough: a replay from it misses nothing
-            if size and self.commitlog.read(offset, size).store_timestamp_ms < timestamp_ms:
+            # a hole (size 0) or a damaged record counts as late enough: a replay from it misses nothing
+            record = self._readable(offset, size) if size else None
+            if record is not None and record.store_timestamp_ms < timestamp_ms:
                 low = middle + 1
             else:
                 high = middle
@@ -710,6 +751,7 @@ class MessageStore:
                 return
             self._closed = True  # refuse new puts; those already appended are flushed below
         self._stop.set()
+        self.scrub.stop()
         self._background.join(timeout=5)
         try:
             self.checkpoint()
