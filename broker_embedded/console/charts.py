@@ -43,7 +43,7 @@ def per_second(value: float) -> str:
 
 
 def messages(value: float) -> str:
-    return number(round(value))
+    return figure(value)
 
 
 def nice_ceiling(value: float) -> float:
@@ -80,9 +80,11 @@ def _path(values: Sequence[float | None], times: Sequence[float], start: float, 
 
 
 def chart(ident: str, caption: object, title: str, lines: Sequence[Line], times: Sequence[float],
-          window_s: float, unit: Callable[[float], str]) -> Markup:
-    """A line chart of ``lines`` over the last ``window_s`` seconds of ``times``."""
-    top = nice_ceiling(max((v for line in lines for v in line.values if v is not None), default=0.0))
+          window_s: float, unit: Callable[[float], str], least_top: float = 1.0) -> Markup:
+    """A line chart of ``lines`` over the last ``window_s`` seconds of ``times``, on a scale
+    from 0 to at least ``least_top``."""
+    top = max(nice_ceiling(max((v for line in lines for v in line.values if v is not None), default=0.0)),
+              least_top)
     start = (times[-1] if times else 0.0) - window_s
     texts = [summary(line, unit) for line in lines]
     grid = join(tag("line", class_="grid", x1=0, x2=WIDTH, y1=y, y2=y, vector_effect="non-scaling-stroke")
@@ -137,7 +139,7 @@ def trends(view: View, data: TrendView) -> Page:
     group_charts = [
         chart(next(ids), Markup("Group ") + tag("strong", group) + " on topic " + tag("strong", topic),
               f"Lag of consumer group {group} on topic {topic}, last {duration(window_s)}",
-              [Line("Lag", "lag", lag)], data.times, window_s, messages)
+              [Line("Lag", "lag", lag)], data.times, window_s, messages, least_top=2)
         for (group, topic), lag in sorted(data.groups.items())
     ]
     content = (intro + tag("h2", "Sends and deliveries per topic") + no_deliveries
