@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import math
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from broker_embedded.console import make_console_app
 from broker_embedded.console.trends import TrendSampler
 from broker_embedded.metrics import register_broker_metrics
 
-from ..conftest import unavailable
 from .conftest import ACCESS_KEY, CONFIG, SECRET_KEY, Shop, dead_letter, park, serve
 
 SCREENSHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "test-output" / "console")
@@ -45,21 +43,6 @@ FOCUSABLE = "a[href], button, input:not([type=hidden]), select, textarea, [tabin
 UNLABELLED_FIELDS = """[...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
     .filter(e => e.labels.length === 0).map(e => e.outerHTML)"""
 LANDMARKS = "['header', 'nav', 'main', 'h1'].map(s => document.querySelectorAll(s).length)"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        unavailable("the system's chromium is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        unavailable("playwright is not installed")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

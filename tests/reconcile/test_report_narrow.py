@@ -5,35 +5,15 @@ cells name their column, and the wide charts keep their size, scrolling inside t
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from outbox.reconcile.report import write_html
-from tests.conftest import unavailable
 from tests.reconcile.test_report import LONG_TOPIC, _failing
 
 SCREENSHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS")
                    or Path(__file__).resolve().parents[2] / "test-output" / "console")
 VIEWPORT = '<meta name="viewport" content="width=device-width, initial-scale=1">'
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        unavailable("the system's chromium is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        unavailable("playwright is not installed")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 def test_the_report_reads_on_a_375_px_phone(browser: Any, tmp_path: Path) -> None:
