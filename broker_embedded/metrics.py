@@ -121,6 +121,15 @@ class BrokerMetrics(Collector):
             counts[1] += size
             counts[2] += again
 
+    def delivered_per_topic(self) -> dict[str, int]:
+        """Messages delivered so far per topic, all consumer groups together (the console's
+        trends read it once per interval)."""
+        totals: dict[str, int] = {}
+        with self._lock:
+            for (topic, _), counts in self._out.items():
+                totals[topic] = totals.get(topic, 0) + counts[0]
+        return totals
+
     # -- the scrape -----------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
         yield from self._counted()

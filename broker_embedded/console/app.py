@@ -28,11 +28,12 @@ from ..errors import (
 )
 from ..message import MAX_NAME_LENGTH, Resolution, TransactionState, is_name
 from ..topics import MAX_ID_LENGTH, validate_group, validate_user_topic
-from . import pages
+from . import charts, pages
 from .markup import Markup, fill, join, tag
 from .notices import Notices
 from .pages import Page, View
 from .session import FAILURE_WINDOW_S, MAX_FAILURES, SESSION_COOKIE, Sessions
+from .trends import TrendSampler
 from .wsgi import SECURITY_HEADERS, HttpError, Request, Response, cookie_header
 
 log = logging.getLogger("broker_embedded.console")
@@ -68,13 +69,16 @@ Handler = Callable[[Request], Response]
 class ConsoleApp:
     """The broker console (see docs/console.md); build it with ``make_console_app``."""
 
-    def __init__(self, broker: EmbeddedBroker, sessions: Sessions | None, resolve_wait_s: float) -> None:
+    def __init__(self, broker: EmbeddedBroker, sessions: Sessions | None, resolve_wait_s: float,
+                 trends: TrendSampler) -> None:
         self.broker = broker
+        self.trends = trends
         self.sessions = sessions
         self.resolve_wait_s = resolve_wait_s
         self.notices = Notices()
         self._routes: dict[tuple[str, str], Handler] = {
             ("GET", "/"): lambda r: self._show(r, pages.overview(self.broker, self._view(r))),
+            ("GET", "/trends"): lambda r: self._show(r, charts.trends(self._view(r), self.trends.view())),
             ("GET", "/groups"): lambda r: self._show(r, pages.groups(self.broker, self._view(r))),
             ("GET", "/transactions"): lambda r: self._show(r, pages.transactions(self.broker, self._view(r))),
             ("GET", "/transactions/force"): self._force_page,

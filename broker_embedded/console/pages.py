@@ -43,6 +43,7 @@ ROW_PREVIEW_CHARS = 80
 #: The navigation: path and label.
 NAVIGATION = (
     ("/", "Overview"),
+    ("/trends", "Trends"),
     ("/groups", "Consumer groups"),
     ("/transactions", "Transactions"),
     ("/dead-letters", "Dead letters"),

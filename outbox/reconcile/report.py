@@ -66,6 +66,8 @@ CATEGORIES = {
 }
 
 #: The columns of the anomalous transactions' tables: where each side saw a transaction.
+#: The columns of the classification table.
+ANOMALY_COLUMNS = ["category", "transactions", "share", "gate", "meaning"]
 SAMPLE_COLUMNS = ["transaction id", "topic", "producer (state, time, databases)", "broker (state, commit, deliveries)",
                   "consumers (count, first, databases)"]
 
@@ -88,6 +90,28 @@ caption{text-align:left;font-size:13px;color:#555;padding-bottom:2px}
 details{margin:8px 0 16px} summary{cursor:pointer}
 svg{max-width:100%;height:auto;background:#fafafa;border:1px solid #eee}
 """
+
+
+def _cards(table: str, columns: list[str]) -> str:
+    """Narrow-screen rules: each row of ``table`` (a selector) a card, each cell named by its
+    column, since the header row is hidden."""
+    parts = [table, *(f"{table} {part}" for part in ("caption", "tbody", "tr", "th", "td"))]
+    labels = "".join(f'{table} td:nth-child({i})::before{{content:"{name}: ";font-weight:bold}}'
+                     for i, name in enumerate(columns, 1))
+    return (f"{','.join(parts)}{{display:block;width:auto}} {table} colgroup,{table} thead{{display:none}}\n"
+            f"{table} tr{{border:1px solid #ccc;border-radius:4px;margin:0 0 8px;padding:4px 0}}\n"
+            f"{table} th,{table} td{{border:0;padding:2px 8px;text-align:left;white-space:normal}}\n{labels}\n")
+
+
+#: On a phone (with the viewport meta): the classification and the listed transactions as
+#: cards, the per-topic matrix and the wide charts scrolling inside themselves, never the page.
+STYLE += (
+    "@media (max-width:640px){\nbody{margin:12px;font-size:15px} h1{font-size:24px} .row{display:block}\n"
+    + _cards("table.wide:has(tbody th)", ANOMALY_COLUMNS) + _cards("details table.wide", SAMPLE_COLUMNS)
+    + "table:has(td.topic){display:block;overflow-x:auto}\n"
+    "td.topic{white-space:nowrap;overflow-wrap:normal}\n"
+    "body>div:not(.row){overflow-x:auto} body>div:not(.row)>svg{max-width:none}\n}\n"
+)
 
 
 def _fmt(value: Any) -> str:
@@ -231,7 +255,7 @@ def _anomaly_table(summary: dict[str, Any]) -> str:
                     f'<td class="n">{html.escape(_share(rates.get(name)))}</td>'
                     f'<td class="n">{_esc(thresholds.get(name))}</td><td>{_esc(meaning)}</td></tr>')
     return _grid("anomalies (gate: most allowed; a dash is no gate)",
-                 ["category", "transactions", "share", "gate", "meaning"], rows, [14, 10, 8, 6, 62])
+                 ANOMALY_COLUMNS, rows, [14, 10, 8, 6, 62])
 
 
 def _counts_table(summary: dict[str, Any]) -> str:

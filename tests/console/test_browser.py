@@ -8,22 +8,26 @@ under the checkout), for a person to look at after a CI run.
 from __future__ import annotations
 
 import base64
+import math
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from broker_embedded import EmbeddedBroker, TransactionState
+from broker_embedded import EmbeddedBroker, Message, TransactionState
+from broker_embedded.console import make_console_app
+from broker_embedded.console.trends import TrendSampler
+from broker_embedded.metrics import register_broker_metrics
 
-from ..conftest import unavailable
-from .conftest import ACCESS_KEY, SECRET_KEY, Shop, dead_letter, park
+from .conftest import ACCESS_KEY, CONFIG, SECRET_KEY, Shop, dead_letter, park, serve
 
 SCREENSHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "test-output" / "console")
 PAGES = {
     "overview": "/",
+    "trends": "/trends",
     "groups": "/groups",
     "transactions": "/transactions",
     "dead-letters": "/dead-letters?group=mailer",
@@ -39,21 +43,6 @@ FOCUSABLE = "a[href], button, input:not([type=hidden]), select, textarea, [tabin
 UNLABELLED_FIELDS = """[...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
     .filter(e => e.labels.length === 0).map(e => e.outerHTML)"""
 LANDMARKS = "['header', 'nav', 'main', 'h1'].map(s => document.querySelectorAll(s).length)"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        unavailable("the system's chromium is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        unavailable("playwright is not installed")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
@@ -145,6 +134,59 @@ def test_every_page_is_drawn_and_fits(page: Any, shop: Shop) -> None:
         assert colours > 8 and inked > 0.02, f"{name} looks blank ({colours} colours, {inked:.1%} inked)"
 
 
+LONG_TOPIC = "com.example.shop.orders.created-events-v2"
+
+
+@pytest.fixture(scope="module")
+def trends_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A read-only console whose sampler saw an hour of traffic (its clock moves 30 s a
+    sample): orders rise and fall and billing keeps up; payments' mailer falls behind."""
+    clock = [0.0]
+    with EmbeddedBroker(tmp_path_factory.mktemp("trends") / "broker", CONFIG) as broker:
+        register_broker_metrics(CollectorRegistry(), broker)
+        sampler = TrendSampler(broker, clock=lambda: clock[0])
+        for n in range(sampler.topics.samples):
+            sampler.sample()
+            clock[0] += sampler.interval_s
+            orders = round(30 + 25 * math.sin(n / 12))
+            broker.send_batch([Message("orders", b"o") for _ in range(orders)]
+                              + [Message("payments", b"p") for _ in range(n % 7)]
+                              + [Message(LONG_TOPIC, b"e") for _ in range(n // 40)])
+            for group, topic, most in (("billing", "orders", orders), ("mailer", "payments", 2)):
+                for message in broker.receive(group, topic, max_messages=most):
+                    broker.ack(group, message.receipt_handle)
+        sampler.sample()
+        with serve(make_console_app(broker, access_key=None, secret_key=None, trends=sampler)) as url:
+            yield url
+
+
+def test_the_trends_page_is_drawn_and_readable_at_1280_and_375_px(browser: Any, trends_url: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(base_url=trends_url)
+    page = context.new_page()
+    try:
+        for width_name, width in WIDTHS.items():
+            page.set_viewport_size({"width": width, "height": 900})
+            page.goto("/trends")
+            assert page.evaluate("document.documentElement.scrollWidth") <= width, sticking_out(page)
+            charts = page.evaluate("""() => [...document.querySelectorAll('figure.trend svg[role=img]')].map(s => {
+                const box = s.getBoundingClientRect();
+                return {name: s.querySelector('title').textContent, width: box.width, height: box.height,
+                        paths: s.querySelectorAll('path').length};
+            })""")
+            assert len(charts) == 5, charts  # 3 topics, 2 groups
+            assert all(c["width"] >= 200 and c["height"] >= 100 and c["paths"] >= 1 for c in charts), charts
+            smallest = page.evaluate("""() => Math.min(...[...document.querySelectorAll(
+                '.plot span, .values li, figcaption')].map(e => parseFloat(getComputedStyle(e).fontSize)))""")
+            assert smallest >= 12, f"axis and value text is {smallest} px at {width} px"
+            png = page.screenshot(full_page=True)
+            (SCREENSHOTS / f"trends-chart-{width_name}.png").write_bytes(png)
+            colours, inked = ink(page, png)
+            assert colours > 8 and inked > 0.02, f"the trends look blank ({colours} colours, {inked:.1%} inked)"
+    finally:
+        context.close()
+
+
 def test_tab_walks_skip_link_navigation_search_and_every_action_in_order(
     page: Any, broker: EmbeddedBroker, shop: Shop,
 ) -> None:
@@ -158,8 +200,8 @@ def test_tab_walks_skip_link_navigation_search_and_every_action_in_order(
         walk.append(focused(page))
     assert [f["index"] for f in walk] == list(range(count)), "Tab visits every focusable element in document order"
     texts = [f["text"] or f["id"] for f in walk]
-    assert texts[:9] == ["Skip to content", "Overview", "Consumer groups", "Transactions", "Dead letters",
-                         "Search", "header-search", "Find", "Sign out"]
+    assert texts[:10] == ["Skip to content", "Overview", "Trends", "Consumer groups", "Transactions",
+                          "Dead letters", "Search", "header-search", "Find", "Sign out"]
     actions = [(f["text"], f["target"]) for f in walk if f["target"]]
     for tx in (shop.parked_tx, "tx-browser-order"):
         assert [a for a in actions if a[1] == tx] == [("Recheck", tx), ("Resolve (ask checker)", tx)]
