@@ -17,7 +17,7 @@ from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker_embedded import Resolution, TransactionState
+from broker_embedded import Message, Resolution, TransactionState
 from broker_embedded.export import transaction_states
 from outbox import (
     AsyncProducer,
@@ -25,6 +25,7 @@ from outbox import (
     Producer,
     check_transaction,
     current_transaction_id,
+    idempotent_consumer,
     install,
     message_json,
     transactional_message,
@@ -172,12 +173,26 @@ def test_sessions_that_cannot_be_joined_are_refused(factory, engine, broker, tmp
     other = Producer(broker, "other")
     with factory() as session:
         install(session, other)
-        with pytest.raises(NestedTransactionError, match="another producer"):
+        with pytest.raises(NestedTransactionError, match="sends with another producer"):
             pay(session, "o1", 1)
     with factory() as session, session.begin():
         with pytest.raises(TypeError, match="takes a Session"):
             pay("o1", 1, session="not a session")
     assert broker_states(broker) == {} and order_ids(engine) == []
+
+
+def test_a_consumer_that_gives_its_session_commits_the_message_with_its_record(factory, engine, broker) -> None:
+    pay = pay_function(Producer(broker, "shop"), factory)
+
+    @idempotent_consumer("billing", factory)
+    def bill(session: Session, received: Any) -> None:
+        pay(session, message_json(received.message)["order"], 1)
+
+    broker.send(Message("order.placed", b'{"order": "o1"}', message_id="m1"))
+    assert bill(broker.receive("billing", "order.placed", wait_s=2)[0]) is True
+    [paid] = broker.receive("points", "order.paid", wait_s=2)
+    assert message_json(paid.message) == {"order_id": "o1", "amount": 1}
+    assert order_ids(engine) == ["o1"] and states(engine) == {paid.transaction_id: "COMMITTED"}
 
 
 @pytest.fixture

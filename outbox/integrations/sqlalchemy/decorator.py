@@ -25,6 +25,19 @@ messages. ``overlap=True`` does not wait for the half message before the transac
 it is sent as a task, the transaction runs meanwhile, and its acknowledgment is awaited
 before the commit (a broker failure then rolls the transaction back and raises
 ``BrokerUnavailableError``: the function ran, but nothing it wrote is committed).
+
+Given the caller's session (``pay(session, "o-1", 100)``, or by the name of the function's
+session parameter, ``pay("o-1", 100, session=session)``), a call uses it: a session in a
+transaction is joined (the half message, then the transaction_log row if this is the
+transaction's first message, then the function; no commit: the session hook ends it with
+the caller's COMMIT or ROLLBACK, and every message of the transaction shares its id), a
+session without one gets the call's own transaction. A joined call that raises marks
+the transaction so its commit raises ``NestedTransactionError`` (its message is out and
+cannot be withdrawn alone). Refused at once with ``NestedTransactionError``, nothing
+sent: a call not given the session while this thread (asyncio task) has a transaction on
+the same database in another session, which a second session would wait for (SQLite)
+or commit apart from (PostgreSQL); a session of another database than the factory's, or
+of another producer.
 """
 
 from __future__ import annotations
@@ -40,7 +53,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from sqlalchemy.orm import Session
 
 from ...aio_producer import AsyncProducer
-from ...context import running
+from ...context import SESSION_INFO_KEY, running
 from ...errors import ConfigurationError, NestedTransactionError
 from ...messages import OutboxJSONEncoder
 from ...producer import Producer
@@ -140,7 +153,7 @@ class _Calls:
 
     def __init__(self, function: Callable[..., Any], producer: Producer | AsyncProducer,
                  expected: Database | None) -> None:
-        self.name = f"{function.__qualname__}()"
+        self.name = f"{function.__name__}()"
         first = next(iter(inspect.signature(function).parameters.values()), None)
         keyword = first is not None and first.kind in (first.POSITIONAL_OR_KEYWORD, first.KEYWORD_ONLY)
         #: The keyword a caller passes its session with (the function's first parameter).
@@ -152,30 +165,24 @@ class _Calls:
                          asynchronous: bool) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         """The caller's session (the first positional argument if it is a session, or the
         session parameter's keyword; None passed there means none) and the other arguments."""
-        kind = "AsyncSession" if asynchronous else "Session"
+        kind = "an AsyncSession" if asynchronous else "a Session"
         if args and _sync_session(args[0]) is not None:
             given, args = args[0], args[1:]
         elif self.keyword is not None and self.keyword in kwargs:
             kwargs = dict(kwargs)
             given = kwargs.pop(self.keyword)
             if given is not None and _sync_session(given) is None:
-                raise TypeError(f"{self.name}: {self.keyword}= takes a {kind}, not {type(given).__name__}")
+                raise TypeError(f"{self.name}: {self.keyword}= takes {kind}, not {type(given).__name__}")
         else:
             return None, args, kwargs
         if given is not None and (given is _sync_session(given)) == asynchronous:
-            raise TypeError(f"{self.name} is {'an async def' if asynchronous else 'a def'}: give it a {kind}")
+            raise TypeError(f"{self.name} takes {kind}, not {type(given).__name__}")
         return given, args, kwargs
 
     def join(self, session: Session | AsyncSession) -> PendingTransaction:
         """The transaction of ``session`` (which has one) that this call joins;
         ``NestedTransactionError`` if it cannot."""
-        sync = _checked(self, session)
-        pending = pending_transaction(sync)
-        if pending.producer is not self.producer:
-            raise self.refuse(f"its transaction {pending.transaction_id} already sends with another producer "
-                              f"(group {pending.producer.producer_group!r}); one transaction has one producer: "
-                              "decorate with that producer, or call it outside this transaction")
-        return pending
+        return pending_transaction(_checked(self, session))
 
     def own(self, session: Session | AsyncSession) -> None:
         """Before opening a transaction on ``session``: refuse if this thread (task) is in
@@ -188,7 +195,7 @@ class _Calls:
                     f"was called while a session of the same database is in a transaction in this "
                     f"{'task' if _in_task() else 'thread'}; a second session would wait for its lock (SQLite) or "
                     f"commit apart from it (PostgreSQL). Give the call that session to join its transaction: "
-                    f"{self.name[:-1]}{self.keyword or 'session'}=session, ...), or call it after that "
+                    f"{self.name[:-1]}{f'{self.keyword}=' if self.keyword else ''}session, ...), or call it after that "
                     "transaction ends")
 
     def refuse(self, why: str) -> NestedTransactionError:
@@ -204,10 +211,12 @@ def _checked(calls: _Calls, session: Session | AsyncSession) -> Session:
         raise calls.refuse(f"was given a session on {sync.bind.engine.url.database!r}, but it records its "
                            "transactions in its session factory's database, where the check-back looks: "
                            "give it a session of that database")
-    other = installed_producer(sync)
-    if other is not None and other is not calls.producer:
-        raise calls.refuse(f"was given a session installed with another producer (group {other.producer_group!r}); "
-                           "decorate with that producer, or use a session without one")
+    pending: PendingTransaction | None = sync.info.get(SESSION_INFO_KEY)
+    for other in (installed_producer(sync), pending.producer if pending is not None else None):
+        if other is not None and other is not calls.producer:
+            raise calls.refuse(f"was given a session that sends with another producer (group "
+                               f"{other.producer_group!r}), and one transaction has one producer: decorate "
+                               "with that producer, or give it another session")
     install(session, calls.producer)
     return sync
 
