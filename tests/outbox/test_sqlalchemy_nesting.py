@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from broker_embedded import Message, Resolution, TransactionState
 from broker_embedded.export import transaction_states
@@ -37,6 +38,14 @@ from .async_support import bodies, run_with_sessions, states, tcp_broker
 
 shop = MetaData()
 orders = Table("nested_orders", shop, Column("id", String(32), primary_key=True), Column("amount", Integer))
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __table__ = orders
 
 
 @pytest.fixture
@@ -178,6 +187,13 @@ def test_sessions_that_cannot_be_joined_are_refused(factory, engine, broker, tmp
     with factory() as session, session.begin():
         with pytest.raises(TypeError, match="takes a Session"):
             pay("o1", 1, session="not a session")
+        session.add(Order(id="dup", amount=1))
+        session.add(Order(id="dup", amount=2))
+        with pytest.raises(IntegrityError):
+            session.flush()
+        with pytest.raises(NestedTransactionError, match="roll it back first"):
+            pay(session, "o1", 1)
+        session.rollback()
     assert broker_states(broker) == {} and order_ids(engine) == []
 
 

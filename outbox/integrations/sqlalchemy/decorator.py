@@ -182,7 +182,12 @@ class _Calls:
     def join(self, session: Session | AsyncSession) -> PendingTransaction:
         """The transaction of ``session`` (which has one) that this call joins;
         ``NestedTransactionError`` if it cannot."""
-        return pending_transaction(_checked(self, session))
+        sync = _checked(self, session)
+        transaction = sync.get_transaction()
+        if transaction is not None and not transaction.is_active:
+            raise self.refuse("was given a session whose transaction can only roll back (an earlier "
+                              "statement or flush failed): roll it back first")
+        return pending_transaction(sync)
 
     def own(self, session: Session | AsyncSession) -> None:
         """Before opening a transaction on ``session``: refuse if this thread (task) is in
