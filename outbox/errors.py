@@ -37,6 +37,12 @@ class ConfigurationError(OutboxError):
     """A setting is missing or invalid."""
 
 
+class NestedTransactionError(ConfigurationError):
+    """A ``@transactional_message`` call cannot join the transaction it was called in
+    (another database, another producer, a session the decorator was not given); the
+    message says what to do. Nothing was sent."""
+
+
 class SchemaMissingError(ConfigurationError):
     """A framework table (``outbox_transaction_log``, ``outbox_consumed_message``) does not
     exist in the database; the message names the command that creates it."""

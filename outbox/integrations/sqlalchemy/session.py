@@ -24,15 +24,27 @@ share, and the broker resolves a transaction as a whole. So:
   withdrawn one by one, so the outer commit raises ``SavepointError`` and the whole
   transaction rolls back (ROLLBACK). A savepoint that is released keeps its messages.
   Send messages after the risky savepoint, or outside it, to keep commits possible.
+
+The same holds for a ``@transactional_message`` call that joined the transaction (it was
+given the session) and raised: its message is out, so the outer commit raises
+``NestedTransactionError`` and rolls back (``poisons``). The hook also notes which
+sessions hold a database transaction in which thread and asyncio task
+(``transaction_elsewhere``), so the decorator can refuse to open a second one beside it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import threading
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import event
+from sqlalchemy import Connection, event
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, SessionTransaction
 
 from broker_embedded import Message, Resolution
@@ -41,7 +53,7 @@ from ... import instrumentation
 from ...aio_producer import AsyncProducer
 from ...context import SESSION_INFO_KEY, LocalTransaction
 from ...context import current_transaction_id as current_transaction_id  # the session's, given one
-from ...errors import ConfigurationError, SavepointError
+from ...errors import ConfigurationError, NestedTransactionError, OutboxError, SavepointError
 from ...producer import Producer, new_transaction_id
 from ...producer_protocol import local_transaction as local_operation
 from .fence import record_committed
@@ -60,8 +72,8 @@ class PendingTransaction(LocalTransaction):
 
     #: The savepoints that were open when a message was sent (a rollback of any poisons).
     savepoints: list[SessionTransaction] = field(default_factory=list)
-    #: Set when such a savepoint rolled back: the commit must fail.
-    poisoned: bool = False
+    #: Set when such a savepoint rolled back, or a joined call raised: the commit must fail.
+    poisoned: OutboxError | None = None
     #: The ``LOCAL_TRANSACTION`` operation, from the first message to the end.
     operation: instrumentation.Operation | None = None
 
@@ -83,12 +95,78 @@ def install(target: Any, producer: Producer | AsyncProducer) -> None:
         if info is None:
             raise ConfigurationError("install() takes a sessionmaker or a Session (or their async kinds)")
         info[_PRODUCER_KEY] = producer
+    listen()
+
+
+def listen() -> None:
+    """Register the session events (once per process)."""
     if not event.contains(Session, "after_commit", _after_commit):
+        event.listen(Session, "after_begin", _after_begin)
         event.listen(Session, "before_commit", _before_commit)
         event.listen(Session, "after_commit", _after_commit)
         event.listen(Session, "after_rollback", _after_rollback)
         event.listen(Session, "after_soft_rollback", _after_soft_rollback)
         event.listen(Session, "after_transaction_end", _after_transaction_end)
+
+
+def installed_producer(session: Session) -> Producer | AsyncProducer | None:
+    """The producer ``install`` gave the session (or its sessionmaker), if any."""
+    producer: Producer | AsyncProducer | None = session.info.get(_PRODUCER_KEY)
+    return producer
+
+
+Database = tuple[str, str | None, int | None, str | None]
+
+#: Sessions holding a database transaction: the thread and task that began it, and where.
+_open: weakref.WeakKeyDictionary[Session, tuple[tuple[int, object], Database]] = weakref.WeakKeyDictionary()
+_open_lock = threading.Lock()
+
+
+def database(url: URL) -> Database:
+    """What tells two engines' databases apart (not the driver: asyncpg and psycopg agree)."""
+    return url.get_backend_name(), url.host, url.port, url.database
+
+
+def _owner() -> tuple[int, object]:
+    """This thread, and this asyncio task if one runs (SQLAlchemy's async events run in it)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return threading.get_ident(), task
+
+
+def transaction_elsewhere(session: Session, where: Database) -> Session | None:
+    """Another session that this thread (and task) began a transaction in on database
+    ``where`` and that is still in it: a second transaction beside it would wait for its
+    locks (SQLite) or commit apart from it (PostgreSQL)."""
+    owner = _owner()
+    with _open_lock:
+        candidates = list(_open.items())
+    for other, ((thread, task), other_where) in candidates:
+        if (other is not session and thread == owner[0] and task is owner[1] and other_where == where
+                and other.in_transaction()):
+            return other
+    return None
+
+
+def _after_begin(session: Session, _transaction: SessionTransaction, connection: Connection) -> None:
+    with _open_lock:
+        _open[session] = (_owner(), database(connection.engine.url))
+
+
+@contextlib.contextmanager
+def poisons(pending: PendingTransaction, call: str) -> Iterator[None]:
+    """``call``, which joined ``pending`` after sending its half message, raised: the
+    transaction cannot commit (its message cannot be withdrawn alone)."""
+    try:
+        yield
+    except BaseException as exc:
+        if pending.poisoned is None:
+            pending.poisoned = NestedTransactionError(
+                f"transaction {pending.transaction_id}: {call} raised {type(exc).__name__} after sending its "
+                "message, which cannot be withdrawn alone, so the whole transaction must roll back")
+        raise
 
 
 def send(session: Session, message: Message) -> str:
@@ -160,17 +238,17 @@ def _finish(session: Session, resolution: Resolution) -> None:
 
 def _before_commit(session: Session) -> None:
     pending: PendingTransaction | None = session.info.get(SESSION_INFO_KEY)
-    if pending is not None and pending.poisoned and session.get_nested_transaction() is None:
-        raise SavepointError(
-            f"transaction {pending.transaction_id} sent message(s) in a SAVEPOINT that rolled back; "
-            "they cannot be withdrawn alone, so the whole transaction must roll back"
-        )
+    if pending is not None and pending.poisoned is not None and session.get_nested_transaction() is None:
+        raise pending.poisoned
 
 
 def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None:
     pending: PendingTransaction | None = session.info.get(SESSION_INFO_KEY)
     if pending is not None and previous.nested and any(previous is s for s in pending.savepoints):
-        pending.poisoned = True
+        pending.poisoned = pending.poisoned or SavepointError(
+            f"transaction {pending.transaction_id} sent message(s) in a SAVEPOINT that rolled back; "
+            "they cannot be withdrawn alone, so the whole transaction must roll back"
+        )
 
 
 def _after_commit(session: Session) -> None:
@@ -183,6 +261,8 @@ def _after_transaction_end(session: Session, transaction: SessionTransaction) ->
     open) rolled back, so it sends ROLLBACK, and the session's next transaction starts
     with a new transaction id."""
     if transaction.parent is None:
+        with _open_lock:
+            _open.pop(session, None)
         pending: PendingTransaction | None = session.info.pop(SESSION_INFO_KEY, None)
         if pending is not None:
             pending.end(Resolution.ROLLBACK)
