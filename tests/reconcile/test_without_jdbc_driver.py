@@ -58,7 +58,7 @@ def test_jdbc_asked_for_without_the_jar_is_one_line_and_exit_2(tmp_path: Path) -
     run = _reconcile(tmp_path, "--producer-db", "postgresql+psycopg://nobody@127.0.0.1:1/none",
                      "--broker-export", str(tmp_path / "export"), "--postgres-read", "jdbc")
     assert run.returncode == 2, run.stderr[-3000:]
-    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("outbox reconcile: error:")]
     assert len(errors) == 1 and "no PostgreSQL JDBC driver" in errors[0], run.stderr[-3000:]
     assert "libpostgresql-jdbc-java" in errors[0] and "spark.jars" in errors[0]
     assert "Traceback" not in run.stderr and "\tat " not in run.stderr and "java.lang" not in run.stderr
