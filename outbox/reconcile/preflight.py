@@ -2,15 +2,20 @@
 
 Nothing here imports PySpark, so ``--help`` and bad input are answered without the
 ``spark`` extra's JVM. ``check_inputs`` opens nothing for writing: a SQLite file that does
-not exist is an error, never created (SQLAlchemy would create it empty).
+not exist is an error, never created (SQLAlchemy would create it empty); a server database
+is connected to once, to see that it answers and has the table.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 FLAGS = ("committed", "rolled_back", "half_pending", "parked", "phantom", "lost",
          "duplicate_delivery", "duplicate_effect", "conflict")
@@ -19,6 +24,8 @@ GATES = (*FLAGS, "clock_skew")
 #: How PostgreSQL inputs are read: JDBC when the driver is there (else SQLAlchemy, with a
 #: warning), JDBC only (a missing driver is an error), or SQLAlchemy only.
 POSTGRES_READS = ("auto", "jdbc", "sqlalchemy")
+#: How long a server database may take to answer the check (seconds).
+CONNECT_TIMEOUT_S = 10
 TRANSACTION_LOG = "outbox_transaction_log"
 CONSUMED_MESSAGE = "outbox_consumed_message"
 
@@ -67,7 +74,8 @@ def _check_sqlite(option: str, url: str, database: str | None, table: str) -> No
 
 def check_database(option: str, url: str, table: str) -> None:
     """One ``--producer-db``/``--consumer-db`` URL: it parses, a ``parquet://`` path exists, a
-    SQLite file exists and has ``table``. Server databases are reached only when read.
+    SQLite file exists (opened read-only, never created) and a server database answers, and
+    either has ``table``.
 
     Raises ``InputError`` saying which option and what is wrong.
     """
@@ -85,6 +93,33 @@ def check_database(option: str, url: str, table: str) -> None:
                          "parquet:///path)") from None
     if parsed.get_backend_name() == "sqlite":
         _check_sqlite(option, parsed.render_as_string(hide_password=True), parsed.database, table)
+    else:
+        _check_server(option, parsed, table)
+
+
+def _check_server(option: str, url: URL, table: str) -> None:
+    """A server database answers (within ``CONNECT_TIMEOUT_S`` for PostgreSQL) and has ``table``."""
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    shown = url.render_as_string(hide_password=True)
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT_S} if url.get_backend_name() == "postgresql" else {}
+    try:
+        engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    except (SQLAlchemyError, ImportError) as exc:  # an unknown dialect, or its driver is not installed
+        raise InputError(f"{option} {shown}: {exc}") from None
+    try:
+        with engine.connect() as conn:
+            found = inspect(conn).has_table(table)
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise InputError(f"{option} {shown}: cannot read it: {reason}") from None
+    finally:
+        engine.dispose()
+    if not found:
+        raise InputError(f"{option} {shown} has no {table} table (run the outbox migrations there, "
+                         "or name the right database)")
 
 
 def check_inputs(producer_databases: list[str], consumer_databases: list[str], broker_export: str,

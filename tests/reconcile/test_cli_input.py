@@ -79,6 +79,8 @@ def test_a_producer_database_file_that_does_not_exist_is_one_line_exit_2_and_not
     ({"consumer_db": "sqlite:///missing.sqlite3"}, ["--consumer-db", "no such SQLite file"]),
     ({"producer_db": "sqlite://"}, ["in-memory"]),
     ({"producer_db": "not a url"}, ["is not a database URL"]),
+    ({"producer_db": "postgresql+psycopg://nobody@127.0.0.1:1/none"}, ["127.0.0.1:1/none: cannot read it: "]),
+    ({"consumer_db": "nosuchdialect://host/db"}, ["--consumer-db nosuchdialect://host/db: "]),
     ({"producer_db": "parquet:///no/such/folder"}, ["no such file or directory"]),
     ({"broker_export": "/no/such/export"}, ["is not a directory"]),
     ({"threshold": "nonsense=1"}, ["unknown threshold"]),
@@ -96,6 +98,13 @@ def test_a_database_without_the_outbox_table_is_named(tmp_path: Path, inputs: di
     conn.close()
     run = _outbox(tmp_path, "reconcile", *_args(inputs, producer_db=f"sqlite:///{tmp_path / 'app.sqlite3'}"))
     _one_line_error(run, "app.sqlite3 has no outbox_transaction_log table")
+
+
+@pytest.mark.postgres
+def test_a_postgresql_database_without_the_outbox_table_is_named(tmp_path: Path, inputs: dict[str, str],
+                                                                  postgres_url: str) -> None:
+    run = _outbox(tmp_path, "reconcile", *_args(inputs, producer_db=postgres_url))
+    _one_line_error(run, "has no outbox_transaction_log table")
 
 
 def test_an_out_path_that_is_a_file_is_refused(tmp_path: Path, inputs: dict[str, str]) -> None:
