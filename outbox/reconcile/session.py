@@ -69,8 +69,10 @@ def build_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
     jar = postgres_jdbc_jar()
     if jar.exists() and "spark.jars" not in settings:
         settings["spark.jars"] = str(jar)
-    java_options = settings.get("spark.driver.extraJavaOptions", "")  # later -D options win
-    settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={QUIET_JVM_LOGGING.as_uri()} {java_options}".strip()
+    if QUIET_JVM_LOGGING.exists():
+        java_options = settings.get("spark.driver.extraJavaOptions", "")  # later -D options win
+        settings["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile={QUIET_JVM_LOGGING.as_uri()} {java_options}".strip())
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
