@@ -25,11 +25,14 @@ def main(argv: list[str] | None = None) -> int:
                       help="run only these fault scenarios (repeatable); default all")
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--no-report", action="store_true", help="skip the Spark reconciliation report")
+    demo.add_argument("--keep", action="store_true",
+                      help="after the checks, keep every service up (the broker's console too) until Ctrl-C or SIGTERM")
     args = parser.parse_args(argv)
     return run_demo(DemoOptions(
         orders=args.orders, concurrency=args.concurrency, work_dir=args.work_dir,
         database_url=args.database_url, redis_url=args.redis_url,
         scenarios=frozenset(args.scenario or SCENARIOS), seed=args.seed, reconcile=not args.no_report,
+        keep=args.keep,
     ))
 
 

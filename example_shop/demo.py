@@ -6,6 +6,8 @@ HTTP port for its metrics, scraped at the end into ``broker-metrics.txt``), a
 (Django) and the member service (SQLAlchemy consumer). Orders go over HTTP while the
 scenarios below strike; then the demo waits until every transaction is resolved and
 every message consumed, and checks the books of both services against each other.
+With ``--keep`` every service stays up after the checks, until Ctrl-C or SIGTERM, so the
+broker's console (the address it prints) can be opened on what the run left.
 
 Scenarios (``--scenario`` picks some; all by default):
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -67,6 +70,7 @@ class DemoOptions:
     seed: int = 7
     settle_timeout_s: float = 240.0
     reconcile: bool = True
+    keep: bool = False
 
 
 @dataclass
@@ -271,8 +275,12 @@ class ShopDemo:
                 metrics = self._scrape_broker(urls["broker_http"])
             finally:
                 self._stopping.set()
-        self._print(report, export_dir, metrics)
-        reconciled = self._reconcile(account_db, member_db, export_dir) if options.reconcile else True
+            if not options.keep:
+                supervisor.stop_all()
+            self._print(report, export_dir, metrics)
+            reconciled = self._reconcile(account_db, member_db, export_dir) if options.reconcile else True
+            if options.keep:
+                _keep_until_signalled(urls)
         return 0 if report.ok and reconciled else 1
 
     def _scrape_broker(self, broker_http: str) -> Path:
@@ -343,6 +351,23 @@ def broker_figures(metrics: Path) -> list[tuple[str, float]]:
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(metrics.read_text()) for s in family.samples}
     return [(row, samples.get((name, tuple(sorted(labels.items()))), 0.0)) for row, name, labels in BROKER_FIGURES]
+
+
+def _keep_until_signalled(urls: dict[str, str]) -> None:
+    """Wait for Ctrl-C or SIGTERM (the services stay up meanwhile), then return."""
+    stop = threading.Event()
+    previous = {signum: signal.signal(signum, lambda *_: stop.set()) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _say("")
+        _say(f"  kept running (--keep): console {urls['broker_http']}/  metrics {urls['broker_http']}/metrics")
+        _say(f"  broker {urls['broker']}  account {urls['account']}/  member {urls['member']}/points")
+        _say("  Ctrl-C or SIGTERM stops every service")
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    _say("  stopping the services")
 
 
 def run_demo(options: DemoOptions) -> int:

@@ -5,6 +5,10 @@ growing back-off and dead-letters it after ``max_delivery_attempts``. Make handl
 idempotent with ``idempotent_consumer`` (``outbox.integrations.sqlalchemy.consumer`` or
 ``outbox.integrations.django.consumer``; the rule is in ``outbox.idempotency``). The
 asyncio loop, ``arun_consumer``, is in ``outbox.aio_consumer`` and shares ``ConsumerRun``.
+
+Every ``log_interval_s`` (10 s) in which messages came, the loop logs one INFO line with
+what it did in that interval: ``consumer points on order.paid: 120 handled, 2 skipped as
+duplicates, 1 failed in the last 10 s``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 
 from broker_embedded import BrokerAPI, ReceivedMessage
@@ -32,6 +38,9 @@ SKIPPED = "skipped"
 FAILED = "failed"
 
 
+#: How often (seconds) a consumer loop logs what it did, when it did anything.
+LOG_INTERVAL_S = 10.0
+
 #: Ack failures after the handler committed: the message comes back and its duplicate
 #: check skips it, so they are logged, not raised.
 ACK_ERRORS = (BrokerUnavailableError, UnknownReceiptError)
@@ -41,11 +50,14 @@ class ConsumerRun:
     """The bookkeeping of one consumer loop, without I/O: shared by ``run_consumer`` and
     ``outbox.aio_consumer.arun_consumer`` so both log, back off and announce alike."""
 
-    def __init__(self, group: str, topic: str) -> None:
+    def __init__(self, group: str, topic: str, log_interval_s: float = LOG_INTERVAL_S) -> None:
         self.group = group
         self.topic = topic
         self.handled = 0
         self.outage = BrokerOutage(log, f"consumer {group} on {topic}")
+        self.log_interval_s = log_interval_s
+        self._interval: Counter[str] = Counter()
+        self._interval_started = time.monotonic()
         log.info("consumer %s on %s started", group, topic)
 
     def delivering(self, received: ReceivedMessage) -> instrumentation.Operation:
@@ -57,18 +69,35 @@ class ConsumerRun:
         log.exception("handler failed for message %s (attempt %d); it will be retried",
                       received.message.message_id, received.delivery_attempt)
         delivery.outcome = FAILED
+        self._interval[FAILED] += 1
 
     def succeeded(self, delivery: instrumentation.Operation, result: object) -> None:
         """The handler returned ``result`` (False: skipped as a duplicate); ack it next."""
-        delivery.outcome = SKIPPED if result is False else HANDLED
+        outcome = SKIPPED if result is False else HANDLED
+        delivery.outcome = outcome
         self.handled += 1
+        self._interval[outcome] += 1
 
     def ack_failed(self, received: ReceivedMessage, error: Exception) -> None:
         """Handled but not acked: it comes back and the duplicate check skips it."""
         log.warning("ack of %s failed (%s)", received.message.message_id, error)
 
+    def log_interval(self, force: bool = False) -> None:
+        """Once ``log_interval_s`` has passed (or when ``force``), log the interval's counts
+        at INFO if it had any messages, and start the next interval."""
+        elapsed = time.monotonic() - self._interval_started
+        if not force and elapsed < self.log_interval_s:
+            return
+        if self._interval:
+            log.info("consumer %s on %s: %d handled, %d skipped as duplicates, %d failed in the last %.0f s",
+                     self.group, self.topic, self._interval[HANDLED], self._interval[SKIPPED],
+                     self._interval[FAILED], elapsed)
+        self._interval.clear()
+        self._interval_started = time.monotonic()
+
     def stopped(self) -> int:
-        """Log the end of the loop; how many messages it handled."""
+        """Log the last interval and the end of the loop; how many messages it handled."""
+        self.log_interval(force=True)
         log.info("consumer %s on %s stopped after %d messages", self.group, self.topic, self.handled)
         return self.handled
 
@@ -82,13 +111,16 @@ def run_consumer(
     batch_size: int = 16,
     invisible_duration_s: float = 30.0,
     wait_s: float = 1.0,
+    log_interval_s: float = LOG_INTERVAL_S,
 ) -> int:
     """Receive, handle and ack until ``stop`` is set; returns how many were handled.
 
     While the broker is unreachable it backs off (0.5 s doubling to 30 s, jittered) and logs
-    once when the broker goes down and once when it is back (see ``outbox.outage``)."""
-    run = ConsumerRun(group, topic)
+    once when the broker goes down and once when it is back (see ``outbox.outage``). Every
+    ``log_interval_s`` with messages, one INFO line counts what was handled, skipped, failed."""
+    run = ConsumerRun(group, topic, log_interval_s)
     while not stop.is_set():
+        run.log_interval()
         try:
             batch = broker.receive(group, topic, max_messages=batch_size,
                                    invisible_duration_s=invisible_duration_s, wait_s=wait_s)

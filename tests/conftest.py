@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+#: The run fails if a test leaves a process running (tests/leftover_processes.py).
+pytest_plugins = ("tests.leftover_processes",)
+
 POSTGRES_ADMIN_URL = os.environ.get(
     "HALFMOON_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
 )

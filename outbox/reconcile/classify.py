@@ -43,10 +43,6 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-FLAGS = ("committed", "rolled_back", "half_pending", "parked", "phantom", "lost",
-         "duplicate_delivery", "duplicate_effect", "conflict")
-#: What a threshold can gate on (a count of transactions with that flag).
-GATES = (*FLAGS, "clock_skew")
 ANOMALIES = ("conflict", "phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked",
              "clock_skew")
 #: Producer database states by code; "COMMITTED" has the lowest, so the minimum over a

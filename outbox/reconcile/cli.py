@@ -7,8 +7,11 @@
                      [--master local[*]] [--conf key=value ...]
                      [--postgres-read auto|jdbc|sqlalchemy]
 
-Exit status 0 when every threshold holds, 1 when one is breached, 2 on bad input (or
-``--postgres-read jdbc`` without the PostgreSQL JDBC driver).
+Exit status 0 when every threshold holds, 1 when one is breached, 2 on bad input, said in
+one line on stderr (``outbox reconcile: error: ...``): an option, a database file or an
+export that is not there (all checked before Spark starts), a database that cannot be
+read, ``--postgres-read jdbc`` without the PostgreSQL JDBC driver, or no PySpark (the
+``spark`` extra). ``--help`` needs no PySpark.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from datetime import UTC, datetime
 from broker_embedded.cli_tools import quiet_on_broken_pipe
 
 from ..errors import ConfigurationError
-from .classify import GATES
-from .inputs import POSTGRES_READS, export_files
-from .job import ReconcileInputs, ReconcileOptions, reconcile
-from .session import build_session
+from .preflight import GATES, POSTGRES_READS, check_inputs
+
+#: What the job needs beyond the core (the ``spark`` extra); imported when it runs.
+SPARK_MODULES = frozenset({"pyspark", "py4j", "pyarrow", "pandas", "sqlalchemy"})
 
 
 def _epoch_ms(value: str | None) -> int | None:
@@ -87,21 +90,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error(message: object) -> int:
+    print(f"outbox reconcile: error: {message}", file=sys.stderr)
+    return 2
+
+
 @quiet_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job; 0 when every threshold holds, 1 when one is breached, 2 on bad input."""
     args = build_parser().parse_args(argv)
-    if not args.producer_db:
-        print("error: give at least one --producer-db", file=sys.stderr)
-        return 2
     try:
         conf = _pairs(args.conf, "--conf")
         thresholds = _thresholds(args)
         since_ms, until_ms = _epoch_ms(args.since), _epoch_ms(args.until)
-        export_files(args.broker_export)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        check_inputs(args.producer_db, args.consumer_db, args.broker_export, args.out)
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from .job import ReconcileInputs, ReconcileOptions, reconcile
+        from .session import build_session
+    except (ValueError, ConfigurationError) as exc:
+        return _error(exc)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SPARK_MODULES:
+            raise
+        return _error(f"needs PySpark ({exc.name} is missing): pip install 'halfmoon[spark]'")
     spark = build_session(args.master, conf)
     try:
         result = reconcile(
@@ -112,9 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 jdbc_partitions=args.jdbc_partitions, thresholds=thresholds, postgres_read=args.postgres_read,
             ),
         )
-    except (FileNotFoundError, ConfigurationError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ConfigurationError as exc:
+        return _error(exc)
+    except SQLAlchemyError as exc:  # a server database that cannot be reached or read
+        return _error(f"cannot read a database: {str(exc).splitlines()[0]}")
     finally:
         spark.stop()
     print(f"report: {result.out_dir / 'report.html'}")

@@ -34,12 +34,11 @@ from sqlalchemy.sql import Select
 
 from ..errors import ConfigurationError
 from ..integrations.sqlalchemy.tables import consumed_message, transaction_log
+from .preflight import CONSUMED_MESSAGE, TRANSACTION_LOG, export_files
 from .session import HOW_TO_ADD_JDBC_DRIVER, has_postgres_driver, python_workers_here
 
 log = logging.getLogger("outbox.reconcile")
 
-TRANSACTION_LOG = "outbox_transaction_log"
-CONSUMED_MESSAGE = "outbox_consumed_message"
 #: The timestamp column a window applies to, per table and per export file.
 TIME_COLUMNS = {TRANSACTION_LOG: "created_at", CONSUMED_MESSAGE: "consumed_at"}
 EXPORT_TIME_COLUMNS = {"messages": "store_ms", "deliveries": "first_delivered_ms"}
@@ -56,9 +55,6 @@ EXPORT_SCHEMAS = {
     "deliveries": ("message_id string, consumer_group string, topic string, delivery_attempts int, "
                    "first_delivered_ms bigint, acked_ms bigint, dead_lettered boolean, transaction_id string"),
 }
-#: How PostgreSQL inputs are read: JDBC when the driver is there (else SQLAlchemy, with a
-#: warning), JDBC only (a missing driver is an error), or SQLAlchemy only.
-POSTGRES_READS = ("auto", "jdbc", "sqlalchemy")
 #: Rows per Arrow batch when a table is read through SQLAlchemy.
 BATCH_ROWS = 50_000
 #: A PostgreSQL table read through SQLAlchemy with fewer rows (in the window) than this is
@@ -286,22 +282,6 @@ def union_tables(spark: SparkSession, urls: list[str], table: str, partitions: i
     for frame in frames[1:]:
         result = result.unionByName(frame)
     return result
-
-
-def export_files(export_dir: str | Path) -> dict[str, Path]:
-    """The export's ``messages`` and ``deliveries`` files (Parquet preferred, else JSON lines).
-
-    Raises ``FileNotFoundError`` naming what is missing, before any Spark work starts.
-    """
-    folder = Path(export_dir)
-    files = {}
-    for name in ("messages", "deliveries"):
-        candidates = [folder / f"{name}.parquet", folder / f"{name}.jsonl"]
-        found = next((path for path in candidates if path.exists()), None)
-        if found is None:
-            raise FileNotFoundError(f"no {name}.parquet or {name}.jsonl in {folder}")
-        files[name] = found
-    return files
 
 
 def read_export(spark: SparkSession, export_dir: str | Path,

@@ -25,17 +25,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from sqlalchemy.engine import make_url
 
-from .classify import ANOMALIES, GATES, classify, events, per_transaction
-from .inputs import (
-    CONSUMED_MESSAGE,
-    POSTGRES_READS,
-    TRANSACTION_LOG,
-    TimeWindow,
-    export_files,
-    read_export,
-    union_tables,
-    use_jdbc,
-)
+from .classify import ANOMALIES, classify, events, per_transaction
+from .inputs import TimeWindow, read_export, union_tables, use_jdbc
+from .preflight import CONSUMED_MESSAGE, GATES, POSTGRES_READS, TRANSACTION_LOG, export_files
 from .report import write_html
 from .summary import aggregate, summarise
 

@@ -89,6 +89,14 @@ caption{text-align:left;font-size:13px;color:#555;padding-bottom:2px}
 .id{font-family:ui-monospace,monospace;font-size:12px}
 details{margin:8px 0 16px} summary{cursor:pointer}
 svg{max-width:100%;height:auto;background:#fafafa;border:1px solid #eee}
+.scroll{max-width:100%;overflow-x:auto}
+@media (max-width:640px){
+body{margin:12px}
+.scroll>table{max-width:none}
+.scroll>table.wide{min-width:640px;table-layout:auto}
+.scroll>table:not(.wide){width:max-content}
+.chart svg{max-width:none;width:800px}
+}
 """
 
 
@@ -208,10 +216,10 @@ def _grid(caption: str, headers: list[str], rows: list[str], widths: list[int] |
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     if widths:
         cols = "".join(f'<col style="width:{w}%">' for w in widths)
-        return (f'<table class="wide"><caption>{html.escape(caption)}</caption><colgroup>{cols}</colgroup>'
-                f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
-    return (f"<table><caption>{html.escape(caption)}</caption>"
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        return (f'<div class="scroll"><table class="wide"><caption>{html.escape(caption)}</caption>'
+                f"<colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+    return (f'<div class="scroll"><table><caption>{html.escape(caption)}</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
 
 def _ordered_categories(summary: dict[str, Any]) -> list[str]:
@@ -505,7 +513,8 @@ def render(summary: dict[str, Any]) -> str:
     histograms, topic_chart, timeline_chart = _charts(summary)
     seconds = summary.get("seconds")
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>halfmoon reconciliation</title>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1"><title>halfmoon reconciliation</title>
 <style>{STYLE}</style></head><body>
 <h1>halfmoon reconciliation</h1>
 {_verdict(summary)}
@@ -519,8 +528,8 @@ def render(summary: dict[str, Any]) -> str:
 <div class="row">{histograms}</div>
 <h2>Topics and time</h2>
 {_topic_table(summary)}
-<div>{topic_chart}</div>
-<div>{timeline_chart}</div>
+<div class="scroll chart">{topic_chart}</div>
+<div class="scroll chart">{timeline_chart}</div>
 </body></html>
 """
 

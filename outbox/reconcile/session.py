@@ -2,6 +2,10 @@
 
 The PostgreSQL JDBC driver is the jar named by ``HALFMOON_POSTGRES_JDBC_JAR`` (default
 Debian's ``/usr/share/java/postgresql.jar``), added to ``spark.jars`` when it exists.
+
+The driver's JVM logs errors only (``log4j2.properties`` beside this module, given to the
+JVM as it starts through ``spark.driver.extraJavaOptions``; a configuration file of yours
+given there wins), so Spark's start-up warnings do not bury the job's progress lines.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ SMALL_MACHINE_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.adaptive.enabled": "true",
 }
+#: The driver JVM's logging configuration: errors only, on stderr.
+QUIET_JVM_LOGGING = Path(__file__).with_name("log4j2.properties")
 
 
 def postgres_jdbc_jar() -> Path:
@@ -63,8 +69,12 @@ def build_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
     jar = postgres_jdbc_jar()
     if jar.exists() and "spark.jars" not in settings:
         settings["spark.jars"] = str(jar)
+    if QUIET_JVM_LOGGING.exists():
+        java_options = settings.get("spark.driver.extraJavaOptions", "")  # later -D options win
+        settings["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile={QUIET_JVM_LOGGING.as_uri()} {java_options}".strip())
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+    session.sparkContext.setLogLevel("ERROR")
     return session

@@ -19,7 +19,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
-from .classify import ANOMALIES, GATES
+from .classify import ANOMALIES
+from .preflight import GATES
 
 HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
 #: Latency histogram bucket edges (ms), roughly logarithmic.

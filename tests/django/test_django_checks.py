@@ -151,3 +151,19 @@ def test_unapplied_outbox_migrations_are_a_warning_of_the_database_checks(unappl
 
 def test_applied_migrations_pass_the_database_checks() -> None:
     assert _ids(databases=["default"]) == []
+
+
+@pytest.mark.parametrize("options", [{}, {"timeout": 20}, {"transaction_mode": "DEFERRED"}])
+def test_sqlite_without_immediate_transactions_is_a_warning(monkeypatch: pytest.MonkeyPatch,
+                                                           options: dict[str, object]) -> None:
+    monkeypatch.setitem(connections["default"].settings_dict, "OPTIONS", options)
+    assert _ids() == ["halfmoon_outbox.W003"]
+    out = io.StringIO()
+    call_command("check", stdout=out, stderr=out)  # a warning does not fail
+    assert "halfmoon_outbox.W003" in out.getvalue() and '"transaction_mode": "IMMEDIATE"' in out.getvalue()
+
+
+@pytest.mark.parametrize("mode", ["IMMEDIATE", "immediate", "EXCLUSIVE"])
+def test_sqlite_with_transactions_that_lock_at_begin_passes(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    monkeypatch.setitem(connections["default"].settings_dict, "OPTIONS", {"transaction_mode": mode})
+    assert _ids() == []

@@ -1,4 +1,8 @@
-"""Real ``celery worker`` processes for the tests, each logging to its own file."""
+"""Real ``celery worker`` processes for the tests, each logging to its own file.
+
+A worker runs in a process group of its own, and stopping or killing it ends the whole
+group: with ``-B`` the worker forks beat, which outlives a worker killed alone.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.leftover_processes import group_members
 
 #: "Stops promptly": far below the minutes a hung check held the worker before.
 STOP_BOUND_S = 30
@@ -33,25 +39,36 @@ class CeleryWorker:
                  "--pool", "threads", "-c", str(threads), "--loglevel", "INFO",
                  "--without-mingle", "--without-gossip", "--without-heartbeat",
                  *(["-B", "--schedule", str(log.with_suffix(".beat"))] if beat else [])],
-                env=environment, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                env=environment, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
             )
 
     def count(self, pattern: str) -> int:
         """Lines of the worker's log matching the regular expression ``pattern``."""
         return len(re.findall(pattern, self.log.read_text(errors="replace")))
 
-    def stop(self) -> int:
-        """SIGTERM; the exit status (fails the test if the worker outlives ``STOP_BOUND_S``)."""
-        self.proc.send_signal(signal.SIGTERM)
+    def _signal_group(self, signum: int) -> None:
         try:
-            return self.proc.wait(STOP_BOUND_S)
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:  # the whole group has ended
+            pass
+
+    def stop(self) -> int:
+        """SIGTERM to the worker's group; the worker's exit status (fails the test if the
+        worker or a process it started, such as beat, outlives ``STOP_BOUND_S``)."""
+        self._signal_group(signal.SIGTERM)
+        try:
+            status = self.proc.wait(STOP_BOUND_S)
+            wait_until(lambda: not group_members(self.proc.pid), STOP_BOUND_S, "the worker's children to end")
+            return status
         except subprocess.TimeoutExpired:
             pytest.fail(f"the worker ignored SIGTERM for {STOP_BOUND_S}s (see {self.log})")
+        finally:
+            self.kill()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """SIGKILL to the worker's group (its beat too), then reap the worker."""
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait()
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> None:

@@ -15,14 +15,8 @@ from sqlalchemy import create_engine, text
 
 from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
 from outbox.reconcile import inputs
-from outbox.reconcile.inputs import (
-    CONSUMED_MESSAGE,
-    TRANSACTION_LOG,
-    TimeWindow,
-    read_export,
-    read_table,
-    union_tables,
-)
+from outbox.reconcile.inputs import TimeWindow, read_export, read_table, union_tables
+from outbox.reconcile.preflight import CONSUMED_MESSAGE, TRANSACTION_LOG
 from outbox.reconcile.session import has_postgres_driver
 from outbox.reconcile.synthetic import DELIVERIES_SCHEMA, MESSAGES_SCHEMA
 from tests.conftest import unavailable

@@ -157,6 +157,11 @@ def test_cli_catches_a_tampered_copy_and_the_report_renders(spark, tmp_path: Pat
     )
     assert run.returncode == 1, run.stderr[-2000:]
     assert "FAIL" in run.stdout and "[reconcile" in run.stderr
+    # Spark's start-up notices and WARN lines are quiet: the progress lines are the output
+    # (besides the JVM's own notice of the vector module Spark adds, which it cannot silence).
+    noise = [line for line in run.stderr.splitlines()
+             if not line.startswith(("[reconcile", "WARNING: Using incubator modules"))]
+    assert noise == [], run.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["breached"] == {"lost": 1, "phantom": 1, "duplicate_effect": 1, "duplicate_delivery": 1}
     assert summary["counts"]["transactions"] == 61
@@ -165,17 +170,6 @@ def test_cli_catches_a_tampered_copy_and_the_report_renders(spark, tmp_path: Pat
     assert "<svg" in page
     assert "<script src" not in page and "<link" not in page and "url(" not in page  # opens offline
     assert_screenshot_not_blank(report, tmp_path)
-
-
-def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
-    # The export directory is empty: that alone is an error, found before Spark starts.
-    for extra in ([], ["--threshold", "nonsense=1"], ["--since", "yesterday"], ["--conf", "novalue"]):
-        run = subprocess.run(
-            [sys.executable, "-m", "outbox.reconcile", "--producer-db", "sqlite://", "--broker-export",
-             str(tmp_path), "--out", str(tmp_path / "out"), *extra],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert run.returncode == 2 and "error:" in run.stderr, (extra, run.stderr)
 
 
 def assert_screenshot_not_blank(report: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from outbox.reconcile.report import bar_chart, bucket_labels, write_html
+from tests.conftest import unavailable
 from tests.reconcile.test_reconcile import assert_screenshot_not_blank
 
 LONG_TOPIC = "orders.payment-settled.v2"
@@ -278,7 +280,8 @@ def _layout_widths(command: list[str], report: Path) -> tuple[int, int]:
     return int(found[1]), int(found[2])
 
 
-def test_the_report_fits_1280_pixels_in_chromium(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _crowded_report(tmp_path: Path) -> Path:
+    """A failing report with 31 topics and 150-character words that nothing can break."""
     summary = _failing()
     summary["per_topic_counts"] += [{**summary["per_topic_counts"][0], "topic": f"{LONG_TOPIC}.shard-{i:02d}"}
                                     for i in range(30)]
@@ -288,7 +291,38 @@ def test_the_report_fits_1280_pixels_in_chromium(tmp_path: Path, monkeypatch: py
     summary["inputs"]["broker_export"] = unbroken
     report = tmp_path / "report.html"
     write_html(summary, report)
+    return report
+
+
+def test_the_report_fits_1280_pixels_in_chromium(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _crowded_report(tmp_path)
     command = _screenshot_command(report, tmp_path, monkeypatch)
     assert "--window-size=1280,2000" in command
     scroll_width, client_width = _layout_widths(command, report)
     assert scroll_width <= min(client_width, 1280), (scroll_width, client_width)
+
+
+def test_the_report_fits_a_phone(tmp_path: Path) -> None:
+    """On a 375 px phone (Chromium's mobile emulation through Playwright, which lays a page
+    without a viewport meta out 980 px wide) nothing reaches past the screen's edge: wide
+    tables and charts scroll sideways in a box of their own that fits."""
+    report = _crowded_report(tmp_path)
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in report.read_text()
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        unavailable("the system's chromium is not installed")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_context(viewport={"width": 375, "height": 800}, is_mobile=True,
+                                       has_touch=True).new_page()
+            page.goto(report.as_uri())
+            page.screenshot(path=str(tmp_path / "report-375.png"), full_page=True)
+            width = page.evaluate("document.documentElement.scrollWidth")
+            outside = page.evaluate("""() => [...document.querySelectorAll('body *')]
+                .filter(e => !e.parentElement.closest('.scroll') && e.getBoundingClientRect().right > 375.5)
+                .map(e => e.tagName + '.' + e.className).slice(0, 10)""")
+        finally:
+            browser.close()
+    assert width <= 375 and outside == [], (width, outside)

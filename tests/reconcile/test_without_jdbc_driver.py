@@ -51,14 +51,15 @@ def test_without_the_jar_postgresql_is_read_through_sqlalchemy_with_one_warning(
 
 
 @pytest.mark.spark
-def test_jdbc_asked_for_without_the_jar_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.postgres
+def test_jdbc_asked_for_without_the_jar_is_one_line_and_exit_2(tmp_path: Path, postgres_url: str) -> None:
     data = generate(5, 0, _now_ms())
+    write_sqlite(data, postgres_url, postgres_url)
     write_export(data, tmp_path / "export")
-    # The driver is looked for before any database is opened: this URL is never dialled.
-    run = _reconcile(tmp_path, "--producer-db", "postgresql+psycopg://nobody@127.0.0.1:1/none",
+    run = _reconcile(tmp_path, "--producer-db", postgres_url,
                      "--broker-export", str(tmp_path / "export"), "--postgres-read", "jdbc")
     assert run.returncode == 2, run.stderr[-3000:]
-    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("outbox reconcile: error:")]
     assert len(errors) == 1 and "no PostgreSQL JDBC driver" in errors[0], run.stderr[-3000:]
     assert "libpostgresql-jdbc-java" in errors[0] and "spark.jars" in errors[0]
     assert "Traceback" not in run.stderr and "\tat " not in run.stderr and "java.lang" not in run.stderr

@@ -8,6 +8,10 @@
   notice is, so ``migrate`` (which runs the database checks first) still runs.
 * ``halfmoon_outbox.W002``: a ``tcp://`` broker does not answer within a second. An
   ``embedded://`` broker is opened in-process at first use and is not opened here.
+* ``halfmoon_outbox.W003``: a SQLite database holding an owned group's transaction_log
+  without ``OPTIONS["transaction_mode"] = "IMMEDIATE"`` (Django 5.1+): a deferred
+  transaction takes the write lock only at its first write, so the producer and the fence
+  can each wait on the other's lock and fail with "database is locked".
 """
 
 from __future__ import annotations
@@ -81,8 +85,35 @@ def check_broker(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list
     return []
 
 
+#: SQLite transaction modes that take the write lock at BEGIN.
+LOCKING_MODES = frozenset({"IMMEDIATE", "EXCLUSIVE"})
+
+
+def check_sqlite_transaction_mode(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    """A Warning per SQLite alias of an owned group whose transactions begin DEFERRED."""
+    if not _ours(app_configs) or settings_errors():
+        return []
+    from django.db import connections
+
+    conf = outbox_settings()
+    found: list[CheckMessage] = []
+    for alias in sorted({conf.database_for(group) for group in conf.owned_groups}):
+        database = connections[alias].settings_dict
+        mode = str((database.get("OPTIONS") or {}).get("transaction_mode") or "DEFERRED").upper()
+        if database["ENGINE"].endswith("sqlite3") and mode not in LOCKING_MODES:
+            found.append(Warning(
+                f"SQLite database {alias!r} begins its transactions {mode}: the outbox's producer and its "
+                "check-back fence can each wait on the other's lock and fail with 'database is locked'",
+                hint=f'add "OPTIONS": {{"transaction_mode": "IMMEDIATE", "timeout": 20}} to DATABASES[{alias!r}] '
+                     "(Django 5.1+); see docs/django.md",
+                id=f"{APP_LABEL}.W003",
+            ))
+    return found
+
+
 def register_checks() -> None:
     """Register the checks (called from ``AppConfig.ready``)."""
     register(check_settings, APP_LABEL)
     register(check_migrations, APP_LABEL, Tags.database)
     register(check_broker, APP_LABEL)
+    register(check_sqlite_transaction_mode, APP_LABEL)
