@@ -90,13 +90,6 @@ caption{text-align:left;font-size:13px;color:#555;padding-bottom:2px}
 details{margin:8px 0 16px} summary{cursor:pointer}
 svg{max-width:100%;height:auto;background:#fafafa;border:1px solid #eee}
 .scroll{max-width:100%;overflow-x:auto}
-@media (max-width:640px){
-body{margin:12px}
-.scroll>table{max-width:none}
-.scroll>table.wide{min-width:640px;table-layout:auto}
-.scroll>table:not(.wide){width:max-content}
-.chart svg{max-width:none;width:800px}
-}
 """
 
 
