@@ -160,3 +160,18 @@ def test_a_queue_whose_last_records_were_lost_keeps_their_offsets_from_new_recor
         assert store.put(StoredRecord("orders", 1, b"new")).queue_offset == 300
         assert len(store.read_queue("orders", 1, 0, 1000)) == 296
         assert len(store.read_queue("orders", 0, 0, 1000)) == 895
+
+
+def test_a_zeroed_queue_id_does_not_count_a_lost_record_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first 16 bytes of a record of queue 1 zeroed: what is left of its header puts it in
+    queue 0 at an offset an intact record holds. fsck counted it there and at its real place."""
+    config = StoreConfig(segment_size=64 * 1024, scrub_bytes_per_s=0)
+    with MessageStore(tmp_path, config) as store:
+        stored = store.put_batch([StoredRecord("orders", n % 2, b"x" * 100, {"UNIQ_KEY": f"id{n}"}) for n in range(200)])
+    zero(tmp_path, stored[101].commit_log_offset, 16)  # length, magic, crc and queue id
+    shutil.rmtree(tmp_path / "consumequeue")
+    code, report = cli(capsys, "fsck", "--data-dir", str(tmp_path))
+    assert code == 1 and report["lost_count"] == 1
+    assert {m["message_id"] for m in report["lost"]} - {None} == {"id101"}
+    with MessageStore(tmp_path, config) as store:
+        assert [loss.records for loss in store.losses.open_losses()] == [1]
