@@ -37,7 +37,11 @@ rebuilt byte-identical. Records from ``verified`` on are verified (CRC): a bad r
 zeros, in the last segment with nothing intact after it is a torn tail and is truncated;
 one with intact records after it, or in a closed segment, raises ``LogDamageError`` (a
 ``CorruptLogError``) and nothing is changed: ``halfmoon-broker repair`` salvages such a
-directory. The index's newest entries (those at or past the checkpoint) are taken off and
+directory. The replay below ``verified`` (a rebuilt queue or index) passes a damaged
+range instead, since nothing there is truncated: it is recorded in the loss ledger once,
+through the scrub's recording path, with the records it took counted from the queue
+entries pointing into it, the queue offsets a rebuilt queue skipped there and the
+checkpoint's queue counts (a queue's lost tail is reserved as holes). The index's newest entries (those at or past the checkpoint) are taken off and
 added again by the replay; consume queue entries past the end are dropped. An index or
 queue entry that pointed at or past the recovered end marks a record that had been
 dispatched (durable, and acknowledged in sync mode): a log cut short, not a torn append.

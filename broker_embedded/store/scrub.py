@@ -22,7 +22,8 @@ and verifies each record's CRC, as ``fsck`` does, but in a running broker:
 
 Readers skip a record whose CRC fails (``MessageStore.read_queue``) and report it through
 ``damaged_record``, which records its range the same way if the scrub has not yet; so one
-bad record never blocks the messages behind it.
+bad record never blocks the messages behind it. Recovery records the ranges its replay
+below the checkpoint passes through ``record_gap`` too (``found_by="recovery"``).
 """
 
 from __future__ import annotations

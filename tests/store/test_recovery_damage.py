@@ -27,8 +27,7 @@ from broker_embedded.store.message_store import CHECKPOINT, MessageStore, read_c
 from broker_embedded.store.record import StoredRecord
 from tests.server.conftest import ServerProcess
 from tests.store.damage import locate, segments, zero
-from tests.store.load_writer import load_until_killed
-from tests.store.test_losses import CONFIG, Written, cli, copy_of
+from tests.store.test_losses import CONFIG, Written, cli, copy_of, written_and_killed
 
 PAGE = 4096
 WRITER = {**CONFIG, "segment_size": 64 * 1024, "scrub_bytes_per_s": 0}
@@ -38,12 +37,7 @@ STORE = StoreConfig(**WRITER)  # type: ignore[arg-type]
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> Written:
     """3,000 acknowledged records over 6 segments of 64 KiB, checkpointed after 2,400."""
-    data = tmp_path_factory.mktemp("written") / "data"
-    acknowledged = load_until_killed(data, 0, phases=(750, 600), **WRITER)
-    assert len(acknowledged) == 3000
-    acknowledged.sort(key=lambda a: a.commit_log_offset)
-    last = segments(data)[-1]
-    return Written(data, acknowledged, int(read_checkpoint(data)["verified"]), int(last.name) + last.stat().st_size)
+    return written_and_killed(tmp_path_factory.mktemp("written") / "data", (750, 600), **WRITER)
 
 
 def zero_a_page(w: Written) -> set[str]:
