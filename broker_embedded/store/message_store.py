@@ -214,7 +214,8 @@ class MessageStore:
     def _recover(self) -> None:
         """Check the commit log's shape, verify the consume queues and the index against the
         checkpoint and the log (rebuilding what is missing or short), replay the records
-        after the checkpoint, drop entries past the recovered end."""
+        after the checkpoint (passing and recording damaged ranges below it), drop entries past
+        the recovered end."""
         checkpoint = read_checkpoint(self.data_dir)
         verified = int(checkpoint.get("verified", 0))
         self.commitlog.check_layout(verified)
