@@ -227,19 +227,29 @@ class CommitLog:
         except codec.RecordError:
             return None
 
-    def scan(self, from_offset: int, to_offset: int) -> Iterator[StoredRecord]:
+    def scan(self, from_offset: int, to_offset: int, gaps: list[Gap] | None = None) -> Iterator[StoredRecord]:
         """Every record in ``[from_offset, to_offset)``, in order; ``LogDamageError`` at
-        bytes that are neither a record nor a filler."""
+        bytes that are neither a record nor a filler.
+
+        With ``gaps`` (recovery's replay below the checkpoint, where nothing is truncated),
+        such bytes are passed instead: each damaged range is appended to ``gaps`` before the
+        records after it are yielded. The walk then starts at the beginning of
+        ``from_offset``'s segment (records before ``from_offset`` are not yielded), so the
+        ranges are those the scrub and ``fsck`` find, whatever record it starts from."""
         for segment in list(self.segments):
             if segment.end_offset <= from_offset or segment.base_offset >= to_offset:
                 continue
-            start = max(from_offset, segment.base_offset) - segment.base_offset
+            start = 0 if gaps is not None else max(from_offset, segment.base_offset) - segment.base_offset
             end = min(to_offset, segment.end_offset) - segment.base_offset
             data = segment.pread(start, end - start)
             for item in walk(data, segment.base_offset + start, 0, segment.size - start):
-                if not isinstance(item, StoredRecord):
+                if isinstance(item, StoredRecord):
+                    if item.commit_log_offset >= from_offset:
+                        yield item
+                elif gaps is None:
                     raise LogDamageError(self.directory, item)
-                yield item
+                else:
+                    gaps.append(item)
 
     def _segment_of(self, offset: int) -> Segment:
         for segment in reversed(self.segments):

@@ -37,7 +37,11 @@ rebuilt byte-identical. Records from ``verified`` on are verified (CRC): a bad r
 zeros, in the last segment with nothing intact after it is a torn tail and is truncated;
 one with intact records after it, or in a closed segment, raises ``LogDamageError`` (a
 ``CorruptLogError``) and nothing is changed: ``halfmoon-broker repair`` salvages such a
-directory. The index's newest entries (those at or past the checkpoint) are taken off and
+directory. The replay below ``verified`` (a rebuilt queue or index) passes a damaged
+range instead, since nothing there is truncated: it is recorded in the loss ledger once,
+through the scrub's recording path, with the records it took counted from the queue
+entries pointing into it, the queue offsets a rebuilt queue skipped there and the
+checkpoint's queue counts (a queue's lost tail is reserved as holes). The index's newest entries (those at or past the checkpoint) are taken off and
 added again by the replay; consume queue entries past the end are dropped. An index or
 queue entry that pointed at or past the recovered end marks a record that had been
 dispatched (durable, and acknowledged in sync mode): a log cut short, not a torn append.
@@ -71,7 +75,7 @@ from ..errors import (
     StoreFullError,
 )
 from . import codec
-from .commitlog import CommitLog
+from .commitlog import CommitLog, Gap
 from .config import StoreConfig
 from .consume_queue import ConsumeQueue
 from .files import write_atomically
@@ -83,6 +87,8 @@ from .scrub import Scrub
 
 log = logging.getLogger("broker_embedded.store")
 T = TypeVar("T")
+#: A record's place: topic, queue id, queue offset.
+Place = tuple[str, int, int]
 
 
 CHECKPOINT = "checkpoint"
@@ -168,6 +174,9 @@ class MessageStore:
             self.index = MessageIndex(
                 self.data_dir / "index", self.config.index_slots, self.config.index_entries
             )
+            #: The background CRC scrub of the commit log (``scrub.py``); its ``stats`` for
+            #: metrics. Made before recovery, which records the damaged ranges it passes with it.
+            self.scrub = Scrub(self)
             self._recover()
         except BaseException:
             os.close(self._lock_file)  # a failed open (e.g. CorruptLogError) frees the directory
@@ -183,8 +192,6 @@ class MessageStore:
             target=self._run_background, name="store-flush-checkpoint", daemon=True
         )
         self._background.start()
-        #: The background CRC scrub of the commit log (``scrub.py``); its ``stats`` for metrics.
-        self.scrub = Scrub(self)
         self.scrub.start()
 
     # -- opening --------------------------------------------------------------------------
@@ -207,7 +214,8 @@ class MessageStore:
     def _recover(self) -> None:
         """Check the commit log's shape, verify the consume queues and the index against the
         checkpoint and the log (rebuilding what is missing or short), replay the records
-        after the checkpoint, drop entries past the recovered end."""
+        after the checkpoint (passing and recording damaged ranges below it), drop entries past
+        the recovered end."""
         checkpoint = read_checkpoint(self.data_dir)
         verified = int(checkpoint.get("verified", 0))
         self.commitlog.check_layout(verified)
@@ -231,16 +239,20 @@ class MessageStore:
         replay_from = max(min([verified, index_from, *starts]), self.commitlog.min_offset)
         self.index.rewind(min(verified, index_from))
         indexed_tail = self.index.drop_tail(verified)  # indexed again below, as far as the log goes
+        gaps: list[Gap] = []  # damaged ranges below the checkpoint the replay passed
+        skipped: dict[int, set[Place]] = {}
         if replay_from < verified:
-            for record in self.commitlog.scan(replay_from, verified):
-                self._dispatch(record)
-        for record in self.commitlog.recover(verified):
-            self._dispatch(record)
+            self._replay(self.commitlog.scan(replay_from, verified, gaps), gaps, skipped)
+        self._replay(self.commitlog.recover(verified), gaps, skipped)
         end = self.commitlog.write_offset
         self._record_cut_off(end, [offset for _, offset in indexed_tail])
         for queue in self._queues.values():
             queue.truncate_beyond(end)
             queue.drop_below(self.commitlog.min_offset)
+        if gaps:
+            self._reserve_lost_tails(counts or {}, gaps, skipped)
+        for number, gap in enumerate(gaps):
+            self.scrub.record_gap(gap, "recovery", "recovery", skipped.get(number, ()))
         for (topic, queue_id), (_, had) in rebuilt.items():
             if counts is not None:
                 log.warning(
@@ -248,6 +260,49 @@ class MessageStore:
                     "the commit log, %d entries now", topic, queue_id, had,
                     counts.get(topic, {}).get(str(queue_id), 0), self._queues[(topic, queue_id)].max_offset,
                 )
+
+    def _replay(self, records: Iterable[StoredRecord], gaps: list[Gap], skipped: dict[int, set[Place]]) -> None:
+        """Dispatch the records recovery replays. Once the replay has passed a damaged range
+        (``gaps``), a record whose queue offset lies past its queue's end shows that the
+        offsets in between were records lost there: their places go to ``skipped`` (by the
+        range's number in ``gaps``) before the queue marks them as holes."""
+        for record in records:
+            if gaps:
+                key = (record.topic, record.queue_id)
+                queue = self._queue(*key)
+                if record.queue_offset > queue.max_offset:
+                    self._lost_between(key, range(queue.max_offset, record.queue_offset),
+                                       record.commit_log_offset, gaps, skipped)
+            self._dispatch(record)
+
+    def _reserve_lost_tails(self, counts: dict[str, dict[str, int]], gaps: list[Gap],
+                            skipped: dict[int, set[Place]]) -> None:
+        """A queue that ends short of the checkpoint's count once the replay has passed a
+        damaged range lost its last records there (the checkpoint counted them, the log
+        held them): their places go to ``skipped`` and their offsets are reserved as holes,
+        so that no new record takes the offset of a lost one."""
+        for (topic, queue_id), queue in list(self._queues.items()):
+            count = counts.get(topic, {}).get(str(queue_id), 0)
+            if count > queue.max_offset:
+                self._lost_between((topic, queue_id), range(queue.max_offset, count),
+                                   self.commitlog.write_offset, gaps, skipped)
+                queue.reserve(count)
+
+    def _lost_between(self, key: tuple[str, int], offsets: range, before: int, gaps: list[Gap],
+                      skipped: dict[int, set[Place]]) -> None:
+        """Count the queue offsets ``offsets`` of queue ``key``, whose records lay between the
+        queue's last entry and commit log offset ``before``, to the first damaged range there
+        (none: they were not lost to damage, e.g. holes a repair left)."""
+        queue = self._queues[key]
+        if queue.max_offset > queue.min_offset:
+            after = queue.entry(queue.max_offset - 1)[0]
+        elif queue.max_offset == 0 and self.commitlog.min_offset == 0:
+            after = 0  # the queue's first records were lost
+        else:
+            return  # below the queue's first entry retention may have deleted records: not counted
+        number = next((n for n, gap in enumerate(gaps) if gap.start >= after and gap.end <= before), None)
+        if number is not None:
+            skipped.setdefault(number, set()).update((*key, queue_offset) for queue_offset in offsets)
 
     def _record_cut_off(self, end: int, indexed: list[int]) -> None:
         """Write to the ledger the records past the recovered ``end`` of the log that were

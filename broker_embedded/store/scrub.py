@@ -22,7 +22,8 @@ and verifies each record's CRC, as ``fsck`` does, but in a running broker:
 
 Readers skip a record whose CRC fails (``MessageStore.read_queue``) and report it through
 ``damaged_record``, which records its range the same way if the scrub has not yet; so one
-bad record never blocks the messages behind it.
+bad record never blocks the messages behind it. Recovery records the ranges its replay
+below the checkpoint passes through ``record_gap`` too (``found_by="recovery"``).
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import codec
 from .commitlog import Gap, Segment
-from .losses import Loss
+from .losses import FoundBy, Loss
 from .record import PROPERTY_MESSAGE_ID
 
 if TYPE_CHECKING:
@@ -237,7 +238,7 @@ class Scrub:
                 try:
                     for item in reader.items(0):
                         if isinstance(item, Gap):
-                            found += self._record(item, "the scrub")
+                            found += self.record_gap(item, "the scrub")
                         else:
                             records += 1
                 finally:
@@ -278,7 +279,7 @@ class Scrub:
         except (_Stopped, OSError):
             return  # closing, or the segment is gone: nothing to record
         if isinstance(item, Gap):
-            self._record(item, "a reader")
+            self.record_gap(item, "a reader")
         else:
             log.warning("skipped the record at commit log offset %d (%s), but it reads intact now", offset, problem)
 
@@ -286,9 +287,13 @@ class Scrub:
         return next((segment for segment in list(self.store.commitlog.segments)
                      if segment.base_offset <= offset < segment.end_offset), None)
 
-    def _record(self, gap: Gap, finder: str) -> list[Loss]:
+    def record_gap(self, gap: Gap, finder: str, found_by: FoundBy = "scrub",
+               skipped: Collection[tuple[str, int, int]] = ()) -> list[Loss]:
         """Write the parts of ``gap`` the ledger does not have yet to it, each with the
-        records whose queue entries point into it."""
+        records whose queue entries point into it. ``skipped``: the places (topic, queue id,
+        queue offset) of records lost in ``gap`` that no entry points at (recovery rebuilt
+        their queue past it, leaving holes), counted with the first part not yet recorded.
+        A range in the ledger already is never recorded again, whoever found it first."""
         store = self.store
         recorded: list[Loss] = []
         with self._lock:
@@ -296,22 +301,27 @@ class Scrub:
                 return recorded  # retention deleted it
             for start, end in _uncovered(gap.start, gap.end, store.losses.all()):
                 entries = store.queue_entries_between(start, end)
-                named = [message_id for entry in entries if (message_id := self._salvage_id(entry))]
-                where = ", ".join(f"{topic}/{queue_id}@{queue_offset}"
-                                  for topic, queue_id, queue_offset, _, _ in entries[:20])
-                more = f" and {len(entries) - 20} more" if len(entries) > 20 else ""
+                named = [message_id for topic, queue_id, queue_offset, offset, _ in entries
+                         if (message_id := self._salvage_id(offset, {(topic, queue_id, queue_offset)}))]
+                places = [entry[:3] for entry in entries]
+                places += sorted(set(skipped) - set(places))
+                skipped = ()
+                if len(places) > len(entries) and (message_id := self._salvage_id(start, set(places[len(entries):]))):
+                    named.append(message_id)  # the first lost record's header may have survived
+                where = ", ".join(f"{topic}/{queue_id}@{queue_offset}" for topic, queue_id, queue_offset in places[:20])
+                more = f" and {len(places) - 20} more" if len(places) > 20 else ""
                 recorded.append(store.losses.record(
-                    "scrub", start, end, named, len(entries) - len(named),
+                    found_by, start, end, named, len(places) - len(named),
                     f"found by {finder}: {end - start} bytes {gap.kind} in the commit log at {start}; "
-                    f"{len(entries)} records lost ({where or 'no queue entry points there'}{more})",
+                    f"{len(places)} records lost ({where or 'no queue entry points there'}{more})",
                 ))
-                self.stats.damaged_ranges += 1
+                if found_by == "scrub":
+                    self.stats.damaged_ranges += 1
         return recorded
 
-    def _salvage_id(self, entry: tuple[str, int, int, int, int]) -> str | None:
-        """The message id of a lost record, if what is left of its header still says it
-        (and its topic and queue offset agree with its queue entry)."""
-        topic, queue_id, queue_offset, offset, _ = entry
+    def _salvage_id(self, offset: int, places: set[tuple[str, int, int]]) -> str | None:
+        """The message id of a lost record at ``offset``, if what is left of its header
+        still says it and puts it in one of ``places`` (topic, queue id, queue offset)."""
         segment = self._segment_holding(offset)
         if segment is None:
             return None
@@ -320,7 +330,7 @@ class Scrub:
             head = codec.decode_head(lambda start, length: segment.pread(position + start, length), salvage=True)
         except (codec.RecordError, OSError):
             return None
-        if (head.topic, head.queue_id, head.queue_offset) != (topic, queue_id, queue_offset):
+        if (head.topic, head.queue_id, head.queue_offset) not in places:
             return None
         return head.properties.get(PROPERTY_MESSAGE_ID)
 

@@ -405,18 +405,23 @@ class _Inspection:
         for gap in gaps:
             if gap.kind != "missing":
                 known.setdefault(gap.start, LostMessage(gap.start))
+        uncounted = self._uncounted_positions()
         for offset, message in list(known.items()):
             head = self._salvage(offset)
             if head is not None:
-                known[offset] = LostMessage(offset, message.topic or head.topic, head.queue_id, head.queue_offset,
-                                            head.properties.get(PROPERTY_MESSAGE_ID))
+                # a queue entry's place stands; a damaged header's only where no intact record
+                # is (its queue id may be zeroed, say)
+                place = (message.topic, message.queue_id, message.queue_offset)
+                if message.topic is None and (head.topic, head.queue_id, head.queue_offset) in uncounted:
+                    place = (head.topic, head.queue_id, head.queue_offset)
+                known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
             elif message.topic is None and offset in starts:
                 del known[offset]  # damaged bytes at a gap's start that no entry says held a record
         self._name(known, indexed)
         placed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         unplaced = [m for m in known.values() if m.topic is None]
         counted = [LostMessage(None, topic, queue_id, queue_offset)
-                   for topic, queue_id, queue_offset in self._uncounted_positions() if
+                   for topic, queue_id, queue_offset in uncounted if
                    (topic, queue_id, queue_offset) not in placed]
         # a record below the checkpoint is one of the queue offsets the checkpoint counted
         below = [m for m in unplaced if m.commit_log_offset is not None and m.commit_log_offset < report.checkpoint]

@@ -52,14 +52,19 @@ class Written:
         return {a.message_id for a in self.acknowledged}
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory) -> Written:
-    data = tmp_path_factory.mktemp("written") / "data"
-    acknowledged = load_until_killed(data, 0, phases=(150, 100), **CONFIG)
-    assert len(acknowledged) == 600
+def written_and_killed(data: Path, phases: tuple[int, int], **config: Any) -> Written:
+    """What a writer acknowledged in ``data`` (``phases``: per writer, checkpoint after) before
+    its SIGKILL when idle."""
+    acknowledged = load_until_killed(data, 0, phases=phases, **config)
+    assert len(acknowledged) == 4 * phases[0]
     acknowledged.sort(key=lambda a: a.commit_log_offset)
     last = segments(data)[-1]
     return Written(data, acknowledged, int(read_checkpoint(data)["verified"]), int(last.name) + last.stat().st_size)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Written:
+    return written_and_killed(tmp_path_factory.mktemp("written") / "data", (150, 100), **CONFIG)
 
 
 def copy_of(written: Written, target: Path) -> Written:
