@@ -229,11 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a dozen lines of no news
+    handled: tuple[type[Exception], ...] = (OutboxError, BrokerError, SpecImportError, *_database_errors())
     try:
         settings = OutboxSettings.from_env()
         commands = {"consume": consume, "check": check, "migrate": migrate, "purge": purge}
         return commands[args.command](args, settings)
-    except (OutboxError, BrokerError, SpecImportError, *_database_errors()) as exc:
+    except handled as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # SQLAlchemy's add SQL, a link
         print(f"outbox {args.command}: {reason}", file=sys.stderr)
         return 2
