@@ -1,16 +1,17 @@
 """``python -m broker_embedded`` (or ``halfmoon-broker``): run the server and administer it.
 
     serve   --data-dir DIR [--host 127.0.0.1] [--port 9876] [--flush sync|async]
+            [--scrub-rate 16] [--scrub-interval 86400]
             [--checker module:factory] [--access-key K --secret-key S] [--export-root DIR]
             [--max-connections 1024] [--idle-timeout 300] [--http-port P [--http-host 127.0.0.1]
             [--metrics-token T] [--http-trusted-proxy ADDR] [--http-insecure]]
             [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT[,HOST:PORT...]]
              [--grpc-tls-cert PEM --grpc-tls-key PEM] [--grpc-client-utc-offsets +HH:MM[,...]]]
     topics  create NAME [--queues N] | list
-    stats
+    stats   [--json]
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
-    receive GROUP TOPIC [--max N] [--wait S] [--no-ack]
-    query   --id ID | --topic T --key K
+    receive GROUP TOPIC [--batch-size N] [--wait S] [--no-ack]
+    query   (--id ID | --topic T --key K) [--json]
     tx      state ID
     parked  list | resolve ID [--wait S] | resolve ID commit|rollback --force | recheck ID
     dlq     list GROUP | resend GROUP ID
@@ -25,8 +26,10 @@ the fenced transaction_log decides) and applies its answer; when no checker answ
 says so and changes nothing. ``--force`` records the given resolution without reading the
 transaction_log, with a warning.
 
-Admin commands talk to a running server (``--url tcp://127.0.0.1:9876``, or the
+Admin commands talk to a running server (``--broker-url tcp://127.0.0.1:9876``, or the
 ``HALFMOON_BROKER_URL`` environment variable) or open a stopped broker's ``--data-dir``.
+``stats`` and ``query`` print a table, or JSON with ``--json``; the other commands print JSON.
+Former spellings still work, unlisted: ``--url`` (``--broker-url``), ``--max`` (``--batch-size``).
 """
 
 from __future__ import annotations
@@ -40,16 +43,26 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .api import FORCE_WARNINGS, BrokerAPI
+from .api import FORCE_WARNINGS, BrokerAPI, BrokerStats
 from .broker import EmbeddedBroker
-from .cli_tools import load_attribute, quiet_on_broken_pipe
+from .cli_tools import (
+    CommandParser,
+    hidden_alias,
+    load_attribute,
+    non_negative_float,
+    port_number,
+    positive_int,
+    quiet_on_broken_pipe,
+    table,
+)
 from .config import BrokerConfig, ServerLimits
 from .errors import BrokerError, UnknownTopicError, UnknownTransactionError
-from .message import Message, Resolution
+from .message import Message, Resolution, StoredMessage
 from .readiness import Readiness
 from .server import BrokerServer, run_server
 from .store.config import StoreConfig
@@ -72,6 +85,8 @@ EXIT_STATUS = """exit status:
 """
 EXIT_NOT_FOUND = 1
 EXIT_ERROR = 2
+#: A message body longer than this is cut in ``query``'s table (``--json`` prints it whole).
+TABLE_BODY_CHARS = 60
 
 
 class NotFoundError(LookupError):
@@ -111,7 +126,8 @@ def _http_port(args: argparse.Namespace, readiness: Readiness) -> HttpPort:
                     metrics_access=MetricsAccess(args.metrics_token, sessions), trusted_proxy=args.http_trusted_proxy,
                     health=readiness.degraded)
     port.start()
-    print(f"halfmoon-broker: HTTP port on {port.url} (/metrics, /healthz, /readyz)", flush=True)
+    print(f"halfmoon-broker: HTTP port on {port.url} (the console at {port.url}/, /metrics, /healthz, /readyz)",
+          flush=True)
     return port
 
 
@@ -225,10 +241,15 @@ def _broker(args: argparse.Namespace) -> BrokerAPI:
         return EmbeddedBroker(args.data_dir)
     from .client import BrokerClient
 
-    return BrokerClient(args.url, access_key=args.access_key, secret_key=args.secret_key)
+    return BrokerClient(args.broker_url, access_key=args.access_key, secret_key=args.secret_key)
 
 
-def _print(value: Any) -> None:
+def _print(value: Any, as_json: bool = True, as_table: Callable[[Any], str] | None = None) -> None:
+    """``value`` as JSON, or through ``as_table`` when given and ``as_json`` is False."""
+    if as_table is not None and not as_json:
+        print(as_table(value))
+        return
+
     def plain(v: Any) -> Any:
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             return {k: plain(x) for k, x in dataclasses.asdict(v).items()}
@@ -245,6 +266,40 @@ def _print(value: Any) -> None:
     print(json.dumps(plain(value), indent=2, default=str))
 
 
+def stats_table(stats: BrokerStats) -> str:
+    """``stats`` for a person: topics and their depths, the transaction counts, lag per
+    consumer group, dead letters and producer groups without a checker."""
+    parts = [table(["topic", "queues", "messages", "per queue"],
+                   [(t.name, t.queues, sum(t.depth), " ".join(map(str, t.depth))) for t in stats.topics]),
+             table(["transactions", "count"], [("pending half messages", stats.pending_half), ("parked", stats.parked),
+                                               ("checks outstanding", stats.outstanding_checks)])]
+    lag = [(group, topic, n) for group, topics in stats.consumer_lag.items() for topic, n in topics.items()]
+    if lag:
+        parts.append(table(["consumer group", "topic", "lag"], lag))
+    if stats.dlq_depth:
+        parts.append(table(["consumer group", "dead letters"], stats.dlq_depth.items()))
+    if stats.unanswered_check_groups:
+        parts.append(table(["producer group no checker answers", "for (s)"], stats.unanswered_check_groups.items()))
+    if stats.extra:
+        parts.append(table(["other", "value"], stats.extra.items()))
+    return "\n\n".join(parts)
+
+
+def messages_table(found: StoredMessage | list[StoredMessage]) -> str:
+    """Messages found by ``query``, one a line, the body cut at ``TABLE_BODY_CHARS``."""
+    def body(data: bytes) -> str:
+        text = bytes(data).decode("utf-8", "replace")
+        return text if len(text) <= TABLE_BODY_CHARS else text[:TABLE_BODY_CHARS - 3] + "..."
+
+    def stored(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+    return table(["message id", "topic", "queue:offset", "stored at (UTC)", "keys", "tag", "transaction", "body"],
+                 [(s.message.message_id, s.message.topic, f"{s.queue_id}:{s.queue_offset}",
+                   stored(s.store_timestamp_ms), ",".join(s.message.keys), s.message.tag, s.transaction_id or "",
+                   body(s.message.body)) for s in (found if isinstance(found, list) else [found])])
+
+
 def admin(args: argparse.Namespace) -> int:
     broker = _broker(args)
     try:
@@ -252,13 +307,13 @@ def admin(args: argparse.Namespace) -> int:
         if command == "topics":
             _print(broker.create_topic(args.name, args.queues) if args.action == "create" else broker.list_topics())
         elif command == "stats":
-            _print(broker.stats())
+            _print(broker.stats(), args.json, stats_table)
         elif command == "send":
             message = Message(args.topic, args.body.encode(), keys=tuple(args.key), tag=args.tag,
                               delay_level=args.delay_level)
             _print(broker.send(message))
         elif command == "receive":
-            received = broker.receive(args.group, args.topic, max_messages=args.max, wait_s=args.wait)
+            received = broker.receive(args.group, args.topic, max_messages=args.batch_size, wait_s=args.wait)
             for item in received:
                 if not args.no_ack:
                     broker.ack(args.group, item.receipt_handle)
@@ -268,7 +323,7 @@ def admin(args: argparse.Namespace) -> int:
             if not found:
                 raise NotFoundError(f"no message with id {args.id!r}" if args.id
                                     else f"no message with key {args.key!r} in topic {args.topic!r}")
-            _print(found)
+            _print(found, args.json, messages_table)
         elif command == "tx":
             _print(broker.transaction_state(args.id))
         elif command == "parked":
@@ -319,30 +374,34 @@ def store_tool(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="halfmoon-broker", description="halfmoon's embedded broker",
-                                     epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="halfmoon-broker", description="halfmoon's embedded broker", epilog=EXIT_STATUS)
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the broker as a TCP server")
-    s.add_argument("--data-dir", required=True)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=9876)
-    s.add_argument("--flush", choices=["sync", "async"], default="sync")
-    s.add_argument("--segment-size", type=int, default=StoreConfig.segment_size)
-    s.add_argument("--scrub-rate", type=float, default=StoreConfig.scrub_bytes_per_s / 2**20, metavar="MIB_PER_S",
-                   help="how fast the background scrub re-reads the commit log to find damaged records "
-                   "(MiB/s; 0: no scrub)")
-    s.add_argument("--scrub-interval", type=float, default=StoreConfig.scrub_interval_s, metavar="SECONDS",
-                   help="time between the end of one scrub pass and the next (the first starts at open)")
-    s.add_argument("--transaction-timeout", type=float, default=6.0)
-    s.add_argument("--check-interval", type=float, default=5.0)
-    s.add_argument("--check-max", type=int, default=15)
+    s.add_argument("--data-dir", required=True, help="the broker's folder (created if missing; one broker at a time)")
+    s.add_argument("--host", default="127.0.0.1", help="the native TCP port's address")
+    s.add_argument("--port", type=port_number, default=9876, help="the native TCP port (0: a free one)")
+    s.add_argument("--flush", choices=["sync", "async"], default="sync",
+                   help="sync: a send is acknowledged after fsync; async: fsync every 200 ms")
+    s.add_argument("--segment-size", type=positive_int, default=StoreConfig.segment_size,
+                   help="bytes per commit log segment file")
+    s.add_argument("--scrub-rate", type=non_negative_float, default=StoreConfig.scrub_bytes_per_s / 2**20,
+                   metavar="MIB_PER_S", help="how fast the background scrub re-reads the commit log to find "
+                   "damaged records (MiB/s; 0: no scrub)")
+    s.add_argument("--scrub-interval", type=non_negative_float, default=StoreConfig.scrub_interval_s,
+                   metavar="SECONDS", help="seconds between the end of one scrub pass and the next (the first "
+                   "starts at open)")
+    s.add_argument("--transaction-timeout", type=non_negative_float, default=6.0,
+                   help="seconds before an unresolved half message is first checked back")
+    s.add_argument("--check-interval", type=non_negative_float, default=5.0, help="seconds between check-backs")
+    s.add_argument("--check-max", type=positive_int, default=15, help="check-backs before a transaction is parked")
     s.add_argument("--export-root", help="the only directory EXPORT_MESSAGES may write under "
                    "(default: DATA_DIR/exports)")
-    s.add_argument("--max-connections", type=int, default=ServerLimits.max_connections)
-    s.add_argument("--idle-timeout", type=float, default=ServerLimits.idle_timeout_s,
+    s.add_argument("--max-connections", type=positive_int, default=ServerLimits.max_connections,
+                   help="TCP connections served at once; more wait")
+    s.add_argument("--idle-timeout", type=non_negative_float, default=ServerLimits.idle_timeout_s,
                    help="close a connection with nothing in flight after this many seconds without a request")
-    s.add_argument("--http-port", type=int, help="also serve HTTP on this port (0: a free one): /metrics "
+    s.add_argument("--http-port", type=port_number, help="also serve HTTP on this port (0: a free one): /metrics "
                    "(Prometheus), /healthz, /readyz and the console at /; none unless given")
     s.add_argument("--http-host", default="127.0.0.1", help="the HTTP port's address (default: 127.0.0.1 "
                    "whatever --host is; without keys a non-loopback one needs --http-insecure)")
@@ -353,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "X-Forwarded-For and X-Forwarded-Proto are believed (client address, https)")
     s.add_argument("--http-insecure", action="store_true", help="allow a non-loopback --http-host without "
                    "keys: anyone who reaches it reads message bodies in the console")
-    s.add_argument("--grpc-port", type=int, help="also serve RocketMQ 5's gRPC protocol (the official clients) "
+    s.add_argument("--grpc-port", type=port_number, help="also serve RocketMQ 5's gRPC protocol (the official clients) "
                    "on this port (0: a free one); none unless given")
     s.add_argument("--grpc-host", help="the gRPC port's address (default: --host)")
     s.add_argument("--grpc-advertise", metavar="HOST:PORT[,HOST:PORT...]", help="the gRPC address routes give "
@@ -364,73 +423,84 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-client-utc-offsets", metavar="+HH:MM[,...]", help="the time zones the gRPC clients "
                    "run in (they sign their local time): a signature is then good only within 5 minutes of when "
                    "it was made (default: every zone in use, see docs/rocketmq.md)")
-    s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker")
-    s.add_argument("--access-key")
-    s.add_argument("--secret-key")
-    s.add_argument("--log-level", default="INFO")
+    s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker "
+                   "(e.g. outbox.integrations.celery.checker:make_checker); none: connected producers only")
+    s.add_argument("--access-key", help="clients must sign with this key pair (docs/security.md); none: no keys")
+    s.add_argument("--secret-key", help="the secret of --access-key")
+    s.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="the least level logged on stderr")
 
     def client_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--url", default=os.environ.get("HALFMOON_BROKER_URL", "tcp://127.0.0.1:9876"))
-        p.add_argument("--data-dir", help="open a stopped broker's directory instead of --url")
-        p.add_argument("--access-key", default=os.environ.get("HALFMOON_ACCESS_KEY"))
-        p.add_argument("--secret-key", default=os.environ.get("HALFMOON_SECRET_KEY"))
+        p.add_argument("--broker-url", default=os.environ.get("HALFMOON_BROKER_URL", "tcp://127.0.0.1:9876"),
+                       help="the running broker ($HALFMOON_BROKER_URL if set)")
+        hidden_alias(p, "--url", "broker_url")
+        p.add_argument("--data-dir", help="open a stopped broker's folder instead of --broker-url")
+        p.add_argument("--access-key", default=os.environ.get("HALFMOON_ACCESS_KEY"),
+                       help="sign in with this key pair (default: $HALFMOON_ACCESS_KEY; none: no keys)")
+        p.add_argument("--secret-key", default=os.environ.get("HALFMOON_SECRET_KEY"),
+                       help="the secret of --access-key (default: $HALFMOON_SECRET_KEY)")
 
     t = sub.add_parser("topics", help="create or list topics")
-    t.add_argument("action", choices=["create", "list"])
-    t.add_argument("name", nargs="?")
-    t.add_argument("--queues", type=int, default=4)
+    t.add_argument("action", choices=["create", "list"], help="create a topic, or list them")
+    t.add_argument("name", nargs="?", help="the topic to create")
+    t.add_argument("--queues", type=positive_int, default=4, help="queues of a new topic")
     client_options(t)
-    client_options(sub.add_parser("stats", help="depths, pending half messages, parked, DLQ"))
+    st = sub.add_parser("stats", help="depths, pending half messages, parked, DLQ")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    client_options(st)
     m = sub.add_parser("send", help="send one message")
-    m.add_argument("topic")
-    m.add_argument("body")
-    m.add_argument("--key", action="append", default=[])
-    m.add_argument("--tag", default="")
-    m.add_argument("--delay-level", type=int, default=0)
+    m.add_argument("topic", help="the topic to send to")
+    m.add_argument("body", help="the message body (UTF-8 text)")
+    m.add_argument("--key", action="append", default=[], help="a key to find the message by (repeatable)")
+    m.add_argument("--tag", default="", help="the message's tag (default: none)")
+    m.add_argument("--delay-level", type=int, default=0, help="RocketMQ delay level 1-18 (1 s to 2 h); 0: none")
     client_options(m)
     r = sub.add_parser("receive", help="receive (and ack) messages for a group")
-    r.add_argument("group")
-    r.add_argument("topic")
-    r.add_argument("--max", type=int, default=16)
-    r.add_argument("--wait", type=float, default=0.0)
-    r.add_argument("--no-ack", action="store_true")
+    r.add_argument("group", help="the consumer group")
+    r.add_argument("topic", help="the topic")
+    r.add_argument("--batch-size", type=positive_int, default=16, help="messages received at most")
+    hidden_alias(r, "--max", "batch_size", type=positive_int)
+    r.add_argument("--wait", type=non_negative_float, default=0.0, help="seconds to wait for a first message")
+    r.add_argument("--no-ack", action="store_true", help="leave them unacknowledged (they come back later)")
     client_options(r)
     q = sub.add_parser("query", help="find messages by id or key")
-    q.add_argument("--id")
-    q.add_argument("--topic")
-    q.add_argument("--key")
+    q.add_argument("--id", help="the message id")
+    q.add_argument("--topic", help="the topic of --key")
+    q.add_argument("--key", help="a key the messages carry")
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     client_options(q)
     x = sub.add_parser("tx", help="a transaction's state")
-    x.add_argument("action", choices=["state"])
-    x.add_argument("id")
+    x.add_argument("action", choices=["state"], help="what to show")
+    x.add_argument("id", help="the transaction id")
     client_options(x)
     p = sub.add_parser("parked", help="transactions parked after check_max checks")
-    p.add_argument("action", choices=["list", "resolve", "recheck"])
-    p.add_argument("id", nargs="?")
+    p.add_argument("action", choices=["list", "resolve", "recheck"],
+                   help="list them; resolve one by its checker (or --force); recheck: check it again")
+    p.add_argument("id", nargs="?", help="the transaction id (resolve, recheck)")
     p.add_argument("resolution", nargs="?", choices=["commit", "rollback"],
                    help="with --force: record this resolution without a check-back")
     p.add_argument("--force", action="store_true",
                    help="skip the check-back and its transaction_log (may deliver a phantom)")
     p.add_argument("--wait", type=float, default=10.0,
-                   help="seconds to wait for the checker's answer (default 10)")
+                   help="seconds to wait for the checker's answer")
     client_options(p)
     d = sub.add_parser("dlq", help="dead-lettered messages of a group")
-    d.add_argument("action", choices=["list", "resend"])
-    d.add_argument("group")
-    d.add_argument("id", nargs="?")
+    d.add_argument("action", choices=["list", "resend"], help="list the dead letters, or resend one")
+    d.add_argument("group", help="the consumer group")
+    d.add_argument("id", nargs="?", help="the message id to resend")
     client_options(d)
     e = sub.add_parser("export", help="export messages and deliveries for reconciliation")
     e.add_argument("--out", required=True, help="with --url: relative to the server's export root, "
                    "or an absolute path inside it")
-    e.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
+    e.add_argument("--format", choices=["parquet", "jsonl"], default="parquet", help="the files' format")
     client_options(e)
     for name, text in (("fsck", "check a stopped broker's data directory (read only)"),
                        ("repair", "salvage a damaged data directory of a stopped broker")):
         f = sub.add_parser(name, help=text)
-        f.add_argument("--data-dir", required=True)
+        f.add_argument("--data-dir", required=True, help="the stopped broker's folder")
         f.add_argument("--json", action="store_true", help="print the report as JSON")
     ledger = sub.add_parser("losses", help="the records recovery, repair or the scrub found destroyed")
-    ledger.add_argument("--data-dir", required=True)
+    ledger.add_argument("--data-dir", required=True, help="the stopped broker's folder")
     ledger.add_argument("--acknowledge", nargs="*", type=int, metavar="ID",
                         help="mark these losses (all open ones without IDs) as dealt with")
     ledger.add_argument("--json", action="store_true", help="print the ledger as JSON")

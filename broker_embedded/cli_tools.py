@@ -1,21 +1,106 @@
-"""What the ``halfmoon-broker`` and ``outbox`` commands share: loading a ``module:attribute``
-option the way ``gunicorn`` and ``celery -A`` do, and ending quietly when the reader of
-their output goes away (``halfmoon-broker stats | head``)."""
+"""What the ``halfmoon-broker`` and ``outbox`` commands share: their argument parser (every
+option's default in its help, ``--version``, a one-line usage error), checked number and
+port options, loading a ``module:attribute`` option the way ``gunicorn`` and ``celery -A``
+do, and ending quietly when the reader of their output goes away
+(``halfmoon-broker stats | head``)."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib
+import importlib.metadata
 import os
 import sys
-from collections.abc import Callable
-from typing import ParamSpec
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn, ParamSpec
 
 #: The exit status of a command whose output pipe closed: 128 + SIGPIPE, what a shell
 #: reports for ``yes | head`` (so ``set -o pipefail`` sees the output was cut short).
 BROKEN_PIPE_EXIT = 141
 
 P = ParamSpec("P")
+#: argparse's exit status for a usage error.
+USAGE_EXIT = 2
+
+
+def version() -> str:
+    """The installed halfmoon's version."""
+    try:
+        return importlib.metadata.version("halfmoon")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; each option's default after its help, unless
+    the help already says it or the option has none (``None``, a flag's ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or "default" in text or default is None or default is False
+                or default is argparse.SUPPRESS or default == []):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The commands' parser: ``HelpFormatter``, ``--version`` on every (sub)command, and a
+    usage error in one line on stderr with exit status 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.add_argument("--version", action="version", version=f"halfmoon {version()}",
+                          help="print halfmoon's version and exit")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """``rows`` under ``headers`` in columns padded to their widest cell."""
+    cells = [[str(cell) for cell in row] for row in [headers, *rows]]
+    widths = [max(len(row[n]) for row in cells) for n in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def hidden_alias(parser: argparse.ArgumentParser, old: str, dest: str, **kwargs: Any) -> None:
+    """Accept ``old``, an option's former spelling, for ``dest`` without showing it in --help."""
+    parser.add_argument(old, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (a free one) to 65535."""
+    port = _number(text, int, "a port number")
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
+    return port
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number > 0."""
+    value = _number(text, int, "a whole number > 0")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number > 0")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a number >= 0."""
+    value = _number(text, float, "a number >= 0")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
+    return value
+
+
+def _number(text: str, kind: Callable[[str], Any], what: str) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
 
 
 class SpecImportError(ValueError):

@@ -205,7 +205,7 @@ class HttpPort:
             ident="halfmoon-broker", **proxy)
         self._thread = threading.Thread(target=self._server.run, name="broker-http", daemon=True)
         self._thread.start()
-        log.info("HTTP port listening on %s (/metrics, /healthz, /readyz)", self.url)
+        log.debug("HTTP port listening on %s (/metrics, /healthz, /readyz)", self.url)  # serve prints it
 
     def stop(self) -> None:
         """Stop serving: close the socket and every connection (idempotent); requests being

@@ -1,6 +1,7 @@
-"""The ``outbox`` command.
+"""The ``outbox`` command (also ``python -m outbox``).
 
     outbox consume --group G --topic T --handler module:function [--database-url URL] [--broker-url URL]
+                   [--batch-size N]
     outbox check TRANSACTION_ID --group G [--database-url URL] [--broker-url URL] [--send]
     outbox migrate [--database-url URL]
     outbox purge [--database-url URL ...] [--broker-url URL] [--table T ...] [--dry-run] ...
@@ -10,36 +11,55 @@
 idempotent for ``--group`` against ``--database-url``, or a handler already wrapped by
 ``@idempotent_consumer`` (used as it is); it is imported from the current directory too,
 as ``gunicorn`` and ``celery -A`` do. Settings default to the ``OUTBOX_*`` environment
-variables.
+variables (``outbox.settings``); with neither ``--database-url`` nor ``OUTBOX_DATABASE_URL``,
+``migrate`` says which default database it creates. ``consume --batch`` is the former
+spelling of ``--batch-size``, still accepted.
 
 ``purge`` deletes what retention allows (docs/retention.md) from every database of the
 settings (``OUTBOX_DATABASE_URL`` and ``OUTBOX_GROUP_DATABASES``) unless ``--database-url``
 names them; it prints its progress and a report per database.
 
-Exit status: 0 done; 1 ``purge`` left transaction_log alone because the broker could not
-say which transactions are open (consumed_message was purged); 2 a usage, configuration,
-outbox or broker error, said in one line on stderr (``outbox consume: cannot import
-handler 'x:y': No module named 'x'``); 141 the output pipe closed early (``outbox check
-... | head``).
+The exit statuses are in ``EXIT_STATUS``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from collections.abc import Sequence
 
 from broker_embedded import BrokerAPI, Resolution, connect
-from broker_embedded.cli_tools import SpecImportError, load_attribute, quiet_on_broken_pipe
+from broker_embedded.cli_tools import (
+    CommandParser,
+    SpecImportError,
+    hidden_alias,
+    load_attribute,
+    positive_int,
+    quiet_on_broken_pipe,
+)
 from broker_embedded.errors import BrokerError
 
 from .consumer import Handler, run_consumer, stop_on_signals
 from .errors import ConfigurationError, OutboxError
 from .idempotency import GROUP_ATTRIBUTE
 from .purge_command import add_purge_arguments, progress_printer, purge_options
-from .settings import OutboxSettings
+from .settings import OutboxSettings, data_home
+
+#: The exit statuses, as --help shows them.
+EXIT_STATUS = """exit status:
+  0    done
+  1    purge left transaction_log alone: the broker could not say which transactions are open
+       (consumed_message was purged)
+  2    usage, configuration, database, outbox or broker error, in one line on stderr
+       (outbox consume: cannot import handler 'x:y': No module named 'x')
+  141  the output pipe closed early (outbox check ... | head)
+
+settings not given as options come from the environment: HALFMOON_BROKER_URL,
+OUTBOX_DATABASE_URL, OUTBOX_GROUP_DATABASES, ... (README, Configuration)
+"""
 
 
 def _consumer_handler(args: argparse.Namespace, settings: OutboxSettings) -> Handler:
@@ -66,7 +86,7 @@ def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
     stop_on_signals(stop)
     broker = connect(args.broker_url or settings.broker_url)
     try:
-        run_consumer(broker, args.group, args.topic, handler, stop, batch_size=args.batch, wait_s=1.0)
+        run_consumer(broker, args.group, args.topic, handler, stop, batch_size=args.batch_size, wait_s=1.0)
     finally:
         broker.close()
     return 0
@@ -92,8 +112,45 @@ def check(args: argparse.Namespace, settings: OutboxSettings) -> int:
 def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
     from .integrations.alembic import upgrade
 
-    upgrade(args.database_url or settings.database_url)
+    url = args.database_url or settings.database_url
+    if not args.database_url and not os.environ.get("OUTBOX_DATABASE_URL"):
+        print(f"outbox migrate: neither --database-url nor OUTBOX_DATABASE_URL given: migrating the default {url}",
+              file=sys.stderr, flush=True)
+        data_home().mkdir(parents=True, exist_ok=True)
+    upgrade(url)
+    print(f"outbox migrate: the framework tables of {_shown(url)} are up to date")
     return 0
+
+
+def _shown(url: str) -> str:
+    """``url`` with its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    return str(make_url(url).render_as_string(hide_password=True))
+
+
+def database_url(text: str) -> str:
+    """An argparse type: a SQLAlchemy URL whose dialect is known (not checked when
+    SQLAlchemy is not installed: the command then says which extra it needs)."""
+    try:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+    except ModuleNotFoundError:
+        return text
+    try:
+        make_url(text).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a database URL (dialect+driver://...): {exc}") from None
+    return text
+
+
+def _database_errors() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's errors, when it is installed: a database that cannot be used."""
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+    except ModuleNotFoundError:
+        return ()
+    return (SQLAlchemyError,)
 
 
 def purge(args: argparse.Namespace, settings: OutboxSettings) -> int:
@@ -121,6 +178,45 @@ def purge(args: argparse.Namespace, settings: OutboxSettings) -> int:
 _SQLALCHEMY_MODULES = frozenset({"sqlalchemy", "alembic"})
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The ``outbox`` command's parser (``reconcile`` has its own, in ``outbox.reconcile.cli``)."""
+    parser = CommandParser(prog="outbox", description="halfmoon's transactional outbox", epilog=EXIT_STATUS)
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("consume", help="run an idempotent consumer")
+    c.add_argument("--group", required=True, help="the consumer group")
+    c.add_argument("--topic", required=True, help="the topic to consume")
+    c.add_argument("--handler", required=True,
+                   help="module:function taking (session, received), or an @idempotent_consumer handler")
+    c.add_argument("--database-url", type=database_url, help="where outbox_consumed_message and the handler's "
+                   "writes live (default: $OUTBOX_DATABASE_URL)")
+    _broker_url_option(c)
+    c.add_argument("--batch-size", type=positive_int, default=16, help="messages received per request")
+    hidden_alias(c, "--batch", "batch_size", type=positive_int)
+    k = sub.add_parser("check", help="answer one check-back by the fencing rule")
+    k.add_argument("transaction_id", help="the transaction to check")
+    k.add_argument("--group", required=True, help="its producer group")
+    k.add_argument("--database-url", type=database_url, help="the group's database with outbox_transaction_log "
+                   "(default: the group's in $OUTBOX_GROUP_DATABASES, else $OUTBOX_DATABASE_URL)")
+    _broker_url_option(k)
+    k.add_argument("--send", action="store_true", help="also send the answer to the broker")
+    m = sub.add_parser("migrate", help="create or upgrade the framework tables (Alembic)")
+    m.add_argument("--database-url", type=database_url, help="the database (default: $OUTBOX_DATABASE_URL, "
+                   "else SQLite in $XDG_DATA_HOME/halfmoon or ~/.local/share/halfmoon, said on stderr)")
+    p = sub.add_parser("purge", help="delete what retention allows from the framework tables (docs/retention.md)")
+    p.add_argument("--database-url", action="append", type=database_url,
+                   help="a database to purge (repeatable; default: every database of the settings)")
+    _broker_url_option(p, "the broker to ask which transactions are open")
+    p.add_argument("--group", action="append", help="only this producer group's transaction_log rows "
+                   "(repeatable; default: every group)")
+    add_purge_arguments(p)
+    sub.add_parser("reconcile", help="the PySpark reconciliation report (outbox reconcile --help)", add_help=False)
+    return parser
+
+
+def _broker_url_option(parser: argparse.ArgumentParser, text: str = "the broker") -> None:
+    parser.add_argument("--broker-url", help=f"{text} (default: $HALFMOON_BROKER_URL, else tcp://127.0.0.1:9876)")
+
+
 @quiet_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; 0 done, 2 an error said in one line on stderr (see the module docstring)."""
@@ -129,41 +225,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .reconcile.cli import main as reconcile_main
 
         return int(reconcile_main(argv[1:]))
-    parser = argparse.ArgumentParser(prog="outbox", description="halfmoon's transactional outbox",
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("consume", help="run an idempotent consumer")
-    c.add_argument("--group", required=True)
-    c.add_argument("--topic", required=True)
-    c.add_argument("--handler", required=True,
-                   help="module:function taking (session, received), or an @idempotent_consumer handler")
-    c.add_argument("--database-url", help="where outbox_consumed_message and the handler's writes live")
-    c.add_argument("--broker-url")
-    c.add_argument("--batch", type=int, default=16)
-    k = sub.add_parser("check", help="answer one check-back by the fencing rule")
-    k.add_argument("transaction_id")
-    k.add_argument("--group", required=True)
-    k.add_argument("--database-url")
-    k.add_argument("--broker-url")
-    k.add_argument("--send", action="store_true", help="also send the answer to the broker")
-    m = sub.add_parser("migrate", help="create or upgrade the framework tables (Alembic)")
-    m.add_argument("--database-url")
-    p = sub.add_parser("purge", help="delete what retention allows from the framework tables (docs/retention.md)")
-    p.add_argument("--database-url", action="append",
-                   help="a database to purge (repeatable; default: every database of the settings)")
-    p.add_argument("--broker-url", help="the broker to ask which transactions are open")
-    p.add_argument("--group", action="append", help="only this producer group's transaction_log rows (repeatable)")
-    add_purge_arguments(p)
-    sub.add_parser("reconcile", help="the PySpark reconciliation report")
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a dozen lines of no news
+    handled: tuple[type[Exception], ...] = (OutboxError, BrokerError, SpecImportError, *_database_errors())
     try:
         settings = OutboxSettings.from_env()
         commands = {"consume": consume, "check": check, "migrate": migrate, "purge": purge}
         return commands[args.command](args, settings)
-    except (OutboxError, BrokerError, SpecImportError) as exc:
-        print(f"outbox {args.command}: {exc}", file=sys.stderr)
+    except handled as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # SQLAlchemy's add SQL, a link
+        print(f"outbox {args.command}: {reason}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         if exc.name not in _SQLALCHEMY_MODULES:

@@ -4,10 +4,10 @@
 | --- | --- | --- |
 | ``HALFMOON_BROKER_URL`` | ``tcp://127.0.0.1:9876`` | the broker (``tcp://``, ``rocketmq5://`` or ``embedded://``) |
 | ``OUTBOX_BROKER_URL`` | | older name of ``HALFMOON_BROKER_URL`` (an error if both differ) |
-| ``OUTBOX_DATABASE_URL`` | ``sqlite:///outbox.sqlite3`` | the database with transaction_log |
+| ``OUTBOX_DATABASE_URL`` | ``sqlite:///DATA_HOME/outbox.sqlite3`` | the database with transaction_log |
 | ``OUTBOX_GROUP_DATABASES`` | ``{}`` | JSON map producer group -> database URL, for the checker |
 | ``OUTBOX_CELERY_BROKER_URL`` | ``filesystem://`` | Celery transport (``redis://...`` in production) |
-| ``OUTBOX_CELERY_DATA_DIR`` | ``.halfmoon/celery`` | folder of the server-less filesystem transport |
+| ``OUTBOX_CELERY_DATA_DIR`` | ``DATA_HOME/celery`` | folder of the server-less filesystem transport |
 | ``OUTBOX_CHECK_LOCK_TIMEOUT_MS`` | ``2000`` | how long a check waits on a running transaction |
 | ``OUTBOX_CHECK_CONNECT_TIMEOUT_S`` | ``5`` | a check's PostgreSQL connection attempt gives up after this |
 | ``OUTBOX_CHECK_STATEMENT_TIMEOUT_MS`` | ``5000`` | each statement of a check (PostgreSQL) gives up after this |
@@ -16,6 +16,11 @@
 | ``OUTBOX_BROKER_CHECK_MAX`` | ``15`` | the broker's ``--check-max`` (retention's horizon) |
 | ``OUTBOX_RETENTION_MARGIN_S`` | ``604800`` | transaction_log rows are kept this long past the broker's horizon |
 | ``OUTBOX_DEDUP_WINDOW_S`` | ``604800`` | consumed_message rows are kept this long (docs/retention.md) |
+
+``DATA_HOME`` is ``$XDG_DATA_HOME/halfmoon``, or ``~/.local/share/halfmoon`` (``data_home()``):
+one folder per user, whatever the working directory, so a producer, a broker's Celery checker
+and a Celery worker of one user started from different folders meet in the same queue and
+database. A bad value is a ``ConfigurationError`` that names its variable.
 """
 
 from __future__ import annotations
@@ -75,6 +80,26 @@ def broker_url_from_env(env: Mapping[str, str] | None = None) -> str | None:
     return validated_broker_url(url, name)
 
 
+def data_home(env: Mapping[str, str] | None = None) -> Path:
+    """The per-user folder of the defaults: ``$XDG_DATA_HOME/halfmoon`` (when absolute, as
+    the XDG spec asks), else ``~/.local/share/halfmoon``; never the working directory."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "halfmoon"
+
+
+def default_database_url(env: Mapping[str, str] | None = None) -> str:
+    """``OUTBOX_DATABASE_URL``'s default: SQLite in ``data_home()``."""
+    return f"sqlite:///{data_home(env) / 'outbox.sqlite3'}"
+
+
+#: Number settings: field, environment variable, type, and whether 0 is allowed.
+CHECK_VARIABLES: tuple[tuple[str, str, type, bool], ...] = (
+    ("check_lock_timeout_ms", "OUTBOX_CHECK_LOCK_TIMEOUT_MS", int, True),
+    ("check_connect_timeout_s", "OUTBOX_CHECK_CONNECT_TIMEOUT_S", int, False),
+    ("check_statement_timeout_ms", "OUTBOX_CHECK_STATEMENT_TIMEOUT_MS", int, False),
+)
 #: ``RetentionPolicy`` fields, their environment variables and types.
 RETENTION_VARIABLES: tuple[tuple[str, str, type], ...] = (
     ("transaction_timeout_s", "OUTBOX_BROKER_TRANSACTION_TIMEOUT_S", float),
@@ -85,15 +110,44 @@ RETENTION_VARIABLES: tuple[tuple[str, str, type], ...] = (
 )
 
 
+def _number(env: Mapping[str, str], variable: str, kind: type, default: float, zero_ok: bool = True) -> float:
+    """``variable``'s value as ``kind`` (``default`` when unset); ``ConfigurationError``
+    naming the variable for anything but a number >= 0 (> 0 unless ``zero_ok``)."""
+    text = env.get(variable)
+    if text is None:
+        return default
+    least = "a number >= 0" if zero_ok else "a number > 0"
+    what = f"a whole {least[2:]}" if kind is int else least
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ConfigurationError(f"bad outbox setting {variable}={text!r}: must be {what}") from None
+    if not (value >= 0 if zero_ok else value > 0):
+        raise ConfigurationError(f"bad outbox setting {variable}={text!r}: must be {what}")
+    return value  # type: ignore[no-any-return]
+
+
+def _group_databases(env: Mapping[str, str]) -> dict[str, str]:
+    text = env.get("OUTBOX_GROUP_DATABASES", "{}")
+    try:
+        groups = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"bad outbox setting OUTBOX_GROUP_DATABASES={text!r}: not JSON ({exc})") from None
+    if not isinstance(groups, dict):
+        raise ConfigurationError(f"bad outbox setting OUTBOX_GROUP_DATABASES={text!r}: must be a JSON object "
+                                 '(producer group -> database URL, e.g. {"shop": "postgresql+psycopg://..."})')
+    return {str(k): str(v) for k, v in groups.items()}
+
+
 @dataclass(frozen=True)
 class OutboxSettings:
     """The framework's settings; ``from_env()`` reads them from the environment."""
 
     broker_url: str = DEFAULT_BROKER_URL
-    database_url: str = "sqlite:///outbox.sqlite3"
+    database_url: str = field(default_factory=default_database_url)
     group_databases: dict[str, str] = field(default_factory=dict)
     celery_broker_url: str = "filesystem://"
-    celery_data_dir: Path = Path(".halfmoon/celery")
+    celery_data_dir: Path = field(default_factory=lambda: data_home() / "celery")
     check_lock_timeout_ms: int = 2000
     check_connect_timeout_s: int = 5
     check_statement_timeout_ms: int = 5000
@@ -106,29 +160,22 @@ class OutboxSettings:
 
     @classmethod
     def from_env(cls, **overrides: object) -> OutboxSettings:
-        """Settings from the environment variables; keyword ``overrides`` win over them."""
+        """Settings from the environment variables; keyword ``overrides`` win over them.
+        ``ConfigurationError`` naming the variable for a bad value."""
         env = os.environ
-        try:
-            groups = json.loads(env.get("OUTBOX_GROUP_DATABASES", "{}"))
-            timeouts = {name: int(env.get(variable, getattr(cls, name))) for name, variable in (
-                ("check_lock_timeout_ms", "OUTBOX_CHECK_LOCK_TIMEOUT_MS"),
-                ("check_connect_timeout_s", "OUTBOX_CHECK_CONNECT_TIMEOUT_S"),
-                ("check_statement_timeout_ms", "OUTBOX_CHECK_STATEMENT_TIMEOUT_MS"),
-            )}
-            retention = RetentionPolicy(**{name: kind(env.get(variable, getattr(RetentionPolicy, name)))
-                                           for name, variable, kind in RETENTION_VARIABLES})
-        except ValueError as exc:
-            raise ConfigurationError(f"bad outbox setting: {exc}") from None
-        if not isinstance(groups, dict):
-            raise ConfigurationError("OUTBOX_GROUP_DATABASES must be a JSON object")
+        checks = {name: _number(env, variable, kind, getattr(cls, name), zero_ok)
+                  for name, variable, kind, zero_ok in CHECK_VARIABLES}
+        retention = RetentionPolicy(**{name: _number(env, variable, kind, getattr(RetentionPolicy, name))
+                                       for name, variable, kind in RETENTION_VARIABLES})  # type: ignore[arg-type]
+        data_dir = env.get("OUTBOX_CELERY_DATA_DIR")
         settings = cls(
             broker_url=broker_url_from_env(env) or cls.broker_url,
-            database_url=env.get("OUTBOX_DATABASE_URL", cls.database_url),
-            group_databases={str(k): str(v) for k, v in groups.items()},
+            database_url=env.get("OUTBOX_DATABASE_URL") or default_database_url(env),
+            group_databases=_group_databases(env),
             celery_broker_url=env.get("OUTBOX_CELERY_BROKER_URL", cls.celery_broker_url),
-            celery_data_dir=Path(env.get("OUTBOX_CELERY_DATA_DIR", str(cls.celery_data_dir))),
+            celery_data_dir=Path(data_dir) if data_dir else data_home(env) / "celery",
             retention=retention,
-            **timeouts,
+            **checks,  # type: ignore[arg-type]
         )
         return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
 

@@ -74,7 +74,7 @@ class GrpcFront:
             raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
         await server.start()
         self._server = server
-        log.info("gRPC (RocketMQ 5) listening on %s:%d", self.host, self.port)
+        log.debug("gRPC (RocketMQ 5) listening on %s:%d", self.host, self.port)  # serve prints it
 
     async def stop(self) -> None:
         """Stop accepting calls, give those in flight ``STOP_GRACE_S`` to finish."""

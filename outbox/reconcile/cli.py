@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from broker_embedded.cli_tools import quiet_on_broken_pipe
+from broker_embedded.cli_tools import CommandParser, quiet_on_broken_pipe
 
 from ..errors import ConfigurationError
 from .preflight import GATES, POSTGRES_READS, check_inputs
@@ -66,24 +66,28 @@ def _thresholds(args: argparse.Namespace) -> dict[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="outbox reconcile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--producer-db", action="append", default=[], help="database with outbox_transaction_log")
-    parser.add_argument("--consumer-db", action="append", default=[], help="database with outbox_consumed_message")
+    parser = CommandParser(prog="outbox reconcile", description="run the reconciliation job (also: python -m "
+                           "outbox.reconcile; exit status 0: every threshold holds, 1: one is breached, 2: bad input)")
+    parser.add_argument("--producer-db", action="append", default=[], help="a database with outbox_transaction_log "
+                        "(repeatable; at least one)")
+    parser.add_argument("--consumer-db", action="append", default=[], help="a database with outbox_consumed_message "
+                        "(repeatable)")
     parser.add_argument("--broker-export", required=True, help="directory written by the broker's export")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="the report's folder: summary.json, anomalies/, report.html")
     parser.add_argument("--since", help="ISO time: only transactions from then")
     parser.add_argument("--until", help="ISO time: only transactions before then")
-    parser.add_argument("--grace-seconds", type=float, default=60.0, help="recent work is in flight, not lost")
-    parser.add_argument("--max-lost", type=int, default=0)
-    parser.add_argument("--max-phantom", type=int, default=0)
-    parser.add_argument("--max-duplicate-effect", type=int, default=0)
+    parser.add_argument("--grace-seconds", type=float, default=60.0, help="seconds: work this recent is in "
+                        "flight, not lost")
+    parser.add_argument("--max-lost", type=int, default=0, help="transactions committed but never delivered")
+    parser.add_argument("--max-phantom", type=int, default=0, help="transactions rolled back or unknown, delivered")
+    parser.add_argument("--max-duplicate-effect", type=int, default=0, help="messages consumed with effect twice")
     parser.add_argument("--max-conflict", type=int, default=0,
                         help="transactions the producer databases disagree on, or rolled back yet delivered")
     parser.add_argument("--threshold", action="append", default=[], metavar="NAME=N",
                         help=f"fail when more than N transactions are NAME ({', '.join(GATES)})")
-    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--master", default="local[*]", help="the Spark master")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
-    parser.add_argument("--jdbc-partitions", type=int, default=4)
+    parser.add_argument("--jdbc-partitions", type=int, default=4, help="parallel JDBC reads per PostgreSQL table")
     parser.add_argument("--postgres-read", choices=POSTGRES_READS, default="auto",
                         help="PostgreSQL through JDBC (needs the driver jar), through SQLAlchemy on the "
                         "driver, or auto: JDBC when the driver is there (default)")

@@ -130,7 +130,7 @@ def _stats_over_tcp(url: str) -> None:
         eventually(lambda: "silent" in admin.stats().unanswered_check_groups)
         eventually(lambda: admin.transaction_state("live-1") is TransactionState.ROLLED_BACK)
         assert list(admin.stats().unanswered_check_groups) == ["silent"]
-    printed = subprocess.run([sys.executable, "-m", "broker_embedded", "stats", "--url", url],
+    printed = subprocess.run([sys.executable, "-m", "broker_embedded", "stats", "--json", "--url", url],
                              capture_output=True, text=True, timeout=60, check=True).stdout
     assert list(json.loads(printed)["unanswered_check_groups"]) == ["silent"]
 

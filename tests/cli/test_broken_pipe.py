@@ -21,7 +21,7 @@ def test_broker_output_piped_into_head_ends_quietly(tmp_path: Path) -> None:
     # 2 MB of JSON: far more than the pipe buffer, so the writer meets the closed pipe.
     broker.send(Message("orders", b"x" * (2 << 20), message_id="big"))
     broker.close()
-    command = [str(SCRIPTS / "halfmoon-broker"), "query", "--id", "big", "--data-dir", str(tmp_path / "broker")]
+    command = [str(SCRIPTS / "halfmoon-broker"), "query", "--id", "big", "--json", "--data-dir", str(tmp_path / "broker")]
     writer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     head = subprocess.Popen(["head", "-n1"], stdin=writer.stdout, stdout=subprocess.PIPE)
     assert writer.stdout is not None and writer.stderr is not None

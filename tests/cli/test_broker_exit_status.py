@@ -41,9 +41,9 @@ def test_a_lookup_that_finds_nothing_exits_1_with_one_line(data_dir: str, comman
 
 
 def test_lookups_that_find_something_and_empty_lists_exit_0(data_dir: str) -> None:
-    found = run("halfmoon-broker", "query", "--id", "m1", "--data-dir", data_dir)
+    found = run("halfmoon-broker", "query", "--id", "m1", "--json", "--data-dir", data_dir)
     assert found.returncode == 0 and json.loads(found.stdout)["message"]["body"] == "hi"
-    by_key = run("halfmoon-broker", "query", "--topic", "orders", "--key", "k1", "--data-dir", data_dir)
+    by_key = run("halfmoon-broker", "query", "--topic", "orders", "--key", "k1", "--json", "--data-dir", data_dir)
     assert by_key.returncode == 0 and len(json.loads(by_key.stdout)) == 1
     for listing in (("parked", "list"), ("dlq", "list", "points")):
         empty = run("halfmoon-broker", *listing, "--data-dir", data_dir)

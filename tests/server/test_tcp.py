@@ -177,11 +177,11 @@ def test_cli_admin_commands(server_factory, tmp_path) -> None:
     assert '"name": "orders"' in cli("topics", "list").stdout
     sent = json.loads(cli("send", "orders", "hi", "--key", "k").stdout)
     assert sent["queue_offset"] == 0
-    assert json.loads(cli("query", "--id", sent["message_id"]).stdout)["message"]["body"] == "hi"
-    assert len(json.loads(cli("query", "--topic", "orders", "--key", "k").stdout)) == 1
+    assert json.loads(cli("query", "--id", sent["message_id"], "--json").stdout)["message"]["body"] == "hi"
+    assert len(json.loads(cli("query", "--topic", "orders", "--key", "k", "--json").stdout)) == 1
     assert '"body": "hi"' in cli("receive", "g", "orders").stdout
     assert cli("receive", "g", "orders").stdout.strip() == "[]", "receive acks what it prints"
-    assert '"orders"' in cli("stats").stdout
+    assert '"orders"' in cli("stats", "--json").stdout
     assert json.loads(cli("parked", "list").stdout) == []
     assert json.loads(cli("dlq", "list", "g").stdout) == []
     failed = cli("tx", "state", "missing")
