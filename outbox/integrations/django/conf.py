@@ -26,6 +26,8 @@ in tests) closes the producer; the next use connects to the new broker.
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,16 +200,54 @@ def outbox_settings() -> DjangoOutboxSettings:
                                 owned, values["retention"])
 
 
+log = logging.getLogger("outbox.django")
+
+_building = threading.Lock()
+
+
 @functools.cache
-def producer() -> Producer:
-    """This process's producer for ``OUTBOX['PRODUCER_GROUP']``."""
+def _producer() -> Producer:
     conf = outbox_settings()
-    return Producer(conf.broker_url, conf.producer_group)
+    built = Producer(conf.broker_url, conf.producer_group)
+    from django.db import DatabaseError
+
+    from .fence import fence_on_group_database
+
+    built.answer_check_backs(fence_on_group_database, database_errors=(DatabaseError,))
+    return built
+
+
+def producer() -> Producer:
+    """This process's producer for ``OUTBOX['PRODUCER_GROUP']``. While it runs it answers
+    the group's check-backs with the fence on the group's alias (the broker asks a connected
+    producer of the group first; the Celery worker is for when none is alive)."""
+    with _building:
+        return _producer()
+
+
+def start_answering_check_backs() -> None:
+    """Build the producer in the background when the broker is a server (``tcp://``,
+    ``rocketmq5://``), so a restarted process answers its group's check-backs before its
+    first transactional call; a broker that does not answer yet delays nothing."""
+    try:
+        url = outbox_settings().broker_url
+    except OutboxError:
+        return  # reported by the system checks
+    if not url.startswith("embedded:"):  # an embedded broker lives in the producer: built on first use
+        threading.Thread(target=_start_producer, name="outbox-producer", daemon=True).start()
+
+
+def _start_producer() -> None:
+    try:
+        producer()
+    except Exception:  # a background start must not kill the process; the first call raises it again
+        log.exception("the outbox producer could not be built")
 
 
 def reset_producer(*, setting: str, **_: Any) -> None:
     """``setting_changed`` receiver: close the producer when ``OUTBOX`` changes."""
-    if setting != "OUTBOX" or producer.cache_info().currsize == 0:
-        return
-    producer().close()
-    producer.cache_clear()
+    with _building:
+        if setting != "OUTBOX" or _producer.cache_info().currsize == 0:
+            return
+        _producer().close()
+        _producer.cache_clear()

@@ -43,6 +43,7 @@ from ...errors import ConfigurationError
 from ...messages import OutboxJSONEncoder
 from ...producer import Producer
 from ...template import BoundTemplate, FromArguments, MessageTemplate
+from .check_back import answer_own_check_backs
 from .session import install, local_transaction, pending_transaction, record_message, send
 
 if TYPE_CHECKING:
@@ -73,7 +74,11 @@ def transactional_message(
     1..18) delays delivery from the commit on; ``transaction_timeout_s`` overrides when
     the broker first checks back. ``overlap`` (async only): run the transaction while
     the half message is on its way (see the module's docstring).
+
+    ``producer`` answers its group's check-backs with the fence on ``session_factory``'s
+    engine from now on (``check_back.answer_own_check_backs``).
     """
+    answer_own_check_backs(producer, session_factory)
     template = MessageTemplate(topic, body, keys, tag, message_group, delay_level, transaction_timeout_s,
                                properties or {}, encoder)
 
