@@ -42,9 +42,6 @@ from .producer_protocol import (
 
 log = logging.getLogger("outbox.producer")
 
-#: How many check-backs a producer answers at once (each may wait for a row lock).
-CHECK_BACK_THREADS = 4
-
 __all__ = ["END_NOT_SENT", "END_SENT", "TRANSACTION_ID_PROPERTY", "Producer", "TransactionListener",
            "checking_back", "new_transaction_id"]
 
@@ -80,7 +77,6 @@ class Producer:
         )
         self._pending_ends: set[Future[bool]] = set()
         self._lock = threading.Lock()
-        self._checks: ThreadPoolExecutor | None = None
         self._on_check: Callable[[CheckRequest], None] | None = None
 
     def send(self, message: Message) -> SendResult:
@@ -166,11 +162,15 @@ class Producer:
     def answer_check_backs(self, answer: Answer, *,
                            database_errors: tuple[type[Exception], ...] = ()) -> bool:
         """Answer this group's check-backs while this producer runs, each by ``answer``
-        (the fence on the group's database: ``answer(transaction_id, producer_group)``) on
-        one of ``CHECK_BACK_THREADS`` threads of its own, then END_TRANSACTION; the broker
-        sends a check to a connected producer of the group before any other checker (the
-        Celery checker answers when none is connected). UNKNOWN, or one of
-        ``database_errors``, sends nothing: the broker asks again.
+        (the fence on the group's database: ``answer(transaction_id, producer_group)``),
+        then END_TRANSACTION; the broker sends a check to a connected producer of the group
+        before any other checker (the Celery checker answers when none is connected).
+        UNKNOWN, or one of ``database_errors``, sends nothing: the broker asks again.
+
+        A check is answered where the broker hands it over: a ``BrokerClient``'s callback
+        threads (a RocketMQ 5 client needs the answer there); an in-process
+        ``EmbeddedBroker``'s check thread, which a lock wait then holds up to the fence's
+        lock timeout.
 
         Once per producer: False (nothing changed) if it already answers them. A broker that
         cannot be reached now does not fail the call: the producer offers itself again on
@@ -178,14 +178,11 @@ class Producer:
         with self._lock:
             if self._on_check is not None:
                 return False
-            checks = self._checks = ThreadPoolExecutor(max_workers=CHECK_BACK_THREADS,
-                                                       thread_name_prefix=f"outbox-check-{self.producer_group}")
 
             def on_check(request: CheckRequest) -> None:
-                checks.submit(answer_check_back, answer, lambda: self.broker, request.producer_group,
-                              request.transaction_id, request.message.message_id,
-                              context=carried_context(request.message.properties),
-                              database_errors=database_errors)
+                answer_check_back(answer, lambda: self.broker, request.producer_group, request.transaction_id,
+                                  request.message.message_id, context=carried_context(request.message.properties),
+                                  database_errors=database_errors)
 
             self._on_check = on_check
         try:
@@ -199,14 +196,11 @@ class Producer:
         """Undo ``answer_check_backs`` (a no-op if it was not called)."""
         with self._lock:
             on_check, self._on_check = self._on_check, None
-            checks, self._checks = self._checks, None
         if on_check is not None:
             try:
                 self.broker.unregister_producer(self.producer_group, on_check)
             except BrokerError:
                 pass  # the broker forgets a connection's producers when it closes
-        if checks is not None:
-            checks.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Flush background END_TRANSACTIONs, stop answering check-backs, then close the

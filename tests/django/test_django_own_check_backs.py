@@ -49,3 +49,9 @@ def test_the_projects_producer_answers_its_groups_check_backs(tmp_path: Path, al
                 eventually(lambda: client.transaction_state(rolled_back) is TransactionState.ROLLED_BACK)
     finally:
         server.stop()
+
+
+def test_answer_check_backs_false_leaves_them_to_celery(tmp_path: Path) -> None:
+    with override_settings(OUTBOX={"BROKER_URL": f"embedded://{tmp_path / 'broker'}", "PRODUCER_GROUP": "shop",
+                                   "ANSWER_CHECK_BACKS": False}):
+        assert not producer().answers_check_backs

@@ -6,6 +6,7 @@
         "PRODUCER_GROUPS": {"billing": "billing_db"},   # or ["billing"]: more groups owned here
         "CHECK_LOCK_TIMEOUT_MS": 2000,
         "RETENTION": {"DEDUP_WINDOW_S": 7 * 86400},   # manage.py outbox_purge, docs/retention.md
+        "ANSWER_CHECK_BACKS": True,   # this project's producer answers its group's check-backs
     }
 
 The broker URL: ``OUTBOX["BROKER_URL"]`` if given, else ``HALFMOON_BROKER_URL``, else
@@ -45,7 +46,8 @@ from ...settings import (
     validated_broker_url,
 )
 
-KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS", "RETENTION"})
+KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS", "RETENTION",
+                  "ANSWER_CHECK_BACKS"})
 #: ``OUTBOX["RETENTION"]`` keys -> ``RetentionPolicy`` fields.
 RETENTION_KEYS = {
     "TRANSACTION_TIMEOUT_S": "transaction_timeout_s",
@@ -78,6 +80,8 @@ class DjangoOutboxSettings:
     group_databases: Mapping[str, str | None]
     #: how long ``manage.py outbox_purge`` keeps the framework tables' rows
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    #: whether this project's producer answers its group's check-backs (False: only the Celery worker's task)
+    answer_check_backs: bool = True
 
     @property
     def owned_groups(self) -> frozenset[str]:
@@ -156,12 +160,20 @@ def _retention(raw: Mapping[str, Any]) -> RetentionPolicy:
         raise OutboxSettingError("E008", f"OUTBOX['RETENTION']: {exc}") from None
 
 
+def _answer_check_backs(raw: Mapping[str, Any]) -> bool:
+    answer = raw.get("ANSWER_CHECK_BACKS", True)
+    if not isinstance(answer, bool):
+        raise OutboxSettingError("E009", "OUTBOX['ANSWER_CHECK_BACKS'] must be True or False")
+    return answer
+
+
 _READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "broker_url": _broker_url,
     "producer_group": _producer_group,
     "group_databases": _other_groups,
     "check_lock_timeout_ms": _check_lock_timeout_ms,
     "retention": _retention,
+    "answer_check_backs": _answer_check_backs,
 }
 
 
@@ -197,7 +209,7 @@ def outbox_settings() -> DjangoOutboxSettings:
     owned = {**values["group_databases"]}
     owned.setdefault(values["producer_group"], None)
     return DjangoOutboxSettings(values["broker_url"], values["producer_group"], values["check_lock_timeout_ms"],
-                                owned, values["retention"])
+                                owned, values["retention"], values["answer_check_backs"])
 
 
 log = logging.getLogger("outbox.django")
@@ -209,18 +221,20 @@ _building = threading.Lock()
 def _producer() -> Producer:
     conf = outbox_settings()
     built = Producer(conf.broker_url, conf.producer_group)
-    from django.db import DatabaseError
+    if conf.answer_check_backs:
+        from django.db import DatabaseError
 
-    from .fence import fence_on_group_database
+        from .fence import fence_on_group_database
 
-    built.answer_check_backs(fence_on_group_database, database_errors=(DatabaseError,))
+        built.answer_check_backs(fence_on_group_database, database_errors=(DatabaseError,))
     return built
 
 
 def producer() -> Producer:
     """This process's producer for ``OUTBOX['PRODUCER_GROUP']``. While it runs it answers
     the group's check-backs with the fence on the group's alias (the broker asks a connected
-    producer of the group first; the Celery worker is for when none is alive)."""
+    producer of the group first; the Celery worker is for when none is alive), unless
+    ``OUTBOX['ANSWER_CHECK_BACKS']`` is False."""
     with _building:
         return _producer()
 
@@ -230,10 +244,10 @@ def start_answering_check_backs() -> None:
     ``rocketmq5://``), so a restarted process answers its group's check-backs before its
     first transactional call; a broker that does not answer yet delays nothing."""
     try:
-        url = outbox_settings().broker_url
+        conf = outbox_settings()
     except OutboxError:
         return  # reported by the system checks
-    if not url.startswith("embedded:"):  # an embedded broker lives in the producer: built on first use
+    if conf.answer_check_backs and not conf.broker_url.startswith("embedded:"):  # an embedded broker lives in the producer: built on first use
         threading.Thread(target=_start_producer, name="outbox-producer", daemon=True).start()
 
 

@@ -65,8 +65,7 @@ def resolve_parked(transaction_id: str, using: str | None = None) -> EndTransact
 
 def answer_check_backs(using: str = "default", sender: Producer | None = None) -> Callable[[], None]:
     """Answer ``sender``'s group's check-backs from this process with ``fenced_answer`` on
-    ``using`` (``Producer.answer_check_backs``: each on a thread of the producer's, so a lock
-    wait never holds up the broker). Returns a function that stops it.
+    ``using`` (``Producer.answer_check_backs``). Returns a function that stops it.
 
     This project's own producer (``conf.producer()``) already answers its group's
     check-backs on the group's alias: this is for another producer, or another alias."""
