@@ -99,3 +99,17 @@ def test_the_async_decorators_producer_answers_its_groups_check_backs(tmp_path: 
         asyncio.run(run())
     finally:
         server.stop()
+
+
+def test_a_factory_whose_database_cannot_be_told_is_logged_and_answers_nothing(
+        engine: Engine, broker, caplog) -> None:
+    producer = Producer(broker, "shop")
+
+    @transactional_message(producer, lambda: sessionmaker(engine)(), topic="order.paid")
+    def pay(session, order_id: str) -> None:
+        pass
+
+    assert not producer.answers_check_backs
+    assert "answers no check-backs; call outbox.integrations.sqlalchemy.check_back.answer_check_backs" in caplog.text
+    assert answer_check_backs(producer, engine)  # the explicit way
+    assert producer.answers_check_backs

@@ -106,14 +106,19 @@ def answer_check_backs(producer: Producer | AsyncProducer, engine: Any = None, *
 def answer_own_check_backs(producer: Producer | AsyncProducer, session_factory: Any) -> None:
     """What ``@transactional_message`` does with its producer and session factory: the
     producer answers its group's check-backs on the factory's engine. A factory whose
-    engine cannot be known (a plain function) is logged: then call
-    ``answer_check_backs(producer, engine)`` or run the Celery checker."""
+    engine cannot be known (a plain function), or whose fence cannot run (an async
+    engine's blocking driver is not installed), is logged and never fails the caller: then
+    call ``answer_check_backs(producer, engine)`` or run the Celery checker."""
     if producer.answers_check_backs:
         return
     engine = factory_engine(session_factory)
-    if engine is None:
-        log.warning("producer group %s: cannot tell the database of %r, so this producer answers no "
-                    "check-backs; call outbox.integrations.sqlalchemy.check_back.answer_check_backs"
-                    "(producer, engine) or run the Celery checker", producer.producer_group, session_factory)
-        return
-    answer_check_backs(producer, engine)
+    problem = f"cannot tell the database of {session_factory!r}" if engine is None else None
+    if engine is not None:
+        try:
+            answer_check_backs(producer, engine)
+        except (ImportError, SQLAlchemyError, ConfigurationError) as exc:  # e.g. no blocking driver installed
+            problem = f"cannot run the fence on {engine!r} ({exc})"
+    if problem:
+        log.warning("producer group %s: %s, so this producer answers no check-backs; call "
+                    "outbox.integrations.sqlalchemy.check_back.answer_check_backs(producer, engine) or run "
+                    "the Celery checker", producer.producer_group, problem)
