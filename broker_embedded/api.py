@@ -97,7 +97,8 @@ class TransactionChecker(Protocol):
 
     ``request_check`` must not block: it hands the request on (to a connected producer,
     or as a Celery task) and returns True, or returns False when nobody can take it now,
-    in which case the broker tries again at the next check interval without counting it.
+    in which case the broker tries again at the next check interval; either way the check
+    counts toward ``check_max``, so a transaction nobody answers parks.
     The answer comes back through ``BrokerAPI.end_transaction(..., from_check=True)``.
     """
 

@@ -32,7 +32,7 @@ from .api import (
     TopicInfo,
     TransactionChecker,
 )
-from .checkers import ProducerCallbackChecker
+from .checkers import ProducerCallbackChecker, ProducersFirst
 from .config import BrokerConfig
 from .consumption import ConsumerGroups
 from .delay import DelayService, now_ms, route_record
@@ -86,7 +86,9 @@ class EmbeddedBroker:
         self.observer: BrokerObserver | None = None
         self.store = MessageStore(self.data_dir, self.config.store)
         self.producers = ProducerCallbackChecker()
-        self._checker: TransactionChecker = checker or self.producers
+        self._checker: TransactionChecker = self.producers
+        if checker is not None:
+            self.set_checker(checker)
         self.topics = TopicRegistry(self.data_dir / "topics.json", self.config.auto_create_topics,
                                     self.config.default_queues)
         self.transactions = TransactionService(self.store, self.config, lambda: self._checker, route_record,
@@ -272,8 +274,9 @@ class EmbeddedBroker:
         return self.transactions.state(transaction_id)
 
     def set_checker(self, checker: TransactionChecker) -> None:
-        """Send check-backs to ``checker`` from now on (e.g. the Celery checker)."""
-        self._checker = checker
+        """Send check-backs that no connected producer of the group takes to ``checker``
+        from now on (e.g. the Celery checker)."""
+        self._checker = ProducersFirst(self.producers, checker)
 
     def register_producer(self, producer_group: str, on_check: CheckCallback) -> None:
         self.producers.register(producer_group, on_check)

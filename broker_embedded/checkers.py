@@ -1,4 +1,5 @@
-"""Checkers the broker ships: check-backs sent to a connected producer of the group."""
+"""Checkers the broker ships: check-backs sent to a connected producer of the group, and
+the configured checker (e.g. the Celery checker) for a group with none connected."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import itertools
 import logging
 import threading
 
-from .api import CheckCallback
+from .api import CheckCallback, TransactionChecker
 from .message import CheckRequest
 
 log = logging.getLogger("broker_embedded.checkers")
@@ -48,3 +49,16 @@ class ProducerCallbackChecker:
             except Exception:
                 log.exception("producer callback of group %s failed", request.producer_group)
         return False
+
+
+class ProducersFirst:
+    """A check goes to a connected producer of its group (``producers``); when none takes
+    it, to ``fallback`` (e.g. the Celery checker: it answers when no producer of the group
+    is alive). No route when neither takes it."""
+
+    def __init__(self, producers: ProducerCallbackChecker, fallback: TransactionChecker) -> None:
+        self.producers = producers
+        self.fallback = fallback
+
+    def request_check(self, request: CheckRequest) -> bool:
+        return self.producers.request_check(request) or self.fallback.request_check(request)

@@ -17,11 +17,14 @@ check-back will settle a transaction whose END did not arrive.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Protocol
 
-from broker_embedded import CheckRequest, Message, Resolution, SendResult
+from broker_embedded import BrokerError, CheckRequest, Message, Resolution, SendResult
 from broker_embedded.aio_client import AsyncBrokerClient
 
+from .check_back import Answer, checking, fenced_resolution
+from .instrumentation import carried_context
 from .producer_protocol import (
     answered,
     check_message,
@@ -32,6 +35,8 @@ from .producer_protocol import (
     sending,
     sending_half,
 )
+
+log = logging.getLogger("outbox.producer")
 
 
 class AsyncTransactionListener(Protocol):
@@ -45,7 +50,9 @@ class AsyncTransactionListener(Protocol):
 class AsyncProducer:
     """Sends for one producer group over an ``AsyncBrokerClient`` (or a ``tcp://`` URL).
 
-    Use it on one event loop; ``async with AsyncProducer(...) as producer`` closes it."""
+    Use it on one event loop; ``async with AsyncProducer(...) as producer`` closes it.
+    ``answer_check_backs(answer)`` makes it answer its group's check-backs, as
+    ``Producer.answer_check_backs`` does (``@transactional_message`` calls it)."""
 
     def __init__(self, broker: AsyncBrokerClient | str, producer_group: str, *, oneway_end: bool = False) -> None:
         self.broker = AsyncBrokerClient(broker) if isinstance(broker, str) else broker
@@ -53,6 +60,8 @@ class AsyncProducer:
         self.oneway_end = oneway_end
         self._halves: dict[str, asyncio.Task[SendResult]] = {}
         self._ends: dict[str, asyncio.Task[bool]] = {}
+        self._on_check: Any = None  # the check-back callback, once answer_check_backs was called
+        self._offered = False  # whether the broker was given it
 
     async def send(self, message: Message) -> SendResult:
         """A normal message, visible at once (after its delay, if any).
@@ -66,6 +75,7 @@ class AsyncProducer:
 
         Raises ``BrokerUnavailableError`` when the broker cannot be reached: the caller must
         not run (or must not commit) its local transaction."""
+        await self.offer_check_backs()
         with sending_half(self.producer_group, message, transaction_id) as stamped:
             return await self.broker.send_half(stamped, producer_group=self.producer_group,
                                                transaction_id=transaction_id)
@@ -150,6 +160,47 @@ class AsyncProducer:
                     await self.end_transaction(request.transaction_id, resolution, from_check=True)
 
         await self.broker.register_producer(self.producer_group, on_check)
+
+    @property
+    def answers_check_backs(self) -> bool:
+        """Whether this producer answers its group's check-backs (``answer_check_backs``)."""
+        return self._on_check is not None
+
+    def answer_check_backs(self, answer: Answer, *,
+                           database_errors: tuple[type[Exception], ...] = ()) -> bool:
+        """Answer this group's check-backs while this producer runs: each by ``answer`` (the
+        fence on the group's database, a blocking call run in a worker thread), then
+        END_TRANSACTION; see ``Producer.answer_check_backs``. Callable without a running
+        loop (at import, by ``@transactional_message``): the broker is told on the first
+        half message, or when ``offer_check_backs()`` is awaited (e.g. at the app's
+        start-up). Once per producer: False (nothing changed) if it already answers them."""
+        if self._on_check is not None:
+            return False
+
+        async def on_check(request: CheckRequest) -> None:
+            group, transaction_id = request.producer_group, request.transaction_id
+            with checking(group, transaction_id, request.message.message_id,
+                          carried_context(request.message.properties)) as check:
+                resolution = await asyncio.to_thread(fenced_resolution, answer, group, transaction_id,
+                                                     database_errors)
+                if answered(check, resolution):
+                    await self.end_transaction(transaction_id, resolution, from_check=True)
+
+        self._on_check = on_check
+        return True
+
+    async def offer_check_backs(self) -> None:
+        """Tell the broker that this producer answers its group's check-backs (once; a no-op
+        without ``answer_check_backs``). A broker that cannot be reached is not an error: the
+        producer offers itself again on its next connection."""
+        if self._on_check is None or self._offered:
+            return
+        self._offered = True
+        try:
+            await self.broker.register_producer(self.producer_group, self._on_check)
+        except BrokerError as exc:
+            log.info("producer group %s: broker not reachable (%s); it answers check-backs once connected",
+                     self.producer_group, exc)
 
     async def aclose(self) -> None:
         """Wait for the END_TRANSACTIONs under way, then close the broker connection."""

@@ -1,10 +1,12 @@
 """A check-back's one body, ORM-free: the fence decides, END_TRANSACTION tells the broker.
 
-Every way a check-back reaches this process runs ``answer_check_back``: the Celery task
-(``outbox.integrations.celery``, Django's autodiscovered task), a long-running producer that
-answers its own group's check-backs (``outbox.integrations.sqlalchemy.check_back``, needed on
-a RocketMQ 5 cluster, which asks live producer clients), so the answer is the same whichever
-way the check came.
+Every way a check-back reaches this process runs ``fenced_resolution`` inside a
+``CHECK_BACK`` operation, and sends END_TRANSACTION unless the answer is UNKNOWN: the
+Celery task (``outbox.integrations.celery``, Django's autodiscovered task) through
+``answer_check_back``, and a running producer that answers its own group's check-backs
+(``Producer.answer_check_backs``, ``AsyncProducer.answer_check_backs``; wired by
+``@transactional_message`` and Django's producer), so the answer is the same whichever way
+the check came.
 """
 
 from __future__ import annotations
@@ -15,12 +17,33 @@ from collections.abc import Callable, Mapping
 from broker_embedded import BrokerAPI, Resolution
 
 from . import instrumentation
-from .producer import Producer
+from .producer_protocol import ending
 
 log = logging.getLogger("outbox.check_back")
 
 #: What a check-back asks: ``answer(transaction_id, producer_group)``, by the fence.
 Answer = Callable[[str, str], Resolution]
+
+
+def checking(producer_group: str, transaction_id: str, message_id: str | None,
+             context: Mapping[str, str] | None = None) -> instrumentation.Operation:
+    """The ``CHECK_BACK`` operation around one check-back's answer, logged."""
+    log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
+    return instrumentation.operation(instrumentation.CHECK_BACK, producer_group=producer_group,
+                                     transaction_id=transaction_id, message_id=message_id,
+                                     context=dict(context or {}))
+
+
+def fenced_resolution(answer: Answer, producer_group: str, transaction_id: str,
+                      database_errors: tuple[type[Exception], ...] = ()) -> Resolution:
+    """``answer`` (the fencing check); UNKNOWN, logged, for one of ``database_errors``
+    (e.g. the database is unreachable): the broker checks again at its next interval."""
+    try:
+        return answer(transaction_id, producer_group)
+    except database_errors as exc:
+        log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
+                    transaction_id, exc)
+        return Resolution.UNKNOWN
 
 
 def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_group: str,
@@ -32,19 +55,13 @@ def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_
 
     ``message_id`` (the half message the broker checked) is only logged and traced, with the
     half message's trace ``context``: the answer is per transaction. UNKNOWN (a lock,
-    statement or connect timeout; one of ``database_errors``, e.g. the database is
-    unreachable) sends nothing; the broker checks again at its next interval."""
-    log.info("check-back of %s (group %s, message %s)", transaction_id, producer_group, message_id)
-    with instrumentation.operation(instrumentation.CHECK_BACK, producer_group=producer_group,
-                                   transaction_id=transaction_id, message_id=message_id,
-                                   context=dict(context or {})) as check:
-        try:
-            resolution = answer(transaction_id, producer_group)
-        except database_errors as exc:
-            log.warning("check of %s: database error (%s); answering nothing, the broker will check again",
-                        transaction_id, exc)
-            resolution = Resolution.UNKNOWN
+    statement or connect timeout; one of ``database_errors``) sends nothing; the broker
+    checks again at its next interval."""
+    with checking(producer_group, transaction_id, message_id, context) as check:
+        resolution = fenced_resolution(answer, producer_group, transaction_id, database_errors)
         check.outcome = resolution.value
         if resolution is not Resolution.UNKNOWN:  # not delivered: logged, and the broker checks again
-            Producer(broker(), producer_group).end_transaction(transaction_id, resolution, from_check=True)
+            with ending(producer_group, transaction_id, resolution, from_check=True):
+                broker().end_transaction(transaction_id, resolution, producer_group=producer_group,
+                                         from_check=True)
         return resolution.value

@@ -8,12 +8,24 @@ transaction_log. It logs a warning and returns False instead.
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
-from broker_embedded import BrokerAPI, CheckRequest, Message, Resolution, SendResult, connect
+from broker_embedded import (
+    BrokerAPI,
+    BrokerError,
+    CheckRequest,
+    Message,
+    Resolution,
+    SendResult,
+    connect,
+)
 
+from .check_back import Answer, answer_check_back
+from .instrumentation import carried_context
 from .producer_protocol import (
     END_NOT_SENT,
     END_SENT,
@@ -27,6 +39,8 @@ from .producer_protocol import (
     sending,
     sending_half,
 )
+
+log = logging.getLogger("outbox.producer")
 
 __all__ = ["END_NOT_SENT", "END_SENT", "TRANSACTION_ID_PROPERTY", "Producer", "TransactionListener",
            "checking_back", "new_transaction_id"]
@@ -48,6 +62,10 @@ class Producer:
     right after its DB commit instead of waiting a broker round trip. Nothing is lost
     either way: an END_TRANSACTION that never arrives is settled by check-back.
     ``flush()`` waits for the ones under way; ``close()`` flushes first.
+
+    ``answer_check_backs(answer)`` makes it answer its group's check-backs while it runs
+    (RocketMQ's ``TransactionChecker``); ``@transactional_message`` and Django's producer
+    call it with the fence on the group's database, so a producer in use answers them.
     """
 
     def __init__(self, broker: BrokerAPI | str, producer_group: str, *, oneway_end: bool = False) -> None:
@@ -59,6 +77,7 @@ class Producer:
         )
         self._pending_ends: set[Future[bool]] = set()
         self._lock = threading.Lock()
+        self._on_check: Callable[[CheckRequest], None] | None = None
 
     def send(self, message: Message) -> SendResult:
         """A normal message, visible at once (after its delay, if any).
@@ -135,8 +154,58 @@ class Producer:
 
         self.broker.register_producer(self.producer_group, on_check)
 
+    @property
+    def answers_check_backs(self) -> bool:
+        """Whether this producer answers its group's check-backs (``answer_check_backs``)."""
+        return self._on_check is not None
+
+    def answer_check_backs(self, answer: Answer, *,
+                           database_errors: tuple[type[Exception], ...] = ()) -> bool:
+        """Answer this group's check-backs while this producer runs, each by ``answer``
+        (the fence on the group's database: ``answer(transaction_id, producer_group)``),
+        then END_TRANSACTION; the broker sends a check to a connected producer of the group
+        before any other checker (the Celery checker answers when none is connected).
+        UNKNOWN, or one of ``database_errors``, sends nothing: the broker asks again.
+
+        A check is answered where the broker hands it over: a ``BrokerClient``'s callback
+        threads (a RocketMQ 5 client needs the answer there); an in-process
+        ``EmbeddedBroker``'s check thread, which a lock wait then holds up to the fence's
+        lock timeout.
+
+        Once per producer: False (nothing changed) if it already answers them. A broker that
+        cannot be reached now does not fail the call: the producer offers itself again on
+        its next connection."""
+        with self._lock:
+            if self._on_check is not None:
+                return False
+
+            def on_check(request: CheckRequest) -> None:
+                answer_check_back(answer, lambda: self.broker, request.producer_group, request.transaction_id,
+                                  request.message.message_id, context=carried_context(request.message.properties),
+                                  database_errors=database_errors)
+
+            self._on_check = on_check
+        try:
+            self.broker.register_producer(self.producer_group, on_check)
+        except BrokerError as exc:
+            log.info("producer group %s: broker not reachable (%s); it answers check-backs once connected",
+                     self.producer_group, exc)
+        return True
+
+    def stop_answering_check_backs(self) -> None:
+        """Undo ``answer_check_backs`` (a no-op if it was not called)."""
+        with self._lock:
+            on_check, self._on_check = self._on_check, None
+        if on_check is not None:
+            try:
+                self.broker.unregister_producer(self.producer_group, on_check)
+            except BrokerError:
+                pass  # the broker forgets a connection's producers when it closes
+
     def close(self) -> None:
-        """Flush background END_TRANSACTIONs, then close the broker connection."""
+        """Flush background END_TRANSACTIONs, stop answering check-backs, then close the
+        broker connection."""
+        self.stop_answering_check_backs()
         if self._ends is not None:
             self.flush()
             self._ends.shutdown()

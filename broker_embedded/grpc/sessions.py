@@ -5,8 +5,8 @@ of commands the server writes to it. For every topic that some session publishes
 front offers one check callback to the broker (``BrokerAPI.register_producer`` with the
 topic as the producer group, as RocketMQ's proxy does). A check goes to the client that
 sent the half message if its stream is still open, else to any open session publishing the
-topic; with none the callback raises, which the broker counts as "no route" (not a check
-attempt), exactly as for the native protocol.
+topic; with none the callback raises, which the broker counts as "no route" (a check that
+reached nobody, counted toward ``check_max``), exactly as for the native protocol.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Each round takes the pending transactions whose check is due from the book's heap
 (O(due), never O(all)). One checked ``check_max`` times is parked; any other is handed to
 the checker, bounded by ``max_outstanding`` (back-pressure), and its check count is made
-durable as a check op. A checker with no route (returns False) costs no count. A
+durable as a check op. A check no checker took (no route: no connected producer of the
+group and no other checker) counts as well, so an orphan parks after ``check_max`` checks
+instead of being checked forever. A
 transaction with a check in flight is not asked again until that check's interval is over;
 a resolved one is never asked again (it has left the book). A transaction that cannot be
 committed (an unusable, damaged or lost half message) is parked at once, never checked.
@@ -203,13 +205,14 @@ class CheckService:
         self.unanswered.asked(tx.producer_group)
         routed = self._route(request)
         self.book.reschedule(tx, now_ms() + self.check_interval_ms)
-        if not routed:  # no route: this round does not count; try again next interval
+        if routed:
+            self.checks_sent += 1
+        else:  # nobody to ask: nothing is outstanding, but the check counts toward parking
             self._outstanding.pop(tx.transaction_id, None)
             self.checks_unrouted += 1
-            log.info("no checker route for transaction %s (group %s)", tx.transaction_id, tx.producer_group)
-            return
+            log.info("no checker route for transaction %s (group %s): check %d/%d counted",
+                     tx.transaction_id, tx.producer_group, request.check_times, self.check_max)
         self.write_check(tx, request.check_times)
-        self.checks_sent += 1
 
     def ask_now(self, tx: Transaction, wait_s: float) -> Resolution:
         """One check-back for ``tx`` now, outside the rounds and not counted (an operator

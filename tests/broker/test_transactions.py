@@ -100,14 +100,18 @@ def test_recheck_puts_a_parked_transaction_back_under_check(broker_factory) -> N
     assert checker.requests[0].check_times == 1
 
 
-def test_no_route_costs_no_check_and_registered_producers_get_checks(broker_factory) -> None:
-    broker = broker_factory()  # default checker: connected producers of the group
+def test_checks_that_reach_nobody_count_and_the_orphan_parks(broker_factory) -> None:
+    broker = broker_factory()  # default checker: connected producers of the group, and none is
     broker.send_half(Message("orders", b"a"), producer_group="pg", transaction_id="t1")
-    import time
+    counts = []
+    eventually(lambda: counts.append(broker.book.by_id["t1"].check_times) or counts[-1] >= 1)
+    eventually(lambda: broker.transaction_state("t1") is TransactionState.PARKED)
+    assert broker.transactions.checks.checks_unrouted >= 3  # FAST.check_max
+    assert [p.transaction_id for p in broker.list_parked()] == ["t1"]
 
-    time.sleep(1.0)
-    assert broker.transaction_state("t1") is TransactionState.PENDING
-    assert broker.book.by_id["t1"].check_times == 0
+
+def test_registered_producers_get_checks(broker_factory) -> None:
+    broker = broker_factory()
     seen = []
 
     def on_check(request):
@@ -116,8 +120,27 @@ def test_no_route_costs_no_check_and_registered_producers_get_checks(broker_fact
                                producer_group="pg", from_check=True)
 
     broker.register_producer("pg", on_check)
+    broker.send_half(Message("orders", b"a"), producer_group="pg", transaction_id="t1")
     eventually(lambda: broker.transaction_state("t1") is TransactionState.COMMITTED)
     assert seen == ["t1"]
+
+
+def test_a_connected_producer_of_the_group_goes_before_the_configured_checker(broker_factory) -> None:
+    fallback = AnsweringChecker(Resolution.ROLLBACK)
+    broker = broker_factory(fallback)
+    answered = []
+
+    def on_check(request):
+        answered.append(request.transaction_id)
+        broker.end_transaction(request.transaction_id, Resolution.COMMIT, producer_group="pg", from_check=True)
+
+    broker.register_producer("pg", on_check)
+    broker.send_half(Message("orders", b"a"), producer_group="pg", transaction_id="t1")
+    broker.send_half(Message("orders", b"b"), producer_group="other", transaction_id="t2")
+    eventually(lambda: broker.transaction_state("t1") is TransactionState.COMMITTED)
+    eventually(lambda: broker.transaction_state("t2") is TransactionState.ROLLED_BACK)
+    assert answered == ["t1"]
+    assert [r.transaction_id for r in fallback.requests] == ["t2"]
 
 
 def test_outstanding_checks_are_bounded(broker_factory) -> None:

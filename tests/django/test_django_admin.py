@@ -110,14 +110,14 @@ def test_an_entry_links_to_the_messages_consumed_from_it(paid: Paid, client: Cli
 def test_the_pending_page_names_a_group_whose_checks_go_unanswered(client: Client) -> None:
     broker = producer().broker
     assert isinstance(broker, EmbeddedBroker)
-    broker.set_checker(SilentChecker())
+    broker.set_checker(SilentChecker())  # for a group with no producer: this project's answers its own
     transaction_id = uuid.uuid4().hex
     try:
-        broker.send_half(Message("order.paid", b"{}", transaction_timeout_s=0.1), producer_group="shop",
+        broker.send_half(Message("order.paid", b"{}", transaction_timeout_s=0.1), producer_group="ledger",
                          transaction_id=transaction_id)
-        eventually(lambda: "shop" in getattr(broker.stats(), "unanswered_check_groups", {}))
+        eventually(lambda: "ledger" in getattr(broker.stats(), "unanswered_check_groups", {}))
         page = client.get(PENDING_URL).content.decode()
     finally:
         broker.set_checker(broker.producers)
-        broker.end_transaction(transaction_id, Resolution.ROLLBACK, producer_group="shop")
-    assert "Producer group <b>shop</b>: the oldest unanswered check is" in page
+        broker.end_transaction(transaction_id, Resolution.ROLLBACK, producer_group="ledger")
+    assert "Producer group <b>ledger</b>: the oldest unanswered check is" in page

@@ -11,8 +11,8 @@ The page's fenced blocks say what to do through their info string:
   walkthrough waits until the port answers.
 
 A ``. .venv/bin/activate`` line activates that folder's venv for its later commands, as
-in one terminal per folder. ``substitutions`` rewrite commands and files (the local
-wheel for ``halfmoon`` on ``pip install`` lines, free ports for the documented ones).
+in one terminal per folder. ``substitutions`` rewrite commands and files (free ports for
+the documented ones). Other blocks (```` ```sh ````, for instance) are shown, not run.
 """
 
 from __future__ import annotations

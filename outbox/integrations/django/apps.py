@@ -13,7 +13,8 @@ class OutboxConfig(AppConfig):
         from django.core.signals import setting_changed
 
         from .checks import register_checks
-        from .conf import reset_producer
+        from .conf import reset_producer, start_answering_check_backs
 
         setting_changed.connect(reset_producer, dispatch_uid="halfmoon_outbox_reset_producer")
         register_checks()
+        start_answering_check_backs()

@@ -6,6 +6,7 @@
         "PRODUCER_GROUPS": {"billing": "billing_db"},   # or ["billing"]: more groups owned here
         "CHECK_LOCK_TIMEOUT_MS": 2000,
         "RETENTION": {"DEDUP_WINDOW_S": 7 * 86400},   # manage.py outbox_purge, docs/retention.md
+        "ANSWER_CHECK_BACKS": True,   # this project's producer answers its group's check-backs
     }
 
 The broker URL: ``OUTBOX["BROKER_URL"]`` if given, else ``HALFMOON_BROKER_URL``, else
@@ -26,6 +27,8 @@ in tests) closes the producer; the next use connects to the new broker.
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +46,8 @@ from ...settings import (
     validated_broker_url,
 )
 
-KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS", "RETENTION"})
+KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS", "RETENTION",
+                  "ANSWER_CHECK_BACKS"})
 #: ``OUTBOX["RETENTION"]`` keys -> ``RetentionPolicy`` fields.
 RETENTION_KEYS = {
     "TRANSACTION_TIMEOUT_S": "transaction_timeout_s",
@@ -76,6 +80,8 @@ class DjangoOutboxSettings:
     group_databases: Mapping[str, str | None]
     #: how long ``manage.py outbox_purge`` keeps the framework tables' rows
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    #: whether this project's producer answers its group's check-backs (False: only the Celery worker's task)
+    answer_check_backs: bool = True
 
     @property
     def owned_groups(self) -> frozenset[str]:
@@ -154,12 +160,20 @@ def _retention(raw: Mapping[str, Any]) -> RetentionPolicy:
         raise OutboxSettingError("E008", f"OUTBOX['RETENTION']: {exc}") from None
 
 
+def _answer_check_backs(raw: Mapping[str, Any]) -> bool:
+    answer = raw.get("ANSWER_CHECK_BACKS", True)
+    if not isinstance(answer, bool):
+        raise OutboxSettingError("E009", "OUTBOX['ANSWER_CHECK_BACKS'] must be True or False")
+    return answer
+
+
 _READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "broker_url": _broker_url,
     "producer_group": _producer_group,
     "group_databases": _other_groups,
     "check_lock_timeout_ms": _check_lock_timeout_ms,
     "retention": _retention,
+    "answer_check_backs": _answer_check_backs,
 }
 
 
@@ -195,19 +209,59 @@ def outbox_settings() -> DjangoOutboxSettings:
     owned = {**values["group_databases"]}
     owned.setdefault(values["producer_group"], None)
     return DjangoOutboxSettings(values["broker_url"], values["producer_group"], values["check_lock_timeout_ms"],
-                                owned, values["retention"])
+                                owned, values["retention"], values["answer_check_backs"])
+
+
+log = logging.getLogger("outbox.django")
+
+_building = threading.Lock()
 
 
 @functools.cache
-def producer() -> Producer:
-    """This process's producer for ``OUTBOX['PRODUCER_GROUP']``."""
+def _producer() -> Producer:
     conf = outbox_settings()
-    return Producer(conf.broker_url, conf.producer_group)
+    built = Producer(conf.broker_url, conf.producer_group)
+    if conf.answer_check_backs:
+        from django.db import DatabaseError
+
+        from .fence import fence_on_group_database
+
+        built.answer_check_backs(fence_on_group_database, database_errors=(DatabaseError,))
+    return built
+
+
+def producer() -> Producer:
+    """This process's producer for ``OUTBOX['PRODUCER_GROUP']``. While it runs it answers
+    the group's check-backs with the fence on the group's alias (the broker asks a connected
+    producer of the group first; the Celery worker is for when none is alive), unless
+    ``OUTBOX['ANSWER_CHECK_BACKS']`` is False."""
+    with _building:
+        return _producer()
+
+
+def start_answering_check_backs() -> None:
+    """Build the producer in the background when the broker is a server (``tcp://``,
+    ``rocketmq5://``), so a restarted process answers its group's check-backs before its
+    first transactional call; a broker that does not answer yet delays nothing."""
+    try:
+        conf = outbox_settings()
+    except OutboxError:
+        return  # reported by the system checks
+    if conf.answer_check_backs and not conf.broker_url.startswith("embedded:"):  # an embedded broker lives in the producer: built on first use
+        threading.Thread(target=_start_producer, name="outbox-producer", daemon=True).start()
+
+
+def _start_producer() -> None:
+    try:
+        producer()
+    except Exception:  # a background start must not kill the process; the first call raises it again
+        log.exception("the outbox producer could not be built")
 
 
 def reset_producer(*, setting: str, **_: Any) -> None:
     """``setting_changed`` receiver: close the producer when ``OUTBOX`` changes."""
-    if setting != "OUTBOX" or producer.cache_info().currsize == 0:
-        return
-    producer().close()
-    producer.cache_clear()
+    with _building:
+        if setting != "OUTBOX" or _producer.cache_info().currsize == 0:
+            return
+        _producer().close()
+        _producer.cache_clear()

@@ -86,3 +86,10 @@ def fenced_answer(transaction_id: str, producer_group: str | None = None, using:
         return unknown_on_timeout(transaction_id, check)
     finally:
         connection.close()
+
+
+def fence_on_group_database(transaction_id: str, producer_group: str) -> Resolution:
+    """The fence on the ``DATABASES`` alias holding ``producer_group``'s transaction_log
+    (a check-back's answer: the Celery task's and the producer's)."""
+    using = outbox_settings().database_for(producer_group)
+    return fenced_answer(transaction_id, producer_group=producer_group, using=using)

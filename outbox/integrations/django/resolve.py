@@ -5,13 +5,14 @@ own database; another group's raises ``ForeignGroupError`` before anything is wr
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
-from broker_embedded import CheckRequest, EndTransactionResult, ParkedTransaction, Resolution
+from django.db import DatabaseError
+
+from broker_embedded import EndTransactionResult, ParkedTransaction, Resolution
 from broker_embedded.errors import UnknownTransactionError
 
-from ...producer import Producer, checking_back
+from ...producer import Producer
 from .conf import ForeignGroupError, outbox_settings, producer
 from .fence import fenced_answer
 
@@ -63,22 +64,14 @@ def resolve_parked(transaction_id: str, using: str | None = None) -> EndTransact
 
 
 def answer_check_backs(using: str = "default", sender: Producer | None = None) -> Callable[[], None]:
-    """Answer this producer group's check-backs from this process (RocketMQ's way, an
-    alternative to the Celery checker): each check is answered by ``fenced_answer`` on its
-    own thread, so a lock wait never holds up the broker. Returns a function that stops it."""
+    """Answer ``sender``'s group's check-backs from this process with ``fenced_answer`` on
+    ``using`` (``Producer.answer_check_backs``). Returns a function that stops it.
+
+    This project's own producer (``conf.producer()``) already answers its group's
+    check-backs on the group's alias: this is for another producer, or another alias."""
     answering = sender or producer()
-
-    def answer(request: CheckRequest) -> None:
-        with checking_back(request) as check:
-            resolution = fenced_answer(request.transaction_id, producer_group=answering.producer_group,
-                                       using=using)
-            check.outcome = resolution.value
-            if resolution is not Resolution.UNKNOWN:
-                answering.end_transaction(request.transaction_id, resolution, from_check=True)
-
-    def on_check(request: CheckRequest) -> None:
-        threading.Thread(target=answer, args=(request,), name=f"outbox-check-{request.transaction_id}",
-                         daemon=True).start()
-
-    answering.broker.register_producer(answering.producer_group, on_check)
-    return lambda: answering.broker.unregister_producer(answering.producer_group, on_check)
+    answering.stop_answering_check_backs()
+    answering.answer_check_backs(
+        lambda transaction_id, group: fenced_answer(transaction_id, producer_group=group, using=using),
+        database_errors=(DatabaseError,))
+    return answering.stop_answering_check_backs

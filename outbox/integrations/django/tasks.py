@@ -22,20 +22,12 @@ from typing import Any
 
 from celery import shared_task
 
-from broker_embedded import Resolution
-
 from ...retention import DEFAULT_BATCH_SIZE, DEFAULT_PAUSE_S, PurgeOptions
 from ..celery.check_back import TASK_OPTIONS, answer_check_back
 from ..celery.purge import PURGE_TASK_OPTIONS, purge_summary
-from .conf import outbox_settings, producer
-from .fence import fenced_answer
+from .conf import producer
+from .fence import fence_on_group_database
 from .retention import purge_project
-
-
-def fence_on_group_database(transaction_id: str, producer_group: str) -> Resolution:
-    """The fence on the ``DATABASES`` alias holding ``producer_group``'s transaction_log."""
-    using = outbox_settings().database_for(producer_group)
-    return fenced_answer(transaction_id, producer_group=producer_group, using=using)
 
 
 @shared_task(**TASK_OPTIONS)

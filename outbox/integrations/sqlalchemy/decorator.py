@@ -58,6 +58,7 @@ from ...errors import ConfigurationError, NestedTransactionError
 from ...messages import OutboxJSONEncoder
 from ...producer import Producer
 from ...template import BoundTemplate, FromArguments, MessageTemplate
+from .check_back import answer_own_check_backs
 from .session import (
     Database,
     PendingTransaction,
@@ -103,7 +104,11 @@ def transactional_message(
     the half message is on its way (see the module's docstring). A call given a session
     (first argument, or by the name of the function's session parameter) uses it, and
     joins its transaction if it has one (see the module's docstring).
+
+    ``producer`` answers its group's check-backs with the fence on ``session_factory``'s
+    engine from now on (``check_back.answer_own_check_backs``).
     """
+    answer_own_check_backs(producer, session_factory)
     template = MessageTemplate(topic, body, keys, tag, message_group, delay_level, transaction_timeout_s,
                                properties or {}, encoder)
     listen()  # note the sessions in a transaction from now on, so a second one is refused

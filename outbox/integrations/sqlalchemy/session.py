@@ -56,6 +56,7 @@ from ...context import current_transaction_id as current_transaction_id  # the s
 from ...errors import ConfigurationError, NestedTransactionError, OutboxError, SavepointError
 from ...producer import Producer, new_transaction_id
 from ...producer_protocol import local_transaction as local_operation
+from .check_back import answer_own_check_backs
 from .fence import record_committed
 
 if TYPE_CHECKING:
@@ -87,7 +88,9 @@ class PendingTransaction(LocalTransaction):
 def install(target: Any, producer: Producer | AsyncProducer) -> None:
     """Make sessions of ``target`` (a ``sessionmaker`` or a ``Session``; with an
     ``AsyncProducer``, an ``async_sessionmaker`` or an ``AsyncSession``) send
-    COMMIT/ROLLBACK with ``producer`` when their transaction ends."""
+    COMMIT/ROLLBACK with ``producer`` when their transaction ends. Given a bound
+    ``sessionmaker``, the producer also answers its group's check-backs on its engine
+    (``check_back.answer_own_check_backs``)."""
     if isinstance(target, Session) or isinstance(getattr(target, "sync_session", None), Session):
         target.info[_PRODUCER_KEY] = producer
     else:
@@ -95,6 +98,7 @@ def install(target: Any, producer: Producer | AsyncProducer) -> None:
         if info is None:
             raise ConfigurationError("install() takes a sessionmaker or a Session (or their async kinds)")
         info[_PRODUCER_KEY] = producer
+        answer_own_check_backs(producer, target)
     listen()
 
 
