@@ -398,7 +398,9 @@ def measure(step: Callable[[], object], failures: tuple[type[Exception], ...], s
             step()
         except failures:
             errors += 1
+            latencies.append(time.perf_counter() - start)
             time.sleep(0.01)
+            continue
         latencies.append(time.perf_counter() - start)
     out.put((latencies, errors))
 
