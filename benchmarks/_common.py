@@ -104,14 +104,24 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def code_env(code: Path) -> dict[str, str]:
+    """This environment with checkout ``code`` first on PYTHONPATH."""
+    path = [str(code), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 @contextmanager
-def halfmoon_process(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def halfmoon_process(data_dir: Path, *extra: str,
+                     code: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A ``python -m broker_embedded serve`` process on a free port (sync flush unless
-    ``extra`` says otherwise); yields it and its port, terminates it on exit."""
+    ``extra`` says otherwise), running checkout ``code`` if given (first on its PYTHONPATH
+    and its working directory, which ``-m`` puts before it); yields it and its port,
+    terminates it on exit."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(data_dir), "--port", str(port),
+        [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(data_dir.resolve()), "--port", str(port),
          "--log-level", "WARNING", *extra],
+        env=code_env(code) if code else None, cwd=code,
     )
     try:
         wait_port(port)
