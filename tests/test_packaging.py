@@ -71,6 +71,15 @@ def test_the_package_list_is_every_folder_with_a_shipped_file() -> None:
     assert not listed - needed, f"remove {sorted(listed - needed)} from {WHERE} (no shipped file there)"
 
 
+def test_no_folder_in_the_tree_shadows_a_mapped_package() -> None:
+    """A folder at a mapped package's own path (``outbox/integrations/alembic/``, say one
+    with only a ``__pycache__`` left from before the move) is imported in place of it."""
+    shadows = [f"{path.relative_to(ROOT)} (the package's files are in {folder})"
+               for package, folder in SETUPTOOLS["package-dir"].items()
+               if (path := ROOT.joinpath(*package.split("."))).exists()]
+    assert not shadows, f"delete {shadows}: each is imported in place of the mapped package"
+
+
 @pytest.mark.slow
 def test_the_built_wheel_holds_exactly_the_trees_files() -> None:
     with zipfile.ZipFile(built_wheel()) as wheel:
