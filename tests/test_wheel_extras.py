@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -31,7 +32,7 @@ from sqlalchemy import create_engine, inspect
 
 from tests.outbox.alembic_user_project import APP_REVISION_ID, write_user_project
 from tests.server.conftest import free_port
-from tests.wheelhouse import built_wheel
+from tests.wheelhouse import NOT_SOURCES, ROOT, built_wheel
 
 pytestmark = pytest.mark.slow
 
@@ -88,10 +89,12 @@ class Venv:
 
 
 def _pip_install(python: str, requirement: str, *options: str, cwd: Path) -> None:
-    """This interpreter's pip, installing into the environment of ``python``."""
+    """This interpreter's pip, installing into the environment of ``python`` (without
+    PYTHONPATH, whose checkout may hold a ``halfmoon.egg-info`` that pip takes as installed)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
                              "--disable-pip-version-check", *options, requirement],
-                            cwd=cwd, capture_output=True, text=True, timeout=900)
+                            cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -335,14 +338,51 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 def test_django_extra_without_sqlalchemy(install: Callable[[str], Venv]) -> None:
     env = install("django")
     assert not env.importable("sqlalchemy")
+    django = _django_migrates(env)
+    _another_services_transaction_is_left_alone(env, django)
+
+
+def _django_migrates(env: Venv) -> dict[str, str]:
+    """A Django site with the outbox app in ``env``, checked and migrated to head; the
+    variables that select its settings."""
     (env.work / "site_settings.py").write_text(DJANGO_SETTINGS)
     django = {"DJANGO_SETTINGS_MODULE": "site_settings", "PYTHONPATH": str(env.work)}
-    env.run(env.bin("django-admin"), "check", **django)
-    env.run(env.bin("django-admin"), "migrate", "-v0", **django)
+    env.run(env.bin("python"), "-m", "django", "check", **django)
+    env.run(env.bin("python"), "-m", "django", "migrate", "-v0", **django)
     with sqlite3.connect(env.work / "db.sqlite3") as conn:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox_consumed_message)")}
+        applied = {row[0] for row in conn.execute(
+            "SELECT name FROM django_migrations WHERE app = 'halfmoon_outbox'")}
     assert columns == {"id", "consumer_group", "message_id", "topic", "transaction_id", "consumed_at"}
-    _another_services_transaction_is_left_alone(env, django)
+    ours = Path(env.python("import outbox.integrations.django.migrations as m; print(m.__file__)").strip()).parent
+    assert applied == {path.stem for path in ours.glob("0*.py")}  # every one of ours: head
+    return django
+
+
+def test_an_editable_install_maps_migrations_to_their_import_names(tmp_path: Path) -> None:
+    """``pip install -e`` (what ``./dev`` runs) of a fresh copy of the checkout: the package
+    imports ``migrations/alembic`` and ``migrations/django`` under their installed names, and
+    ``outbox migrate`` and Django's ``migrate`` reach head. The dependencies are this
+    interpreter's (``.pth`` lines), so nothing is downloaded."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
+    env = Venv(tmp_path / "venv", tmp_path / "work")
+    env.work.mkdir()
+    venv.create(env.path, with_pip=False)
+    (site_packages,) = (env.path / "lib").glob("python3*/site-packages")
+    dependencies = [path for path in sys.path if Path(path).name == "site-packages"]
+    (site_packages / "zz_dependencies.pth").write_text("".join(f"{path}\n" for path in dependencies))
+    _pip_install(env.bin("python"), str(source), "--no-deps", "--no-build-isolation", "--editable",
+                 cwd=env.work)
+    found = env.python("import outbox.integrations.alembic as a, outbox.integrations.django.migrations as m\n"
+                       "print(a.__file__); print(m.__file__)").split()
+    assert found == [str(source / "migrations" / "alembic" / "__init__.py"),
+                     str(source / "migrations" / "django" / "__init__.py")]
+    env.run(env.bin("outbox"), "migrate", "--database-url", f"sqlite:///{env.work / 'outbox.sqlite3'}")
+    with sqlite3.connect(env.work / "outbox.sqlite3") as conn:
+        assert conn.execute("SELECT version_num FROM outbox_alembic_version").fetchall() == [
+            (_our_alembic_head(),)]
+    _django_migrates(env)
 
 
 def _another_services_transaction_is_left_alone(env: Venv, django: dict[str, str]) -> None:
