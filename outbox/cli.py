@@ -94,7 +94,7 @@ def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
 
 def check(args: argparse.Namespace, settings: OutboxSettings) -> int:
     from .integrations.sqlalchemy.engine import checker_engine
-    from .integrations.sqlalchemy.fence import check_transaction
+    from .integrations.sqlalchemy.recorder import check_transaction
 
     engine = checker_engine(args.database_url or settings.database_for(args.group), settings.check_connect_timeout_s)
     resolution = check_transaction(engine, args.transaction_id, args.group, settings.check_lock_timeout_ms,

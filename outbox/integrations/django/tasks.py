@@ -26,7 +26,7 @@ from ...retention import DEFAULT_BATCH_SIZE, DEFAULT_PAUSE_S, PurgeOptions
 from ..celery.check_back import TASK_OPTIONS, answer_check_back
 from ..celery.purge import PURGE_TASK_OPTIONS, purge_summary
 from .conf import producer
-from .fence import fence_on_group_database
+from .recorder import fence_on_group_database
 from .retention import purge_project
 
 

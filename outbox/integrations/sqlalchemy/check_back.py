@@ -24,11 +24,11 @@ from broker_embedded import Resolution
 from ...aio_producer import AsyncProducer
 from ...check_back import Answer
 from ...errors import ConfigurationError
-from ...fence import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 from ...producer import Producer
+from ...schema import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 from ...settings import OutboxSettings
 from .engine import checker_engine
-from .fence import check_transaction
+from .recorder import check_transaction
 
 log = logging.getLogger("outbox.check_back")
 

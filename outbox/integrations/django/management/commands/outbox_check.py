@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from broker_embedded import BrokerError, Resolution
 
 from ...conf import ForeignGroupError, outbox_settings, producer
-from ...fence import fenced_answer
+from ...recorder import fenced_answer
 from ...resolve import require_group
 
 
