@@ -17,7 +17,7 @@ from __future__ import annotations
 from celery import Celery
 
 from ...settings import OutboxSettings
-from .check_back import register
+from ..sqlalchemy.tasks import register
 
 
 def make_app(settings: OutboxSettings) -> Celery:

@@ -92,6 +92,8 @@ class DjangoRecorder(TransactionLogRecorder[str, str]):
 
 #: The one Django recorder (it keeps no state).
 RECORDER = DjangoRecorder()
+#: ``RECORDER``'s producer insert: ``record_committed(using, transaction_id, group)``.
+record_committed = RECORDER.record_committed
 
 
 def fenced_answer(transaction_id: str, producer_group: str | None = None, using: str = "default",
