@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from broker_embedded import Message, Resolution
+from broker_embedded import Message, ReceivedMessage, Resolution
 
 from .aio_consumer import arun_consumer
 from .aio_producer import AsyncProducer, AsyncTransactionListener
@@ -85,6 +85,7 @@ __all__ = [
     "OutboxError",
     "OutboxJSONEncoder",
     "Producer",
+    "ReceivedMessage",
     "Resolution",
     "SavepointError",
     "SchemaMissingError",

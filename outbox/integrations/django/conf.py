@@ -213,7 +213,7 @@ def outbox_settings() -> DjangoOutboxSettings:
                                 owned, values["retention"], values["answer_check_backs"])
 
 
-log = logging.getLogger("outbox.django")
+log = logging.getLogger(__name__)
 
 _building = threading.Lock()
 

@@ -62,7 +62,7 @@ from .recorder import record_committed
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
-log = logging.getLogger("outbox.sqlalchemy")
+log = logging.getLogger(__name__)
 
 _PRODUCER_KEY = "halfmoon.producer"
 
