@@ -28,7 +28,7 @@ from _common import percentile
 from sqlalchemy import Engine, text
 
 from outbox.integrations.sqlalchemy.engine import create_engine
-from outbox.integrations.sqlalchemy.fence import record_committed, run, sql_for
+from outbox.integrations.sqlalchemy.recorder import record_committed, run, sql_for
 from outbox.integrations.sqlalchemy.retention import purge_engine
 from outbox.integrations.sqlalchemy.tables import metadata
 from outbox.retention import PurgeOptions, RetentionPolicy

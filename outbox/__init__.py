@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from broker_embedded import Message, Resolution
+from broker_embedded import Message, ReceivedMessage, Resolution
 
 from .aio_consumer import arun_consumer
 from .aio_producer import AsyncProducer, AsyncTransactionListener
@@ -37,7 +37,7 @@ from .template import MessageTemplate
 if TYPE_CHECKING:
     from .integrations.sqlalchemy.consumer import idempotent_consumer as idempotent_consumer
     from .integrations.sqlalchemy.decorator import transactional_message as transactional_message
-    from .integrations.sqlalchemy.fence import check_transaction as check_transaction
+    from .integrations.sqlalchemy.recorder import check_transaction as check_transaction
     from .integrations.sqlalchemy.session import asend as asend
     from .integrations.sqlalchemy.session import install as install
     from .integrations.sqlalchemy.session import send as send
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 #: The SQLAlchemy flavour's names, and the module each comes from.
 _SQLALCHEMY_NAMES = {
     "asend": "outbox.integrations.sqlalchemy.session",
-    "check_transaction": "outbox.integrations.sqlalchemy.fence",
+    "check_transaction": "outbox.integrations.sqlalchemy.recorder",
     "idempotent_consumer": "outbox.integrations.sqlalchemy.consumer",
     "install": "outbox.integrations.sqlalchemy.session",
     "send": "outbox.integrations.sqlalchemy.session",
@@ -85,6 +85,7 @@ __all__ = [
     "OutboxError",
     "OutboxJSONEncoder",
     "Producer",
+    "ReceivedMessage",
     "Resolution",
     "SavepointError",
     "SchemaMissingError",

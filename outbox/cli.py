@@ -42,6 +42,7 @@ from broker_embedded.cli_tools import (
 )
 from broker_embedded.errors import BrokerError
 
+from .check_back import answer_check_back
 from .consumer import Handler, run_consumer, stop_on_signals
 from .errors import ConfigurationError, OutboxError
 from .idempotency import GROUP_ATTRIBUTE
@@ -93,12 +94,12 @@ def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
 
 
 def check(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    from .integrations.sqlalchemy.check_back import engine_answer
     from .integrations.sqlalchemy.engine import checker_engine
-    from .integrations.sqlalchemy.fence import check_transaction
 
     engine = checker_engine(args.database_url or settings.database_for(args.group), settings.check_connect_timeout_s)
-    resolution = check_transaction(engine, args.transaction_id, args.group, settings.check_lock_timeout_ms,
-                                   settings.check_statement_timeout_ms)
+    answer = engine_answer(engine, settings.check_lock_timeout_ms, settings.check_statement_timeout_ms)
+    resolution = answer_check_back(answer, None, args.group, args.transaction_id)
     print(resolution.name)
     if args.send and resolution is not Resolution.UNKNOWN:
         broker = connect(args.broker_url or settings.broker_url)

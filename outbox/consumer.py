@@ -26,7 +26,7 @@ from broker_embedded.errors import BrokerUnavailableError, UnknownReceiptError
 from . import instrumentation
 from .outage import BrokerOutage
 
-log = logging.getLogger("outbox.consumer")
+log = logging.getLogger(__name__)
 
 #: A handler; False means the message was skipped (a duplicate), anything else handled.
 Handler = Callable[[ReceivedMessage], bool]

@@ -64,7 +64,7 @@ from broker_embedded import Message
 
 from .errors import OutboxError
 
-log = logging.getLogger("outbox.instrumentation")
+log = logging.getLogger(__name__)
 
 SEND = "send"
 SEND_HALF = "send_half"

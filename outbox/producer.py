@@ -40,7 +40,7 @@ from .producer_protocol import (
     sending_half,
 )
 
-log = logging.getLogger("outbox.producer")
+log = logging.getLogger(__name__)
 
 __all__ = ["END_NOT_SENT", "END_SENT", "TRANSACTION_ID_PROPERTY", "Producer", "TransactionListener",
            "checking_back", "new_transaction_id"]

@@ -67,7 +67,7 @@ from .errors import ConfigurationError
 from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
 from .sql import Execute, OutboxSQL
 
-log = logging.getLogger("outbox.retention")
+log = logging.getLogger(__name__)
 
 #: NServiceBus's default deduplication window.
 DEFAULT_DEDUP_WINDOW_S = 7 * 24 * 3600.0

@@ -1,4 +1,5 @@
-"""The framework's tables, ORM-free: names, states and sizes every integration shares.
+"""The framework's tables, ORM-free: names, states, sizes and the check's default
+timeouts every integration shares.
 
 The SQLAlchemy tables (``outbox.integrations.sqlalchemy.tables``), the Alembic revisions
 and the Django models create these same tables from these names.
@@ -24,3 +25,9 @@ MESSAGE_ID_LENGTH = 64
 GROUP_LENGTH = 128
 TOPIC_LENGTH = 255
 STATE_LENGTH = 16
+
+#: How long a check-back's fence waits on a running local transaction before answering
+#: UNKNOWN (``OUTBOX_CHECK_LOCK_TIMEOUT_MS``, Django's ``OUTBOX["CHECK_LOCK_TIMEOUT_MS"]``).
+DEFAULT_LOCK_TIMEOUT_MS = 2000
+#: How long any statement of the check may run (PostgreSQL's ``statement_timeout``).
+DEFAULT_STATEMENT_TIMEOUT_MS = 5000

@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 
 from .errors import ConfigurationError
 from .retention import RetentionPolicy
+from .schema import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 
 DEFAULT_BROKER_URL = "tcp://127.0.0.1:9876"
 #: The broker URL's environment variables, the first one winning; both set and different
@@ -148,9 +149,9 @@ class OutboxSettings:
     group_databases: dict[str, str] = field(default_factory=dict)
     celery_broker_url: str = "filesystem://"
     celery_data_dir: Path = field(default_factory=lambda: data_home() / "celery")
-    check_lock_timeout_ms: int = 2000
+    check_lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
     check_connect_timeout_s: int = 5
-    check_statement_timeout_ms: int = 5000
+    check_statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
     #: How long ``outbox purge`` keeps the framework tables' rows.
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 

@@ -43,7 +43,7 @@ import outbox
 from outbox.integrations.django import models  # noqa: F401  (the point of item 5)
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.consumer import idempotent_consumer
-from outbox.integrations.django.fence import fenced_answer
+from outbox.integrations.django.recorder import fenced_answer
 from outbox.integrations.django.transactional import transactional_message
 
 @transactional_message(topic="order.paid", keys=lambda order_id, amount: [order_id])

@@ -21,8 +21,8 @@ from pathlib import Path
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker_embedded import ReceivedMessage, connect
-from outbox import idempotent_consumer, message_json, run_consumer
+from broker_embedded import connect
+from outbox import ReceivedMessage, idempotent_consumer, message_json, run_consumer
 from outbox.consumer import stop_on_signals
 from outbox.integrations.sqlalchemy.tables import metadata as outbox_metadata
 

@@ -37,7 +37,7 @@ from ..integrations.sqlalchemy.tables import consumed_message, transaction_log
 from .preflight import CONSUMED_MESSAGE, TRANSACTION_LOG, export_files
 from .session import HOW_TO_ADD_JDBC_DRIVER, has_postgres_driver, python_workers_here
 
-log = logging.getLogger("outbox.reconcile")
+log = logging.getLogger(__name__)
 
 #: The timestamp column a window applies to, per table and per export file.
 TIME_COLUMNS = {TRANSACTION_LOG: "created_at", CONSUMED_MESSAGE: "consumed_at"}

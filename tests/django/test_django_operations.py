@@ -32,8 +32,8 @@ from broker_embedded import (
 from broker_embedded.errors import BrokerUnavailableError
 from outbox import BrokerUnavailable, ConfigurationError, Producer
 from outbox.integrations.django.conf import outbox_settings, producer
-from outbox.integrations.django.fence import fenced_answer
 from outbox.integrations.django.models import TransactionLog
+from outbox.integrations.django.recorder import fenced_answer
 from outbox.integrations.django.transactional import current_transaction_id, transactional_message
 from tests.django.shop.models import Account
 from tests.django.support import PENDING_URL, admin_client, eventually, park

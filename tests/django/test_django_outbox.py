@@ -17,8 +17,8 @@ from broker_embedded.export import transaction_states
 from outbox import BodyNotSerializableError, TransactionFencedError, message_json
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.consumer import idempotent_consumer
-from outbox.integrations.django.fence import fenced_answer
 from outbox.integrations.django.models import ConsumedMessage, TransactionLog
+from outbox.integrations.django.recorder import fenced_answer
 from outbox.integrations.django.transactional import (
     current_transaction_id,
     send,

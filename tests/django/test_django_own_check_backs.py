@@ -13,11 +13,8 @@ from django.test import override_settings
 from broker_embedded import BrokerClient, Message, TransactionState
 from outbox.integrations.django.conf import producer, start_answering_check_backs
 from outbox.integrations.django.models import TransactionLog
-from outbox.integrations.django.transactional import (
-    current_transaction_id,
-    record_committed,
-    transactional_message,
-)
+from outbox.integrations.django.recorder import record_committed
+from outbox.integrations.django.transactional import current_transaction_id, transactional_message
 from tests.django.support import eventually
 from tests.outbox.async_support import tcp_broker
 

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, create_engine, select
 from broker_embedded import TransactionState
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.models import TransactionLog
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.integrations.sqlalchemy.tables import COMMITTED, metadata, transaction_log
 from tests.django.support import PENDING_URL, admin_client, park
 

@@ -20,15 +20,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from broker_embedded import Message
-from outbox.fence import row_params
 from outbox.idempotency import ConsumedRow
 from outbox.integrations.celery.purge import purge_summary
 from outbox.integrations.django.conf import producer
-from outbox.integrations.django.fence import alias_sql, run
 from outbox.integrations.django.models import ConsumedMessage, TransactionLog
+from outbox.integrations.django.recorder import alias_sql, run
 from outbox.integrations.django.retention import purge_project
 from outbox.retention import PurgeOptions
 from outbox.schema import COMMITTED
+from outbox.transaction_log import row_params
 from tests.django.support import park
 
 

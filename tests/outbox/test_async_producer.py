@@ -20,7 +20,7 @@ from outbox import (
     check_transaction,
     instrumentation,
 )
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.producer import TRANSACTION_ID_PROPERTY
 from tests.server.conftest import ThreadServer, free_port
 

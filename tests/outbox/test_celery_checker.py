@@ -83,7 +83,7 @@ def test_task_answers_unknown_while_the_database_is_down(broker_url: str) -> Non
 
 @pytest.mark.parametrize("committed", [True, False])
 def test_task_answers_by_the_fence_and_tells_the_broker(broker_url: str, engine, committed: bool) -> None:
-    from outbox.integrations.sqlalchemy.fence import record_committed
+    from outbox.integrations.sqlalchemy.recorder import record_committed
 
     settings = OutboxSettings(database_url=engine.url.render_as_string(hide_password=False), broker_url=broker_url)
     task = register(Celery("user"), settings=settings)

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, select
 from broker_embedded import BrokerClient, Message, TransactionState
 from outbox.integrations.celery import check_queue
 from outbox.integrations.sqlalchemy.engine import create_engine
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.integrations.sqlalchemy.tables import transaction_log
 
 from ..server.conftest import ServerProcess

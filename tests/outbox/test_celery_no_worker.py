@@ -32,7 +32,7 @@ def test_a_queue_nobody_takes_from_is_a_warning_that_says_where(tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     folder = tmp_path / "celery"
     checker = CeleryChecker(make_app(OutboxSettings(celery_data_dir=folder)), stall_s=0.3)
-    with caplog.at_level(logging.WARNING, logger="outbox.celery.checker"):
+    with caplog.at_level(logging.WARNING, logger="outbox.integrations.celery.checker"):
         _send_checks(checker, 1.0)
     [warning] = [r.getMessage() for r in caplog.records if "no Celery worker" in r.getMessage()]
     assert f"filesystem:/// (folder {folder / 'queue'})" in warning
@@ -42,6 +42,6 @@ def test_a_queue_nobody_takes_from_is_a_warning_that_says_where(tmp_path: Path,
 def test_a_queue_a_worker_drains_is_quiet(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     folder = tmp_path / "celery"
     checker = CeleryChecker(make_app(OutboxSettings(celery_data_dir=folder)), stall_s=0.3)
-    with caplog.at_level(logging.WARNING, logger="outbox.celery.checker"):
+    with caplog.at_level(logging.WARNING, logger="outbox.integrations.celery.checker"):
         _send_checks(checker, 1.0, drain=folder / "queue")
     assert not [r for r in caplog.records if "no Celery worker" in r.getMessage()]

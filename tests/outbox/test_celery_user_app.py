@@ -18,7 +18,7 @@ from outbox.integrations.celery import check_queue
 from outbox.integrations.celery.app import make_app
 from outbox.integrations.celery.checker import CeleryChecker
 from outbox.integrations.sqlalchemy.engine import create_engine
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.integrations.sqlalchemy.tables import metadata, transaction_log
 from outbox.settings import OutboxSettings
 

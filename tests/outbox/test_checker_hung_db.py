@@ -24,7 +24,7 @@ from outbox.integrations.celery import check_queue
 from outbox.integrations.celery.app import make_app
 from outbox.integrations.celery.checker import CeleryChecker
 from outbox.integrations.sqlalchemy.engine import create_engine
-from outbox.integrations.sqlalchemy.fence import check_transaction, record_committed
+from outbox.integrations.sqlalchemy.recorder import check_transaction, record_committed
 from outbox.integrations.sqlalchemy.tables import metadata
 from outbox.settings import OutboxSettings
 

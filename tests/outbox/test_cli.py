@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, select, text
 
 from broker_embedded import BrokerClient, Message
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
 
 from ..server.conftest import ServerProcess

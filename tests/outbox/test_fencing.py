@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from broker_embedded import Resolution
 from outbox import TransactionFencedError, check_transaction
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 
 
 def _check_in_thread(engine: Engine, tx: str, timeout_ms: int = 20_000) -> tuple[threading.Thread, list]:

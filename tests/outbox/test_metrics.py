@@ -22,7 +22,7 @@ from outbox import (
     metrics,
     transactional_message,
 )
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.integrations.sqlalchemy.retention import purge_engine
 from outbox.integrations.sqlalchemy.tables import consumed_message, transaction_log
 from outbox.producer import TRANSACTION_ID_PROPERTY

@@ -17,7 +17,7 @@ from broker_embedded import BrokerClient, Message, TransactionState
 from outbox import AsyncProducer, Producer, install, transactional_message
 from outbox.integrations.sqlalchemy.check_back import answer_check_backs
 from outbox.integrations.sqlalchemy.engine import create_async_engine
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.integrations.sqlalchemy.tables import transaction_log
 from outbox.schema import ROLLED_BACK
 

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, select
 
 from broker_embedded import BrokerClient, Message, Resolution, TransactionState
 from outbox import Producer, check_transaction
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.integrations.sqlalchemy.tables import ROLLED_BACK, transaction_log
 from outbox.producer import TRANSACTION_ID_PROPERTY
 

@@ -14,7 +14,7 @@ from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution, T
 from broker_embedded.export import transaction_states
 from broker_embedded.store.config import StoreConfig
 from outbox import Producer, check_transaction
-from outbox.integrations.sqlalchemy.fence import record_committed
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.producer import TRANSACTION_ID_PROPERTY
 
 

@@ -69,7 +69,7 @@ class Shop:
                     "OUTBOX_BROKER_TRANSACTION_TIMEOUT_S": str(timeout_s),
                     "OUTBOX_BROKER_CHECK_INTERVAL_S": str(interval_s), "OUTBOX_BROKER_CHECK_MAX": str(check_max)}
         self.checker = Producer(self.server.url, "shop")
-        answer_check_backs(self.checker, OutboxSettings(broker_url=self.server.url, database_url=db_url))
+        answer_check_backs(self.checker, settings=OutboxSettings(broker_url=self.server.url, database_url=db_url))
         self.client = BrokerClient(self.server.url)
         self.processes: list[subprocess.Popen[str]] = []
 

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 
 from broker_embedded import EmbeddedBroker, Message
 from outbox.integrations.sqlalchemy.engine import create_engine
-from outbox.integrations.sqlalchemy.fence import record_committed, run, sql_for
+from outbox.integrations.sqlalchemy.recorder import record_committed, run, sql_for
 from outbox.integrations.sqlalchemy.retention import purge_engine
 from outbox.integrations.sqlalchemy.tables import metadata
 from outbox.retention import PurgeOptions, PurgeSQL, RetentionPolicy

@@ -9,15 +9,20 @@ Run a worker for a producer group with Celery's own command::
 
 Configured from the environment (``outbox.settings``): the transport defaults to kombu's
 server-less ``filesystem://`` under ``OUTBOX_CELERY_DATA_DIR``; set
-``OUTBOX_CELERY_BROKER_URL=redis://...`` in production.
+``OUTBOX_CELERY_BROKER_URL=redis://...`` in production. The module-level ``app`` (and
+``settings``, ``check_transaction_task``) is built on first use: importing this module reads
+no environment and makes no folder.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from celery import Celery
 
 from ...settings import OutboxSettings
-from .check_back import register
+from ..sqlalchemy.tasks import register
 
 
 def make_app(settings: OutboxSettings) -> Celery:
@@ -46,6 +51,17 @@ def make_app(settings: OutboxSettings) -> Celery:
     return celery
 
 
-settings = OutboxSettings.from_env()
-app = make_app(settings)
-check_transaction_task = register(app, settings=settings)
+@functools.cache
+def _standalone() -> dict[str, Any]:
+    settings = OutboxSettings.from_env()
+    app = make_app(settings)
+    return {"settings": settings, "app": app, "check_transaction_task": register(app, settings=settings)}
+
+
+def __getattr__(name: str) -> Any:
+    """``settings``, ``app`` and ``check_transaction_task`` of the standalone app, built (and
+    the ``filesystem://`` folders made) on first use, not at import."""
+    try:
+        return _standalone()[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -1,10 +1,13 @@
-"""The check-back task: its name, its queues, its one body, and its registration in an app.
+"""The check-back task, ORM-free: its name, its queues, its one body, and its registration
+in an app.
 
 The broker's Celery checker sends task ``outbox.check_transaction(producer_group,
 transaction_id, message_id)`` to queue ``outbox.check.<producer group>``. Whichever Celery
-app runs it (yours through ``register(app)``, a Django project's through autodiscovery of
-``outbox.integrations.django.tasks``, or the standalone ``outbox.integrations.celery.worker``),
-the body is ``answer_check_back``: the fence decides, END_TRANSACTION tells the broker.
+app runs it, the body is ``outbox.check_back.answer_check_back`` with the integration's own
+fence and error family: the SQLAlchemy flavour's ``register(app)``
+(``outbox.integrations.sqlalchemy.tasks``, also the standalone
+``outbox.integrations.celery.worker``), or a Django project's autodiscovered
+``outbox.integrations.django.tasks``. Nothing here imports an ORM.
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ from celery import Celery, current_task
 
 from broker_embedded import BrokerAPI, connect
 
-from ... import check_back, instrumentation
-from ...check_back import Answer
-from ...settings import OutboxSettings
-from ..sqlalchemy.check_back import DATABASE_ERRORS, fence_answer
+from ... import instrumentation
+from ...check_back import Answer, answer_check_back
 
 CHECK_TASK = "outbox.check_transaction"
 
@@ -32,6 +33,9 @@ TASK_OPTIONS: dict[str, Any] = {"name": CHECK_TASK, "ignore_result": True, "acks
 #: The check task's message header that carries the half message's
 #: ``outbox.instrumentation.CONTEXT_PROPERTIES`` (a mapping), when it has any.
 CONTEXT_HEADER = "outbox_context"
+
+#: The check task's body: ``(producer_group, transaction_id, message_id=None) -> answer``.
+CheckTask = Callable[..., str]
 
 
 def check_queue(producer_group: str) -> str:
@@ -47,33 +51,28 @@ def carried_context() -> dict[str, str]:
     return instrumentation.carried_context(carried) if isinstance(carried, Mapping) else {}
 
 
-def answer_check_back(answer: Answer, broker: Callable[[], BrokerAPI], producer_group: str,
-                      transaction_id: str, message_id: str | None = None) -> str:
-    """``outbox.check_back.answer_check_back`` in a check task: traced with the context the
-    task carries, a database error of SQLAlchemy's is UNKNOWN."""
-    return check_back.answer_check_back(answer, broker, producer_group, transaction_id, message_id,
-                                        context=carried_context(), database_errors=DATABASE_ERRORS)
-
-
 @functools.cache
 def broker_client(url: str) -> BrokerAPI:
     """This process's connection to the broker at ``url``, opened on first use."""
     return connect(url)
 
 
-def register(app: Celery, *, answer: Answer | None = None, settings: OutboxSettings | None = None) -> Any:
-    """Register the check-back task in ``app``; returns the task.
-
-    ``settings`` (default: ``OutboxSettings.from_env()``) give the broker that receives the
-    answers and, unless ``answer`` is given, the databases the fence runs on. Run a worker
-    on the group's queue: ``celery -A yourapp worker -Q celery,outbox.check.<group>``."""
-    settings = settings or OutboxSettings.from_env()
-    fence = answer or fence_answer(settings)
-    broker_url = settings.broker_url
+def check_task(answer: Answer, database_errors: tuple[type[Exception], ...],
+               broker: Callable[[], BrokerAPI]) -> CheckTask:
+    """The check task's body for an integration: its fence ``answer``, the ORM errors that
+    answer UNKNOWN, and the broker that receives the answer; traced with the context the
+    task carries."""
 
     def check_transaction_task(producer_group: str, transaction_id: str, message_id: str | None = None) -> str:
-        """Answer one check-back of the broker (see ``answer_check_back``)."""
-        return answer_check_back(fence, lambda: broker_client(broker_url), producer_group, transaction_id,
-                                 message_id)
+        """Answer one check-back of the broker (``outbox.check_back.answer_check_back``)."""
+        return answer_check_back(answer, broker, producer_group, transaction_id, message_id,
+                                 context=carried_context(), database_errors=database_errors).value
 
-    return app.task(**TASK_OPTIONS, shared=False)(check_transaction_task)  # in ``app`` alone
+    return check_transaction_task
+
+
+def register_check_task(app: Celery, answer: Answer, database_errors: tuple[type[Exception], ...],
+                        broker_url: str) -> Any:
+    """Register ``check_task`` in ``app`` alone (not shared with other apps); returns the task."""
+    body = check_task(answer, database_errors, lambda: broker_client(broker_url))
+    return app.task(**TASK_OPTIONS, shared=False)(body)

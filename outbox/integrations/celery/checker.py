@@ -34,7 +34,7 @@ from broker_embedded import CheckRequest
 from ... import instrumentation
 from .check_back import CHECK_TASK, CONTEXT_HEADER, check_queue
 
-log = logging.getLogger("outbox.celery.checker")
+log = logging.getLogger(__name__)
 
 #: The shortest life of a check task: queue latency on a loaded worker must not expire them all.
 MIN_EXPIRY_S = 10.0

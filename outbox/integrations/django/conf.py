@@ -39,6 +39,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ...errors import ConfigurationError, OutboxError
 from ...producer import Producer
 from ...retention import RetentionPolicy
+from ...schema import DEFAULT_LOCK_TIMEOUT_MS
 from ...settings import (
     DEFAULT_BROKER_URL,
     ConflictingBrokerUrlsError,
@@ -144,7 +145,7 @@ def _other_groups(raw: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def _check_lock_timeout_ms(raw: Mapping[str, Any]) -> int:
-    timeout = raw.get("CHECK_LOCK_TIMEOUT_MS", 2000)
+    timeout = raw.get("CHECK_LOCK_TIMEOUT_MS", DEFAULT_LOCK_TIMEOUT_MS)
     if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
         raise OutboxSettingError("E007", "OUTBOX['CHECK_LOCK_TIMEOUT_MS'] must be a positive integer")
     return timeout
@@ -212,7 +213,7 @@ def outbox_settings() -> DjangoOutboxSettings:
                                 owned, values["retention"], values["answer_check_backs"])
 
 
-log = logging.getLogger("outbox.django")
+log = logging.getLogger(__name__)
 
 _building = threading.Lock()
 
@@ -224,7 +225,7 @@ def _producer() -> Producer:
     if conf.answer_check_backs:
         from django.db import DatabaseError
 
-        from .fence import fence_on_group_database
+        from .recorder import fence_on_group_database
 
         built.answer_check_backs(fence_on_group_database, database_errors=(DatabaseError,))
     return built

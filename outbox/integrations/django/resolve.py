@@ -14,7 +14,7 @@ from broker_embedded.errors import UnknownTransactionError
 
 from ...producer import Producer
 from .conf import ForeignGroupError, outbox_settings, producer
-from .fence import fenced_answer
+from .recorder import fenced_answer
 
 
 def parked_transaction(transaction_id: str) -> ParkedTransaction:

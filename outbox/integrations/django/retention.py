@@ -19,7 +19,7 @@ from ...retention import Progress, PurgeOptions, PurgeReport, RetentionPolicy, p
 from ...schema import TRANSACTION_LOG
 from ...sql import Execute
 from .conf import outbox_settings, producer
-from .fence import alias_sql, run
+from .recorder import alias_sql, run
 
 
 def purge_alias(using: str, policy: RetentionPolicy, list_open: Callable[[str | None], Collection[str]],

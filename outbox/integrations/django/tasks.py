@@ -8,8 +8,10 @@ With the usual ``proj/celery.py``::
 
 ``app.autodiscover_tasks()`` imports this module (``outbox.integrations.django`` is in
 ``INSTALLED_APPS``); run ``celery -A proj worker -Q celery,outbox.check.<group>``. The fence
-runs on the project's ``DATABASES`` alias of the group; the answer goes to
-``OUTBOX['BROKER_URL']`` on this process's producer connection.
+runs on the project's ``DATABASES`` alias of the group (Django's ``DatabaseError`` there,
+a locked or unreachable database, answers UNKNOWN: the broker asks again); the answer goes
+to ``OUTBOX['BROKER_URL']`` on this process's producer connection. The tasks' names and
+bodies are the ORM-free ``outbox.integrations.celery``'s: nothing here imports SQLAlchemy.
 
 The purge task ``outbox.purge`` is here too, for a beat schedule entry
 (``{"task": "outbox.purge", "schedule": 3600.0}``, docs/retention.md): ``purge_project``
@@ -23,18 +25,14 @@ from typing import Any
 from celery import shared_task
 
 from ...retention import DEFAULT_BATCH_SIZE, DEFAULT_PAUSE_S, PurgeOptions
-from ..celery.check_back import TASK_OPTIONS, answer_check_back
+from ..celery.check_back import TASK_OPTIONS, check_task
 from ..celery.purge import PURGE_TASK_OPTIONS, purge_summary
 from .conf import producer
-from .fence import fence_on_group_database
+from .recorder import RECORDER, fence_on_group_database
 from .retention import purge_project
 
-
-@shared_task(**TASK_OPTIONS)
-def check_transaction_task(producer_group: str, transaction_id: str, message_id: str | None = None) -> str:
-    """Answer one check-back of the broker (see ``answer_check_back``)."""
-    return answer_check_back(fence_on_group_database, lambda: producer().broker, producer_group,
-                             transaction_id, message_id)
+check_transaction_task = shared_task(**TASK_OPTIONS)(
+    check_task(fence_on_group_database, RECORDER.database_errors, lambda: producer().broker))
 
 
 @shared_task(**PURGE_TASK_OPTIONS)

@@ -31,7 +31,7 @@ from typing import Any, TypeVar, cast
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, connections, transaction
+from django.db import transaction
 
 from broker_embedded import Message, Resolution
 
@@ -39,12 +39,10 @@ from ... import instrumentation
 from ...context import LocalTransaction, running, running_transaction
 from ...context import current_transaction_id as current_transaction_id  # of the running call
 from ...errors import OutboxError
-from ...fence import fenced_error, row_params
 from ...producer import Producer, new_transaction_id
-from ...schema import COMMITTED
 from ...template import FromArguments, MessageTemplate
 from .conf import producer as default_producer
-from .fence import alias_sql, run
+from .recorder import RECORDER
 
 R = TypeVar("R")
 
@@ -64,17 +62,6 @@ async def asend(message: Message) -> str:
     goes out from the thread that runs its transaction (``sync_to_async``,
     ``thread_sensitive=True``), so the event loop never blocks on the broker."""
     return await sync_to_async(send, thread_sensitive=True)(message)
-
-
-def record_committed(using: str, transaction_id: str, producer_group: str) -> None:
-    """The producer's insert, first statement of its transaction on ``using``;
-    ``TransactionFencedError`` if a checker's fence got there first."""
-    connection = connections[using]
-    sql = alias_sql(connection)
-    try:
-        run(connection, sql.record_transaction, row_params(transaction_id, producer_group, COMMITTED))
-    except IntegrityError as exc:
-        raise fenced_error(transaction_id, producer_group) from exc
 
 
 def transactional_message(
@@ -115,7 +102,7 @@ def transactional_message(
                                                   transaction_id=local.transaction_id)
             try:
                 with running(local), transaction.atomic(using=using):
-                    record_committed(using, local.transaction_id, sender.producer_group)
+                    RECORDER.record_committed(using, local.transaction_id, sender.producer_group)
                     result = body()
                     transaction.on_commit(
                         lambda: sender.end_transaction(local.transaction_id, Resolution.COMMIT), using=using

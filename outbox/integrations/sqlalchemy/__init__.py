@@ -1,4 +1,5 @@
 """The SQLAlchemy flavour: ``tables`` (the framework tables), ``engine`` (SQLite's
 ``BEGIN IMMEDIATE``), ``session`` (``install``/``send``), ``decorator``
-(``@transactional_message``), ``fence`` (``record_committed``, ``check_transaction``) and
-``consumer`` (``@idempotent_consumer``); the public names are also ``outbox.*``."""
+(``@transactional_message``), ``recorder`` (the transaction log: ``record_committed``,
+``check_transaction``, ``record_consumed``), ``check_back`` (producers answering their
+group's check-backs), ``tasks`` (the Celery tasks) and ``consumer`` (``@idempotent_consumer``); the public names are also ``outbox.*``."""

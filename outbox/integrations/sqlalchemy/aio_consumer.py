@@ -2,7 +2,7 @@
 need no greenlet (SQLAlchemy's asyncio extension, ``halfmoon[asyncio]``).
 
 The consumed_message row goes through the ``AsyncSession`` (``run_sync`` runs the sync
-insert of ``consumer.record_consumed`` on its connection, aiosqlite or asyncpg) as the
+insert of ``recorder.record_consumed`` on its connection, aiosqlite or asyncpg) as the
 first statement of the transaction the handler's writes join: ``outbox.idempotency``'s
 rule, shared with the sync wrapper.
 """
@@ -20,7 +20,7 @@ from broker_embedded import ReceivedMessage
 from ...aio_consumer import AsyncHandler
 from ...errors import ConfigurationError
 from ...idempotency import ConsumedRow, arecord_or_skip
-from .consumer import record_consumed
+from .recorder import record_consumed
 
 
 def async_wrapper(group: str, session_factory: Callable[[], AsyncSession],

@@ -7,7 +7,7 @@ while it runs, so no checker has to be started for them (the Celery checker is f
 producer of the group is alive). ``answer_check_backs(producer, engine)`` does the same
 for a producer used without the decorator (a RocketMQ 5 cluster, ``rocketmq5://``, sends
 check-backs only to live producers). ``fence_answer(settings)`` is what the Celery check
-task asks by default.
+task asks by default (``tasks.register``).
 """
 
 from __future__ import annotations
@@ -24,19 +24,16 @@ from broker_embedded import Resolution
 from ...aio_producer import AsyncProducer
 from ...check_back import Answer
 from ...errors import ConfigurationError
-from ...fence import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 from ...producer import Producer
+from ...schema import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 from ...settings import OutboxSettings
 from .engine import checker_engine
-from .fence import check_transaction
+from .recorder import RECORDER, check_transaction
 
-log = logging.getLogger("outbox.check_back")
+log = logging.getLogger(__name__)
 
 #: The blocking driver the fence uses for an async engine's driver (others: the dialect's default).
 SYNC_DRIVERS = {"aiosqlite": "pysqlite", "asyncpg": "psycopg", "psycopg_async": "psycopg"}
-
-#: Errors of the fence's database that make a check-back's answer UNKNOWN.
-DATABASE_ERRORS: tuple[type[Exception], ...] = (SQLAlchemyError,)
 
 
 @functools.cache
@@ -100,7 +97,7 @@ def answer_check_backs(producer: Producer | AsyncProducer, engine: Any = None, *
     if answer is None:
         answer = engine_answer(sync_engine(engine)) if engine is not None else \
             fence_answer(settings or OutboxSettings.from_env())
-    return producer.answer_check_backs(answer, database_errors=DATABASE_ERRORS)
+    return producer.answer_check_backs(answer, database_errors=RECORDER.database_errors)
 
 
 def answer_own_check_backs(producer: Producer | AsyncProducer, session_factory: Any) -> None:

@@ -17,30 +17,19 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, overload
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from broker_embedded import ReceivedMessage
 
 from ...consumer import Handler
 from ...errors import ConfigurationError
-from ...idempotency import GROUP_ATTRIBUTE, AlreadyConsumed, ConsumedRow, record_or_skip
-from .fence import run, sql_for
+from ...idempotency import GROUP_ATTRIBUTE, record_or_skip
+from .recorder import record_consumed
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from ...aio_consumer import AsyncHandler
-
-
-def record_consumed(session: Session, row: ConsumedRow) -> None:
-    """Insert ``row`` in the session's transaction; ``AlreadyConsumed`` for a duplicate."""
-    connection = session.connection()
-    sql = sql_for(connection)
-    try:
-        run(connection, sql.record_consumed, row.params())
-    except IntegrityError:
-        raise AlreadyConsumed from None
 
 
 @overload

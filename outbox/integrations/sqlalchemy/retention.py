@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from ...retention import Progress, PurgeOptions, PurgeReport, RetentionPolicy, purge
 from ...sql import Execute
 from .engine import create_engine
-from .fence import run, sql_for
+from .recorder import run, sql_for
 
 
 def purge_engine(engine: Engine, policy: RetentionPolicy, list_open: Callable[[str | None], Collection[str]],

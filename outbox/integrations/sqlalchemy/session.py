@@ -57,12 +57,12 @@ from ...errors import ConfigurationError, NestedTransactionError, OutboxError, S
 from ...producer import Producer, new_transaction_id
 from ...producer_protocol import local_transaction as local_operation
 from .check_back import answer_own_check_backs
-from .fence import record_committed
+from .recorder import record_committed
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
-log = logging.getLogger("outbox.sqlalchemy")
+log = logging.getLogger(__name__)
 
 _PRODUCER_KEY = "halfmoon.producer"
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from broker_embedded import BrokerError, Resolution
 
+from .....check_back import answer_check_back
 from ...conf import ForeignGroupError, outbox_settings, producer
-from ...fence import fenced_answer
+from ...recorder import fenced_answer
 from ...resolve import require_group
 
 
@@ -30,7 +32,8 @@ class Command(BaseCommand):
         try:
             alias = options["database"] or conf.database_for(group)
             require_group(transaction_id, group)
-            resolution = fenced_answer(transaction_id, producer_group=group, using=alias)
+            resolution = answer_check_back(functools.partial(fenced_answer, using=alias), None, group,
+                                           transaction_id)
             if options["send"] and resolution is not Resolution.UNKNOWN:
                 producer().broker.end_transaction(transaction_id, resolution, producer_group=group,
                                                   from_check=True)

@@ -1,6 +1,9 @@
-"""The fencing check from Django: what the transaction_log says of a transaction.
+"""The transaction log on Django (the rule and the interface: ``outbox.transaction_log``).
 
-The check runs the core's SQL (``outbox.sql``, the rule in ``outbox.fence``) on a
+``RECORDER`` runs the core's SQL (``outbox.sql``) on Django's cursors: the producer's
+``record_committed`` and the consumer's ``record_consumed`` on an alias's connection, in
+its ``atomic`` block; Django's ``DatabaseError`` is the family a check-back answers
+UNKNOWN. The check (``fenced_answer``) runs on a
 connection of its own to the alias's database, opened for the check and closed after
 it: never on the caller's connection, which may be inside the very transaction the
 check has to wait for. So a check called from anywhere (a view, a decorated function,
@@ -11,17 +14,19 @@ file (an in-memory database has no second connection).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, IntegrityError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from broker_embedded import Resolution
 
 from ...errors import ConfigurationError
-from ...fence import DEFAULT_STATEMENT_TIMEOUT_MS, fence_and_read, unknown_on_timeout
-from ...sql import OutboxSQL, outbox_sql, schema_missing
+from ...sql import Execute, OutboxSQL, outbox_sql, schema_missing
+from ...transaction_log import DEFAULT_STATEMENT_TIMEOUT_MS, TransactionLogRecorder
 from .conf import outbox_settings
 
 
@@ -57,6 +62,40 @@ def _checker_connection(using: str) -> BaseDatabaseWrapper:
     return connection
 
 
+class DjangoRecorder(TransactionLogRecorder[str, str]):
+    """The recorder on Django: rows on an alias's connection (in its ``atomic`` block),
+    checks on a connection of their own to an alias's database."""
+
+    database_errors = (DatabaseError,)
+    integrity_error = IntegrityError
+
+    def statements(self, db: str) -> tuple[Execute, OutboxSQL]:
+        connection = connections[db]
+        return functools.partial(run, connection), alias_sql(connection)
+
+    @contextmanager
+    def checker_transaction(self, database: str, lock_timeout_ms: int) -> Iterator[tuple[Execute, OutboxSQL]]:
+        connection = _checker_connection(database)
+        try:
+            sql = alias_sql(connection)
+            for statement in [*sql.connection_setup(lock_timeout_ms), sql.begin]:
+                run(connection, statement, ())
+            try:
+                yield functools.partial(run, connection), sql
+            except BaseException:
+                run(connection, "ROLLBACK", ())
+                raise
+            run(connection, "COMMIT", ())
+        finally:
+            connection.close()
+
+
+#: The one Django recorder (it keeps no state).
+RECORDER = DjangoRecorder()
+#: ``RECORDER``'s producer insert: ``record_committed(using, transaction_id, group)``.
+record_committed = RECORDER.record_committed
+
+
 def fenced_answer(transaction_id: str, producer_group: str | None = None, using: str = "default",
                   lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None) -> Resolution:
     """What the transaction_log of ``using`` says of ``transaction_id`` (fencing it if
@@ -64,28 +103,9 @@ def fenced_answer(transaction_id: str, producer_group: str | None = None, using:
     the row after the lock timeout (``OUTBOX['CHECK_LOCK_TIMEOUT_MS']`` unless given).
     ``producer_group`` defaults to ``OUTBOX['PRODUCER_GROUP']``."""
     conf = outbox_settings()
-    group = producer_group or conf.producer_group
-    lock_ms = lock_timeout_ms or conf.check_lock_timeout_ms
-    statement_ms = statement_timeout_ms or DEFAULT_STATEMENT_TIMEOUT_MS
-    connection = _checker_connection(using)
-    sql = alias_sql(connection)
-
-    def check() -> Resolution:
-        for statement in [*sql.connection_setup(lock_ms), sql.begin]:
-            run(connection, statement, ())
-        try:
-            resolution = fence_and_read(lambda s, p: run(connection, s, p), sql, transaction_id, group,
-                                        lock_ms, statement_ms)
-        except BaseException:
-            run(connection, "ROLLBACK", ())
-            raise
-        run(connection, "COMMIT", ())
-        return resolution
-
-    try:
-        return unknown_on_timeout(transaction_id, check)
-    finally:
-        connection.close()
+    return RECORDER.fence_and_read(using, transaction_id, producer_group or conf.producer_group,
+                                   lock_timeout_ms or conf.check_lock_timeout_ms,
+                                   statement_timeout_ms or DEFAULT_STATEMENT_TIMEOUT_MS)
 
 
 def fence_on_group_database(transaction_id: str, producer_group: str) -> Resolution:
