@@ -31,7 +31,7 @@ from .errors import (
     TransactionFencedError,
 )
 from .messages import OutboxJSONEncoder, json_message, message_json
-from .producer import Producer, TransactionListener
+from .producer import TRANSACTION_ID_PROPERTY, Producer, TransactionListener
 from .template import MessageTemplate
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "TRANSACTION_ID_PROPERTY",
     "AsyncProducer",
     "AsyncTransactionListener",
     "BodyNotSerializableError",
