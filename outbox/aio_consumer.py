@@ -32,7 +32,7 @@ from broker_embedded.errors import BrokerError, BrokerUnavailableError
 from .consumer import ACK_ERRORS, ConsumerRun
 from .errors import ConfigurationError
 
-log = logging.getLogger("outbox.consumer")
+log = logging.getLogger(__name__)
 
 #: An async handler; False means the message was skipped (a duplicate), anything else handled.
 AsyncHandler = Callable[[ReceivedMessage], Awaitable[bool | None]]

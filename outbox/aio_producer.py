@@ -36,7 +36,7 @@ from .producer_protocol import (
     sending_half,
 )
 
-log = logging.getLogger("outbox.producer")
+log = logging.getLogger(__name__)
 
 
 class AsyncTransactionListener(Protocol):

@@ -27,7 +27,7 @@ from broker_embedded import errors as broker_errors
 from . import instrumentation
 from .errors import BrokerUnavailableError
 
-log = logging.getLogger("outbox.producer")
+log = logging.getLogger(__name__)
 
 #: The message property carrying the transaction id: on the message a check listener is
 #: given, and on each broker transaction of the ``rocketmq5://`` client (its
