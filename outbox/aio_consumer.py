@@ -25,8 +25,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from broker_embedded import ReceivedMessage
-from broker_embedded.aio_client import AsyncBrokerClient
+from broker_embedded import AsyncBrokerClient, ReceivedMessage
 from broker_embedded.errors import BrokerError, BrokerUnavailableError
 
 from .consumer import ACK_ERRORS, ConsumerRun
