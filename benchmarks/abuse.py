@@ -43,7 +43,7 @@ from _common import halfmoon_process, percentile
 
 from broker_embedded import BrokerClient, Message
 from broker_embedded.errors import BrokerError
-from broker_embedded.protocol import (
+from broker_embedded.wire.protocol import (
     LENGTH,
     MAX_FRAME_BYTES,
     FrameBuffer,

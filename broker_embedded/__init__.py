@@ -1,10 +1,10 @@
 """A durable, RocketMQ-style message broker in pure Python, in-process or over TCP."""
 
-from .aio_client import AsyncBrokerClient
 from .api import BrokerAPI, BrokerStats, ParkedTransaction, TopicInfo, TransactionChecker
-from .broker import EmbeddedBroker
-from .client import BrokerClient
-from .config import BrokerConfig, ServerLimits
+from .broker.config import BrokerConfig, ServerLimits
+from .broker.facade import EmbeddedBroker
+from .client.aio import AsyncBrokerClient
+from .client.tcp import BrokerClient
 from .errors import BrokerError
 from .message import (
     DELAY_LEVELS_S,
