@@ -35,7 +35,7 @@ CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 #: The largest epoch millisecond a stored time may hold (the record format's u64 times).
 MAX_EPOCH_MS = 2**63 - 1
 
-log = logging.getLogger("broker_embedded.codec")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 

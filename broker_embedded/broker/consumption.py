@@ -33,13 +33,13 @@ import msgspec
 
 from ..api import ConsumerQueue
 from ..errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
-from ..message import ReceivedMessage
+from ..message import ReceivedMessage, now_ms
 from ..store.message_store import MessageStore, fitting
 from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from ..topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic, validate_group
 from . import codec
 
-log = logging.getLogger("broker_embedded.consumption")
+log = logging.getLogger(__name__)
 
 EVENT_DELIVERED = "d"
 EVENT_ACKED = "a"
@@ -101,10 +101,6 @@ def _names_a_group(event: Event) -> bool:
         log.error("dead-letter event of message %r names group %r; no DLQ copy redone", event.m, event.g)
         return False
     return True
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass

@@ -16,12 +16,11 @@ import heapq
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from ..errors import InvalidTopicError
-from ..message import DELAY_LEVELS_S
+from ..message import DELAY_LEVELS_S, now_ms
 from ..store.message_store import MessageStore
 from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from ..topics import MAX_QUEUES, SCHEDULE_TOPIC, validate_user_topic
@@ -37,13 +36,9 @@ from .codec import (
     without,
 )
 
-log = logging.getLogger("broker_embedded.delay")
+log = logging.getLogger(__name__)
 
 DUE_AT = "DUE_AT"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def due_at_ms(properties: Mapping[str, str], from_ms: int) -> int | None:

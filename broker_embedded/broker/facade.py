@@ -63,7 +63,7 @@ from .topic_registry import TopicRegistry
 from .transactions import CheckService, Transaction, TransactionBook, TransactionService
 from .writes import AnyWriteCall, EndCall, ForcedResolveCall, HalfCall, SendCall, Staged
 
-log = logging.getLogger("broker_embedded.broker")
+log = logging.getLogger(__name__)
 
 #: The longest an operator's ``resolve_parked`` waits for the checker's answer.
 MAX_RESOLVE_WAIT_S = 300.0

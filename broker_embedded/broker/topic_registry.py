@@ -17,7 +17,7 @@ from ..message import Message
 from ..store.files import write_atomically
 from ..topics import MAX_QUEUES, validate_user_topic
 
-log = logging.getLogger("broker_embedded.topics")
+log = logging.getLogger(__name__)
 
 
 class TopicRegistry:

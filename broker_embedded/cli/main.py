@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..api import FORCE_WARNINGS, BrokerAPI, BrokerStats
+from ..api import DEFAULT_PORT, FORCE_WARNINGS, BrokerAPI, BrokerStats
 from ..broker.config import BrokerConfig, ServerLimits
 from ..broker.facade import EmbeddedBroker
 from ..broker.transactions.names import TransactionNames
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the broker as a TCP server")
     s.add_argument("--data-dir", required=True, help="the broker's folder (created if missing; one broker at a time)")
     s.add_argument("--host", default="127.0.0.1", help="the native TCP port's address")
-    s.add_argument("--port", type=port_number, default=9876, help="the native TCP port (0: a free one)")
+    s.add_argument("--port", type=port_number, default=DEFAULT_PORT, help="the native TCP port (0: a free one)")
     s.add_argument("--flush", choices=["sync", "async"], default="sync",
                    help="sync: a send is acknowledged after fsync; async: fsync every 200 ms")
     s.add_argument("--segment-size", type=positive_int, default=StoreConfig.segment_size,
@@ -433,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the least level logged on stderr")
 
     def client_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--broker-url", default=os.environ.get("HALFMOON_BROKER_URL", "tcp://127.0.0.1:9876"),
+        p.add_argument("--broker-url", default=os.environ.get("HALFMOON_BROKER_URL", f"tcp://127.0.0.1:{DEFAULT_PORT}"),
                        help="the running broker ($HALFMOON_BROKER_URL if set)")
         hidden_alias(p, "--url", "broker_url")
         p.add_argument("--data-dir", help="open a stopped broker's folder instead of --broker-url")

@@ -47,7 +47,7 @@ from waitress.server import BaseWSGIServer, create_server
 
 from .console.session import Sessions
 
-log = logging.getLogger("broker_embedded.http_port")
+log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]

@@ -22,7 +22,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..api import BrokerAPI
+from ..api import DEFAULT_PORT, BrokerAPI
 from ..broker.config import BrokerConfig, ServerLimits
 from ..broker.writes import EndCall, HalfCall, SendCall
 from ..errors import (
@@ -60,7 +60,7 @@ from ..wire.protocol import (
 from ..wire.requests import Request, decode_request, request_arguments
 from .batching import Batcher, each, write_batcher
 
-log = logging.getLogger("broker_embedded.server")
+log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 #: The longest a receive waits in the broker before the server looks at it again.
@@ -246,7 +246,7 @@ class BrokerServer:
         self,
         broker: BrokerAPI,
         host: str = "127.0.0.1",
-        port: int = 9876,
+        port: int = DEFAULT_PORT,
         access_key: str | None = None,
         secret_key: str | None = None,
         max_workers: int = 64,

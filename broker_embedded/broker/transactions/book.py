@@ -30,7 +30,7 @@ from ..codec import PropertyError
 from ..delay import due_at_ms, target_of
 from .ops import FINAL_STATES, OP_CHECK, OP_PARK, OP_RECHECK, Op
 
-log = logging.getLogger("broker_embedded.transactions")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,14 +30,10 @@ from concurrent.futures import Future
 
 from ...api import TransactionChecker
 from ...errors import CheckUnansweredError, CorruptLogError
-from ...message import CheckRequest, Message, Resolution
+from ...message import CheckRequest, Message, Resolution, now_ms
 from .book import Transaction, TransactionBook
 
-log = logging.getLogger("broker_embedded.transactions")
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+log = logging.getLogger(__name__)
 
 
 class UnansweredGroups:

@@ -59,7 +59,7 @@ from .ops import (
     op_record,
 )
 
-log = logging.getLogger("broker_embedded.transactions")
+log = logging.getLogger(__name__)
 
 #: Properties of a half message that its committed copy does not keep.
 _HALF_ONLY_PROPERTIES = (

@@ -36,7 +36,7 @@ from .session import FAILURE_WINDOW_S, MAX_FAILURES, SESSION_COOKIE, Sessions
 from .trends import TrendSampler
 from .wsgi import SECURITY_HEADERS, HttpError, Request, Response, cookie_header
 
-log = logging.getLogger("broker_embedded.console")
+log = logging.getLogger(__name__)
 
 SIGN_IN_COOKIE = "halfmoon_console_sign_in"
 

@@ -28,7 +28,7 @@ from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from ...broker.facade import EmbeddedBroker
 
-log = logging.getLogger("broker_embedded.console")
+log = logging.getLogger(__name__)
 
 #: One sample every 30 s, 120 of them: the last hour.
 DEFAULT_INTERVAL_S = 30.0

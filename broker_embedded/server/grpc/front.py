@@ -15,7 +15,7 @@ from ...broker.config import BrokerConfig
 from .service import MessagingService
 from .signature import UTC_OFFSETS_MIN, SignatureFirst, SignatureVerifier
 
-log = logging.getLogger("broker_embedded.grpc")
+log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0
 #: What a gRPC message may hold besides a body of ``max_body_size`` (properties, ids, framing).

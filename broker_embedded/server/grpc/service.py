@@ -35,7 +35,7 @@ from .convert import from_proto, received_to_proto
 from .sessions import CheckRouter, TelemetrySession
 from .status import ok, status_of
 
-log = logging.getLogger("broker_embedded.grpc")
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 #: The message types every queue accepts (a topic here is not bound to one type).

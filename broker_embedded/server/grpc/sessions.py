@@ -23,7 +23,7 @@ from ...message import CheckRequest
 from ._proto import service_pb2 as spb
 from .convert import check_to_proto
 
-log = logging.getLogger("broker_embedded.grpc")
+log = logging.getLogger(__name__)
 
 #: How many transactions' sending clients are remembered (the oldest are forgotten first;
 #: a forgotten one is checked through any session publishing its topic).

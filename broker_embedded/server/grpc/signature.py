@@ -27,7 +27,7 @@ import grpc
 from ...errors import AuthenticationError
 from ...wire.auth import RateLimitedLog
 
-log = logging.getLogger("broker_embedded.grpc")
+log = logging.getLogger(__name__)
 
 ALGORITHM = "MQv2-HMAC-SHA1"
 DATE_HEADER = "x-mq-date-time"

@@ -20,7 +20,7 @@ from ...errors import (
 )
 from ._proto import definition_pb2 as pb
 
-log = logging.getLogger("broker_embedded.grpc")
+log = logging.getLogger(__name__)
 
 #: The RocketMQ code of each broker error (the most specific class that matches wins).
 ERROR_CODES: tuple[tuple[type[BaseException], pb.Code], ...] = (
