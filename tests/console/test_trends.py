@@ -25,7 +25,7 @@ from broker_embedded.http.metrics import register_broker_metrics
 
 from .conftest import ACCESS_KEY, CONFIG, SECRET_KEY, eventually, serve, sign_in
 
-LAYOUT = Path(__file__).resolve().parents[2] / "broker_embedded" / "console" / "layout.html"
+LAYOUT = Path(__file__).resolve().parents[2] / "broker_embedded" / "http" / "console" / "layout.html"
 
 
 class Clock:
