@@ -71,7 +71,7 @@ from _common import code_env, free_port, halfmoon_process, percentile, wait_port
 
 from broker_embedded import BrokerClient, Message
 from broker_embedded.errors import BrokerError
-from broker_embedded.protocol import (
+from broker_embedded.wire.protocol import (
     LENGTH,
     MAX_FRAME_BYTES,
     FrameBuffer,

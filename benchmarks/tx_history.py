@@ -45,7 +45,7 @@ from typing import Any
 from _common import percentile, rss_bytes, summary
 
 from broker_embedded import EmbeddedBroker, Message, Resolution
-from broker_embedded.config import BrokerConfig
+from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.store.config import StoreConfig
 
 TOPIC = "tx-history"

@@ -117,6 +117,11 @@ FORCE_WARNINGS = {
 
 #: The longest a receive may wait, or a received message stay invisible: one day.
 MAX_DURATION_S = 86_400.0
+#: The largest frame of the TCP protocol (``broker_embedded.wire``): one call's request or
+#: reply; ``ServerLimits`` must leave room for one.
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+#: The broker's TCP port when none is given (RocketMQ's name server port).
+DEFAULT_PORT = 9876
 
 
 class BrokerAPI(Protocol):

@@ -10,7 +10,7 @@ import threading
 from .api import CheckCallback, TransactionChecker
 from .message import CheckRequest
 
-log = logging.getLogger("broker_embedded.checkers")
+log = logging.getLogger(__name__)
 
 
 class ProducerCallbackChecker:

@@ -134,6 +134,11 @@ class CheckRequest:
 
 # -- validation ---------------------------------------------------------------------------
 #: Longest tag, key, property name and message group, in characters.
+def now_ms() -> int:
+    """The wall clock in milliseconds, as born and store timestamps count it."""
+    return time.time_ns() // 1_000_000
+
+
 MAX_NAME_LENGTH = 127
 #: The keys, tag, message group and user properties of one message together, in UTF-8 bytes.
 MAX_PROPERTIES_BYTES = 32 * 1024

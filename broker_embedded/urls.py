@@ -20,15 +20,15 @@ def connect(url: str, **options: Any) -> BrokerAPI:
     """
     parsed = urlparse(url)
     if parsed.scheme == "tcp":
-        from .client import BrokerClient
+        from .client.tcp import BrokerClient
 
         return BrokerClient(url, **options)
     if parsed.scheme == "rocketmq5":
-        from .rocketmq5 import RocketMQ5Broker
+        from .client.rocketmq5 import RocketMQ5Broker
 
         return RocketMQ5Broker(url, **options)
     if parsed.scheme == "embedded":
-        from .broker import EmbeddedBroker
+        from .broker.facade import EmbeddedBroker
 
         path = Path(parsed.netloc + parsed.path) if parsed.netloc else Path(parsed.path)
         return EmbeddedBroker(path, **options)

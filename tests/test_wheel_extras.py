@@ -168,7 +168,7 @@ def _our_alembic_head() -> str:
 GRPC_ROUTE = """
 import sys
 import grpc
-from broker_embedded.grpc._proto import definition_pb2 as pb, service_pb2 as spb
+from broker_embedded.server.grpc._proto import definition_pb2 as pb, service_pb2 as spb
 with grpc.insecure_channel(sys.argv[1]) as channel:
     query = channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryRoute",
                                 request_serializer=spb.QueryRouteRequest.SerializeToString,

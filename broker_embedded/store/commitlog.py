@@ -21,7 +21,7 @@ from . import codec
 from .files import fsync_directory
 from .record import StoredRecord
 
-log = logging.getLogger("broker_embedded.store.commitlog")
+log = logging.getLogger(__name__)
 
 
 class Segment:

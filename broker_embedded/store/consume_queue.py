@@ -43,7 +43,7 @@ from pathlib import Path
 
 from .files import fsync_directory
 
-log = logging.getLogger("broker_embedded.store.consume_queue")
+log = logging.getLogger(__name__)
 
 ENTRY = struct.Struct(">QIQ")
 ENTRY_SIZE = ENTRY.size  # 20

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .files import fsync_directory
 
-log = logging.getLogger("broker_embedded.store.index")
+log = logging.getLogger(__name__)
 
 MAGIC = 0x484D4958  # "HMIX"
 VERSION = 1

@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 from .files import write_atomically
 from .record import StoredRecord
 
-log = logging.getLogger("broker_embedded.store")
+log = logging.getLogger(__name__)
 
 LEDGER_FILE = "losses.json"
 

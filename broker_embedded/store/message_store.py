@@ -85,7 +85,7 @@ from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from .scrub import Scrub
 
-log = logging.getLogger("broker_embedded.store")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: A record's place: topic, queue id, queue offset.
 Place = tuple[str, int, int]
@@ -208,7 +208,7 @@ class MessageStore:
             log.info("using the data directory's layout %s", layout)
         meta = self.data_dir / "store.json"
         if not meta.exists() or json.loads(meta.read_text()) != layout:
-            meta.write_text(json.dumps(layout))
+            write_atomically(meta, json.dumps(layout).encode())
         return pinned_config
 
     def _recover(self) -> None:

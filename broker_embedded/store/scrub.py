@@ -44,7 +44,7 @@ from .record import PROPERTY_MESSAGE_ID
 if TYPE_CHECKING:
     from .message_store import MessageStore
 
-log = logging.getLogger("broker_embedded.store.scrub")
+log = logging.getLogger(__name__)
 
 #: Bytes read at a time.
 CHUNK = 1024 * 1024

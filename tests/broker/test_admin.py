@@ -9,9 +9,9 @@ import time
 import pytest
 
 from broker_embedded import Message, Resolution, TransactionState
+from broker_embedded.broker.export import export_messages
 from broker_embedded.checkers import ProducerCallbackChecker
 from broker_embedded.errors import InvalidTopicError, UnknownReceiptError, UnknownTransactionError
-from broker_embedded.export import export_messages
 from broker_embedded.message import CheckRequest
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.topics import CHECK_MAX_TOPIC

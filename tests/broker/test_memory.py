@@ -7,8 +7,8 @@ import tracemalloc
 from pathlib import Path
 
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution
+from broker_embedded.broker.writes import EndCall, HalfCall
 from broker_embedded.store.config import StoreConfig
-from broker_embedded.writes import EndCall, HalfCall
 from tests.store.load_writer import rss_bytes
 
 BATCH = 250

@@ -18,6 +18,7 @@ import msgspec
 import pytest
 
 from broker_embedded import EmbeddedBroker, Message, Resolution, TransactionState
+from broker_embedded.broker.transactions.ops import Op, encode_op
 from broker_embedded.errors import (
     InvalidMessageError,
     InvalidTopicError,
@@ -26,7 +27,6 @@ from broker_embedded.errors import (
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
 from broker_embedded.topics import CONSUMER_STATE_TOPIC, HALF_TOPIC, OP_HALF_TOPIC, SCHEDULE_TOPIC
-from broker_embedded.transactions.ops import Op, encode_op
 
 from .conftest import FAST, AnsweringChecker, eventually
 

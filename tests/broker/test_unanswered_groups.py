@@ -26,7 +26,7 @@ from broker_embedded import (
 from ..server.conftest import ServerProcess
 from .conftest import eventually
 
-UNANSWERED_LOGGER = "broker_embedded.transactions"
+UNANSWERED_LOGGER = "broker_embedded.broker.transactions"
 
 
 class HalfAnsweringChecker:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from broker_embedded import EmbeddedBroker, Message
-from broker_embedded.cli import build_parser as broker_parser
+from broker_embedded.cli.main import build_parser as broker_parser
 from broker_embedded.cli_tools import HelpFormatter, version
 from outbox.cli import build_parser as outbox_parser
 

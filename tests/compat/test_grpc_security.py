@@ -22,9 +22,14 @@ import pytest
 
 from broker_embedded import BrokerClient
 from broker_embedded.errors import AuthenticationError
-from broker_embedded.grpc._proto import definition_pb2 as pb
-from broker_embedded.grpc._proto import service_pb2 as spb
-from broker_embedded.grpc.signature import DATE_HEADER, SignatureVerifier, parse_utc_offsets, sign
+from broker_embedded.server.grpc._proto import definition_pb2 as pb
+from broker_embedded.server.grpc._proto import service_pb2 as spb
+from broker_embedded.server.grpc.signature import (
+    DATE_HEADER,
+    SignatureVerifier,
+    parse_utc_offsets,
+    sign,
+)
 from tests.server.test_unauthenticated import BOUND_S, raise_open_files
 
 from .conftest import GrpcBroker, start_grpc_broker

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from broker_embedded.errors import UnknownTransactionError
-from broker_embedded.grpc._proto import definition_pb2 as pb
 from broker_embedded.message import TransactionState
+from broker_embedded.server.grpc._proto import definition_pb2 as pb
 from tests.conftest import unavailable
 from tests.server.conftest import free_port
 

@@ -20,8 +20,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import Resolution, connect
+from broker_embedded.client.rocketmq5 import TRANSACTION_PROPERTY, RocketMQ5Broker
 from broker_embedded.errors import UnknownReceiptError, UnknownTransactionError, UnsupportedError
-from broker_embedded.rocketmq5 import TRANSACTION_PROPERTY, RocketMQ5Broker
 from outbox import Producer, install, json_message, message_json, send
 from outbox.integrations.sqlalchemy.check_back import answer_check_backs, fence_answer
 from outbox.integrations.sqlalchemy.consumer import idempotent_consumer

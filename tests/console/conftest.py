@@ -19,8 +19,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from broker_embedded import BrokerConfig, CheckRequest, EmbeddedBroker, Message
-from broker_embedded.console import make_console_app
-from broker_embedded.http_port import HttpPort
+from broker_embedded.http.console import make_console_app
+from broker_embedded.http.port import HttpPort
 from broker_embedded.store.config import StoreConfig
 
 ACCESS_KEY = "console-access"

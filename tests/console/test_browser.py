@@ -18,9 +18,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from broker_embedded import EmbeddedBroker, Message, TransactionState
-from broker_embedded.console import make_console_app
-from broker_embedded.console.trends import TrendSampler
-from broker_embedded.metrics import register_broker_metrics
+from broker_embedded.http.console import make_console_app
+from broker_embedded.http.console.trends import TrendSampler
+from broker_embedded.http.metrics import register_broker_metrics
 
 from .conftest import ACCESS_KEY, CONFIG, SECRET_KEY, Shop, dead_letter, park, serve
 

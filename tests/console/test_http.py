@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from broker_embedded import EmbeddedBroker, Message, Resolution, TransactionState
-from broker_embedded.console import make_console_app
-from broker_embedded.console.session import SignInThrottle
+from broker_embedded.http.console import make_console_app
+from broker_embedded.http.console.session import SignInThrottle
 
 from .conftest import (
     ACCESS_KEY,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_embedded.console.markup import Markup, body_preview, duration, number, size, tag
+from broker_embedded.http.console.markup import Markup, body_preview, duration, number, size, tag
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

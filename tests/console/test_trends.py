@@ -17,15 +17,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from broker_embedded import EmbeddedBroker, Message
-from broker_embedded.console import make_console_app
-from broker_embedded.console.app import CONTENT_SECURITY_POLICY
-from broker_embedded.console.charts import nice_ceiling
-from broker_embedded.console.trends import TrendSampler
-from broker_embedded.metrics import register_broker_metrics
+from broker_embedded.http.console import make_console_app
+from broker_embedded.http.console.app import CONTENT_SECURITY_POLICY
+from broker_embedded.http.console.charts import nice_ceiling
+from broker_embedded.http.console.trends import TrendSampler
+from broker_embedded.http.metrics import register_broker_metrics
 
 from .conftest import ACCESS_KEY, CONFIG, SECRET_KEY, eventually, serve, sign_in
 
-LAYOUT = Path(__file__).resolve().parents[2] / "broker_embedded" / "console" / "layout.html"
+LAYOUT = Path(__file__).resolve().parents[2] / "broker_embedded" / "http" / "console" / "layout.html"
 
 
 class Clock:

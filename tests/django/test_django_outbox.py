@@ -13,7 +13,7 @@ from django.db.models import F
 from django.test import Client
 
 from broker_embedded import Message, Resolution, TransactionState
-from broker_embedded.export import transaction_states
+from broker_embedded.broker.export import transaction_states
 from outbox import BodyNotSerializableError, TransactionFencedError, message_json
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.consumer import idempotent_consumer

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker_embedded import EmbeddedBroker, Message
-from broker_embedded.http_port import HttpPort
-from broker_embedded.metrics import register_broker_metrics
+from broker_embedded.http.metrics import register_broker_metrics
+from broker_embedded.http.port import HttpPort
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 METRIC = re.compile(r"\bhalfmoon_broker_\w+")

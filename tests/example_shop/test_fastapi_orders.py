@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from broker_embedded import BrokerClient, TransactionState
-from broker_embedded.export import transaction_states
+from broker_embedded.broker.export import transaction_states
 from example_shop import fastapi_points
 from example_shop.fastapi_orders import TOPIC, create_app
 from outbox import message_json

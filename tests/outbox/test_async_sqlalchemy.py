@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
 from broker_embedded import Message, Resolution, TransactionState
-from broker_embedded.export import transaction_states
+from broker_embedded.broker.export import transaction_states
 from outbox import (
     AsyncProducer,
     BrokerUnavailableError,

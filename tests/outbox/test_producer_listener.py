@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution, TransactionState
-from broker_embedded.export import transaction_states
+from broker_embedded.broker.export import transaction_states
 from broker_embedded.store.config import StoreConfig
 from outbox import Producer, check_transaction
 from outbox.integrations.sqlalchemy.recorder import record_committed

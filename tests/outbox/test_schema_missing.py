@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import Message, TransactionState
-from broker_embedded.export import transaction_states
+from broker_embedded.broker.export import transaction_states
 from outbox import (
     Producer,
     SchemaMissingError,

@@ -11,8 +11,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import BrokerClient, Message, TransactionState
+from broker_embedded.broker.export import transaction_states
 from broker_embedded.errors import BrokerUnavailableError
-from broker_embedded.export import transaction_states
 from outbox import (
     BodyNotSerializableError,
     BrokerUnavailable,

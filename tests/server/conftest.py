@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker_embedded import BrokerConfig, EmbeddedBroker
-from broker_embedded.server import BrokerServer
+from broker_embedded.server.tcp import BrokerServer
 
 
 def free_port() -> int:

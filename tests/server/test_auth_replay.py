@@ -18,7 +18,7 @@ import pytest
 
 from broker_embedded import AsyncBrokerClient, BrokerClient
 from broker_embedded.errors import AuthenticationError
-from broker_embedded.protocol import (
+from broker_embedded.wire.protocol import (
     LENGTH,
     FrameBuffer,
     Kind,

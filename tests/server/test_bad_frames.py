@@ -11,8 +11,8 @@ import pytest
 
 from broker_embedded import BrokerClient, Message
 from broker_embedded.errors import BrokerError, MalformedFrameError, UnknownRequestCodeError
-from broker_embedded.protocol import MAX_FRAME_BYTES, METHODS, Kind, RequestCode
-from broker_embedded.requests import REQUEST_TYPES, decode_request
+from broker_embedded.wire.protocol import MAX_FRAME_BYTES, METHODS, Kind, RequestCode
+from broker_embedded.wire.requests import REQUEST_TYPES, decode_request
 
 from .wire import RawConnection, envelope, pack
 

@@ -31,7 +31,7 @@ from broker_embedded.errors import (
     ReservedTopicError,
     UnknownTransactionError,
 )
-from broker_embedded.protocol import RequestCode
+from broker_embedded.wire.protocol import RequestCode
 
 FAST = BrokerConfig(transaction_timeout_s=0.2, check_interval_s=0.2, check_max=1,
                     max_delivery_attempts=1, retry_backoff_s=(0.0,))

@@ -24,7 +24,7 @@ from typing import Any
 
 from broker_embedded import BrokerClient, Message
 from broker_embedded.errors import BrokerError
-from broker_embedded.protocol import LENGTH, MAX_FRAME_BYTES, Kind, RequestCode
+from broker_embedded.wire.protocol import LENGTH, MAX_FRAME_BYTES, Kind, RequestCode
 
 from .conftest import ServerProcess
 from .wire import RawConnection, envelope, framed, pack

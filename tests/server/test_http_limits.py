@@ -12,7 +12,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker_embedded.http_port import HttpLimits, HttpPort
+from broker_embedded.http.port import HttpLimits, HttpPort
 
 #: The unfinished requests held open at once.
 SLOW_CONNECTIONS = 600

@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker_embedded import BrokerClient, BrokerConfig, EmbeddedBroker, Message, Resolution
-from broker_embedded.http_port import HttpPort
+from broker_embedded.http.metrics import register_broker_metrics
+from broker_embedded.http.port import HttpPort
+from broker_embedded.http.readiness import Readiness
 from broker_embedded.message import CheckRequest
-from broker_embedded.metrics import register_broker_metrics
-from broker_embedded.readiness import Readiness
 
 from .conftest import ServerProcess, free_port
 

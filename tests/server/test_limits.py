@@ -18,7 +18,7 @@ import pytest
 
 from broker_embedded import BrokerClient, BrokerConfig, Message, ServerLimits
 from broker_embedded.errors import ServerBusyError
-from broker_embedded.protocol import (
+from broker_embedded.wire.protocol import (
     LENGTH,
     MAX_FRAME_BYTES,
     FrameBuffer,

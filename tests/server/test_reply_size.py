@@ -10,7 +10,8 @@ import pytest
 
 from broker_embedded import BrokerClient, BrokerConfig, EmbeddedBroker, Message, ReceivedMessage
 from broker_embedded.errors import BrokerError, MessageTooLargeError
-from broker_embedded.protocol import (
+from broker_embedded.server.tcp import BrokerServer
+from broker_embedded.wire.protocol import (
     LENGTH,
     MAX_FRAME_BYTES,
     Kind,
@@ -19,7 +20,6 @@ from broker_embedded.protocol import (
     message_budget,
     to_wire,
 )
-from broker_embedded.server import BrokerServer
 
 from .wire import RawConnection
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from broker_embedded import BrokerClient, BrokerConfig, Message, ServerLimits
-from broker_embedded.protocol import Kind, RequestCode, encode_frame
+from broker_embedded.wire.protocol import Kind, RequestCode, encode_frame
 from tests.server.test_limits import closed_by_server, raw
 
 KEYS = {"access_key": "ak", "secret_key": "sk"}

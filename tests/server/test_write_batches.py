@@ -8,7 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from broker_embedded.batching import Batcher
+from broker_embedded.server.batching import Batcher
 
 MIB = 1024 * 1024
 

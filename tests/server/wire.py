@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from broker_embedded.protocol import (
+from broker_embedded.wire.protocol import (
     LENGTH,
     READ_CHUNK,
     FrameBuffer,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from broker_embedded import EmbeddedBroker, Message
-from broker_embedded.cli import main
+from broker_embedded.cli.main import main
 from broker_embedded.errors import CorruptLogError
 from broker_embedded.store import codec
 from broker_embedded.store.message_store import MessageStore

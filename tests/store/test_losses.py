@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from broker_embedded import EmbeddedBroker, Message, Resolution
-from broker_embedded.cli import main
+from broker_embedded.cli.main import main
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.losses import LossLedger
 from broker_embedded.store.message_store import MessageStore, read_checkpoint

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message
-from broker_embedded.readiness import Readiness
+from broker_embedded.http.readiness import Readiness
 from broker_embedded.store import scrub
 from broker_embedded.store.commitlog import Gap, Segment, walk
 from broker_embedded.store.config import StoreConfig

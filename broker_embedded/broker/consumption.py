@@ -1,0 +1,489 @@
+"""Consumer groups, RocketMQ 5 style: receive a batch, ack each message, retry, dead-letter.
+
+Progress is kept per (consumer group, subscribed topic, stored topic, queue): a *floor*
+below which every message is done, the messages read past it (``pending``: delivered or
+waiting), and the done ones above the floor. A message received and not acked within
+its invisible duration comes back, after a growing back-off, with ``delivery_attempt``
++ 1; once ``max_delivery_attempts`` deliveries went un-acked it moves to
+``%DLQ%<group>``. Messages sharing a ``message_group`` are delivered one at a time in
+queue order (FIFO). A new group starts at the beginning of the topic.
+
+Durability: every delivery, ack and dead-lettering is an event record in
+``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
+counts and delivery statistics. A message in flight at a restart is visible again at once.
+A periodic snapshot (``snapshot``/``restore``) bounds the replay to the events after it.
+Like RocketMQ's periodic consumer-offset persistence, these events are written without
+waiting for their fsync (they are durable within the store's flush interval): a crash
+can forget the last acks, which only means one more delivery of those messages, and the
+idempotent consumer absorbs it. Dead-lettered messages themselves are written durably.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from ..api import ConsumerQueue
+from ..errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
+from ..message import ReceivedMessage, now_ms
+from ..store.message_store import MessageStore, fitting
+from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from ..topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic, validate_group
+from . import codec
+
+log = logging.getLogger(__name__)
+
+EVENT_DELIVERED = "d"
+EVENT_ACKED = "a"
+EVENT_DEAD = "x"
+
+
+class Event(msgspec.Struct):
+    """One progress event (``e``: d/a/x) of group ``g`` on topic ``s`` (subscribed),
+    stored topic ``t``, queue ``q``, offset ``o``, attempt ``n``, message id ``m``."""
+
+    e: str
+    g: str
+    s: str
+    t: str
+    q: int
+    o: int
+    n: int
+    m: str
+    ts: int
+
+
+encode_events = msgspec.msgpack.Encoder().encode
+decode_events = msgspec.msgpack.Decoder(list[Event]).decode
+
+
+class _SavedProgress(msgspec.Struct, array_like=True):
+    key: tuple[str, str, str, int]
+    floor: int
+    done_above: list[int]
+    attempts: dict[int, int]
+
+
+class Snapshot(msgspec.Struct):
+    """All groups' progress as of the first ``upto`` records of ``RMQ_SYS_CONSUMER_STATE``."""
+
+    upto: int
+    progress: list[_SavedProgress]
+
+
+encode_snapshot = msgspec.msgpack.Encoder().encode
+decode_snapshot = msgspec.msgpack.Decoder(Snapshot).decode
+
+
+def events_of(record: StoredRecord) -> list[Event]:
+    """The events of a stored record; none (logged) when it cannot be decoded."""
+    try:
+        return decode_events(record.body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.error("undecodable consumer progress record at commit log offset %d skipped: %s",
+                  record.commit_log_offset, exc)
+        return []
+
+
+def _names_a_group(event: Event) -> bool:
+    """Whether a stored dead-letter event names a usable group (its DLQ is a topic name)."""
+    try:
+        validate_group(event.g)
+    except InvalidTopicError:
+        log.error("dead-letter event of message %r names group %r; no DLQ copy redone", event.m, event.g)
+        return False
+    return True
+
+
+@dataclass
+class Delivery:
+    """A message read past the floor and not yet done. Its ``record`` is kept without its
+    body (read again when it is delivered), so a queue's deliveries in flight hold headers,
+    not megabytes of bodies."""
+
+    record: StoredRecord
+    attempt: int = 0
+    visible_at_ms: int = 0
+    expires_at_ms: int = 0  # the current receipt is valid until then
+    receipt: str = ""
+
+
+@dataclass
+class QueueProgress:
+    """One group's progress through one stored queue."""
+
+    floor: int = 0
+    next_offset: int = 0
+    pending: dict[int, Delivery] = field(default_factory=dict)
+    done_above: set[int] = field(default_factory=set)
+    attempts: dict[int, int] = field(default_factory=dict)
+
+    def mark_done(self, offset: int) -> None:
+        self.pending.pop(offset, None)
+        self.attempts.pop(offset, None)
+        if offset >= self.floor:
+            self.done_above.add(offset)
+        while self.floor in self.done_above:
+            self.done_above.discard(self.floor)
+            self.floor += 1
+        self.next_offset = max(self.next_offset, self.floor)
+
+    def skip_to(self, offset: int) -> None:
+        """Messages below ``offset`` are gone (retention deleted them): nothing to do there."""
+        if offset <= self.floor:
+            return
+        self.floor = offset
+        self.done_above = {o for o in self.done_above if o >= offset}
+        self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
+        self.mark_done(offset - 1)  # advances the floor over done offsets just above it
+
+    def pass_holes(self, upto: int) -> None:
+        """Nothing to deliver at the offsets from ``next_offset`` to ``upto``, which the store
+        skipped (holes, records whose CRC fails): done, so they never hold the floor back."""
+        if self.next_offset >= upto:
+            return
+        if self.floor == self.next_offset:
+            self.skip_to(upto)
+        else:
+            for offset in range(self.next_offset, upto):
+                self.mark_done(offset)
+        self.next_offset = upto
+
+
+
+ProgressKey = tuple[str, str, str, int]  # group, subscribed topic, stored topic, queue id
+
+
+class ConsumerGroups:
+    """All consumer groups' progress; the broker calls it under no lock of its own."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        queue_count: Callable[[str], int],
+        max_delivery_attempts: int,
+        retry_backoff_s: tuple[float, ...],
+        max_inflight_per_queue: int,
+        sync_progress: bool,
+    ) -> None:
+        self.store = store
+        self._queue_count = queue_count
+        self.max_delivery_attempts = max_delivery_attempts
+        self.retry_backoff_ms = tuple(int(s * 1000) for s in retry_backoff_s) or (0,)
+        self.max_inflight = max_inflight_per_queue
+        self.sync_progress = sync_progress
+        self.lock = threading.RLock()
+        self.arrived = threading.Condition(self.lock)
+        self.closed = False
+        self.progress: dict[ProgressKey, QueueProgress] = {}
+
+    # -- replay ---------------------------------------------------------------------------
+    def replay(self, records: Iterable[StoredRecord]) -> None:
+        """Apply stored event records (on start), then redo the DLQ copy of any
+        dead-lettering whose copy a crash cut off."""
+        dead: list[tuple[Event, StoredRecord]] = []
+        with self.lock:
+            for record in records:
+                for event in events_of(record):
+                    progress = self._progress((event.g, event.s, event.t, event.q))
+                    if event.e == EVENT_DELIVERED:
+                        if event.o >= progress.floor and event.o not in progress.done_above:
+                            progress.attempts[event.o] = max(progress.attempts.get(event.o, 0), event.n)
+                    else:
+                        progress.mark_done(event.o)
+                        if event.e == EVENT_DEAD:
+                            dead.append((event, record))
+            for progress in self.progress.values():
+                progress.next_offset = progress.floor
+        missing = [
+            self._dead_letter_copy(event.g, original, event.n)
+            for event, record in dead if _names_a_group(event)
+            for original in self.store.read_queue(event.t, event.q, event.o, 1)
+            if original.properties.get(PROPERTY_MESSAGE_ID) == event.m
+            and not self.store.stored_after(event.m, record.commit_log_offset, (dlq_topic(event.g),))
+        ]
+        if missing:
+            self.store.put_batch(missing)
+            log.warning("recovery redid %d dead-letter copies cut off by a crash", len(missing))
+
+    def snapshot(self, events_stored: Callable[[], int]) -> bytes:
+        """The progress of every group, with ``upto`` = ``events_stored()`` read under the
+        lock: every event record below it was applied before it was written, and
+        replaying later ones again is harmless (events are idempotent)."""
+        with self.lock:
+            return encode_snapshot(Snapshot(
+                upto=events_stored(),
+                progress=[
+                    _SavedProgress(key, p.floor, sorted(p.done_above), dict(p.attempts))
+                    for key, p in self.progress.items()
+                ],
+            ))
+
+    def restore(self, data: bytes) -> int:
+        """Load a snapshot (on start, before ``replay``); returns the event offset to replay from."""
+        snapshot = decode_snapshot(data)
+        with self.lock:
+            for saved in snapshot.progress:
+                progress = self._progress(saved.key)
+                progress.floor = progress.next_offset = saved.floor
+                progress.done_above = set(saved.done_above)
+                progress.attempts = dict(saved.attempts)
+        return snapshot.upto
+
+    def _progress(self, key: ProgressKey) -> QueueProgress:
+        progress = self.progress.get(key)
+        if progress is None:
+            progress = self.progress[key] = QueueProgress()
+        return progress
+
+    # -- receiving ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wake every long-polling receiver with ``BrokerClosedError``."""
+        with self.arrived:
+            self.closed = True
+            self.arrived.notify_all()
+
+    def notify(self) -> None:
+        """Wake long-polling receivers (a message arrived or became deliverable)."""
+        with self.arrived:
+            self.arrived.notify_all()
+
+    def receive(
+        self, group: str, topic: str, max_messages: int, invisible_ms: int, wait_s: float,
+        max_bytes: int | None = None,
+    ) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` deliverable messages, long-polling up to ``wait_s``; as
+        many as fit in ``max_bytes`` of record size (at least one)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.lock:
+                if self.closed:
+                    raise BrokerClosedError("the broker closed while receiving")
+                delivered, dead = self._collect(group, topic, max_messages, invisible_ms, max_bytes)
+            events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
+            events += [self._event(EVENT_DEAD, group, topic, key, d) for key, d in dead]
+            if events:
+                # dead-letterings: the decision (event) first, with the DLQ copies, durable
+                copies = [self._dead_letter_copy(group, self.store.get(d.record.commit_log_offset), d.attempt)
+                          for _, d in dead]
+                self._persist(events, copies)
+            if delivered:
+                return [self._received(key, d) for key, d in delivered]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            with self.arrived:
+                self.arrived.wait(min(remaining, 0.2))
+
+    def _sources(self, group: str, topic: str) -> list[tuple[str, int]]:
+        queues = [(topic, q) for q in range(self._queue_count(topic))]
+        return queues + [(retry_topic(group), 0)]
+
+    def _collect(
+        self, group: str, topic: str, max_messages: int, invisible_ms: int, max_bytes: int | None,
+    ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]]]:
+        now = now_ms()
+        delivered: list[tuple[ProgressKey, Delivery]] = []
+        dead: list[tuple[ProgressKey, Delivery]] = []
+        room = max_bytes if max_bytes is not None else sys.maxsize
+        for stored_topic, queue_id in self._sources(group, topic):
+            key = (group, topic, stored_topic, queue_id)
+            progress = self._progress(key)
+            self._top_up(key, progress)
+            busy_groups: set[str] = set()
+            for offset, delivery in list(progress.pending.items()):
+                if len(delivered) >= max_messages:
+                    break
+                message_group = delivery.record.properties.get(codec.MESSAGE_GROUP)
+                if message_group:
+                    if message_group in busy_groups:
+                        continue
+                    busy_groups.add(message_group)
+                if delivery.visible_at_ms > now:
+                    continue
+                if delivery.attempt >= self.max_delivery_attempts:
+                    progress.mark_done(offset)
+                    dead.append((key, delivery))
+                    if message_group:
+                        busy_groups.discard(message_group)
+                    continue
+                if delivered and delivery.record.size > room:
+                    return delivered, dead  # left as it is, for the next receive
+                room -= delivery.record.size
+                delivery.attempt += 1
+                delivery.receipt = uuid.uuid4().hex[:16]
+                backoff = self.retry_backoff_ms[min(delivery.attempt - 1, len(self.retry_backoff_ms) - 1)]
+                delivery.visible_at_ms = now + invisible_ms + backoff
+                delivery.expires_at_ms = now + invisible_ms
+                delivered.append((key, delivery))
+            if len(delivered) >= max_messages:
+                break
+        return delivered, dead
+
+    def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
+        group, topic, stored_topic, queue_id = key
+        end = self.store.queue_max_offset(stored_topic, queue_id)
+        if progress.next_offset < end:
+            progress.skip_to(self.store.queue_min_offset(stored_topic, queue_id))  # retention deleted them
+        while progress.next_offset < end and len(progress.pending) < self.max_inflight:
+            batch = self.store.read_queue(stored_topic, queue_id, progress.next_offset, 64)
+            if not batch:
+                progress.pass_holes(end)
+                break
+            for record in batch:
+                offset = record.queue_offset
+                progress.pass_holes(offset)
+                progress.next_offset = offset + 1
+                if offset < progress.floor or offset in progress.done_above:
+                    continue
+                if stored_topic != topic and record.properties.get(codec.REAL_TOPIC) != topic:
+                    progress.mark_done(offset)  # a resend meant for another subscription
+                    continue
+                progress.pending[offset] = Delivery(dataclasses.replace(record, body=b""),
+                                                    progress.attempts.pop(offset, 0))
+
+    def _event(self, kind: str, group: str, topic: str, key: ProgressKey, d: Delivery) -> Event:
+        return Event(
+            kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt,
+            d.record.properties.get("UNIQ_KEY", ""), now_ms(),
+        )
+
+    @staticmethod
+    def _receipt_handle(key: ProgressKey, delivery: Delivery) -> str:
+        return "|".join((key[1], key[2], str(key[3]), str(delivery.record.queue_offset), delivery.receipt))
+
+    def _received(self, key: ProgressKey, delivery: Delivery) -> ReceivedMessage:
+        """The delivery as handed to the consumer, its body read from the commit log."""
+        record = delivery.record
+        return ReceivedMessage(
+            message=codec.message_of(self.store.get(record.commit_log_offset), key[1]),
+            receipt_handle=self._receipt_handle(key, delivery),
+            delivery_attempt=delivery.attempt,
+            queue_id=record.queue_id,
+            queue_offset=record.queue_offset,
+            born_timestamp_ms=record.born_timestamp_ms,
+            store_timestamp_ms=record.store_timestamp_ms,
+            transaction_id=record.properties.get(codec.TRANSACTION_ID),
+        )
+
+    def _persist(self, events: list[Event], dead_letter_copies: list[StoredRecord] | None = None) -> None:
+        records = [StoredRecord(topic=CONSUMER_STATE_TOPIC, queue_id=0, body=encode_events(events))]
+        self.store.put_batch(records + (dead_letter_copies or []),
+                             wait_for_flush=self.sync_progress or bool(dead_letter_copies))
+        for copy in dead_letter_copies or []:
+            log.warning("message %s dead-lettered after %s deliveries",
+                        copy.properties.get(PROPERTY_MESSAGE_ID), copy.properties[codec.DELIVERY_ATTEMPTS])
+
+    # -- dead letters ---------------------------------------------------------------------
+    @staticmethod
+    def _dead_letter_copy(group: str, record: StoredRecord, attempts: int) -> StoredRecord:
+        props = {**record.properties, codec.DELIVERY_ATTEMPTS: str(attempts)}
+        props.setdefault(codec.REAL_TOPIC, record.topic)
+        return StoredRecord(dlq_topic(group), 0, record.body, props)
+
+    def list_dlq(self, group: str, max_messages: int, max_bytes: int | None = None) -> list[StoredRecord]:
+        """The newest ``max_messages`` dead letters of a group that fit in ``max_bytes`` of
+        record size (at least one), oldest first."""
+        topic = dlq_topic(group)
+        end = self.store.queue_max_offset(topic, 0)
+        start = max(self.store.queue_min_offset(topic, 0), end - max_messages)
+        newest_first = (record for offset in range(end - 1, start - 1, -1)
+                        for record in self.store.read_queue(topic, 0, offset, 1))
+        return fitting(newest_first, lambda record: record.size, max_bytes)[::-1]
+
+    def resend_dlq(self, group: str, message_id: str) -> StoredRecord:
+        """Send a dead letter to the group's retry topic (only that group gets it again)."""
+        topic = dlq_topic(group)
+        for offset in reversed(self.store.lookup_message_id(message_id)):
+            record = self.store.get(offset)
+            if record.topic == topic:
+                props = codec.without(record.properties, codec.DELIVERY_ATTEMPTS)
+                stored = self.store.put(StoredRecord(retry_topic(group), 0, record.body, props))
+                log.info("message %s re-sent from the DLQ to group %s", message_id, group)
+                return stored
+        raise UnknownTopicError(f"message {message_id!r} is not in the DLQ of group {group!r}")
+
+    # -- acking ---------------------------------------------------------------------------
+    def _lookup(self, group: str, handle: str) -> tuple[ProgressKey, QueueProgress, Delivery]:
+        try:
+            topic, stored_topic, queue_id, offset, receipt = handle.split("|")
+            key = (group, topic, stored_topic, int(queue_id))
+            progress = self.progress[key]
+            delivery = progress.pending[int(offset)]
+        except (ValueError, KeyError):
+            raise UnknownReceiptError(f"unknown receipt handle {handle!r} for group {group!r}") from None
+        if delivery.receipt != receipt:
+            raise UnknownReceiptError(
+                f"stale receipt handle {handle!r}: the message was delivered again since"
+            )
+        if now_ms() > delivery.expires_at_ms:
+            raise UnknownReceiptError(
+                f"expired receipt handle {handle!r}: its invisible duration is over"
+            )
+        return key, progress, delivery
+
+    def ack(self, group: str, handle: str) -> None:
+        """Mark a delivered message done for the group (durable per ``sync_consumer_progress``)."""
+        with self.lock:
+            key, progress, delivery = self._lookup(group, handle)
+            progress.mark_done(delivery.record.queue_offset)
+            event = self._event(EVENT_ACKED, group, key[1], key, delivery)
+        self._persist([event])
+        self.notify()  # the next message of a FIFO group may be deliverable now
+
+    def change_invisible_duration(self, group: str, handle: str, invisible_ms: int) -> str:
+        """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle."""
+        with self.lock:
+            key, _, delivery = self._lookup(group, handle)
+            delivery.receipt = uuid.uuid4().hex[:16]
+            delivery.visible_at_ms = delivery.expires_at_ms = now_ms() + invisible_ms
+            return self._receipt_handle(key, delivery)
+
+    # -- admin ----------------------------------------------------------------------------
+    def _queue_lags(self) -> Iterator[tuple[ProgressKey, int, QueueProgress | None]]:
+        """Under the lock: every stored queue of each (group, topic) that has progress, with
+        its lag; a queue the group has not read yet counts from its start."""
+        for group, topic in sorted({(key[0], key[1]) for key in self.progress}):
+            for stored_topic, queue_id in self._sources(group, topic):
+                key = (group, topic, stored_topic, queue_id)
+                progress = self.progress.get(key)
+                end = self.store.queue_max_offset(stored_topic, queue_id)
+                if progress is None:
+                    yield key, end - self.store.queue_min_offset(stored_topic, queue_id), None
+                else:
+                    yield key, max(end - progress.floor - len(progress.done_above), 0), progress
+
+    def queues(self) -> list[ConsumerQueue]:
+        """Each group's lag and messages in flight per stored queue, by group and topic;
+        costs O(groups' queues + the deliveries they hold)."""
+        now = now_ms()
+        with self.lock:
+            return [
+                ConsumerQueue(*key, lag, 0 if progress is None else sum(
+                    1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now))
+                for key, lag, progress in self._queue_lags()
+            ]
+
+    def summary(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Per (group, subscribed topic): messages not yet done (lag) and those received
+        and still within their invisible duration (in flight); the sums of ``queues()``."""
+        result: dict[tuple[str, str], tuple[int, int]] = {}
+        for queue in self.queues():
+            lag, held = result.get((queue.group, queue.topic), (0, 0))
+            result[queue.group, queue.topic] = (lag + queue.lag, held + queue.in_flight)
+        return result
+
+    def lag(self) -> dict[str, dict[str, int]]:
+        """Messages not yet done, per group and subscribed topic."""
+        result: dict[str, dict[str, int]] = {}
+        for (group, topic), (lag, _) in self.summary().items():
+            result.setdefault(group, {})[topic] = lag
+        return result

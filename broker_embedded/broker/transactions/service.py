@@ -1,0 +1,412 @@
+"""The transaction service: half messages, END_TRANSACTION, parking, re-checks, recovery.
+
+Half messages go to ``RMQ_SYS_TRANS_HALF_TOPIC`` with their real topic and queue in
+properties. Every later step is an op record (``ops``). The rule that makes an operation
+of several records atomic: **its op record is its decision and is written first**, in one
+append with the records it implies. COMMIT writes ``[commit op, real message 1..N]``,
+parking writes ``[park op, copies in TRANS_CHECK_MAX_TIME_TOPIC]``, ROLLBACK writes the op
+alone. A crash can cut such an append anywhere: if the op did not survive, nothing was
+decided and the transaction is still pending (the check service asks again); if it did,
+recovery re-writes whichever of the implied records are missing, by message id, so each is
+stored exactly once. Recovery never infers a decision from the records that follow one.
+
+Unlike RocketMQ the resolution is kept: a repeated COMMIT is a no-op and a COMMIT after a
+ROLLBACK is refused, for as long as retention keeps the op record (found by transaction
+id through the index once the transaction has left memory).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+
+from ...api import ParkedTransaction, TransactionChecker
+from ...errors import (
+    CheckUnansweredError,
+    CorruptLogError,
+    InvalidMessageError,
+    TransactionConflictError,
+    UnknownTransactionError,
+)
+from ...message import EndTransactionResult, Message, Resolution, SendResult, TransactionState
+from ...store.files import write_atomically
+from ...store.message_store import MessageStore
+from ...store.record import StoredRecord
+from ...topics import (
+    CHECK_MAX_TOPIC,
+    HALF_TOPIC,
+    OP_HALF_TOPIC,
+    SCHEDULE_TOPIC,
+)
+from .. import codec
+from ..config import BrokerConfig
+from ..writes import EndCall, ForcedResolveCall, HalfCall, Staged
+from .book import Transaction, TransactionBook, read_half
+from .check_service import CheckService, now_ms
+from .ops import (
+    FINAL_STATES,
+    OP_CHECK,
+    OP_COMMIT,
+    OP_PARK,
+    OP_RECHECK,
+    RESOLUTION_OPS,
+    Op,
+    decode_op,
+    op_record,
+)
+
+log = logging.getLogger(__name__)
+
+#: Properties of a half message that its committed copy does not keep.
+_HALF_ONLY_PROPERTIES = (
+    codec.REAL_TOPIC, codec.REAL_QUEUE_ID, codec.TRANSACTION_TIMEOUT, codec.PRODUCER_GROUP,
+)
+#: How long a second END waits for a concurrent one with the same resolution.
+_CONCURRENT_END_WAIT_S = 30.0
+
+#: Builds the record of a committed message: ``(topic, queue_id, properties, body,
+#: delay counted from ms, born ms)``, routed through the delay topic when it is delayed.
+RouteRecord = Callable[[str, int, dict[str, str], bytes, int, int], StoredRecord]
+
+
+def answered(value: object) -> Staged:
+    """A call that writes nothing and answers ``value``."""
+    return Staged([], lambda _: value)
+
+
+class TransactionService:
+    """Transactions of one broker: staging of SEND_HALF / END, the book, the check service."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        config: BrokerConfig,
+        checker: Callable[[], TransactionChecker],
+        route: RouteRecord,
+        snapshot_path: Path,
+    ) -> None:
+        self.store = store
+        self.route = route
+        self.book = TransactionBook(config.transaction_timeout_s)
+        self.checks = CheckService(
+            self.book, checker, self._first_message, self._write_check, self.park,
+            config.check_interval_s, config.check_max, config.max_outstanding_checks,
+        )
+        self._snapshot_path = snapshot_path
+
+    # -- SEND_HALF ------------------------------------------------------------------------
+    def stage_half(self, call: HalfCall, queue_id: int) -> Staged:
+        """Stage the record of a validated half message bound for queue ``queue_id``."""
+        message = call.message
+        props = codec.message_properties(message)
+        props.update({
+            codec.REAL_TOPIC: message.topic, codec.REAL_QUEUE_ID: str(queue_id),
+            codec.TRANSACTION_ID: call.transaction_id, codec.PRODUCER_GROUP: call.producer_group,
+        })
+        with self.book.lock:
+            tx = self.book.by_id.get(call.transaction_id)
+            if tx is not None:
+                if tx.state is not TransactionState.PENDING or tx.ending is not None \
+                        or tx.producer_group != call.producer_group:
+                    raise TransactionConflictError(
+                        f"transaction {call.transaction_id} is {tx.state.value}"
+                        f"{' and ending' if tx.ending else ''} or belongs to producer group "
+                        f"{tx.producer_group!r}: no half message can join it"
+                    )
+                tx.joining += 1
+        if tx is None:
+            resolution = self.resolution_on_disk(call.transaction_id)
+            if resolution is not None:
+                raise TransactionConflictError(
+                    f"transaction {call.transaction_id} already ended ({FINAL_STATES[resolution.op].value})"
+                )
+
+        def joined() -> None:
+            if tx is not None:
+                with self.book.lock:
+                    tx.joining -= 1
+
+        def finish(stored: list[StoredRecord]) -> SendResult:
+            joined()
+            return SendResult(message.message_id, message.topic, queue_id, -1,
+                              stored[0].commit_log_offset, call.transaction_id)
+
+        return Staged([StoredRecord(HALF_TOPIC, 0, bytes(message.body), props)], finish, joined)
+
+    # -- END_TRANSACTION ------------------------------------------------------------------
+    def stage_end(self, call: EndCall) -> Staged:
+        """Stage a COMMIT (op + real messages), a ROLLBACK (op), or the answer to a repeat."""
+        if call.from_check:
+            self.checks.answered(call.transaction_id, call.producer_group, call.resolution)
+            log.info("transaction %s: check-back answer %s", call.transaction_id, call.resolution.value)
+        return self._stage_end(call, "check-back answer" if call.from_check else "producer")
+
+    def stage_forced(self, call: ForcedResolveCall) -> Staged:
+        """Stage an operator's COMMIT or ROLLBACK of a parked transaction, recorded as given:
+        no check-back, its transaction_log is not read."""
+        tx = self.parked(call.transaction_id)
+        log.warning("transaction %s: %s forced by an operator without a check-back",
+                    call.transaction_id, call.resolution.value)
+        return self._stage_end(EndCall(call.transaction_id, call.resolution, tx.producer_group),
+                               "an operator (forced, no check-back)")
+
+    def ask_checker(self, transaction_id: str, wait_s: float) -> tuple[Resolution, str]:
+        """An operator's resolve of a parked transaction: the COMMIT or ROLLBACK its
+        producer group's checker answers now, and that group. ``CheckUnansweredError`` for
+        no answer or UNKNOWN (nothing changes)."""
+        tx = self.parked(transaction_id)
+        answer = self.checks.ask_now(tx, wait_s)
+        if answer is Resolution.UNKNOWN:
+            raise CheckUnansweredError(
+                f"the checker of producer group {tx.producer_group!r} answered UNKNOWN for transaction "
+                f"{transaction_id} (its local transaction may still hold its transaction_log row); nothing changed"
+            )
+        log.info("transaction %s: the operator's check-back answered %s", transaction_id, answer.value)
+        return answer, tx.producer_group
+
+    def _stage_end(self, call: EndCall, source: str) -> Staged:
+        with self.book.lock:
+            tx = self.book.by_id.get(call.transaction_id)
+            if tx is None or tx.producer_group != call.producer_group:
+                tx = None
+            elif call.resolution is not Resolution.UNKNOWN:
+                if tx.ending is call.resolution and tx.ended is not None:
+                    ended = tx.ended
+                    return Staged([], lambda _: self._after_concurrent_end(call, ended))
+                if tx.ending is not None:
+                    raise TransactionConflictError(
+                        f"transaction {call.transaction_id} is being resolved as {tx.ending.value}; "
+                        f"{call.resolution.value} refused"
+                    )
+                if tx.joining:
+                    raise TransactionConflictError(
+                        f"a half message of transaction {call.transaction_id} is still being stored; "
+                        "end it once every send_half has returned"
+                    )
+                tx.ending, tx.ended = call.resolution, threading.Event()
+        if tx is None:
+            return answered(self._answer_from_disk(call))
+        if call.resolution is Resolution.UNKNOWN:
+            log.info("transaction %s: UNKNOWN; it stays pending", call.transaction_id)
+            return answered(EndTransactionResult(call.transaction_id, tx.state, False, tx.message_ids))
+        try:
+            op = self._decision(tx, RESOLUTION_OPS[call.resolution])
+            records = [op_record(op)]
+            if op.op == OP_COMMIT:
+                records += [self._committed_copy(half, op.ts) for half in self._read_halves(op.h)]
+        except BaseException:
+            self._end_failed(tx)
+            raise
+
+        def finish(_: list[StoredRecord]) -> EndTransactionResult:
+            assert tx is not None and tx.ended is not None
+            tx.ended.set()
+            log.info("transaction %s %s by %s", call.transaction_id, FINAL_STATES[op.op].value, source)
+            return EndTransactionResult(call.transaction_id, FINAL_STATES[op.op], True, tx.message_ids)
+
+        return Staged(records, finish, lambda: self._end_failed(tx))
+
+    def _end_failed(self, tx: Transaction) -> None:
+        with self.book.lock:
+            ended, tx.ending, tx.ended = tx.ended, None, None
+        if ended is not None:
+            ended.set()
+
+    def _after_concurrent_end(self, call: EndCall, ended: threading.Event) -> EndTransactionResult:
+        """The answer to an END that arrived while the same resolution was being written."""
+        ended.wait(_CONCURRENT_END_WAIT_S)
+        if self.book.get(call.transaction_id) is not None:
+            raise TransactionConflictError(
+                f"a concurrent {call.resolution.value} of transaction {call.transaction_id} failed; try again"
+            )
+        return self._answer_from_disk(call)
+
+    def _answer_from_disk(self, call: EndCall) -> EndTransactionResult:
+        """The answer to an END for a transaction no longer (or never) open."""
+        op = self.resolution_on_disk(call.transaction_id)
+        if op is None or (op.g and op.g != call.producer_group):
+            raise UnknownTransactionError(
+                f"no transaction {call.transaction_id!r} for producer group {call.producer_group!r}"
+            )
+        state = FINAL_STATES[op.op]
+        if call.resolution is not Resolution.UNKNOWN and RESOLUTION_OPS[call.resolution] != op.op:
+            raise TransactionConflictError(
+                f"transaction {call.transaction_id} is already {state.value}; {call.resolution.value} refused"
+            )
+        return EndTransactionResult(call.transaction_id, state, False, tuple(op.m))
+
+    def resolution_on_disk(self, transaction_id: str) -> Op | None:
+        """The commit or rollback op of a transaction, found through the index."""
+        for offset in reversed(self.store.lookup_key(OP_HALF_TOPIC, transaction_id)):
+            record = self.store.get(offset)
+            if record.topic != OP_HALF_TOPIC:
+                continue
+            op = _decode(record)
+            if op is not None and op.tx == transaction_id and op.op in FINAL_STATES:
+                return op
+        return None
+
+    # -- records --------------------------------------------------------------------------
+    def _decision(self, tx: Transaction, kind: str) -> Op:
+        return Op(tx.transaction_id, kind, tx.check_times, now_ms(), tx.producer_group,
+                  tx.half_offsets, list(tx.message_ids))
+
+    def _read_halves(self, offsets: list[int]) -> Iterator[StoredRecord]:
+        return (self.store.get(offset) for offset in offsets)
+
+    def _halves_of(self, op: Op) -> Iterator[StoredRecord]:
+        """The half messages a stored op names; an offset that holds no half message of its
+        transaction (a damaged op) is logged and skipped."""
+        for offset in op.h:
+            try:
+                record = self.store.get(offset)
+            except CorruptLogError as exc:
+                log.error("%s op of transaction %s: %s", op.op, op.tx, exc)
+                continue
+            if record.topic == HALF_TOPIC and read_half(record).transaction_id == op.tx:
+                yield record
+            else:
+                log.error("%s op of transaction %s names commit log offset %d, which holds no half message "
+                          "of it; skipped", op.op, op.tx, offset)
+
+    def _committed_copy(self, half: StoredRecord, committed_ms: int) -> StoredRecord:
+        """The real message of a committed half message; a delay counts from the commit.
+        ``InvalidMessageError`` for a half message that cannot be committed."""
+        fields = read_half(half)
+        if fields.problem:
+            raise InvalidMessageError(
+                f"transaction {fields.transaction_id} cannot be committed: its half message at commit log "
+                f"offset {half.commit_log_offset} has {fields.problem}; roll it back"
+            )
+        props = codec.without(half.properties, *_HALF_ONLY_PROPERTIES)
+        return self.route(fields.real_topic, fields.real_queue_id, props, half.body, committed_ms,
+                          half.born_timestamp_ms)
+
+    @staticmethod
+    def _parked_copy(half: StoredRecord, check_times: int) -> StoredRecord:
+        return StoredRecord(CHECK_MAX_TOPIC, 0, half.body,
+                            {**half.properties, codec.CHECK_TIMES: str(check_times)},
+                            born_timestamp_ms=half.born_timestamp_ms)
+
+    def _first_message(self, tx: Transaction) -> Message:
+        return codec.message_of(self.store.get(tx.halves[0].commit_log_offset))
+
+    # -- check service callbacks and admin ------------------------------------------------
+    def _write_check(self, tx: Transaction, check_times: int) -> None:
+        if self.book.get(tx.transaction_id) is tx and tx.state is TransactionState.PENDING:
+            self.store.put(op_record(Op(tx.transaction_id, OP_CHECK, check_times, now_ms())))
+
+    def park(self, tx: Transaction) -> None:
+        """Park ``tx`` after ``check_max`` unanswered checks: ``[park op, copies]``."""
+        with self.book.lock:
+            if self.book.by_id.get(tx.transaction_id) is not tx or tx.state is not TransactionState.PENDING \
+                    or tx.ending is not None:
+                return
+        op = self._decision(tx, OP_PARK)
+        self.store.put_batch([op_record(op), *(self._parked_copy(h, op.n) for h in self._halves_of(op))])
+        log.warning("transaction %s parked in %s %s", tx.transaction_id, CHECK_MAX_TOPIC,
+                    f"because it cannot be committed ({tx.problem})" if tx.problem
+                    else f"after {tx.check_times} unanswered checks")
+
+    def parked(self, transaction_id: str) -> Transaction:
+        tx = self.book.get(transaction_id)
+        if tx is None or tx.state is not TransactionState.PARKED:
+            raise UnknownTransactionError(f"no parked transaction {transaction_id!r}")
+        return tx
+
+    def recheck(self, transaction_id: str) -> None:
+        """Put a parked transaction back under check with a fresh count."""
+        self.parked(transaction_id)
+        self.store.put(op_record(Op(transaction_id, OP_RECHECK, 0, now_ms())))
+        log.info("transaction %s taken out of %s for re-checking", transaction_id, CHECK_MAX_TOPIC)
+
+    def list_parked(self) -> list[ParkedTransaction]:
+        return [
+            ParkedTransaction(tx.transaction_id, tx.producer_group, tx.message_ids, tx.check_times, tx.born_ms)
+            for tx in self.book.in_state(TransactionState.PARKED)
+        ]
+
+    def state(self, transaction_id: str) -> TransactionState:
+        tx = self.book.get(transaction_id)
+        if tx is not None:
+            return tx.state
+        op = self.resolution_on_disk(transaction_id)
+        if op is None:
+            raise UnknownTransactionError(f"no transaction {transaction_id!r}")
+        return FINAL_STATES[op.op]
+
+    # -- the log, applied -----------------------------------------------------------------
+    def on_dispatch(self, record: StoredRecord) -> None:
+        """Apply a durable half or op record to the book (a store dispatch listener)."""
+        if record.topic == HALF_TOPIC:
+            self.book.add_half(record)
+        elif record.topic == OP_HALF_TOPIC:
+            op = _decode(record)
+            if op is not None:
+                self.book.apply(op, record.queue_offset)
+
+    def rebuild(self, read_all: Callable[[str, int], Iterator[StoredRecord]]) -> None:
+        """Restore the book from its snapshot and the half/op records after its cut, then
+        redo the records of any commit or park that a crash cut off."""
+        self._restore_snapshot()
+        for record in read_all(HALF_TOPIC, self.book.half_applied):
+            self.book.add_half(record)
+        decided: list[tuple[Op, StoredRecord]] = []
+        for record in read_all(OP_HALF_TOPIC, self.book.op_applied):
+            op = _decode(record)
+            if op is None:
+                continue
+            self.book.apply(op, record.queue_offset)
+            if op.op in (OP_COMMIT, OP_PARK):
+                decided.append((op, record))
+        self._redo(decided)
+
+    def _redo(self, decided: list[tuple[Op, StoredRecord]]) -> None:
+        """Write again every record a commit or park implies that is not stored after its op."""
+        missing: list[StoredRecord] = []
+        redone: set[str] = set()
+        for op, op_stored in decided:
+            for half in self._halves_of(op):
+                fields = read_half(half)
+                if fields.problem:
+                    log.error("cannot redo the %s of transaction %s for its half message at commit log offset "
+                              "%d: %s", op.op, op.tx, half.commit_log_offset, fields.problem)
+                    continue
+                if op.op == OP_COMMIT:
+                    topics: tuple[str, ...] = (fields.real_topic, SCHEDULE_TOPIC)
+                else:
+                    topics = (CHECK_MAX_TOPIC,)
+                if not self.store.stored_after(fields.message_id, op_stored.commit_log_offset, topics):
+                    missing.append(self._committed_copy(half, op.ts) if op.op == OP_COMMIT
+                                   else self._parked_copy(half, op.n))
+                    redone.add(op.tx)
+        if missing:
+            self.store.put_batch(missing)
+            log.warning("recovery redid %d records of %d transactions cut off by a crash: %s",
+                        len(missing), len(redone), ", ".join(sorted(redone)[:20]))
+
+    # -- snapshot -------------------------------------------------------------------------
+    def write_snapshot(self) -> None:
+        """Save the open transactions (O(pending)); the next start replays only what follows."""
+        write_atomically(self._snapshot_path, self.book.snapshot())
+
+    def _restore_snapshot(self) -> None:
+        if not self._snapshot_path.exists():
+            return
+        try:
+            self.book.restore(self._snapshot_path.read_bytes(), self.store.commitlog.write_offset)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
+            log.warning("unreadable %s: replaying every half and op record", self._snapshot_path)
+            self.book.clear()
+
+
+def _decode(record: StoredRecord) -> Op | None:
+    try:
+        return decode_op(record.body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        log.warning("undecodable op record at commit log offset %d skipped", record.commit_log_offset)
+        return None

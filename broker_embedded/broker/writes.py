@@ -1,0 +1,100 @@
+"""Write calls that share one append and one fsync (group commit).
+
+SEND_MESSAGE, SEND_HALF_MESSAGE and END_TRANSACTION are the broker's write path. The
+server collects the calls that arrive together and hands them to
+``EmbeddedBroker.produce`` as one batch: each call is *staged* (validated, turned into the
+records it writes), every staged record goes into one ``MessageStore.put_batch`` (one
+append, one fsync), and each call then gets its own result or the typed error that
+refused it. A call that fails staging fails alone; the others are still written.
+
+Each call type has one ``validate`` that checks every field it writes, before anything is
+staged: a refused call stores nothing, and nothing stored can fail its own replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidMessageError
+from ..message import Message, MessageLimits, Resolution, validate_message, validate_transaction_id
+from ..store.record import StoredRecord
+from ..topics import validate_group
+
+
+@dataclass(frozen=True, slots=True)
+class SendCall:
+    """``send(message)``."""
+
+    message: Message
+
+    def validate(self, limits: MessageLimits) -> None:
+        validate_message(self.message, limits)
+
+
+@dataclass(frozen=True, slots=True)
+class HalfCall:
+    """``send_half(message, producer_group=, transaction_id=)``."""
+
+    message: Message
+    producer_group: str
+    transaction_id: str
+
+    def validate(self, limits: MessageLimits) -> None:
+        validate_message(self.message, limits)
+        validate_group(self.producer_group)
+        validate_transaction_id(self.transaction_id)
+
+
+@dataclass(frozen=True, slots=True)
+class EndCall:
+    """``end_transaction(transaction_id, resolution, producer_group=, from_check=)``."""
+
+    transaction_id: str
+    resolution: Resolution
+    producer_group: str
+    from_check: bool = False
+
+    def validate(self, limits: MessageLimits) -> None:
+        validate_transaction_id(self.transaction_id)
+        validate_group(self.producer_group)
+        if not isinstance(self.resolution, Resolution):
+            raise InvalidMessageError(f"resolution {self.resolution!r} is not a Resolution")
+        if not isinstance(self.from_check, bool):
+            raise InvalidMessageError(f"from_check {self.from_check!r} is not a bool")
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedResolveCall:
+    """``resolve_parked(transaction_id, force=resolution)``: an operator's COMMIT or
+    ROLLBACK of a parked transaction, recorded without a check-back."""
+
+    transaction_id: str
+    resolution: Resolution
+
+    def validate(self, limits: MessageLimits) -> None:
+        validate_transaction_id(self.transaction_id)
+        if self.resolution not in (Resolution.COMMIT, Resolution.ROLLBACK):
+            raise InvalidMessageError(f"a forced resolution is COMMIT or ROLLBACK, not {self.resolution!r}")
+
+
+#: The write requests of the wire protocol.
+WriteCall = SendCall | HalfCall | EndCall
+#: Every call ``EmbeddedBroker.produce`` stages.
+AnyWriteCall = WriteCall | ForcedResolveCall
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(slots=True)
+class Staged:
+    """A validated call: the records it writes, what it answers once they are durable
+    (``finish`` gets them back completed, in the same order), and what to undo when the
+    write fails (``abort``)."""
+
+    records: list[StoredRecord]
+    finish: Callable[[list[StoredRecord]], Any]
+    abort: Callable[[], None] = field(default=_nothing)

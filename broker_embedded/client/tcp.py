@@ -1,0 +1,232 @@
+"""``BrokerClient``: the ``BrokerAPI`` over TCP, synchronous and thread-safe.
+
+One connection, pipelined: any number of threads may have requests in flight; a reader
+thread matches answers to waiting callers by request id. A dropped connection fails the
+requests in flight with ``BrokerUnavailableError`` and is re-opened by the next call
+(producer registrations are renewed then). Check-backs pushed by the server run the
+registered callbacks on a worker thread. The protocol state is the shared
+``broker_embedded.wire.session.ClientSession``; this module does the socket I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+from ..api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo
+from ..errors import BrokerError, BrokerUnavailableError, MalformedFrameError
+from ..message import (
+    CheckRequest,
+    EndTransactionResult,
+    Message,
+    ReceivedMessage,
+    Resolution,
+    SendResult,
+    StoredMessage,
+    TransactionState,
+)
+from ..wire.protocol import READ_CHUNK, FrameBuffer, RequestCode
+from ..wire.session import Call, Replies, SessionClient, raw_call
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _Link:
+    """One TCP connection and the requests waiting for an answer on it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.send_lock = threading.Lock()
+        self.replies: Replies[Future[Any]] = Replies()
+
+    def fail(self, reason: str, error: type[BrokerUnavailableError] = BrokerUnavailableError) -> None:
+        """Mark the link dead and fail everything waiting on it with ``error``."""
+        self.replies.fail(reason, error)
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread, sends FIN now
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class BrokerClient(SessionClient[CheckCallback, _Link]):
+    """A remote broker at ``tcp://host:port``; implements ``BrokerAPI``."""
+
+    def _start(self) -> None:
+        self._connect_lock = threading.Lock()
+        self._callbacks = ThreadPoolExecutor(max_workers=4, thread_name_prefix="check-callback")
+
+    # -- connection -----------------------------------------------------------------------
+    def _connection(self) -> _Link:
+        """The live link, opening (and authenticating, re-registering) a new one if needed."""
+        if (link := self._current()) is not None:
+            return link
+        with self._connect_lock:
+            if (link := self._current()) is not None:
+                return link
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=self._session.connect_timeout_s)
+            except OSError as exc:
+                raise BrokerUnavailableError(f"cannot connect to {self.url}: {exc}") from None
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link = _Link(sock)
+            threading.Thread(target=self._read_loop, args=(link,), daemon=True,
+                             name=f"broker-client-{self.port}").start()
+            try:
+                ask = self._session.challenge()
+                challenge = self._exchange(link, ask) if ask else None
+                for call in self._session.opening(challenge):
+                    self._exchange(link, call)
+            except BrokerError as exc:
+                link.fail(f"handshake with {self.url} failed: {exc}")
+                raise
+            self._link = link
+            return link
+
+    def _read_loop(self, link: _Link) -> None:
+        frames = FrameBuffer()
+        try:
+            while data := link.sock.recv(READ_CHUNK):
+                for payload in frames.feed(data):
+                    if (check := self._session.received(link.replies, payload)) is not None:
+                        self._callbacks.submit(self._run_callback, *check)
+                    if not link.replies.alive:  # refused, or failed by a sender
+                        link.close()
+                        return
+            link.fail(f"connection to {self.url} closed by the broker")
+        except (OSError, MalformedFrameError, ValueError) as exc:
+            link.fail(f"connection to {self.url} lost: {exc}")
+
+    @staticmethod
+    def _run_callback(callback: CheckCallback, request: CheckRequest) -> None:
+        try:
+            callback(request)
+        except Exception:
+            log.exception("check callback failed for transaction %s", request.transaction_id)
+
+    # -- requests -------------------------------------------------------------------------
+    def _exchange(self, link: _Link, call: Call[T]) -> T:
+        """Send ``call`` on ``link`` and wait for its result."""
+        request_id = self._session.new_id()
+        future: Future[Any] = Future()
+        link.replies.expect(request_id, future)
+        try:
+            with link.send_lock:
+                link.sock.sendall(call.frame(request_id))
+        except OSError as exc:
+            link.fail(f"cannot send to {self.url}: {exc}")
+        try:
+            body = future.result(self._session.wait_s(call))
+        except FutureTimeout:
+            link.replies.forget(request_id)
+            raise self._session.timed_out(call) from None
+        return call.result(body)
+
+    def _do(self, call: Call[T]) -> T:
+        return self._exchange(self._connection(), call)
+
+    def _request(self, code: RequestCode, body: Any) -> Any:
+        """Send a request as it is (the tests send malformed ones); its ``ok`` value."""
+        return self._do(raw_call(code, body))
+
+    def register_producer(self, producer_group: str, on_check: CheckCallback) -> None:
+        if (call := self._session.register_producer(producer_group, on_check)) is not None:
+            self._do(call)
+
+    def unregister_producer(self, producer_group: str, on_check: CheckCallback) -> None:
+        if (call := self._session.unregister_producer(producer_group, on_check)) is not None:
+            self._do(call)
+
+    # -- BrokerAPI ---------------------------------------------------------
+    def create_topic(self, topic: str, queues: int = 4) -> TopicInfo:
+        return self._do(self._session.create_topic(topic, queues))
+
+    def list_topics(self) -> list[TopicInfo]:
+        return self._do(self._session.list_topics())
+
+    def send(self, message: Message) -> SendResult:
+        return self._do(self._session.send(message))
+
+    def send_batch(self, messages: list[Message]) -> list[SendResult | BrokerError]:
+        """Send many messages in one request (SEND_BATCH_MESSAGE); per message, in order, its
+        result or the typed error that refused it (the others are still sent)."""
+        return self._do(self._session.send_batch(messages))
+
+    def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
+        return self._do(self._session.send_half(message, producer_group=producer_group, transaction_id=transaction_id))
+
+    def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str, from_check: bool = False) -> EndTransactionResult:
+        return self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=from_check))
+
+    def transaction_state(self, transaction_id: str) -> TransactionState:
+        return self._do(self._session.transaction_state(transaction_id))
+
+    def receive(self, group: str, topic: str, *, max_messages: int = 32, invisible_duration_s: float = 30.0, wait_s: float = 0.0, max_bytes: int | None = None) -> list[ReceivedMessage]:
+        return self._do(self._session.receive(group, topic, max_messages=max_messages, invisible_duration_s=invisible_duration_s, wait_s=wait_s, max_bytes=max_bytes))
+
+    def ack(self, group: str, receipt_handle: str) -> None:
+        return self._do(self._session.ack(group, receipt_handle))
+
+    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
+        return self._do(self._session.change_invisible_duration(group, receipt_handle, invisible_duration_s))
+
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, max_bytes: int | None = None) -> list[StoredMessage]:
+        return self._do(self._session.read(topic, queue_id, offset, max_messages, max_bytes))
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return self._do(self._session.offset_for_timestamp(topic, queue_id, timestamp_ms))
+
+    def query_by_id(self, message_id: str) -> StoredMessage | None:
+        return self._do(self._session.query_by_id(message_id))
+
+    def query_by_key(self, topic: str, key: str, max_messages: int = 64, max_bytes: int | None = None) -> list[StoredMessage]:
+        return self._do(self._session.query_by_key(topic, key, max_messages, max_bytes))
+
+    def list_parked(self) -> list[ParkedTransaction]:
+        return self._do(self._session.list_parked())
+
+    def open_transactions(self, producer_group: str | None = None) -> list[str]:
+        return self._do(self._session.open_transactions(producer_group))
+
+    def resolve_parked(self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0) -> EndTransactionResult:
+        return self._do(self._session.resolve_parked(transaction_id, force=force, wait_s=wait_s))
+
+    def recheck_parked(self, transaction_id: str) -> None:
+        return self._do(self._session.recheck_parked(transaction_id))
+
+    def list_dlq(self, group: str, max_messages: int = 64, max_bytes: int | None = None) -> list[StoredMessage]:
+        return self._do(self._session.list_dlq(group, max_messages, max_bytes))
+
+    def resend_dlq(self, group: str, message_id: str) -> SendResult:
+        return self._do(self._session.resend_dlq(group, message_id))
+
+    def stats(self) -> BrokerStats:
+        return self._do(self._session.stats())
+
+    def export(self, out_dir: str, fmt: str = "parquet") -> dict[str, int]:
+        """Have the server export its messages to ``out_dir`` on the server's machine."""
+        return self._do(self._session.export(out_dir, fmt))
+
+    def close(self) -> None:
+        """Close the connection; later calls raise ``BrokerClosedError``."""
+        with self._connect_lock:
+            self._closed = True
+            link, self._link = self._link, None
+        if link is not None:
+            link.fail("client closed")
+        self._callbacks.shutdown(wait=False)
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

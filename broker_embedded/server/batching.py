@@ -1,0 +1,142 @@
+"""Batching of the requests that arrive while others run: one executor hop for all of
+them, and for writes group commit (one append and one fsync for every write in flight).
+Shared by the native TCP server and the gRPC front."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..api import BrokerAPI
+from ..broker.writes import HalfCall, SendCall, WriteCall
+from ..wire.protocol import READ_CHUNK
+
+#: The message bodies one write batch holds at most (or one message): another client's
+#: small write waits behind one such batch, not behind a backlog of big ones.
+MAX_WRITE_BATCH_BYTES = 4 * 1024 * 1024
+
+
+class Batcher:
+    """Groups the calls that arrive while a batch is running into the next batch: one
+    executor hop for all of them. ``run_batch`` takes the list of items and returns, per
+    item, a result or the exception that refused it. For writes this is group commit: one
+    append and one fsync for every write in flight. Up to ``max_batches`` batches run at
+    once, so one fills and appends while the one before it waits for its fsync. ``backlog``
+    is what ``weigh`` says the items queued or in a running batch hold (bytes).
+
+    The heavy items of a batch (over ``READ_CHUNK``) weigh at most ``max_batch_weight``
+    together (or are one item): one that does not fit waits for the next batch, and so does
+    everything after it from the same ``source`` (a connection's items keep their order),
+    while light items of other sources go ahead, so a small write never waits behind more
+    than the running batches, whatever other clients have queued."""
+
+    def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: ThreadPoolExecutor,
+                 track: Callable[[asyncio.Task[None]], None], max_batches: int = 1,
+                 weigh: Callable[[Any], int] = lambda item: 0, max_batch_weight: int = 0) -> None:
+        self.run_batch = run_batch
+        self.executor = executor
+        self.track = track
+        self.max_batches = max_batches
+        self.weigh = weigh
+        self.max_batch_weight = max_batch_weight
+        self.waiting: list[tuple[Any, Callable[[Any], None], object]] = []
+        self.running = 0
+        self.backlog = 0
+        self._lighter = asyncio.Event()
+
+    def submit(self, item: Any, on_done: Callable[[Any], None], source: object = None) -> None:
+        """Queue ``item`` from ``source``; ``on_done`` gets its result or exception on the
+        event loop."""
+        self.backlog += self.weigh(item)
+        self.waiting.append((item, on_done, source))
+        if self.running < self.max_batches:
+            self.running += 1
+            self.track(asyncio.get_running_loop().create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.waiting:
+                batch = self._next_batch()
+                try:
+                    outcomes = await loop.run_in_executor(self.executor, self.run_batch, [item for item, _, _ in batch])
+                except Exception as exc:  # the whole batch failed (e.g. the disk is full)
+                    outcomes = [exc] * len(batch)
+                self.backlog -= sum(self.weigh(item) for item, _, _ in batch)
+                self._lighter.set()
+                for (_, on_done, _), outcome in zip(batch, outcomes, strict=True):
+                    on_done(outcome)
+        finally:
+            self.running -= 1
+
+    def _next_batch(self) -> list[tuple[Any, Callable[[Any], None], object]]:
+        """Take the items of the next batch out of ``waiting`` (see the class docstring)."""
+        if not self.max_batch_weight:
+            batch, self.waiting = self.waiting, []
+            return batch
+        batch, left, held = [], [], set()
+        heavy = 0
+        for entry in self.waiting:
+            weight = self.weigh(entry[0])
+            if weight <= READ_CHUNK:
+                weight = 0  # light: always fits
+            if entry[2] in held or (heavy and heavy + weight > self.max_batch_weight):
+                held.add(entry[2])
+                left.append(entry)
+            else:
+                batch.append(entry)
+                heavy += weight
+        self.waiting = left
+        return batch
+
+    async def lighter_than(self, limit: int) -> None:
+        """Until the backlog is at most ``limit``."""
+        while self.backlog > limit:
+            self._lighter.clear()
+            await self._lighter.wait()
+
+
+def each(call: Callable[..., Any]) -> Callable[[list[Any]], list[Any]]:
+    """A ``run_batch`` that makes one call per item (keyword arguments if a map), catching each error."""
+
+    def run(items: list[Any]) -> list[Any]:
+        outcomes: list[Any] = []
+        for item in items:
+            try:
+                outcomes.append(call(**item) if isinstance(item, dict) else call(item))
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    return run
+
+
+def body_bytes(call: WriteCall) -> int:
+    """What a write holds while it waits for its batch: its message body."""
+    return len(call.message.body) if isinstance(call, SendCall | HalfCall) else 0
+
+
+def write_one_by_one(broker: BrokerAPI) -> Callable[[list[WriteCall]], list[Any]]:
+    """A ``run_batch`` for a broker without ``produce``: one API call per write."""
+
+    def write(call: WriteCall) -> Any:
+        if isinstance(call, SendCall):
+            return broker.send(call.message)
+        if isinstance(call, HalfCall):
+            return broker.send_half(call.message, producer_group=call.producer_group,
+                                    transaction_id=call.transaction_id)
+        return broker.end_transaction(call.transaction_id, call.resolution, producer_group=call.producer_group,
+                                      from_check=call.from_check)
+
+    return each(write)
+
+
+def write_batcher(broker: BrokerAPI, executor: ThreadPoolExecutor,
+                  track: Callable[[asyncio.Task[None]], None]) -> Batcher:
+    """The batcher of a front's writes: ``broker.produce`` when it has one (one append and
+    one fsync per batch), two batches at a time, big bodies capped per batch."""
+    produce = getattr(broker, "produce", None)
+    return Batcher(produce or write_one_by_one(broker), executor, track, max_batches=2, weigh=body_bytes,
+                   max_batch_weight=MAX_WRITE_BATCH_BYTES)

@@ -1,0 +1,120 @@
+"""Messages between RocketMQ 5 protobuf and the broker's own values."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+from ...errors import InvalidMessageError
+from ...message import CheckRequest, Message, ReceivedMessage
+from ._proto import definition_pb2 as pb
+
+#: A ``delivery_timestamp.seconds`` past this (year 3000) is milliseconds: the Python client
+#: 5.1.2 writes milliseconds into the seconds field.
+MAX_SECONDS = 32_503_680_000
+
+
+def body_digest(body: bytes) -> pb.Digest:
+    """CRC32 of ``body`` as the clients check it: 8 uppercase hex digits."""
+    return pb.Digest(type=pb.CRC32, checksum=f"{zlib.crc32(body):08X}")
+
+
+def deliver_at_ms(properties: pb.SystemProperties) -> int | None:
+    """The epoch milliseconds of a message's ``delivery_timestamp`` (None: not delayed),
+    whether the client wrote seconds (the protocol) or milliseconds (Python client 5.1.2)."""
+    if not properties.HasField("delivery_timestamp"):
+        return None
+    stamp = properties.delivery_timestamp
+    if stamp.seconds > MAX_SECONDS:
+        return int(stamp.seconds)
+    return int(stamp.seconds * 1000 + stamp.nanos // 1_000_000)
+
+
+def _body(message: pb.Message) -> bytes:
+    encoding = message.system_properties.body_encoding
+    if encoding == pb.GZIP:
+        try:
+            return gzip.decompress(message.body)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InvalidMessageError(f"the GZIP body cannot be decompressed: {exc}") from None
+    if encoding not in (pb.IDENTITY, pb.ENCODING_UNSPECIFIED):
+        raise InvalidMessageError(f"unknown body encoding {encoding}")
+    return bytes(message.body)
+
+
+def from_proto(message: pb.Message) -> Message:
+    """A sent message as the broker stores it (its type is the caller's to check)."""
+    properties = message.system_properties
+    if not message.topic.name:
+        raise InvalidMessageError("the message names no topic")
+    if not properties.message_id:
+        raise InvalidMessageError("the message has no message_id")
+    return Message(
+        topic=message.topic.name,
+        body=_body(message),
+        keys=tuple(properties.keys),
+        tag=properties.tag if properties.HasField("tag") else "",
+        properties=dict(message.user_properties),
+        message_id=properties.message_id,
+        deliver_at_ms=deliver_at_ms(properties),
+        message_group=properties.message_group if properties.HasField("message_group") else None,
+        transaction_timeout_s=_recovery_duration_s(properties),
+    )
+
+
+def _recovery_duration_s(properties: pb.SystemProperties) -> float | None:
+    """A half message's ``orphaned_transaction_recovery_duration`` (the Java client's
+    transaction timeout): when its first check-back is due. None: the broker's default."""
+    if not properties.HasField("orphaned_transaction_recovery_duration"):
+        return None
+    duration = properties.orphaned_transaction_recovery_duration
+    return duration.seconds + duration.nanos / 1e9 or None
+
+
+def message_type(message: Message, transactional: bool) -> pb.MessageType:
+    if transactional:
+        return pb.TRANSACTION
+    if message.message_group is not None:
+        return pb.FIFO
+    if message.deliver_at_ms is not None or message.delay_level:
+        return pb.DELAY
+    return pb.NORMAL
+
+
+def to_proto(message: Message, transactional: bool = False) -> pb.Message:
+    """A stored message as the clients read it (check-backs carry it as well)."""
+    body = bytes(message.body)
+    properties = pb.SystemProperties(
+        keys=list(message.keys),
+        message_id=message.message_id,
+        body_digest=body_digest(body),
+        body_encoding=pb.IDENTITY,
+        message_type=message_type(message, transactional),
+    )
+    if message.tag:
+        properties.tag = message.tag
+    if message.message_group is not None:
+        properties.message_group = message.message_group
+    if message.deliver_at_ms is not None:
+        properties.delivery_timestamp.FromMilliseconds(message.deliver_at_ms)
+    return pb.Message(topic=pb.Resource(name=message.topic), user_properties=dict(message.properties),
+                      system_properties=properties, body=body)
+
+
+def received_to_proto(received: ReceivedMessage, invisible_duration_s: float) -> pb.Message:
+    """A received message with its receipt handle, attempt and place in the queue."""
+    message = to_proto(received.message, transactional=received.transaction_id is not None)
+    properties = message.system_properties
+    properties.receipt_handle = received.receipt_handle
+    properties.delivery_attempt = received.delivery_attempt
+    properties.queue_id = received.queue_id
+    properties.queue_offset = received.queue_offset
+    properties.born_timestamp.FromMilliseconds(received.born_timestamp_ms)
+    properties.store_timestamp.FromMilliseconds(received.store_timestamp_ms)
+    properties.invisible_duration.FromMilliseconds(int(invisible_duration_s * 1000))
+    return message
+
+
+def check_to_proto(request: CheckRequest) -> pb.Message:
+    """The half message of a check-back (its message id is the transaction id)."""
+    return to_proto(request.message, transactional=True)

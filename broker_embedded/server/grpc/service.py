@@ -1,0 +1,350 @@
+"""``apache.rocketmq.v2.MessagingService`` over the broker core, on ``grpc.aio``.
+
+The handlers are registered by hand under the service's wire name (the protos are compiled
+under a private package, see ``_proto/README.md``). Every broker call runs on the
+front's executor threads, as the native server's do, and writes in flight together share one
+append and one fsync through the native server's batcher. Producer RPCs (normal, FIFO, delay and
+transactional sends, EndTransaction, check-backs over Telemetry) and SimpleConsumer RPCs
+(ReceiveMessage, AckMessage, ChangeInvisibleDuration) are served; the others answer
+UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
+
+from ...api import MAX_DURATION_S, BrokerAPI
+from ...broker.config import BrokerConfig
+from ...broker.writes import EndCall, HalfCall, SendCall, WriteCall
+from ...errors import InvalidMessageError, UnknownTopicError
+from ...message import Resolution
+from ...wire.auth import RateLimitedLog
+from ..batching import write_batcher
+from ._proto import definition_pb2 as pb
+from ._proto import service_pb2 as spb
+from .convert import from_proto, received_to_proto
+from .sessions import CheckRouter, TelemetrySession
+from .status import ok, status_of
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
+#: The message types every queue accepts (a topic here is not bound to one type).
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
+#: The longest a receive may wait for messages (RocketMQ's proxy clamps to 20 s as well).
+MAX_LONG_POLL_S = 20.0
+#: A waiting receive looks at the broker at least this often (to notice a stopping server).
+POLL_SLICE_S = 1.0
+DEFAULT_INVISIBLE_S = 30.0
+RESOLUTIONS = {pb.COMMIT: Resolution.COMMIT, pb.ROLLBACK: Resolution.ROLLBACK,
+               pb.TRANSACTION_RESOLUTION_UNSPECIFIED: Resolution.UNKNOWN}
+
+
+def _seconds(duration: Any) -> float:
+    return float(duration.seconds + duration.nanos / 1e9)
+
+
+class MessagingService:
+    """The RPCs of RocketMQ 5's MessagingService, answering from ``broker``.
+
+    ``advertise`` (``host:port`` each) are the brokers routes name: this one, or every broker
+    of a static route (each serving its own store, the same list given to each); without it a
+    route names the address the client used. Signatures are checked before the service is
+    reached (``signature.SignatureFirst``)."""
+
+    def __init__(self, broker: BrokerAPI, executor: ThreadPoolExecutor, poll_executor: Executor,
+                 advertise: Sequence[str] = ()) -> None:
+        self.broker = broker
+        self.executor = executor
+        self.poll_executor = poll_executor
+        self.advertise = tuple(advertise)
+        self.malformed = RateLimitedLog(log)
+        self.router = CheckRouter(broker)
+        config = getattr(broker, "config", None)
+        self.config = config if isinstance(config, BrokerConfig) else BrokerConfig()
+        self.stopping = False
+        #: Concurrent writes share one append and one fsync (group commit), as on the native port.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writes = write_batcher(broker, executor, self._track)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, call: WriteCall, client_id: str) -> Any:
+        """Run a write in the next batch; its result, or its error raised."""
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def on_done(outcome: Any) -> None:
+            if not answer.done():  # the call may have been cancelled meanwhile
+                answer.set_result(outcome)
+
+        self._writes.submit(call, on_done, client_id)
+        outcome = await answer
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(function, *args, **kwargs))
+
+    async def _poll(self, receive: Callable[..., Any], wait_s: float) -> Any:
+        """A receive that may wait ``wait_s``, on a poll thread."""
+        executor = self.poll_executor if wait_s > 0 else self.executor
+        return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(receive, wait_s=wait_s))
+
+    # -- routes, heartbeats ---------------------------------------------------------------
+    async def QueryRoute(self, request: spb.QueryRouteRequest, context: Any) -> spb.QueryRouteResponse:
+        topic = request.topic.name
+        try:
+            queues = await self._call(self._queue_count, topic)
+        except Exception as exc:
+            return spb.QueryRouteResponse(status=status_of(exc))
+        brokers = ([pb.Broker(name=address, id=0, endpoints=_endpoints(address)) for address in self.advertise]
+                   or [pb.Broker(name="halfmoon", id=0, endpoints=request.endpoints)])
+        return spb.QueryRouteResponse(status=ok(), message_queues=[
+            pb.MessageQueue(topic=pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace),
+                            id=queue, permission=pb.READ_WRITE, broker=broker, accept_message_types=ACCEPTED_TYPES)
+            for broker in brokers for queue in range(queues)])
+
+    def _queue_count(self, topic: str) -> int:
+        for info in self.broker.list_topics():
+            if info.name == topic:
+                return info.queues
+        if not self.config.auto_create_topics:
+            raise UnknownTopicError(f"topic {topic!r} does not exist")
+        return self.broker.create_topic(topic).queues
+
+    async def Heartbeat(self, request: spb.HeartbeatRequest, context: Any) -> spb.HeartbeatResponse:
+        return spb.HeartbeatResponse(status=ok())
+
+    async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
+                                      context: Any) -> spb.NotifyClientTerminationResponse:
+        return spb.NotifyClientTerminationResponse(status=ok())
+
+    # -- producing ------------------------------------------------------------------------
+    async def SendMessage(self, request: spb.SendMessageRequest, context: Any) -> spb.SendMessageResponse:
+        client_id = _client_id(context)
+        entries = [await self._send_one(message, client_id) for message in request.messages]
+        if not entries:
+            return spb.SendMessageResponse(status=pb.Status(code=pb.BAD_REQUEST, message="no message to send"))
+        failed = [entry.status for entry in entries if entry.status.code != pb.OK]
+        return spb.SendMessageResponse(status=failed[0] if failed else ok(), entries=entries)
+
+    async def _send_one(self, sent: pb.Message, client_id: str) -> spb.SendResultEntry:
+        try:
+            message = from_proto(sent)
+            kind = sent.system_properties.message_type
+            if kind == pb.TRANSACTION:
+                topic = message.topic  # the producer group is the topic, as RocketMQ's proxy has it
+                self.router.sent_half(message.message_id, client_id)  # before a check can come
+                result = await self._write(HalfCall(message, topic, message.message_id), client_id)
+            else:
+                if kind == pb.FIFO and message.message_group is None:
+                    raise InvalidMessageError("a FIFO message needs a message_group")
+                result = await self._write(SendCall(message), client_id)
+        except Exception as exc:
+            return spb.SendResultEntry(status=status_of(exc))
+        return spb.SendResultEntry(status=ok(), message_id=result.message_id, offset=result.queue_offset,
+                                   transaction_id=result.transaction_id or "")
+
+    async def EndTransaction(self, request: spb.EndTransactionRequest, context: Any) -> spb.EndTransactionResponse:
+        transaction_id = request.transaction_id or request.message_id
+        resolution = RESOLUTIONS.get(request.resolution)
+        if resolution is None:
+            return spb.EndTransactionResponse(status=pb.Status(
+                code=pb.BAD_REQUEST, message=f"unknown transaction resolution {request.resolution}"))
+        try:
+            await self._write(EndCall(transaction_id, resolution, request.topic.name,
+                                      from_check=request.source == pb.SOURCE_SERVER_CHECK), _client_id(context))
+        except Exception as exc:
+            return spb.EndTransactionResponse(status=status_of(exc))
+        if resolution is not Resolution.UNKNOWN:
+            self.router.ended(transaction_id)
+        return spb.EndTransactionResponse(status=ok())
+
+    async def Telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], context: Any) -> None:
+        """The client's settings are answered (status OK, the publishing limits); check-backs
+        of the topics it publishes are written to it while the stream is open."""
+        session = TelemetrySession(_client_id(context), asyncio.get_running_loop())
+        self.router.open(session)
+        reading = asyncio.create_task(self._read_telemetry(requests, session))
+        try:
+            while (command := await session.outgoing.get()) is not None:
+                await context.write(command)
+        finally:
+            reading.cancel()
+            self.router.close(session)
+
+    async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], session: TelemetrySession) -> None:
+        try:
+            async for command in requests:
+                if command.WhichOneof("command") == "settings":
+                    settings = command.settings
+                    if settings.HasField("publishing"):
+                        self.router.publish(session, frozenset(t.name for t in settings.publishing.topics))
+                    session.outgoing.put_nowait(spb.TelemetryCommand(status=ok(), settings=self._settings(settings)))
+        except Exception as exc:  # the client went away
+            log.debug("telemetry stream of %s ended: %s", session.client_id, exc)
+        finally:
+            session.outgoing.put_nowait(None)
+
+    def _settings(self, asked: pb.Settings) -> pb.Settings:
+        """The settings reply: the client's own, with the broker's publishing limits."""
+        settings = pb.Settings()
+        settings.CopyFrom(asked)
+        settings.metric.CopyFrom(pb.Metric(on=False))
+        if asked.HasField("publishing"):
+            settings.publishing.max_body_size = self.config.max_body_size
+            settings.publishing.validate_message_type = True
+            policy = settings.backoff_policy
+            policy.max_attempts = 3
+            policy.exponential_backoff.initial.FromMilliseconds(10)
+            policy.exponential_backoff.max.FromMilliseconds(1000)
+            policy.exponential_backoff.multiplier = 2.0
+        return settings
+
+    # -- consuming ------------------------------------------------------------------------
+    async def ReceiveMessage(self, request: spb.ReceiveMessageRequest,
+                             context: Any) -> AsyncIterator[spb.ReceiveMessageResponse]:
+        """One status (OK, or MESSAGE_NOT_FOUND when nothing came), then the messages."""
+        try:
+            received, invisible_s = await self._receive(request)
+        except Exception as exc:
+            yield spb.ReceiveMessageResponse(status=status_of(exc))
+            return
+        if not received:
+            yield spb.ReceiveMessageResponse(status=pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message"))
+            return
+        yield spb.ReceiveMessageResponse(status=ok())
+        for item in received:
+            yield spb.ReceiveMessageResponse(message=received_to_proto(item, invisible_s))
+
+    async def _receive(self, request: spb.ReceiveMessageRequest) -> tuple[list[Any], float]:
+        expression = request.filter_expression
+        if expression.expression.strip() not in ("", "*") or expression.type == pb.SQL:
+            raise InvalidMessageError(f"filter {expression.expression!r}: only TAG '*' (every message) is supported")
+        invisible_s = (_seconds(request.invisible_duration) if request.HasField("invisible_duration")
+                       else DEFAULT_INVISIBLE_S)
+        if not 0 < invisible_s <= MAX_DURATION_S:
+            raise InvalidMessageError(f"invisible duration {invisible_s:g}s is not in (0, {MAX_DURATION_S:g}]")
+        wait_s = min(MAX_LONG_POLL_S, max(0.0, _seconds(request.long_polling_timeout)))
+        receive = functools.partial(self.broker.receive, request.group.name, request.message_queue.topic.name,
+                                    max_messages=max(1, min(request.batch_size or 32, 1024)),
+                                    invisible_duration_s=invisible_s)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            received = await self._poll(receive, max(0.0, min(POLL_SLICE_S, left)))
+            if received or left <= POLL_SLICE_S or self.stopping:
+                return received, invisible_s
+
+    async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
+        entries = []
+        for entry in request.entries:
+            try:
+                await self._call(self.broker.ack, request.group.name, entry.receipt_handle)
+                status = ok()
+            except Exception as exc:
+                status = status_of(exc)
+            entries.append(spb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                                     status=status))
+        failed = [entry.status for entry in entries if entry.status.code != pb.OK]
+        return spb.AckMessageResponse(status=failed[0] if failed else ok(), entries=entries)
+
+    async def ChangeInvisibleDuration(self, request: spb.ChangeInvisibleDurationRequest,
+                                      context: Any) -> spb.ChangeInvisibleDurationResponse:
+        try:
+            handle = await self._call(self.broker.change_invisible_duration, request.group.name,
+                                      request.receipt_handle, _seconds(request.invisible_duration))
+        except Exception as exc:
+            return spb.ChangeInvisibleDurationResponse(status=status_of(exc))
+        return spb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+
+    # -- the service ----------------------------------------------------------------------
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The service's handlers under its wire name, built from the service descriptor:
+        every RPC this class does not define answers UNIMPLEMENTED. Requests arrive as bytes
+        and are decoded by ``_guarded`` (grpcio would log a traceback for each undecodable one)."""
+        handlers = {}
+        for method in spb.DESCRIPTOR.services_by_name["MessagingService"].methods:
+            implementation = getattr(self, method.name, None) or _unimplemented(method.name)
+            request_class = message_factory.GetMessageClass(method.input_type)
+            response_class = message_factory.GetMessageClass(method.output_type)
+            make = {(False, False): grpc.unary_unary_rpc_method_handler,
+                    (False, True): grpc.unary_stream_rpc_method_handler,
+                    (True, True): grpc.stream_stream_rpc_method_handler,
+                    (True, False): grpc.stream_unary_rpc_method_handler}[
+                        (method.client_streaming, method.server_streaming)]
+            handlers[method.name] = make(
+                self._guarded(implementation, request_class, method.client_streaming, method.server_streaming),
+                response_serializer=response_class.SerializeToString)
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+    def _guarded(self, implementation: Callable[..., Any], request_class: Any, client_streaming: bool,
+                 server_streaming: bool) -> Callable[..., Any]:
+        """``implementation`` given its request decoded from bytes: one that does not decode
+        is answered INVALID_ARGUMENT (one rate-limited log line, no traceback). A streaming
+        implementation writes what it yields through the context."""
+        malformed = self.malformed
+
+        async def decoded(raw: bytes, context: Any) -> Any:
+            try:
+                return request_class.FromString(raw)
+            except DecodeError as exc:
+                malformed.warning("a malformed %s request: %s", request_class.DESCRIPTOR.name, exc)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"the request is not a valid {request_class.DESCRIPTOR.name}")
+
+        async def each_decoded(raws: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
+            async for raw in raws:
+                try:
+                    yield request_class.FromString(raw)
+                except DecodeError as exc:  # ends the stream with that status
+                    malformed.warning("a malformed %s request: %s", request_class.DESCRIPTOR.name, exc)
+                    context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+                    context.set_details(f"a request is not a valid {request_class.DESCRIPTOR.name}")
+                    return
+
+        async def stream(raw: Any, context: Any) -> None:
+            request = each_decoded(raw, context) if client_streaming else await decoded(raw, context)
+            result = implementation(request, context)
+            if hasattr(result, "__aiter__"):
+                async for item in result:
+                    await context.write(item)
+            else:
+                await result
+
+        async def unary(raw: Any, context: Any) -> Any:
+            request = each_decoded(raw, context) if client_streaming else await decoded(raw, context)
+            return await implementation(request, context)
+
+        return stream if server_streaming else unary
+
+
+def _endpoints(address: str) -> pb.Endpoints:
+    """The endpoints of ``host:port`` (IPv4, ``[IPv6]`` or a domain name)."""
+    host, _, port = address.rpartition(":")
+    scheme = pb.IPv4 if host.replace(".", "").isdigit() else pb.IPv6 if ":" in host else pb.DOMAIN_NAME
+    return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host.strip("[]"), port=int(port))])
+
+
+def _client_id(context: Any) -> str:
+    return str(dict(context.invocation_metadata() or ()).get("x-mq-client-id", ""))
+
+
+def _unimplemented(name: str) -> Callable[..., Any]:
+    async def unimplemented(request: Any, context: Any) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{name} is not implemented by halfmoon's broker (Producer and SimpleConsumer RPCs are)")
+    return unimplemented
