@@ -94,7 +94,7 @@ def test_the_transaction_id_has_one_property_name_on_every_broker() -> None:
     ``rocketmq5://`` client stores on its broker transactions: a check-back through a
     RocketMQ 5 cluster carries it once, not under two names."""
     from broker_embedded import CheckRequest
-    from broker_embedded.rocketmq5 import TRANSACTION_PROPERTY
+    from broker_embedded.client.rocketmq5 import TRANSACTION_PROPERTY
     from outbox.producer_protocol import check_message
 
     half = Message("order.paid", b"{}", properties={TRANSACTION_PROPERTY: "tx-1", "source": "shop"})
