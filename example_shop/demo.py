@@ -39,8 +39,10 @@ from pathlib import Path
 
 import httpx
 
-from broker_embedded import BrokerClient, Message
-from broker_embedded.errors import BrokerError
+# The demo operates the broker as well as using it: it exports the broker's data for the
+# reconciliation, an admin call of broker_embedded's TCP client that no application makes.
+from broker_embedded import BrokerClient
+from outbox import BrokerError, Message
 
 from .ledger import LedgerReport, read_ledger
 from .processes import Supervisor, free_port, port_answers, python_module, wait_until

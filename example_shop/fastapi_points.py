@@ -23,8 +23,13 @@ from fastapi import FastAPI, Request
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from broker_embedded import AsyncBrokerClient
-from outbox import ReceivedMessage, arun_consumer, idempotent_consumer, message_json
+from outbox import (
+    AsyncBrokerClient,
+    ReceivedMessage,
+    arun_consumer,
+    idempotent_consumer,
+    message_json,
+)
 from outbox.aio_consumer import AsyncHandler
 
 from .fastapi_orders import TOPIC, open_database

@@ -6,6 +6,12 @@ SQLAlchemy flavour's names (``transactional_message``, ``install``, ``send``, ``
 ``check_transaction``, ``idempotent_consumer``) are loaded from
 ``outbox.integrations.sqlalchemy`` on first use, so ``import outbox`` works without
 SQLAlchemy; the Django app is ``outbox.integrations.django``.
+
+What an application needs of the broker is here too, so it imports only ``outbox``: the
+messages (``Message``, ``ReceivedMessage``), ``Resolution`` and ``TransactionState``, the
+broker's base error ``BrokerError``, ``connect(url)`` (a broker for a ``tcp://``,
+``rocketmq5://`` or ``embedded://`` URL) and ``AsyncBrokerClient`` (the asyncio client
+``arun_consumer`` reads from).
 """
 
 from __future__ import annotations
@@ -13,7 +19,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from broker_embedded import Message, ReceivedMessage, Resolution
+from broker_embedded import (
+    AsyncBrokerClient,
+    BrokerError,
+    Message,
+    ReceivedMessage,
+    Resolution,
+    TransactionState,
+    connect,
+)
 
 from .aio_consumer import arun_consumer
 from .aio_producer import AsyncProducer, AsyncTransactionListener
@@ -31,7 +45,7 @@ from .errors import (
     TransactionFencedError,
 )
 from .messages import OutboxJSONEncoder, json_message, message_json
-from .producer import Producer, TransactionListener
+from .producer import TRANSACTION_ID_PROPERTY, Producer, TransactionListener
 from .template import MessageTemplate
 
 if TYPE_CHECKING:
@@ -73,9 +87,12 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "TRANSACTION_ID_PROPERTY",
+    "AsyncBrokerClient",
     "AsyncProducer",
     "AsyncTransactionListener",
     "BodyNotSerializableError",
+    "BrokerError",
     "BrokerUnavailable",
     "BrokerUnavailableError",
     "ConfigurationError",
@@ -91,7 +108,9 @@ __all__ = [
     "SchemaMissingError",
     "TransactionFencedError",
     "TransactionListener",
+    "TransactionState",
     "arun_consumer",
+    "connect",
     "current_transaction_id",
     "json_message",
     "message_json",

@@ -25,14 +25,13 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from broker_embedded import ReceivedMessage
-from broker_embedded.aio_client import AsyncBrokerClient
+from broker_embedded import AsyncBrokerClient, ReceivedMessage
 from broker_embedded.errors import BrokerError, BrokerUnavailableError
 
 from .consumer import ACK_ERRORS, ConsumerRun
 from .errors import ConfigurationError
 
-log = logging.getLogger("outbox.consumer")
+log = logging.getLogger(__name__)
 
 #: An async handler; False means the message was skipped (a duplicate), anything else handled.
 AsyncHandler = Callable[[ReceivedMessage], Awaitable[bool | None]]

@@ -20,8 +20,14 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from broker_embedded import BrokerError, CheckRequest, Message, Resolution, SendResult
-from broker_embedded.aio_client import AsyncBrokerClient
+from broker_embedded import (
+    AsyncBrokerClient,
+    BrokerError,
+    CheckRequest,
+    Message,
+    Resolution,
+    SendResult,
+)
 
 from .check_back import Answer, checking, fenced_resolution
 from .instrumentation import carried_context
@@ -36,7 +42,7 @@ from .producer_protocol import (
     sending_half,
 )
 
-log = logging.getLogger("outbox.producer")
+log = logging.getLogger(__name__)
 
 
 class AsyncTransactionListener(Protocol):

@@ -20,7 +20,7 @@ from broker_embedded import ReceivedMessage
 
 from . import instrumentation
 
-log = logging.getLogger("outbox.consumer")
+log = logging.getLogger(__name__)
 
 #: Set on handlers made by an ``idempotent_consumer``: the consumer group they record.
 GROUP_ATTRIBUTE = "outbox_consumer_group"

@@ -27,10 +27,14 @@ from broker_embedded import errors as broker_errors
 from . import instrumentation
 from .errors import BrokerUnavailableError
 
-log = logging.getLogger("outbox.producer")
+log = logging.getLogger(__name__)
 
-#: Property carrying the transaction id on the message a check listener is given.
-TRANSACTION_ID_PROPERTY = "OUTBOX_TRANSACTION_ID"
+#: The message property carrying the transaction id: on the message a check listener is
+#: given, and on each broker transaction of the ``rocketmq5://`` client (its
+#: ``TRANSACTION_PROPERTY``, stored in the cluster), so a check-back through a RocketMQ 5
+#: cluster carries it under one name. The embedded broker keeps it in its records' own
+#: ``TRAN_ID`` (a storage field, not a message property).
+TRANSACTION_ID_PROPERTY = "HALFMOON_TRANSACTION_ID"
 
 #: ``END_TRANSACTION`` outcomes: the broker got it, or not (check-back will settle it).
 END_SENT = "sent"

@@ -1,7 +1,8 @@
 """The message a ``@transactional_message`` call sends, built from the call's arguments.
 
-Both decorators (SQLAlchemy's and Django's) describe their message with one
-``MessageTemplate``: the topic, the body (a function of the arguments; by default the
+Both decorators (SQLAlchemy's and Django's) take the same keyword options, typed once as
+``MessageOptions``, and describe their message with one ``MessageTemplate`` built from
+them by ``MessageTemplate.from_options``: the topic, the body (a function of the arguments; by default the
 arguments by name), keys, tag, message group and properties (fixed, or functions of the
 arguments), RocketMQ's delay level, the transaction's check-back timeout, and the JSON
 encoder of the body. The template is checked by the broker's own rules when it is made
@@ -15,7 +16,7 @@ import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypedDict, TypeVar
 
 from broker_embedded import Message
 from broker_embedded.errors import InvalidMessageError
@@ -42,6 +43,20 @@ def _keys(keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(keys)
 
 
+class MessageOptions(TypedDict, total=False):
+    """The keyword options of both ``@transactional_message`` decorators (``**options:
+    Unpack[MessageOptions]``); each is a field of ``MessageTemplate``, where they are described."""
+
+    body: Callable[..., Any] | None
+    keys: FromArguments[Sequence[str]]
+    tag: str
+    message_group: FromArguments[str | None]
+    delay_level: int
+    transaction_timeout_s: float | None
+    properties: FromArguments[Mapping[str, str]]
+    encoder: type[json.JSONEncoder] | None
+
+
 @dataclass(frozen=True)
 class MessageTemplate:
     """What each call of a decorated function sends; see the module docstring."""
@@ -65,6 +80,19 @@ class MessageTemplate:
             message_group=_fixed(self.message_group, None), properties=_fixed(self.properties, {}),
             delay_level=self.delay_level, transaction_timeout_s=self.transaction_timeout_s,
         ))
+
+    @classmethod
+    def from_options(cls, topic: str, options: MessageOptions,
+                     encoder: type[json.JSONEncoder] | None = None) -> MessageTemplate:
+        """The template of a decorator's ``topic`` and keyword ``options`` (``encoder``: the
+        integration's default); ``TypeError`` for a keyword that is no option."""
+        unknown = sorted(set(options) - MessageOptions.__optional_keys__)
+        if unknown:
+            raise TypeError(f"transactional_message() got an unexpected keyword argument {unknown[0]!r}")
+        values: MessageOptions = {"encoder": encoder, **options}
+        if values.get("properties", {}) is None:  # the decorators' old default, still taken
+            values["properties"] = {}
+        return cls(topic, **values)
 
     def for_function(self, function: Callable[..., Any], skip_first: bool = False) -> BoundTemplate:
         """The template of ``function``'s calls (``skip_first``: its first parameter, the

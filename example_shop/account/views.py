@@ -19,7 +19,7 @@ from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from broker_embedded import BrokerError, TransactionState
+from outbox import BrokerError, TransactionState
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.transactional import current_transaction_id, transactional_message
 

@@ -21,8 +21,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker_embedded import connect
-from outbox import ReceivedMessage, idempotent_consumer, message_json, run_consumer
+from outbox import ReceivedMessage, connect, idempotent_consumer, message_json, run_consumer
 from outbox.consumer import stop_on_signals
 from outbox.integrations.sqlalchemy.tables import metadata as outbox_metadata
 

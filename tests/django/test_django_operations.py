@@ -81,7 +81,7 @@ def test_broker_down_at_end_succeeds_warns_and_check_back_commits(alias, caplog)
         Account.objects.using(alias).filter(name=name).update(balance=1)
         return current_transaction_id() or ""
 
-    with caplog.at_level(logging.WARNING, logger="outbox.producer"):
+    with caplog.at_level(logging.WARNING, logger="outbox"):
         tx = pay("alice")
     assert "check-back will resolve it" in caplog.text
     assert Account.objects.using(alias).get(name="alice").balance == 1

@@ -108,3 +108,24 @@ def test_a_message_built_from_unusable_arguments_is_refused() -> None:
     assert template.message("u1").message_group == "u1"
     with pytest.raises(InvalidMessageError):
         template.message("two words")
+
+
+def test_both_decorators_take_one_definition_of_the_message_options() -> None:
+    """The options are typed once (``MessageOptions``), are the template's fields, and
+    both decorators take exactly them, a misspelled one refused by name."""
+    import dataclasses
+    import inspect
+
+    from outbox.integrations.django import transactional as django_decorator
+    from outbox.integrations.sqlalchemy import decorator as sqlalchemy_decorator
+    from outbox.template import MessageOptions
+
+    fields = {field.name for field in dataclasses.fields(MessageTemplate)} - {"topic"}
+    assert set(MessageOptions.__optional_keys__) == fields
+    for module in (django_decorator, sqlalchemy_decorator):
+        options = inspect.signature(module.transactional_message).parameters["options"]
+        assert (options.kind, options.annotation) == (options.VAR_KEYWORD, "Unpack[MessageOptions]")
+    template = MessageTemplate.from_options("order.paid", {"tag": "paid", "properties": None})
+    assert (template.tag, template.properties, template.encoder) == ("paid", {}, None)
+    with pytest.raises(TypeError, match="'tga'"):
+        MessageTemplate.from_options("order.paid", {"tga": "paid"})  # type: ignore[typeddict-unknown-key]

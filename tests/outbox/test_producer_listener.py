@@ -87,3 +87,17 @@ def test_connected_producer_answers_check_backs(engine: Engine, tmp_path: Path) 
         assert asked and asked[0] == message.message_id
     finally:
         broker.close()
+
+
+def test_the_transaction_id_has_one_property_name_on_every_broker() -> None:
+    """A check listener reads the transaction id under one property, the one the
+    ``rocketmq5://`` client stores on its broker transactions: a check-back through a
+    RocketMQ 5 cluster carries it once, not under two names."""
+    from broker_embedded import CheckRequest
+    from broker_embedded.client.rocketmq5 import TRANSACTION_PROPERTY
+    from outbox.producer_protocol import check_message
+
+    half = Message("order.paid", b"{}", properties={TRANSACTION_PROPERTY: "tx-1", "source": "shop"})
+    message = check_message(CheckRequest("shop", "tx-1", half, check_times=1))
+    assert [name for name, value in message.properties.items() if value == "tx-1"] == [TRANSACTION_ID_PROPERTY]
+    assert message.properties["source"] == "shop"

@@ -138,7 +138,7 @@ def test_broker_down_at_end_transaction_still_succeeds_and_warns(factory, broker
         session.execute(orders.insert().values(id=order_id, amount=5))
         return order_id
 
-    with caplog.at_level(logging.WARNING, logger="outbox.producer"):
+    with caplog.at_level(logging.WARNING, logger="outbox"):
         assert pay("o1") == "o1"
     assert "check-back will resolve it" in caplog.text
     assert list(_states(broker).values()) == [TransactionState.PENDING]

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, Unpack, cast
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
@@ -40,7 +39,7 @@ from ...context import LocalTransaction, running, running_transaction
 from ...context import current_transaction_id as current_transaction_id  # of the running call
 from ...errors import OutboxError
 from ...producer import Producer, new_transaction_id
-from ...template import FromArguments, MessageTemplate
+from ...template import MessageOptions, MessageTemplate
 from .conf import producer as default_producer
 from .recorder import RECORDER
 
@@ -66,28 +65,23 @@ async def asend(message: Message) -> str:
 
 def transactional_message(
     topic: str,
-    body: Callable[..., Any] | None = None,
-    keys: FromArguments[Sequence[str]] = (),
-    tag: str = "",
-    message_group: FromArguments[str | None] = None,
-    delay_level: int = 0,
-    transaction_timeout_s: float | None = None,
-    properties: FromArguments[Mapping[str, str]] | None = None,
-    encoder: type[json.JSONEncoder] = DjangoJSONEncoder,
+    *,
     using: str = "default",
     producer: Producer | None = None,
+    **options: Unpack[MessageOptions],
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Make each call of the function a local transaction on ``using`` with a
     transactional message.
 
+    ``options`` are the SQLAlchemy decorator's (``outbox.template.MessageOptions``):
     ``body``, and ``keys``, ``message_group`` and ``properties`` when they are functions,
     are called with the function's arguments; the default body is those arguments by
-    name, as JSON written by ``encoder``. ``delay_level`` (RocketMQ's 1..18) delays
-    delivery from the commit on; ``transaction_timeout_s`` overrides when the broker
-    first checks back. ``producer`` defaults to the app's (``OUTBOX`` settings).
+    name, as JSON written by ``encoder`` (here ``DjangoJSONEncoder`` by default).
+    ``delay_level`` (RocketMQ's 1..18) delays delivery from the commit on;
+    ``transaction_timeout_s`` overrides when the broker first checks back. ``producer``
+    defaults to the app's (``OUTBOX`` settings).
     """
-    template = MessageTemplate(topic, body, keys, tag, message_group, delay_level, transaction_timeout_s,
-                               properties or {}, encoder)
+    template = MessageTemplate.from_options(topic, options, DjangoJSONEncoder)
 
     def decorate(function: Callable[..., R]) -> Callable[..., R]:
         bound = template.for_function(function)

@@ -45,19 +45,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast
 
 from sqlalchemy.orm import Session
 
 from ...aio_producer import AsyncProducer
 from ...context import SESSION_INFO_KEY, running
 from ...errors import ConfigurationError, NestedTransactionError
-from ...messages import OutboxJSONEncoder
 from ...producer import Producer
-from ...template import BoundTemplate, FromArguments, MessageTemplate
+from ...template import BoundTemplate, MessageOptions, MessageTemplate
 from .check_back import answer_own_check_backs
 from .session import (
     Database,
@@ -84,33 +82,28 @@ def transactional_message(
     producer: Producer | AsyncProducer,
     session_factory: Callable[[], Session] | Callable[[], AsyncSession],
     topic: str,
-    body: Callable[..., Any] | None = None,
-    keys: FromArguments[Sequence[str]] = (),
-    tag: str = "",
-    message_group: FromArguments[str | None] = None,
-    delay_level: int = 0,
-    transaction_timeout_s: float | None = None,
-    properties: FromArguments[Mapping[str, str]] | None = None,
-    encoder: type[json.JSONEncoder] = OutboxJSONEncoder,
+    *,
     overlap: bool = False,
+    **options: Unpack[MessageOptions],
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Wrap ``function(session, *args, **kwargs)`` so each call is a transactional message.
 
-    ``body``, and ``keys``, ``message_group`` and ``properties`` when they are functions,
-    are called with the function's arguments (without the session); the default body is
-    those arguments by name, as JSON written by ``encoder``. ``delay_level`` (RocketMQ's
-    1..18) delays delivery from the commit on; ``transaction_timeout_s`` overrides when
-    the broker first checks back. ``overlap`` (async only): run the transaction while
-    the half message is on its way (see the module's docstring). A call given a session
-    (first argument, or by the name of the function's session parameter) uses it, and
-    joins its transaction if it has one (see the module's docstring).
+    ``options`` (``outbox.template.MessageOptions``, the Django decorator's too): ``body``,
+    and ``keys``, ``message_group`` and ``properties`` when they are functions, are called
+    with the function's arguments (without the session); the default body is those
+    arguments by name, as JSON written by ``encoder`` (``OutboxJSONEncoder`` by default).
+    ``delay_level`` (RocketMQ's 1..18) delays delivery from the commit on;
+    ``transaction_timeout_s`` overrides when the broker first checks back. ``overlap``
+    (async only): run the transaction while the half message is on its way (see the
+    module's docstring). A call given a session (first argument, or by the name of the
+    function's session parameter) uses it, and joins its transaction if it has one (see
+    the module's docstring).
 
     ``producer`` answers its group's check-backs with the fence on ``session_factory``'s
     engine from now on (``check_back.answer_own_check_backs``).
     """
     answer_own_check_backs(producer, session_factory)
-    template = MessageTemplate(topic, body, keys, tag, message_group, delay_level, transaction_timeout_s,
-                               properties or {}, encoder)
+    template = MessageTemplate.from_options(topic, options)
     listen()  # note the sessions in a transaction from now on, so a second one is refused
     bind = getattr(session_factory, "kw", {}).get("bind")
     expected = database(bind.url) if bind is not None else None
