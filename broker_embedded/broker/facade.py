@@ -464,7 +464,7 @@ class EmbeddedBroker:
         guards = [self.book.oldest_offset(), self.delays.oldest_offset()]
         self.write_snapshots()
         guard = min((g for g in guards if g is not None), default=None)
-        deleted = self.store.delete_expired_segments(guard_offset=guard, now=now_ms)
+        deleted = self.store.delete_expired_segments(now_ms, guard_offset=guard)
         if deleted:
             log.info("retention deleted %d commit log segments (guard offset %s)", deleted, guard)
         return deleted
