@@ -7,10 +7,12 @@ against :class:`BrokerAPI` runs unchanged on both.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from .errors import InvalidMessageError
 from .message import (
     CheckRequest,
     EndTransactionResult,
@@ -117,6 +119,27 @@ FORCE_WARNINGS = {
 
 #: The longest a receive may wait, or a received message stay invisible: one day.
 MAX_DURATION_S = 86_400.0
+
+
+def duration_ms(name: str, seconds: float, zero_allowed: bool = False) -> int:
+    """``seconds`` in milliseconds; ``InvalidMessageError`` unless it is a finite number in
+    (0, ``MAX_DURATION_S``] (``[0, ...]`` when ``zero_allowed``)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
+            or not (0 <= seconds if zero_allowed else 0 < seconds) or seconds > MAX_DURATION_S:
+        low = "[0" if zero_allowed else "(0"
+        raise InvalidMessageError(f"{name} must be a number of seconds in {low}, {MAX_DURATION_S:g}], not {seconds!r}")
+    return int(seconds * 1000)
+
+
+def validate_receive(max_messages: int, invisible_duration_s: float, wait_s: float) -> int:
+    """Check ``BrokerAPI.receive``'s numbers (``InvalidMessageError``, on every transport);
+    the invisible duration in milliseconds."""
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+        raise InvalidMessageError(f"max_messages must be a whole number >= 1, not {max_messages!r}")
+    duration_ms("wait_s", wait_s, zero_allowed=True)
+    return duration_ms("invisible_duration_s", invisible_duration_s)
+
+
 #: The largest frame of the TCP protocol (``broker_embedded.wire``): one call's request or
 #: reply; ``ServerLimits`` must leave room for one.
 MAX_FRAME_BYTES = 8 * 1024 * 1024

@@ -33,8 +33,11 @@ class MessageTooLargeError(BrokerError):
     code = "MESSAGE_TOO_LARGE"
 
 
-class InvalidMessageError(BrokerError):
-    """A field of the message is out of range (delay level, property names, ...)."""
+class InvalidMessageError(BrokerError, ValueError):
+    """A field of the message, or an argument of the call, is out of range (delay level,
+    property names, a topic's queue count, a receive's durations, ...). Also a
+    ``ValueError``: in-process calls raised plain ``ValueError`` for some of these once, and
+    code catching that keeps working."""
 
     code = "INVALID_MESSAGE"
 

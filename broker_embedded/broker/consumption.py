@@ -47,18 +47,19 @@ EVENT_DEAD = "x"
 
 
 class Event(msgspec.Struct):
-    """One progress event (``e``: d/a/x) of group ``g`` on topic ``s`` (subscribed),
-    stored topic ``t``, queue ``q``, offset ``o``, attempt ``n``, message id ``m``."""
+    """One progress event (``kind``: d/a/x) of ``group`` on ``topic`` (subscribed), at
+    ``queue_offset`` of ``stored_topic``'s queue ``queue_id`` (stored under the short names
+    given to ``msgspec.field``)."""
 
-    e: str
-    g: str
-    s: str
-    t: str
-    q: int
-    o: int
-    n: int
-    m: str
-    ts: int
+    kind: str = msgspec.field(name="e")
+    group: str = msgspec.field(name="g")
+    topic: str = msgspec.field(name="s")
+    stored_topic: str = msgspec.field(name="t")
+    queue_id: int = msgspec.field(name="q")
+    queue_offset: int = msgspec.field(name="o")
+    attempt: int = msgspec.field(name="n")
+    message_id: str = msgspec.field(name="m")
+    timestamp_ms: int = msgspec.field(name="ts")
 
 
 encode_events = msgspec.msgpack.Encoder().encode
@@ -96,9 +97,9 @@ def events_of(record: StoredRecord) -> list[Event]:
 def _names_a_group(event: Event) -> bool:
     """Whether a stored dead-letter event names a usable group (its DLQ is a topic name)."""
     try:
-        validate_group(event.g)
+        validate_group(event.group)
     except InvalidTopicError:
-        log.error("dead-letter event of message %r names group %r; no DLQ copy redone", event.m, event.g)
+        log.error("dead-letter event of message %r names group %r; no DLQ copy redone", event.message_id, event.group)
         return False
     return True
 
@@ -193,22 +194,22 @@ class ConsumerGroups:
         with self.lock:
             for record in records:
                 for event in events_of(record):
-                    progress = self._progress((event.g, event.s, event.t, event.q))
-                    if event.e == EVENT_DELIVERED:
-                        if event.o >= progress.floor and event.o not in progress.done_above:
-                            progress.attempts[event.o] = max(progress.attempts.get(event.o, 0), event.n)
+                    progress = self._progress((event.group, event.topic, event.stored_topic, event.queue_id))
+                    if event.kind == EVENT_DELIVERED:
+                        if event.queue_offset >= progress.floor and event.queue_offset not in progress.done_above:
+                            progress.attempts[event.queue_offset] = max(progress.attempts.get(event.queue_offset, 0), event.attempt)
                     else:
-                        progress.mark_done(event.o)
-                        if event.e == EVENT_DEAD:
+                        progress.mark_done(event.queue_offset)
+                        if event.kind == EVENT_DEAD:
                             dead.append((event, record))
             for progress in self.progress.values():
                 progress.next_offset = progress.floor
         missing = [
-            self._dead_letter_copy(event.g, original, event.n)
+            self._dead_letter_copy(event.group, original, event.attempt)
             for event, record in dead if _names_a_group(event)
-            for original in self.store.read_queue(event.t, event.q, event.o, 1)
-            if original.properties.get(PROPERTY_MESSAGE_ID) == event.m
-            and not self.store.stored_after(event.m, record.commit_log_offset, (dlq_topic(event.g),))
+            for original in self.store.read_queue(event.stored_topic, event.queue_id, event.queue_offset, 1)
+            if original.properties.get(PROPERTY_MESSAGE_ID) == event.message_id
+            and not self.store.stored_after(event.message_id, record.commit_log_offset, (dlq_topic(event.group),))
         ]
         if missing:
             self.store.put_batch(missing)

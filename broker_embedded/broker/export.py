@@ -73,16 +73,16 @@ def transaction_states(broker: EmbeddedBroker) -> dict[str, tuple[TransactionSta
     resolved: dict[str, Op] = {}
     for record in broker.iter_queue(OP_HALF_TOPIC):
         op = _decode_op(record)
-        if op is not None and op.op in FINAL_STATES:
-            resolved[op.tx] = op
+        if op is not None and op.kind in FINAL_STATES:
+            resolved[op.transaction_id] = op
     open_states = {tx.transaction_id: tx.state for tx in broker.book}
     states: dict[str, tuple[TransactionState, int | None]] = {}
     for half in broker.iter_queue(HALF_TOPIC):
         transaction_id = read_half(half).transaction_id
         final = resolved.get(transaction_id)
         if final is not None:
-            state = FINAL_STATES[final.op]
-            states[transaction_id] = (state, final.ts if state is TransactionState.COMMITTED else None)
+            state = FINAL_STATES[final.kind]
+            states[transaction_id] = (state, final.timestamp_ms if state is TransactionState.COMMITTED else None)
         else:
             states[transaction_id] = (open_states.get(transaction_id, TransactionState.PENDING), None)
     return states
@@ -95,15 +95,15 @@ def delivery_rows(broker: EmbeddedBroker) -> Iterator[dict[str, Any]]:
     broker.store.flush()  # progress events are written without waiting for their fsync
     for record in broker.iter_queue(CONSUMER_STATE_TOPIC):
         for event in events_of(record):
-            row = rows.setdefault((event.g, event.m), {
-                "message_id": event.m, "consumer_group": event.g, "topic": event.s, "delivery_attempts": 0,
+            row = rows.setdefault((event.group, event.message_id), {
+                "message_id": event.message_id, "consumer_group": event.group, "topic": event.topic, "delivery_attempts": 0,
                 "first_delivered_ms": 0, "acked_ms": None, "dead_lettered": False,
             })
-            if event.e == EVENT_DELIVERED:
-                row["delivery_attempts"] = max(row["delivery_attempts"], event.n)
-                row["first_delivered_ms"] = row["first_delivered_ms"] or event.ts
-            elif event.e == EVENT_ACKED:
-                row["acked_ms"] = row["acked_ms"] or event.ts
+            if event.kind == EVENT_DELIVERED:
+                row["delivery_attempts"] = max(row["delivery_attempts"], event.attempt)
+                row["first_delivered_ms"] = row["first_delivered_ms"] or event.timestamp_ms
+            elif event.kind == EVENT_ACKED:
+                row["acked_ms"] = row["acked_ms"] or event.timestamp_ms
             else:
                 row["dead_lettered"] = True
     return iter(rows.values())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -22,7 +21,6 @@ from typing import Any
 import msgspec
 
 from ..api import (
-    MAX_DURATION_S,
     BrokerStats,
     CheckCallback,
     ConsumerQueue,
@@ -30,6 +28,8 @@ from ..api import (
     ParkedTransaction,
     TopicInfo,
     TransactionChecker,
+    duration_ms,
+    validate_receive,
 )
 from ..checkers import ProducerCallbackChecker, ProducersFirst
 from ..errors import BrokerClosedError, BrokerError, InvalidMessageError
@@ -292,10 +292,7 @@ class EmbeddedBroker:
         self._check_open()
         validate_group(group)
         self.topics.ensure(topic)
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-            raise InvalidMessageError(f"max_messages must be a whole number >= 1, not {max_messages!r}")
-        invisible_ms = _duration_ms("invisible_duration_s", invisible_duration_s)
-        _duration_ms("wait_s", wait_s, zero_allowed=True)
+        invisible_ms = validate_receive(max_messages, invisible_duration_s, wait_s)
         received = self.consumers.receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes)
         observer = self.observer
         if observer is not None and received:
@@ -309,7 +306,7 @@ class EmbeddedBroker:
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         self._check_open()
         return self.consumers.change_invisible_duration(
-            group, receipt_handle, _duration_ms("invisible_duration_s", invisible_duration_s))
+            group, receipt_handle, duration_ms("invisible_duration_s", invisible_duration_s))
 
     # -- reading, admin -------------------------------------------------------------------
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
@@ -376,7 +373,7 @@ class EmbeddedBroker:
         if force is not None:
             return self._one(ForcedResolveCall(transaction_id, force))  # type: ignore[no-any-return]
         if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 < wait_s <= MAX_RESOLVE_WAIT_S:
-            raise ValueError(f"wait_s {wait_s!r} is not in (0, {MAX_RESOLVE_WAIT_S:g}] seconds")
+            raise InvalidMessageError(f"wait_s {wait_s!r} is not in (0, {MAX_RESOLVE_WAIT_S:g}] seconds")
         resolution, producer_group = self.transactions.ask_checker(transaction_id, wait_s)
         # the checker's own answer is being recorded: this END joins it, or repeats it
         return self.end_transaction(transaction_id, resolution, producer_group=producer_group)
@@ -464,7 +461,7 @@ class EmbeddedBroker:
         guards = [self.book.oldest_offset(), self.delays.oldest_offset()]
         self.write_snapshots()
         guard = min((g for g in guards if g is not None), default=None)
-        deleted = self.store.delete_expired_segments(guard_offset=guard, now=now_ms)
+        deleted = self.store.delete_expired_segments(now_ms, guard_offset=guard)
         if deleted:
             log.info("retention deleted %d commit log segments (guard offset %s)", deleted, guard)
         return deleted
@@ -495,12 +492,3 @@ def _open_transaction(tx: Transaction) -> OpenTransaction:
     return OpenTransaction(tx.transaction_id, tx.producer_group, tx.state, tx.message_ids, tx.check_times,
                            tx.born_ms, tx.problem)
 
-
-def _duration_ms(name: str, seconds: float, zero_allowed: bool = False) -> int:
-    """``seconds`` in milliseconds; ``InvalidMessageError`` unless it is a finite number in
-    (0, ``MAX_DURATION_S``] (``[0, ...]`` when ``zero_allowed``)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
-            or not (0 <= seconds if zero_allowed else 0 < seconds) or seconds > MAX_DURATION_S:
-        low = "[0" if zero_allowed else "(0"
-        raise InvalidMessageError(f"{name} must be a number of seconds in {low}, {MAX_DURATION_S:g}], not {seconds!r}")
-    return int(seconds * 1000)

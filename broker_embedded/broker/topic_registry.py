@@ -12,7 +12,7 @@ import threading
 import zlib
 from pathlib import Path
 
-from ..errors import UnknownTopicError
+from ..errors import InvalidMessageError, UnknownTopicError
 from ..message import Message
 from ..store.files import write_atomically
 from ..topics import MAX_QUEUES, validate_user_topic
@@ -47,7 +47,7 @@ class TopicRegistry:
         """Create ``topic`` with ``queues`` queues unless it exists; its queue count."""
         validate_user_topic(topic)
         if not 1 <= queues <= MAX_QUEUES:
-            raise ValueError(f"a topic has 1 to {MAX_QUEUES} queues")
+            raise InvalidMessageError(f"a topic has 1 to {MAX_QUEUES} queues")
         with self._lock:
             if topic not in self.queues:
                 self.queues[topic] = queues

@@ -14,6 +14,9 @@ What differs from the native protocol, and how it is bridged:
   the proxy checks again.
 * Only the process that sent a transaction's half messages can end it outside a
   check-back (the client needs each message's id and endpoints).
+* The client ends a transaction once; this process remembers the last ``ENDED_KEPT`` it
+  ended, so that a repeated END is a no-op and a contradicting one raises
+  ``TransactionConflictError``, as on the native transports.
 * Admin features the proxy's ``MessagingService`` does not offer raise ``UnsupportedError``.
 """
 
@@ -21,13 +24,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlparse
 
-from ..api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo
+from ..api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo, validate_receive
 from ..checkers import ProducerCallbackChecker
 from ..errors import (
     BrokerClosedError,
@@ -35,6 +39,7 @@ from ..errors import (
     BrokerUnavailableError,
     InvalidMessageError,
     MessageTooLargeError,
+    TransactionConflictError,
     UnknownReceiptError,
     UnknownTransactionError,
     UnsupportedError,
@@ -44,6 +49,7 @@ from ..message import (
     CheckRequest,
     EndTransactionResult,
     Message,
+    MessageLimits,
     ReceivedMessage,
     Resolution,
     SendResult,
@@ -52,11 +58,17 @@ from ..message import (
     validate_message,
     validate_transaction_id,
 )
+from ..topics import validate_group
 
 #: The property carrying the outbox transaction id on each of its broker transactions.
 TRANSACTION_PROPERTY = "HALFMOON_TRANSACTION_ID"
 #: The property carrying the outbox producer group (the proxy routes checks by topic).
 GROUP_PROPERTY = "HALFMOON_PRODUCER_GROUP"
+
+#: The largest body the official client sends (its own check, before the proxy's).
+CLIENT_MAX_BODY_SIZE = 4 * 1024 * 1024
+#: How many ended transactions this process remembers (a repeated END is then a no-op).
+ENDED_KEPT = 10_000
 
 #: A queue id or offset the client does not report.
 UNKNOWN_POSITION = -1
@@ -114,6 +126,7 @@ class RocketMQ5Broker:
         self._producer: Any = None
         self._consumers: dict[tuple[str, str], Any] = {}
         self._open: dict[str, list[tuple[Any, str]]] = {}  # outbox id -> (client transaction, message id)
+        self._ended: OrderedDict[str, EndTransactionResult] = OrderedDict()
         self._received: dict[str, _Received] = {}
         self._checkers = ProducerCallbackChecker()
         self._answer = threading.local()
@@ -141,6 +154,7 @@ class RocketMQ5Broker:
                 raise BrokerClosedError("the rocketmq5 broker connection is closed")
             key = (group, topic)
             if key not in self._consumers:
+                validate_group(group)
                 subscription = {topic: self._rocketmq.FilterExpression()}
                 self._consumers[key] = self._started(self._rocketmq.SimpleConsumer(self._config, group, subscription))
             return self._consumers[key]
@@ -163,7 +177,7 @@ class RocketMQ5Broker:
 
     # -- producing ------------------------------------------------------------------------
     def _client_message(self, message: Message, properties: dict[str, str]) -> Any:
-        validate_message(message)
+        validate_message(message, MessageLimits(max_body_size=CLIENT_MAX_BODY_SIZE))
         sent = self._rocketmq.Message()
         sent.topic = message.topic
         sent.body = bytes(message.body)
@@ -213,7 +227,9 @@ class RocketMQ5Broker:
         """COMMIT or ROLLBACK each broker transaction of ``transaction_id``; inside a check-back
         of ``transaction_id`` (``from_check=True``), the checker's answer.
 
-        ``UnknownTransactionError`` when this process did not send the transaction (or ended it)."""
+        A repeat of the resolution this process recorded is a no-op, the opposite one raises
+        ``TransactionConflictError``; ``UnknownTransactionError`` when this process did not
+        send the transaction (or has forgotten ending it)."""
         answer: _Answer | None = getattr(self._answer, "slot", None)
         if from_check and answer is not None and answer.transaction_id == transaction_id:
             answer.resolution = resolution
@@ -223,6 +239,11 @@ class RocketMQ5Broker:
             return EndTransactionResult(transaction_id, TransactionState.PENDING, False, ())
         with self._lock:
             transactions = self._open.pop(transaction_id, None)
+            ended = self._ended.get(transaction_id)
+        if transactions is None and ended is not None:
+            if ended.state is not _ENDED[resolution]:
+                raise TransactionConflictError(f"transaction {transaction_id} already ended ({ended.state.value})")
+            return EndTransactionResult(transaction_id, ended.state, False, ended.message_ids)
         if transactions is None:
             raise UnknownTransactionError(
                 f"transaction {transaction_id} was not sent by this process (or is already ended): on RocketMQ 5 "
@@ -238,7 +259,12 @@ class RocketMQ5Broker:
                 with self._lock:  # the rest stay for a retry; the check-backs settle them otherwise
                     self._open[transaction_id] = transactions[done:] + self._open.get(transaction_id, [])
                 raise
-        return EndTransactionResult(transaction_id, _ENDED[resolution], True, tuple(m for _, m in transactions))
+        result = EndTransactionResult(transaction_id, _ENDED[resolution], True, tuple(m for _, m in transactions))
+        with self._lock:
+            self._ended[transaction_id] = result
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
+        return result
 
     def register_producer(self, producer_group: str, on_check: CheckCallback) -> None:
         """Answer check-backs of ``producer_group``'s transactions with ``on_check`` (the
@@ -289,6 +315,7 @@ class RocketMQ5Broker:
                 wait_s: float = 0.0, max_bytes: int | None = None) -> list[ReceivedMessage]:
         """Receive through a ``SimpleConsumer`` of ``group`` subscribed to ``topic``
         (``max_bytes`` is not known to the proxy: ignored)."""
+        validate_receive(max_messages, invisible_duration_s, wait_s)
         consumer = self._consumer(group, topic)
         with self._calling(f"receive {topic} for {group}"):
             consumer.await_duration = max(1, round(wait_s))

@@ -80,13 +80,16 @@ from .config import StoreConfig
 from .consume_queue import ConsumeQueue
 from .files import write_atomically
 from .index import MessageIndex
-from .interface import DispatchListener
 from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from .scrub import Scrub
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: Called once per record, in commit log order, after the record is durable and
+#: dispatched to its consume queue (also for records replayed during recovery).
+DispatchListener = Callable[[StoredRecord], None]
 #: A record's place: topic, queue id, queue offset.
 Place = tuple[str, int, int]
 
@@ -154,14 +157,12 @@ class MessageStore:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_file = lock_directory(self.data_dir)
-        self.config = self._pin_layout(config or StoreConfig())
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending: list[StoredRecord] = []
         self._next_offset: dict[tuple[str, int], int] = {}
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._listeners: list[DispatchListener] = []
-        self._retention_guard: Callable[[], int | None] | None = None
         #: Told how many seconds each fsync of the commit log took (metrics); None: nobody.
         self.on_fsync: Callable[[float], None] | None = None
         self._closed = False
@@ -170,6 +171,7 @@ class MessageStore:
         #: Every acknowledged record found destroyed (recovery, repair, the scrub).
         self.losses = LossLedger(self.data_dir)
         try:
+            self.config = self._pin_layout(config or StoreConfig())
             self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
             self.index = MessageIndex(
                 self.data_dir / "index", self.config.index_slots, self.config.index_entries
@@ -770,25 +772,12 @@ class MessageStore:
             self._next_offset.pop((topic, queue_id), None)
 
     # -- retention ------------------------------------------------------------------------
-    def set_retention_guard(self, guard: Callable[[], int | None]) -> None:
-        """Retention never deletes a segment reaching ``guard()`` or beyond (None: no limit).
-
-        The broker core returns the commit log offset of its oldest unresolved half message.
-        """
-        self._retention_guard = guard
-
-    def delete_expired_segments(
-        self, now_ms: int | None = None, guard_offset: int | None = None, now: int | None = None
-    ) -> int:
-        """Delete commit log segments older than ``retention_hours`` and wholly below every
-        guard (``guard_offset`` and the one from ``set_retention_guard``); raise queue
-        minimums to match. ``now`` is an alias of ``now_ms``. Returns segments deleted."""
-        limit = self._dispatched_end
-        for guard in (guard_offset, self._retention_guard() if self._retention_guard else None):
-            if guard is not None:
-                limit = min(limit, guard)
-        clock = now_ms if now_ms is not None else now
-        cutoff = (clock if clock is not None else _now_ms()) - int(self.config.retention_hours * 3_600_000)
+    def delete_expired_segments(self, now_ms: int | None = None, guard_offset: int | None = None) -> int:
+        """Delete commit log segments older than ``retention_hours`` and wholly below
+        ``guard_offset`` (the broker's oldest half or delayed message still needed; None: no
+        limit); raise queue minimums to match. Returns segments deleted."""
+        limit = self._dispatched_end if guard_offset is None else min(self._dispatched_end, guard_offset)
+        cutoff = (now_ms if now_ms is not None else _now_ms()) - int(self.config.retention_hours * 3_600_000)
         with self._flush_lock, self._write_lock:
             deleted = self.commitlog.delete_segments_before(limit, cutoff)
             if deleted:

@@ -6,8 +6,9 @@ that calls a ``BrokerAPI`` method, a ``msgspec.Struct`` made from the method's s
 construction; for the server's own requests, one declared here. Decoding a body into its
 type checks, in one pass over the bytes, that every required argument is there, that no
 unknown one is, that each has its type and that numbers are within ``BOUNDS``: a request
-that does not fit is refused with ``MalformedFrameError`` before it reaches the broker or
-joins a batch with other clients' requests. It also bounds the work of a frame: a value is
+that does not fit is refused with ``MalformedFrameError`` (a number out of its bounds with
+``InvalidMessageError``, as the in-process broker refuses it) before it reaches the broker
+or joins a batch with other clients' requests. It also bounds the work of a frame: a value is
 only as deep as its type, and a value of the wrong type fails where it starts, so 8 MiB of
 nested or empty arrays cost microseconds.
 """
@@ -15,6 +16,7 @@ nested or empty arrays cost microseconds.
 from __future__ import annotations
 
 import inspect
+import re
 import types
 import typing
 from typing import Annotated, Any
@@ -22,7 +24,7 @@ from typing import Annotated, Any
 import msgspec
 
 from ..api import MAX_DURATION_S, BrokerAPI
-from ..errors import MalformedFrameError, UnknownRequestCodeError
+from ..errors import InvalidMessageError, MalformedFrameError, UnknownRequestCodeError
 from ..message import Message
 from .protocol import MAX_MESSAGES, METHODS, UNDECODABLE, RequestCode
 
@@ -33,6 +35,9 @@ BOUNDS: dict[str, msgspec.Meta] = {
     "wait_s": msgspec.Meta(ge=0, le=MAX_DURATION_S),
     "invisible_duration_s": msgspec.Meta(gt=0, le=MAX_DURATION_S),
 }
+
+#: How msgspec words a number outside its ``BOUNDS`` (a well-formed request, a bad value).
+_OUT_OF_BOUNDS = re.compile(r"Expected `(int|float)` [<>]=? ")
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -99,6 +104,8 @@ def decode_request(code: int, body: bytes | msgspec.Raw) -> Any:
     try:
         return decoder.decode(body)
     except UNDECODABLE as exc:
+        if isinstance(exc, msgspec.ValidationError) and _OUT_OF_BOUNDS.match(str(exc)):
+            raise InvalidMessageError(f"{RequestCode(code).name}: {exc}") from None
         fields = getattr(REQUEST_TYPES[code], "__struct_fields__", None)
         takes = f" (it takes {', '.join(fields) or 'no arguments'})" if fields is not None else ""
         raise MalformedFrameError(f"{RequestCode(code).name}: {exc}{takes}") from None

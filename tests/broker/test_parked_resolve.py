@@ -141,7 +141,7 @@ def test_bad_resolve_arguments_are_refused(broker_factory: BrokerFactory) -> Non
     broker = parked_broker(broker_factory, "t1")
     with pytest.raises(InvalidMessageError):
         broker.resolve_parked("t1", force=Resolution.UNKNOWN)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidMessageError):
         broker.resolve_parked("t1", wait_s=float("nan"))
     with pytest.raises(UnknownTransactionError):
         broker.resolve_parked("never-parked")

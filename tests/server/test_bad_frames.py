@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from broker_embedded import BrokerClient, Message
-from broker_embedded.errors import BrokerError, MalformedFrameError, UnknownRequestCodeError
+from broker_embedded.errors import (
+    BrokerError,
+    InvalidMessageError,
+    MalformedFrameError,
+    UnknownRequestCodeError,
+)
 from broker_embedded.wire.protocol import MAX_FRAME_BYTES, METHODS, Kind, RequestCode
 from broker_embedded.wire.requests import REQUEST_TYPES, decode_request
 
@@ -50,11 +55,11 @@ BAD_FRAMES: list[tuple[str, bytes, int, str]] = [
      19, MalformedFrameError.code),
     ("receive without wait_s", pack([200050, 20, 0, {"group": "g", "topic": "t"}]), 20, "ok"),
     ("receive waiting nan seconds", pack([200050, 21, 0, {"group": "g", "topic": "t", "wait_s": float("nan")}]),
-     21, MalformedFrameError.code),
+     21, InvalidMessageError.code),  # a bad value, as in-process
     ("receive waiting forever", pack([200050, 22, 0, {"group": "g", "topic": "t", "wait_s": INF}]),
-     22, MalformedFrameError.code),
+     22, InvalidMessageError.code),  # a bad value, as in-process
     ("receive invisible forever", pack([200050, 23, 0, {"group": "g", "topic": "t", "invisible_duration_s": INF}]),
-     23, MalformedFrameError.code),
+     23, InvalidMessageError.code),  # a bad value, as in-process
     ("heart beat without a group", pack([34, 24, 0, {"group": "pg"}]), 24, MalformedFrameError.code),
     ("batch of non-messages", pack([320, 25, 0, {"messages": [1, 2]}]), 25, MalformedFrameError.code),
     ("8 MiB of empty arrays", envelope(10, 26, 0, EMPTY_ARRAYS), 26, MalformedFrameError.code),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
+import io
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -277,9 +281,8 @@ def test_retention_deletes_old_segments_below_the_guard_only(tmp_path: Path) -> 
     with MessageStore(tmp_path, SMALL) as store:
         stored = [store.put(record(UNIQ_KEY=f"id{n}", KEYS="same")) for n in range(100)]
         guard = stored[50].commit_log_offset
-        store.set_retention_guard(lambda: guard)
-        assert store.delete_expired_segments(now_ms=0) == 0  # nothing is old yet
-        deleted = store.delete_expired_segments(now_ms=2**62)
+        assert store.delete_expired_segments(now_ms=0, guard_offset=guard) == 0  # nothing is old yet
+        deleted = store.delete_expired_segments(now_ms=2**62, guard_offset=guard)
         assert deleted > 0
         assert 0 < store.commitlog.min_offset <= guard
         assert store.get(guard).commit_log_offset == guard
@@ -289,7 +292,6 @@ def test_retention_deletes_old_segments_below_the_guard_only(tmp_path: Path) -> 
         assert remaining[-1].queue_offset == 99
         assert store.lookup_message_id("id0") == []  # deleted records are not found
         assert store.lookup_key("orders", "same") == [r.commit_log_offset for r in remaining]
-        store.set_retention_guard(lambda: None)
     with MessageStore(tmp_path, SMALL) as store:
         assert store.queue_min_offset("orders", 0) == low
         assert store.delete_expired_segments(now_ms=2**62) > 0  # unguarded: all but the last
@@ -352,3 +354,55 @@ def test_sigkill_during_sync_load_loses_no_acknowledged_record(tmp_path: Path) -
             assert [int(k.split("-")[1]) for k in seen] == list(range(len(seen))), "torn or reordered"
             acked = [a.message_id for a in acknowledged if a.writer == w]
             assert seen[: len(acked)] == acked
+
+
+class _TornWrite(OSError):
+    """The simulated crash: half of a write reached the file, then the process died."""
+
+
+class _Tearing:
+    """A file whose ``write`` puts half the data on disk and then crashes."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def write(self, data: Any) -> int:
+        self._file.write(data[: len(data) // 2])
+        self._file.flush()
+        raise _TornWrite("crash in the middle of writing store.json")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+    def __enter__(self) -> _Tearing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+
+
+def test_a_crash_while_store_json_is_rewritten_leaves_the_old_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """store.json is rewritten when a directory from before consume queue files were split
+    gets its count pinned; a crash mid-write must leave the old layout, never half a file
+    (which the next open could not parse)."""
+    with MessageStore(tmp_path, SMALL):
+        pass
+    meta = tmp_path / "store.json"
+    meta.write_text(json.dumps({"segment_size": SMALL.segment_size}))  # the older form
+    real_open = open
+
+    def tearing_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        opened = real_open(file, mode, *args, **kwargs)
+        return _Tearing(opened) if "w" in mode and Path(file).name.startswith("store.json") else opened
+
+    monkeypatch.setattr(builtins, "open", tearing_open)
+    monkeypatch.setattr(io, "open", tearing_open)  # pathlib's write_text opens through io
+    with pytest.raises(_TornWrite):
+        MessageStore(tmp_path, SMALL)
+    monkeypatch.undo()
+    assert json.loads(meta.read_text()) == {"segment_size": SMALL.segment_size}
+    with MessageStore(tmp_path, SMALL) as store:  # the failed open released the directory
+        assert store.config.segment_size == SMALL.segment_size
+    assert json.loads(meta.read_text())["consume_queue_file_entries"] == SMALL.consume_queue_file_entries

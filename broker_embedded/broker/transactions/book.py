@@ -194,29 +194,29 @@ class TransactionBook:
             if queue_offset < self.op_applied:
                 return
             self.op_applied = queue_offset + 1
-            tx = self.by_id.get(op.tx)
+            tx = self.by_id.get(op.transaction_id)
             if tx is None:
                 return
-            if op.op in FINAL_STATES:
-                del self.by_id[op.tx]
+            if op.kind in FINAL_STATES:
+                del self.by_id[op.transaction_id]
                 if tx.state is TransactionState.PARKED:
                     self.parked -= 1
-                tx.state = FINAL_STATES[op.op]
+                tx.state = FINAL_STATES[op.kind]
                 if tx.state is TransactionState.COMMITTED:
                     self.committed += 1
                 else:
                     self.rolled_back += 1
                 self._compact_due()
-            elif op.op == OP_CHECK:
-                tx.check_times = max(tx.check_times, op.n)
-            elif op.op == OP_PARK and tx.state is TransactionState.PENDING:
+            elif op.kind == OP_CHECK:
+                tx.check_times = max(tx.check_times, op.check_times)
+            elif op.kind == OP_PARK and tx.state is TransactionState.PENDING:
                 tx.state = TransactionState.PARKED
                 self.parked += 1
-            elif op.op == OP_RECHECK and tx.state is TransactionState.PARKED:
+            elif op.kind == OP_RECHECK and tx.state is TransactionState.PARKED:
                 tx.state = TransactionState.PENDING
                 self.parked -= 1
                 tx.check_times = 0
-                self._schedule(tx, op.ts)
+                self._schedule(tx, op.timestamp_ms)
 
     # -- checking -------------------------------------------------------------------------
     def first_check_ms(self, tx: Transaction) -> int:

@@ -33,7 +33,7 @@ class TransactionNames:
             op = decode_op(record.body)
         except msgspec.DecodeError:
             return ()
-        return [*zip(op.h, op.m, strict=False), *((None, message_id) for message_id in op.m)]
+        return [*zip(op.half_offsets, op.message_ids, strict=False), *((None, message_id) for message_id in op.message_ids)]
 
     def from_files(self, data_dir: Path) -> Iterable[Name]:
         try:

@@ -28,15 +28,15 @@ RESOLUTION_OPS = {Resolution.COMMIT: OP_COMMIT, Resolution.ROLLBACK: OP_ROLLBACK
 
 
 class Op(msgspec.Struct, omit_defaults=True):
-    """One op record's body."""
+    """One op record's body (stored under the short names given to ``msgspec.field``)."""
 
-    tx: str
-    op: str
-    n: int = 0
-    ts: int = 0
-    g: str = ""
-    h: list[int] = msgspec.field(default_factory=list)
-    m: list[str] = msgspec.field(default_factory=list)
+    transaction_id: str = msgspec.field(name="tx")
+    kind: str = msgspec.field(name="op")
+    check_times: int = msgspec.field(default=0, name="n")
+    timestamp_ms: int = msgspec.field(default=0, name="ts")
+    producer_group: str = msgspec.field(default="", name="g")
+    half_offsets: list[int] = msgspec.field(default_factory=list, name="h")
+    message_ids: list[str] = msgspec.field(default_factory=list, name="m")
 
 
 encode_op = msgspec.msgpack.Encoder().encode
@@ -46,6 +46,6 @@ decode_op = msgspec.msgpack.Decoder(Op).decode
 def op_record(op: Op) -> StoredRecord:
     """The record that stores ``op`` (a resolution is indexed by its transaction id)."""
     props = {PROPERTY_TAG: "d"}
-    if op.op in FINAL_STATES:
-        props[PROPERTY_KEYS] = op.tx
+    if op.kind in FINAL_STATES:
+        props[PROPERTY_KEYS] = op.transaction_id
     return StoredRecord(OP_HALF_TOPIC, 0, encode_op(op), props)

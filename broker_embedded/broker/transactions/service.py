@@ -122,7 +122,7 @@ class TransactionService:
             resolution = self.resolution_on_disk(call.transaction_id)
             if resolution is not None:
                 raise TransactionConflictError(
-                    f"transaction {call.transaction_id} already ended ({FINAL_STATES[resolution.op].value})"
+                    f"transaction {call.transaction_id} already ended ({FINAL_STATES[resolution.kind].value})"
                 )
 
         def joined() -> None:
@@ -196,8 +196,8 @@ class TransactionService:
         try:
             op = self._decision(tx, RESOLUTION_OPS[call.resolution])
             records = [op_record(op)]
-            if op.op == OP_COMMIT:
-                records += [self._committed_copy(half, op.ts) for half in self._read_halves(op.h)]
+            if op.kind == OP_COMMIT:
+                records += [self._committed_copy(half, op.timestamp_ms) for half in self._read_halves(op.half_offsets)]
         except BaseException:
             self._end_failed(tx)
             raise
@@ -205,8 +205,8 @@ class TransactionService:
         def finish(_: list[StoredRecord]) -> EndTransactionResult:
             assert tx is not None and tx.ended is not None
             tx.ended.set()
-            log.info("transaction %s %s by %s", call.transaction_id, FINAL_STATES[op.op].value, source)
-            return EndTransactionResult(call.transaction_id, FINAL_STATES[op.op], True, tx.message_ids)
+            log.info("transaction %s %s by %s", call.transaction_id, FINAL_STATES[op.kind].value, source)
+            return EndTransactionResult(call.transaction_id, FINAL_STATES[op.kind], True, tx.message_ids)
 
         return Staged(records, finish, lambda: self._end_failed(tx))
 
@@ -228,16 +228,16 @@ class TransactionService:
     def _answer_from_disk(self, call: EndCall) -> EndTransactionResult:
         """The answer to an END for a transaction no longer (or never) open."""
         op = self.resolution_on_disk(call.transaction_id)
-        if op is None or (op.g and op.g != call.producer_group):
+        if op is None or (op.producer_group and op.producer_group != call.producer_group):
             raise UnknownTransactionError(
                 f"no transaction {call.transaction_id!r} for producer group {call.producer_group!r}"
             )
-        state = FINAL_STATES[op.op]
-        if call.resolution is not Resolution.UNKNOWN and RESOLUTION_OPS[call.resolution] != op.op:
+        state = FINAL_STATES[op.kind]
+        if call.resolution is not Resolution.UNKNOWN and RESOLUTION_OPS[call.resolution] != op.kind:
             raise TransactionConflictError(
                 f"transaction {call.transaction_id} is already {state.value}; {call.resolution.value} refused"
             )
-        return EndTransactionResult(call.transaction_id, state, False, tuple(op.m))
+        return EndTransactionResult(call.transaction_id, state, False, tuple(op.message_ids))
 
     def resolution_on_disk(self, transaction_id: str) -> Op | None:
         """The commit or rollback op of a transaction, found through the index."""
@@ -246,7 +246,7 @@ class TransactionService:
             if record.topic != OP_HALF_TOPIC:
                 continue
             op = _decode(record)
-            if op is not None and op.tx == transaction_id and op.op in FINAL_STATES:
+            if op is not None and op.transaction_id == transaction_id and op.kind in FINAL_STATES:
                 return op
         return None
 
@@ -261,17 +261,17 @@ class TransactionService:
     def _halves_of(self, op: Op) -> Iterator[StoredRecord]:
         """The half messages a stored op names; an offset that holds no half message of its
         transaction (a damaged op) is logged and skipped."""
-        for offset in op.h:
+        for offset in op.half_offsets:
             try:
                 record = self.store.get(offset)
             except CorruptLogError as exc:
-                log.error("%s op of transaction %s: %s", op.op, op.tx, exc)
+                log.error("%s op of transaction %s: %s", op.kind, op.transaction_id, exc)
                 continue
-            if record.topic == HALF_TOPIC and read_half(record).transaction_id == op.tx:
+            if record.topic == HALF_TOPIC and read_half(record).transaction_id == op.transaction_id:
                 yield record
             else:
                 log.error("%s op of transaction %s names commit log offset %d, which holds no half message "
-                          "of it; skipped", op.op, op.tx, offset)
+                          "of it; skipped", op.kind, op.transaction_id, offset)
 
     def _committed_copy(self, half: StoredRecord, committed_ms: int) -> StoredRecord:
         """The real message of a committed half message; a delay counts from the commit.
@@ -307,7 +307,7 @@ class TransactionService:
                     or tx.ending is not None:
                 return
         op = self._decision(tx, OP_PARK)
-        self.store.put_batch([op_record(op), *(self._parked_copy(h, op.n) for h in self._halves_of(op))])
+        self.store.put_batch([op_record(op), *(self._parked_copy(h, op.check_times) for h in self._halves_of(op))])
         log.warning("transaction %s parked in %s %s", tx.transaction_id, CHECK_MAX_TOPIC,
                     f"because it cannot be committed ({tx.problem})" if tx.problem
                     else f"after {tx.check_times} unanswered checks")
@@ -337,7 +337,7 @@ class TransactionService:
         op = self.resolution_on_disk(transaction_id)
         if op is None:
             raise UnknownTransactionError(f"no transaction {transaction_id!r}")
-        return FINAL_STATES[op.op]
+        return FINAL_STATES[op.kind]
 
     # -- the log, applied -----------------------------------------------------------------
     def on_dispatch(self, record: StoredRecord) -> None:
@@ -361,7 +361,7 @@ class TransactionService:
             if op is None:
                 continue
             self.book.apply(op, record.queue_offset)
-            if op.op in (OP_COMMIT, OP_PARK):
+            if op.kind in (OP_COMMIT, OP_PARK):
                 decided.append((op, record))
         self._redo(decided)
 
@@ -374,16 +374,16 @@ class TransactionService:
                 fields = read_half(half)
                 if fields.problem:
                     log.error("cannot redo the %s of transaction %s for its half message at commit log offset "
-                              "%d: %s", op.op, op.tx, half.commit_log_offset, fields.problem)
+                              "%d: %s", op.kind, op.transaction_id, half.commit_log_offset, fields.problem)
                     continue
-                if op.op == OP_COMMIT:
+                if op.kind == OP_COMMIT:
                     topics: tuple[str, ...] = (fields.real_topic, SCHEDULE_TOPIC)
                 else:
                     topics = (CHECK_MAX_TOPIC,)
                 if not self.store.stored_after(fields.message_id, op_stored.commit_log_offset, topics):
-                    missing.append(self._committed_copy(half, op.ts) if op.op == OP_COMMIT
-                                   else self._parked_copy(half, op.n))
-                    redone.add(op.tx)
+                    missing.append(self._committed_copy(half, op.timestamp_ms) if op.kind == OP_COMMIT
+                                   else self._parked_copy(half, op.check_times))
+                    redone.add(op.transaction_id)
         if missing:
             self.store.put_batch(missing)
             log.warning("recovery redid %d records of %d transactions cut off by a crash: %s",
