@@ -33,6 +33,7 @@ from outbox import (
 )
 from outbox.integrations.sqlalchemy.engine import create_async_engine
 from outbox.integrations.sqlalchemy.tables import metadata as outbox_metadata
+from outbox.settings import DEFAULT_BROKER_URL
 
 TOPIC = "order.paid"
 
@@ -85,7 +86,7 @@ def create_app(database_url: str | None = None, broker_url: str | None = None,
     """The service on ``database_url`` (an async SQLAlchemy URL; default
     ``SHOP_ORDERS_DATABASE_URL``) sending to ``broker_url`` (default ``OUTBOX_BROKER_URL``)."""
     database = database_url or os.environ.get("SHOP_ORDERS_DATABASE_URL", "sqlite+aiosqlite:///orders.sqlite3")
-    broker = broker_url or os.environ.get("OUTBOX_BROKER_URL", "tcp://127.0.0.1:9876")
+    broker = broker_url or os.environ.get("OUTBOX_BROKER_URL", DEFAULT_BROKER_URL)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

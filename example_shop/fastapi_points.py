@@ -31,6 +31,7 @@ from outbox import (
     message_json,
 )
 from outbox.aio_consumer import AsyncHandler
+from outbox.settings import DEFAULT_BROKER_URL
 
 from .fastapi_orders import TOPIC, open_database
 
@@ -61,7 +62,7 @@ def create_app(database_url: str | None = None, broker_url: str | None = None) -
     """The service on ``database_url`` (an async SQLAlchemy URL; default
     ``SHOP_POINTS_DATABASE_URL``) consuming from ``broker_url`` (default ``OUTBOX_BROKER_URL``)."""
     database = database_url or os.environ.get("SHOP_POINTS_DATABASE_URL", "sqlite+aiosqlite:///points.sqlite3")
-    broker_address = broker_url or os.environ.get("OUTBOX_BROKER_URL", "tcp://127.0.0.1:9876")
+    broker_address = broker_url or os.environ.get("OUTBOX_BROKER_URL", DEFAULT_BROKER_URL)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

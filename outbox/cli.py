@@ -47,7 +47,7 @@ from .consumer import Handler, run_consumer, stop_on_signals
 from .errors import ConfigurationError, OutboxError
 from .idempotency import GROUP_ATTRIBUTE
 from .purge_command import add_purge_arguments, progress_printer, purge_options
-from .settings import OutboxSettings, data_home
+from .settings import DEFAULT_BROKER_URL, OutboxSettings, data_home
 
 #: The exit statuses, as --help shows them.
 EXIT_STATUS = """exit status:
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _broker_url_option(parser: argparse.ArgumentParser, text: str = "the broker") -> None:
-    parser.add_argument("--broker-url", help=f"{text} (default: $HALFMOON_BROKER_URL, else tcp://127.0.0.1:9876)")
+    parser.add_argument("--broker-url", help=f"{text} (default: $HALFMOON_BROKER_URL, else {DEFAULT_BROKER_URL})")
 
 
 @quiet_on_broken_pipe

@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from broker_embedded.api import DEFAULT_PORT
+
 from .errors import ConfigurationError
 from .retention import RetentionPolicy
 from .schema import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 
-DEFAULT_BROKER_URL = "tcp://127.0.0.1:9876"
+DEFAULT_BROKER_URL = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 #: The broker URL's environment variables, the first one winning; both set and different
 #: is a ``ConfigurationError`` (a producer and its checker on two brokers never meet).
 BROKER_URL_VARIABLES = ("HALFMOON_BROKER_URL", "OUTBOX_BROKER_URL")

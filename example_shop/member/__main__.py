@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox import ReceivedMessage, connect, idempotent_consumer, message_json, run_consumer
 from outbox.consumer import stop_on_signals
 from outbox.integrations.sqlalchemy.tables import metadata as outbox_metadata
+from outbox.settings import DEFAULT_BROKER_URL
 
 from .models import MemberBase, MemberPoints, PointsAward
 
@@ -99,7 +100,7 @@ def main() -> int:
     factory = sessionmaker(engine)
     handler = make_handler(factory, int(os.environ.get("SHOP_MEMBER_CRASH_AT", "0")), work / "member-crashed")
     http = serve_state(factory, args.port)
-    broker = connect(os.environ.get("OUTBOX_BROKER_URL", "tcp://127.0.0.1:9876"))
+    broker = connect(os.environ.get("OUTBOX_BROKER_URL", DEFAULT_BROKER_URL))
     stop = threading.Event()
     stop_on_signals(stop)
     try:
