@@ -41,7 +41,8 @@ class Batcher:
         self.max_batches = max_batches
         self.weigh = weigh
         self.max_batch_weight = max_batch_weight
-        self.waiting: list[tuple[Any, Callable[[Any], None], object]] = []
+        #: Queued items: the item, its ``on_done``, its source and its weight.
+        self.waiting: list[tuple[Any, Callable[[Any], None], object, int]] = []
         self.running = 0
         self.backlog = 0
         self._lighter = asyncio.Event()
@@ -49,8 +50,9 @@ class Batcher:
     def submit(self, item: Any, on_done: Callable[[Any], None], source: object = None) -> None:
         """Queue ``item`` from ``source``; ``on_done`` gets its result or exception on the
         event loop."""
-        self.backlog += self.weigh(item)
-        self.waiting.append((item, on_done, source))
+        weight = self.weigh(item)
+        self.backlog += weight
+        self.waiting.append((item, on_done, source, weight))
         if self.running < self.max_batches:
             self.running += 1
             self.track(asyncio.get_running_loop().create_task(self._drain()))
@@ -61,17 +63,18 @@ class Batcher:
             while self.waiting:
                 batch = self._next_batch()
                 try:
-                    outcomes = await loop.run_in_executor(self.executor, self.run_batch, [item for item, _, _ in batch])
+                    outcomes = await loop.run_in_executor(self.executor, self.run_batch,
+                                                          [entry[0] for entry in batch])
                 except Exception as exc:  # the whole batch failed (e.g. the disk is full)
                     outcomes = [exc] * len(batch)
-                self.backlog -= sum(self.weigh(item) for item, _, _ in batch)
+                self.backlog -= sum(entry[3] for entry in batch)
                 self._lighter.set()
-                for (_, on_done, _), outcome in zip(batch, outcomes, strict=True):
+                for (_, on_done, _, _), outcome in zip(batch, outcomes, strict=True):
                     on_done(outcome)
         finally:
             self.running -= 1
 
-    def _next_batch(self) -> list[tuple[Any, Callable[[Any], None], object]]:
+    def _next_batch(self) -> list[tuple[Any, Callable[[Any], None], object, int]]:
         """Take the items of the next batch out of ``waiting`` (see the class docstring)."""
         if not self.max_batch_weight:
             batch, self.waiting = self.waiting, []
@@ -79,7 +82,7 @@ class Batcher:
         batch, left, held = [], [], set()
         heavy = 0
         for entry in self.waiting:
-            weight = self.weigh(entry[0])
+            weight = entry[3]
             if weight <= READ_CHUNK:
                 weight = 0  # light: always fits
             if entry[2] in held or (heavy and heavy + weight > self.max_batch_weight):

@@ -51,6 +51,7 @@ from ..wire.protocol import (
     Kind,
     RequestCode,
     encode_frame,
+    encode_reply,
     error_to_wire,
     message_budget,
     outcome_to_wire,
@@ -467,7 +468,7 @@ class BrokerServer:
         task.add_done_callback(self._tasks.discard)
 
     def _reply(self, connection: _Connection, code: int, request_id: int, result: Any) -> None:
-        frame = encode_frame(code, request_id, Kind.RESPONSE, {"ok": to_wire(result)})
+        frame = encode_reply(code, request_id, result)
         if len(frame) - LENGTH.size > MAX_FRAME_BYTES:  # the client could not read it
             error = ReplyTooLargeError(f"an answer of {len(frame)} bytes exceeds the frame limit")
             log.error("%s to %s: %s", RequestCode(code).name, connection.peer, error)

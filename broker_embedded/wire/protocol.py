@@ -28,6 +28,7 @@ import msgspec
 
 from ..api import MAX_FRAME_BYTES, BrokerAPI
 from ..errors import BrokerError, MalformedFrameError, error_for_code
+from ..message import EndTransactionResult, SendResult
 
 LENGTH = struct.Struct(">I")
 READ_CHUNK = 256 * 1024
@@ -158,6 +159,19 @@ def encode_frame(code: int, request_id: int, kind: Kind, body: Any) -> bytes:
     """One frame, length prefix included."""
     payload = _encoder.encode((code, request_id, int(kind), body))
     return LENGTH.pack(len(payload)) + payload
+
+
+#: Results whose fields are only str, int, bool, None, enums and tuples of str: msgpack
+#: encodes them, as they are, to the same bytes as their ``to_wire`` map, so a reply (every
+#: send, half message and END) skips building that map.
+_PLAIN_RESULTS: frozenset[type] = frozenset({SendResult, EndTransactionResult})
+
+
+def encode_reply(code: int, request_id: int, result: Any) -> bytes:
+    """The RESPONSE frame ``{"ok": result}``, byte for byte
+    ``encode_frame(code, request_id, Kind.RESPONSE, {"ok": to_wire(result)})``."""
+    body = result if result is None or type(result) in _PLAIN_RESULTS else to_wire(result)
+    return encode_frame(code, request_id, Kind.RESPONSE, {"ok": body})
 
 
 class FrameBuffer:
