@@ -521,6 +521,9 @@ class BrokerServer:
             arguments["max_bytes"] = budget if arguments["max_bytes"] is None else min(arguments["max_bytes"], budget)
         if method == "receive":
             return await self._long_poll(connection, arguments)
+        if method == "ack_many":  # one outcome per receipt, in order
+            outcomes = await connection.call(self.executor, functools.partial(self.broker.ack_many, **arguments))
+            return [outcome_to_wire(outcome) for outcome in outcomes]
         call = functools.partial(getattr(self.broker, method), **arguments)
         return await connection.call(self.executor, call)
 
