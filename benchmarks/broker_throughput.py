@@ -13,7 +13,8 @@ Workloads, for 256 B and 1 KiB bodies:
   128 sends in flight on one asyncio connection; Redis: pipelines of 100); ours also with
   SEND_BATCH_MESSAGE (4 processes x 4 batches of 64 in flight);
 * receive+ack: drain a pre-filled queue, acking every message (ours: batches of 256 with
-  per-message acks pipelined on one asyncio connection; Redis: batches of 64, one
+  per-message acks pipelined on one asyncio connection, and again with one ACK_MESSAGE_BATCH
+  per received batch, "batched acks"; Redis: batches of 64, one
   multi-id XACK per batch; RabbitMQ: prefetch 64, basic_ack, which does not wait);
 * recovery: SIGKILL a writer with ``--recovery-mib`` of log, time the reopen;
 * transactions (256 B, one message each; ``--tx-only`` runs only these): ours
@@ -127,12 +128,17 @@ def _inflight_worker(url: str, step: Step, body: bytes, in_flight: int, batch: i
     out.put(asyncio.run(run()))
 
 
-async def _drain(url: str, topic: str) -> int:
-    """Receive a topic to the end in batches, acking every message (acks pipelined)."""
+async def _drain(url: str, topic: str, batched_acks: bool = False) -> int:
+    """Receive a topic to the end in batches, acking every message: one ack request each
+    (pipelined), or one ``ack_many`` per batch when ``batched_acks``."""
     received = 0
     async with AsyncBrokerClient(url, timeout_s=30) as client:
         while batch := await client.receive("bench", topic, max_messages=256):
-            await asyncio.gather(*(client.ack("bench", m.receipt_handle) for m in batch))
+            if batched_acks:
+                refused = [o for o in await client.ack_many("bench", [m.receipt_handle for m in batch]) if o]
+                assert not refused, refused
+            else:
+                await asyncio.gather(*(client.ack("bench", m.receipt_handle) for m in batch))
             received += len(batch)
     return received
 
@@ -148,11 +154,14 @@ def halfmoon(seconds: float, work: Path) -> dict[str, float]:
                 results[f"{label} {size}B"] = in_processes(
                     PROCESSES, _inflight_worker, (url, _send_step, body, in_flight, batch, seconds))
             results[f"receive+ack {size}B"] = _drain_rate(client, url, f"bench-drain-{size}", body)
+            results[f"receive+ack {size}B, batched acks"] = _drain_rate(
+                client, url, f"bench-drain-batched-{size}", body, batched_acks=True)
         client.close()
     return results
 
 
-def _drain_rate(client: BrokerClient, url: str, topic: str, body: bytes, prefill: int = 20_000) -> float:
+def _drain_rate(client: BrokerClient, url: str, topic: str, body: bytes, prefill: int = 20_000,
+                batched_acks: bool = False) -> float:
     """Fill ``topic`` with ``prefill`` messages (16 sending threads), then drain it with
     acks (``_drain``); messages received per second."""
     client.create_topic(topic, 4)
@@ -167,7 +176,7 @@ def _drain_rate(client: BrokerClient, url: str, topic: str, body: bytes, prefill
     for t in sender:
         t.join()
     start = time.perf_counter()
-    received = asyncio.run(_drain(url, topic))
+    received = asyncio.run(_drain(url, topic, batched_acks))
     return received / (time.perf_counter() - start)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import InvalidMessageError
+from .errors import BrokerError, InvalidMessageError
 from .message import (
     CheckRequest,
     EndTransactionResult,
@@ -225,6 +225,14 @@ class BrokerAPI(Protocol):
         """Acknowledge a received message (``UnknownReceiptError`` if unknown or expired)."""
         ...
 
+    def ack_many(self, group: str, receipt_handles: list[str]) -> list[BrokerError | None]:
+        """Acknowledge many received messages in one call (as RocketMQ 5's batch AckMessage
+        and Redis's XACK): per receipt, in order, None when it was acked or the typed error
+        that refused it (``UnknownReceiptError``); one bad receipt does not stop the others.
+        This default acks each in turn (``ack_each``); the broker and its clients do it in
+        one request, one lock and one write."""
+        return ack_each(self, group, receipt_handles)
+
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         """Extend or shorten a receipt's invisibility; returns the new receipt handle."""
         ...
@@ -298,3 +306,16 @@ class BrokerAPI(Protocol):
     def close(self) -> None:
         """Release the broker or the connection."""
         ...
+
+
+def ack_each(broker: BrokerAPI, group: str, receipt_handles: list[str]) -> list[BrokerError | None]:
+    """``BrokerAPI.ack_many`` by one ``ack`` per receipt: for a broker without a batch ack."""
+    outcomes: list[BrokerError | None] = []
+    for handle in receipt_handles:
+        try:
+            broker.ack(group, handle)
+        except BrokerError as exc:
+            outcomes.append(exc)
+        else:
+            outcomes.append(None)
+    return outcomes

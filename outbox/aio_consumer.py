@@ -8,13 +8,17 @@ announces the same ``DELIVERY`` events.
 
 Two ways to stop it, neither loses a message:
 
-* ``stop.set()`` (graceful): no new receive; the handler in progress finishes and is
-  acked; the messages of its batch not handed to the handler yet are released (made
+* ``stop.set()`` (graceful): no new receive; the handler in progress finishes and it is
+  acked with the others of its batch already handled; the messages of its batch not handed to the handler yet are released (made
   visible again at once, for the next consumer); then it returns. A long poll under way
   is not abandoned: stopping takes up to ``wait_s`` more.
 * cancelling its task (immediate): the handler in progress is cancelled at its next
   ``await`` and not acked (an ``idempotent_consumer``'s transaction rolls back), so that
-  message, and the rest of its batch, come back after ``invisible_duration_s``.
+  message, and the rest of its batch, come back after ``invisible_duration_s`` (those of
+  the batch already handled too, unless ``batch_acks=False``: their duplicate check skips them).
+
+The messages of a batch that were handled are acked together in one ``ack_many`` after the
+batch (``batch_acks=False``: each right after its handler).
   ``CancelledError`` propagates, as asyncio expects.
 """
 
@@ -49,6 +53,7 @@ async def arun_consumer(
     batch_size: int = 16,
     invisible_duration_s: float = 30.0,
     wait_s: float = 1.0,
+    batch_acks: bool = True,
 ) -> int:
     """Receive, await ``handler`` and ack until ``stop`` is set (or the task is cancelled);
     returns how many messages were handled. ``handler`` must be a coroutine function
@@ -67,29 +72,44 @@ async def arun_consumer(
                 await _pause(stop, run.outage.failed(exc))
                 continue
             run.outage.recovered()
+            handled: list[ReceivedMessage] = []
             for index, received in enumerate(batch):
                 if stop.is_set():
                     await _release(broker, group, batch[index:])
                     break
-                await _deliver(broker, run, handler, received)
+                if await _deliver(run, handler, received):
+                    handled.append(received)
+                    if not batch_acks:
+                        await _ack(broker, run, handled)
+                        handled = []
+            await _ack(broker, run, handled)
     finally:
         run.stopped()
     return run.handled
 
 
-async def _deliver(broker: AsyncBrokerClient, run: ConsumerRun, handler: AsyncHandler,
-                   received: ReceivedMessage) -> None:
+async def _deliver(run: ConsumerRun, handler: AsyncHandler, received: ReceivedMessage) -> bool:
+    """Hand ``received`` to the handler; whether it was handled (to ack)."""
     with run.delivering(received) as delivery:
         try:
             result = await handler(received)
         except Exception:
             run.failed(received, delivery)
-            return
+            return False
         run.succeeded(delivery, result)
-        try:
-            await broker.ack(run.group, received.receipt_handle)
-        except ACK_ERRORS as exc:
-            run.ack_failed(received, exc)
+        return True
+
+
+async def _ack(broker: AsyncBrokerClient, run: ConsumerRun, handled: list[ReceivedMessage]) -> None:
+    """Ack the handled messages in one request (none: no request)."""
+    if not handled:
+        return
+    try:
+        outcomes: Sequence[BrokerError | None] = await broker.ack_many(
+            run.group, [r.receipt_handle for r in handled])
+    except ACK_ERRORS as exc:
+        outcomes = [exc] * len(handled)
+    run.acked(handled, outcomes)
 
 
 async def _pause(stop: asyncio.Event, seconds: float) -> None:

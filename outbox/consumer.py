@@ -18,10 +18,10 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from broker_embedded import BrokerAPI, ReceivedMessage
-from broker_embedded.errors import BrokerUnavailableError, UnknownReceiptError
+from broker_embedded.errors import BrokerError, BrokerUnavailableError, UnknownReceiptError
 
 from . import instrumentation
 from .outage import BrokerOutage
@@ -82,6 +82,15 @@ class ConsumerRun:
         """Handled but not acked: it comes back and the duplicate check skips it."""
         log.warning("ack of %s failed (%s)", received.message.message_id, error)
 
+    def acked(self, handled: Sequence[ReceivedMessage], outcomes: Sequence[BrokerError | None]) -> None:
+        """The per-message outcomes of acking ``handled`` with ``ack_many``: an ``ACK_ERRORS``
+        one is logged (``ack_failed``), any other error raised."""
+        for received, outcome in zip(handled, outcomes, strict=True):
+            if isinstance(outcome, ACK_ERRORS):
+                self.ack_failed(received, outcome)
+            elif outcome is not None:
+                raise outcome
+
     def log_interval(self, force: bool = False) -> None:
         """Once ``log_interval_s`` has passed (or when ``force``), log the interval's counts
         at INFO if it had any messages, and start the next interval."""
@@ -112,8 +121,13 @@ def run_consumer(
     invisible_duration_s: float = 30.0,
     wait_s: float = 1.0,
     log_interval_s: float = LOG_INTERVAL_S,
+    batch_acks: bool = True,
 ) -> int:
     """Receive, handle and ack until ``stop`` is set; returns how many were handled.
+
+    The messages of a received batch that were handled are acked together, in one
+    ``ack_many`` after the batch (``batch_acks=False``: each right after its handler; for
+    handlers slow enough that a batch outlasts ``invisible_duration_s``).
 
     While the broker is unreachable it backs off (0.5 s doubling to 30 s, jittered) and logs
     once when the broker goes down and once when it is back (see ``outbox.outage``). Every
@@ -128,6 +142,7 @@ def run_consumer(
             stop.wait(run.outage.failed(exc))
             continue
         run.outage.recovered()
+        handled: list[ReceivedMessage] = []
         for received in batch:
             with run.delivering(received) as delivery:
                 try:
@@ -136,11 +151,23 @@ def run_consumer(
                     run.failed(received, delivery)
                     continue
                 run.succeeded(delivery, result)
-                try:
-                    broker.ack(group, received.receipt_handle)
-                except ACK_ERRORS as exc:
-                    run.ack_failed(received, exc)
+            handled.append(received)
+            if not batch_acks:
+                _ack(broker, run, handled)
+                handled = []
+        _ack(broker, run, handled)
     return run.stopped()
+
+
+def _ack(broker: BrokerAPI, run: ConsumerRun, handled: list[ReceivedMessage]) -> None:
+    """Ack the handled messages in one call (none: no call)."""
+    if not handled:
+        return
+    try:
+        outcomes: Sequence[BrokerError | None] = broker.ack_many(run.group, [r.receipt_handle for r in handled])
+    except ACK_ERRORS as exc:
+        outcomes = [exc] * len(handled)
+    run.acked(handled, outcomes)
 
 
 def stop_on_signals(stop: threading.Event) -> None:

@@ -433,12 +433,30 @@ class ConsumerGroups:
 
     def ack(self, group: str, handle: str) -> None:
         """Mark a delivered message done for the group (durable per ``sync_consumer_progress``)."""
+        outcome = self.ack_many(group, [handle])[0]
+        if outcome is not None:
+            raise outcome
+
+    def ack_many(self, group: str, handles: list[str]) -> list[UnknownReceiptError | None]:
+        """Mark many delivered messages done with one lock and one write; per handle, None
+        or the ``UnknownReceiptError`` that refused it (a handle repeated in the batch is
+        refused the second time: its message is done)."""
+        outcomes: list[UnknownReceiptError | None] = []
+        events: list[Event] = []
         with self.lock:
-            key, progress, delivery = self._lookup(group, handle)
-            progress.mark_done(delivery.record.queue_offset)
-            event = self._event(EVENT_ACKED, group, key[1], key, delivery)
-        self._persist([event])
-        self.notify()  # the next message of a FIFO group may be deliverable now
+            for handle in handles:
+                try:
+                    key, progress, delivery = self._lookup(group, handle)
+                except UnknownReceiptError as exc:
+                    outcomes.append(exc)
+                    continue
+                progress.mark_done(delivery.record.queue_offset)
+                events.append(self._event(EVENT_ACKED, group, key[1], key, delivery))
+                outcomes.append(None)
+        if events:
+            self._persist(events)
+            self.notify()  # the next message of a FIFO group may be deliverable now
+        return outcomes
 
     def change_invisible_duration(self, group: str, handle: str, invisible_ms: int) -> str:
         """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle."""

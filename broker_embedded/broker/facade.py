@@ -303,6 +303,10 @@ class EmbeddedBroker:
         self._check_open()
         self.consumers.ack(group, receipt_handle)
 
+    def ack_many(self, group: str, receipt_handles: list[str]) -> list[BrokerError | None]:
+        self._check_open()
+        return list(self.consumers.ack_many(group, receipt_handles))
+
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         self._check_open()
         return self.consumers.change_invisible_duration(

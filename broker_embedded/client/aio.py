@@ -181,6 +181,11 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
     async def ack(self, group: str, receipt_handle: str) -> None:
         return await self._do(self._session.ack(group, receipt_handle))
 
+    async def ack_many(self, group: str, receipt_handles: list[str]) -> list[BrokerError | None]:
+        """Ack many receipts in one request (ACK_MESSAGE_BATCH); per receipt, in order,
+        None or the typed error that refused it."""
+        return await self._do(self._session.ack_many(group, receipt_handles))
+
     async def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         return await self._do(self._session.change_invisible_duration(group, receipt_handle, invisible_duration_s))
 

@@ -31,7 +31,14 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlparse
 
-from ..api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo, validate_receive
+from ..api import (
+    BrokerStats,
+    CheckCallback,
+    ParkedTransaction,
+    TopicInfo,
+    ack_each,
+    validate_receive,
+)
 from ..checkers import ProducerCallbackChecker
 from ..errors import (
     BrokerClosedError,
@@ -349,6 +356,11 @@ class RocketMQ5Broker:
         found = self._receipt(receipt_handle)
         with self._calling(f"ack for {group}"):
             found.consumer.ack(found.message)
+
+    def ack_many(self, group: str, receipt_handles: list[str]) -> list[BrokerError | None]:
+        """Acknowledge many messages this connection received, one ack each (the official
+        client acks one message per call)."""
+        return ack_each(self, group, receipt_handles)
 
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         """Change a received message's invisibility; the new receipt handle."""

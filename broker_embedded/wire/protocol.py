@@ -58,6 +58,7 @@ class RequestCode(enum.IntEnum):
     CHECK_TRANSACTION_STATE = 39
     POP_MESSAGE = 200050  # RocketMQ 5 receive
     ACK_MESSAGE = 200051
+    ACK_MESSAGE_BATCH = 200151  # RocketMQ 5's BATCH_ACK_MESSAGE
     CHANGE_INVISIBLE_DURATION = 200053
     # halfmoon's own
     SEND_HALF_MESSAGE = 900010
@@ -80,6 +81,7 @@ METHODS: dict[RequestCode, str] = {
     RequestCode.GET_TRANSACTION_STATE: "transaction_state",
     RequestCode.POP_MESSAGE: "receive",
     RequestCode.ACK_MESSAGE: "ack",
+    RequestCode.ACK_MESSAGE_BATCH: "ack_many",
     RequestCode.CHANGE_INVISIBLE_DURATION: "change_invisible_duration",
     RequestCode.PULL_MESSAGE: "read",
     RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: "offset_for_timestamp",

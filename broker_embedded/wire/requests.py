@@ -28,12 +28,14 @@ from ..errors import InvalidMessageError, MalformedFrameError, UnknownRequestCod
 from ..message import Message
 from .protocol import MAX_MESSAGES, METHODS, UNDECODABLE, RequestCode
 
-#: Bounds of numeric arguments by name (a name means the same in every method).
+#: Bounds of arguments by name (a name means the same in every method): numbers, and the
+#: length of a batch.
 BOUNDS: dict[str, msgspec.Meta] = {
     "max_messages": msgspec.Meta(ge=1),
     "max_bytes": msgspec.Meta(ge=1),
     "wait_s": msgspec.Meta(ge=0, le=MAX_DURATION_S),
     "invisible_duration_s": msgspec.Meta(gt=0, le=MAX_DURATION_S),
+    "receipt_handles": msgspec.Meta(max_length=MAX_MESSAGES),
 }
 
 #: How msgspec words a number outside its ``BOUNDS`` (a well-formed request, a bad value).

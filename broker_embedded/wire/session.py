@@ -275,6 +275,10 @@ class ClientSession(Generic[C]):
     def ack(self, group: str, receipt_handle: str) -> Call[None]:
         return _method("ack", group=group, receipt_handle=receipt_handle)
 
+    def ack_many(self, group: str, receipt_handles: list[str]) -> Call[list[BrokerError | None]]:
+        return Call(RequestCode.ACK_MESSAGE_BATCH, {"group": group, "receipt_handles": list(receipt_handles)},
+                    lambda items: [outcome_from_wire(item, None) for item in items])
+
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> Call[str]:
         return _method("change_invisible_duration", group=group, receipt_handle=receipt_handle,
                        invisible_duration_s=invisible_duration_s)

@@ -46,6 +46,15 @@ def _drain(driver: Driver, topic: str, count: int, group: str = GROUP, within_s:
     return received
 
 
+def _receive(driver: Driver, topic: str, count: int, within_s: float = 10.0) -> list[Any]:
+    """Receive (without acking) until ``count`` messages came (or ``within_s`` passed)."""
+    received: list[Any] = []
+    deadline = time.monotonic() + within_s
+    while len(received) < count and time.monotonic() < deadline:
+        received += driver.api.receive(GROUP, topic, max_messages=count - len(received), wait_s=1)
+    return received
+
+
 def _nothing_visible(driver: Driver, topic: str, group: str = GROUP) -> bool:
     return driver.api.receive(group, topic, max_messages=8, wait_s=0) == []
 
@@ -75,6 +84,24 @@ def test_a_changed_invisible_duration_gives_a_new_receipt(driver: Driver) -> Non
     driver.api.ack(GROUP, handle)
     with pytest.raises(UnknownReceiptError):
         driver.api.ack(GROUP, handle)
+
+
+def test_ack_many_answers_per_receipt_and_acks_the_good_ones(driver: Driver) -> None:
+    """As RocketMQ 5's batch AckMessage: a status per entry, one bad receipt (unknown, or
+    already acked) refusing only itself."""
+    topic = driver.topic()
+    for body in (b"a", b"b", b"c"):
+        driver.api.send(Message(topic, body))
+    received = _receive(driver, topic, 3)
+    first, *rest = (r.receipt_handle for r in received)
+    driver.api.ack(GROUP, first)
+    outcomes = driver.api.ack_many(GROUP, [rest[0], first, "no-such-receipt", rest[1]])
+    assert outcomes[0] is None and outcomes[3] is None
+    assert isinstance(outcomes[1], UnknownReceiptError) and isinstance(outcomes[2], UnknownReceiptError)
+    again = driver.api.ack_many(GROUP, rest)
+    assert len(again) == 2 and all(isinstance(o, UnknownReceiptError) for o in again)
+    assert driver.api.ack_many(GROUP, []) == []
+    assert _nothing_visible(driver, topic)
 
 
 def test_an_unknown_receipt_is_refused(driver: Driver) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from broker_embedded import AsyncBrokerClient, ReceivedMessage
+from broker_embedded.errors import BrokerError
 from outbox import arun_consumer, idempotent_consumer, message_json
 from outbox.aio_consumer import AsyncHandler
 
@@ -49,19 +50,20 @@ async def awarded(sessions: async_sessionmaker[AsyncSession]) -> list[tuple[str,
 
 
 class DyingClient(AsyncBrokerClient):
-    """A real client whose process is SIGKILLed right before its ``die_at``-th ack: the
-    handler's transaction has committed, the broker never hears of it."""
+    """A real client whose process is SIGKILLed right before its ``die_at``-th ack (before
+    the ``ack_many`` that would carry it): the handler's transaction has committed, the
+    broker never hears of it."""
 
     def __init__(self, url: str, die_at: int) -> None:
         super().__init__(url)
         self.die_at = die_at
         self.acks = 0
 
-    async def ack(self, group: str, receipt_handle: str) -> None:
-        self.acks += 1
-        if self.acks == self.die_at:
+    async def ack_many(self, group: str, receipt_handles: list[str]) -> list[BrokerError | None]:
+        self.acks += len(receipt_handles)
+        if self.acks >= self.die_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        await super().ack(group, receipt_handle)
+        return await super().ack_many(group, receipt_handles)
 
 
 async def main(broker_url: str, database_url: str, die_at: int) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
+import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, select
 from sqlalchemy.orm import sessionmaker
 
-from broker_embedded import Message
+from broker_embedded import EmbeddedBroker, Message, ReceivedMessage
+from broker_embedded.errors import BrokerError
 from outbox import idempotent_consumer, message_json, run_consumer
 from outbox.integrations.sqlalchemy.tables import consumed_message
 
@@ -115,3 +118,44 @@ def test_order_points_flow_is_effectively_once(engine, broker, tmp_path) -> None
     with member_engine.connect() as conn:
         assert sorted(conn.execute(select(points.c.order_id, points.c.points)).all()) == [("o1", 100), ("o2", 30)]
     member_engine.dispose()
+
+
+class CountingBroker(EmbeddedBroker):
+    """A real broker that records its ack calls."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir)
+        self.ack_calls: list[list[str]] = []
+
+    def ack(self, group: str, receipt_handle: str) -> None:
+        self.ack_calls.append([receipt_handle])
+        super().ack(group, receipt_handle)
+
+    def ack_many(self, group: str, receipt_handles: list[str]) -> list[BrokerError | None]:
+        self.ack_calls.append(list(receipt_handles))
+        return super().ack_many(group, receipt_handles)
+
+
+@pytest.mark.parametrize("batch_acks", [True, False])
+def test_a_batch_is_acked_in_one_call_without_the_failed_message(tmp_path: Path, batch_acks: bool) -> None:
+    broker = CountingBroker(tmp_path / "broker")
+    broker.create_topic("batch", 1)
+    for n in range(4):
+        broker.send(Message("batch", b"x", message_id=f"m{n}"))
+    stop = threading.Event()
+    handled: list[str] = []
+
+    def handle(received: ReceivedMessage) -> bool:
+        if received.message.message_id == "m2":
+            raise RuntimeError("bug")
+        handled.append(received.receipt_handle)
+        if len(handled) == 3:
+            stop.set()
+        return True
+
+    try:
+        run_consumer(broker, "g", "batch", handle, stop, wait_s=0.1, batch_acks=batch_acks)
+        assert broker.ack_calls == ([handled] if batch_acks else [[h] for h in handled])
+        assert broker.consumers.summary()[("g", "batch")] == (1, 1)  # m2: not done, still invisible
+    finally:
+        broker.close()

@@ -81,6 +81,10 @@ HOSTILE: list[tuple[int, bytes]] = [
         (37, {"resolution": "commit", "producer_group": "pg"}),
         (200051, {"group": "g"}),
         (200051, {"receipt_handle": ["x"], "group": "g"}),
+        (200151, {"group": "g"}),
+        (200151, {"receipt_handles": "x", "group": "g"}),
+        (200151, {"receipt_handles": ["x", 5], "group": "g"}),
+        (200151, {"receipt_handles": ["x"] * 1025, "group": "g"}),
         (320, {"messages": [{"topic": "orders", "body": b"x"}, {"topic": "orders"}]}),
     ]),
     (10, DEEP),
@@ -235,6 +239,6 @@ def _sample(name: str) -> Any:
     """A valid value for the request argument ``name``."""
     samples: dict[str, Any] = {
         "message": {"topic": "orders", "body": b"x"}, "resolution": "commit", "queue_id": 0,
-        "offset": 0, "timestamp_ms": 0, "queues": 1, "invisible_duration_s": 1.0,
+        "offset": 0, "timestamp_ms": 0, "queues": 1, "invisible_duration_s": 1.0, "receipt_handles": ["x"],
     }
     return samples.get(name, "x")

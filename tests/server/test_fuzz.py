@@ -57,6 +57,7 @@ SAMPLES: dict[RequestCode, dict[str, Any]] = {
     RequestCode.CHECK_TRANSACTION_STATE: {"producer_group": "pg", "transaction_id": "t"},
     RequestCode.POP_MESSAGE: {"group": "fg", "topic": "fuzz", "max_messages": 4, "wait_s": 0},
     RequestCode.ACK_MESSAGE: {"group": "fg", "receipt_handle": "fuzz|fuzz|0|0|x"},
+    RequestCode.ACK_MESSAGE_BATCH: {"group": "fg", "receipt_handles": ["fuzz|fuzz|0|0|x", "x"]},
     RequestCode.CHANGE_INVISIBLE_DURATION: {"group": "fg", "receipt_handle": "x", "invisible_duration_s": 1.0},
     RequestCode.SEND_HALF_MESSAGE: {"message": MESSAGE, "producer_group": "pg", "transaction_id": "t"},
     RequestCode.GET_TRANSACTION_STATE: {"transaction_id": "t"},
