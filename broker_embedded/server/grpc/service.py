@@ -250,15 +250,15 @@ class MessagingService:
                 return received, invisible_s
 
     async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
-        entries = []
-        for entry in request.entries:
-            try:
-                await self._call(self.broker.ack, request.group.name, entry.receipt_handle)
-                status = ok()
-            except Exception as exc:
-                status = status_of(exc)
-            entries.append(spb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
-                                                     status=status))
+        handles = [entry.receipt_handle for entry in request.entries]
+        outcomes: list[Exception | None]
+        try:  # one ack_many for the request's entries: one lock and one consumer-state write
+            outcomes = list(await self._call(self.broker.ack_many, request.group.name, handles))
+        except Exception as exc:  # refused as a whole (e.g. a bad group name): every entry says why
+            outcomes = [exc] * len(handles)
+        entries = [spb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                             status=ok() if outcome is None else status_of(outcome))
+                   for entry, outcome in zip(request.entries, outcomes, strict=True)]
         failed = [entry.status for entry in entries if entry.status.code != pb.OK]
         return spb.AckMessageResponse(status=failed[0] if failed else ok(), entries=entries)
 
