@@ -22,8 +22,10 @@ Celery transport, and the folder of the ``filesystem://`` one): a worker started
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -50,6 +52,17 @@ def transport_description(app: Celery) -> str:
     return f"{where} (folder {folder})" if folder else where
 
 
+@dataclass
+class _QueueWatch:
+    """What ``StalledQueues`` knows of one check queue."""
+
+    sent: int = 0  # tasks sent to it
+    #: (depth, tasks sent, time) when its depth was last seen to miss a sent task
+    base: tuple[int, int, float] | None = None
+    sampled: float = -math.inf
+    reported: float = -math.inf
+
+
 class StalledQueues:
     """Per check queue, since when no task has left it: a queue that kept every task sent
     to it for ``stall_s`` has no worker taking from it."""
@@ -57,21 +70,18 @@ class StalledQueues:
     def __init__(self, stall_s: float) -> None:
         self.stall_s = stall_s
         self._lock = threading.Lock()
-        self._sent: dict[str, int] = {}  # queue -> tasks sent to it
-        #: queue -> (depth, tasks sent, time) when its depth was last seen to miss a sent task
-        self._base: dict[str, tuple[int, int, float]] = {}
-        self._sampled: dict[str, float] = {}
-        self._reported: dict[str, float] = {}
+        self._queues: dict[str, _QueueWatch] = {}  # bounded by the producer groups, not by tasks
 
     def sent(self, queue: str) -> bool:
         """Count a task sent to ``queue``; whether its depth is worth sampling now (a few
         times per ``stall_s``)."""
         now = time.monotonic()
         with self._lock:
-            self._sent[queue] = self._sent.get(queue, 0) + 1
-            if now - self._sampled.get(queue, -self.stall_s) < self.stall_s / 4:
+            watch = self._queues.setdefault(queue, _QueueWatch())
+            watch.sent += 1
+            if now - watch.sampled < self.stall_s / 4:
                 return False
-            self._sampled[queue] = now
+            watch.sampled = now
             return True
 
     def sampled(self, queue: str, depth: int) -> float | None:
@@ -79,14 +89,14 @@ class StalledQueues:
         that is at least ``stall_s`` and not reported within ``REPORT_EVERY_S``, else None."""
         now = time.monotonic()
         with self._lock:
-            sent = self._sent.get(queue, 0)
-            base = self._base.get(queue)
-            if base is None or depth < base[0] + sent - base[1]:  # a task left: a worker took it
-                self._base[queue] = (depth, sent, now)
+            watch = self._queues.setdefault(queue, _QueueWatch())
+            base = watch.base
+            if base is None or depth < base[0] + watch.sent - base[1]:  # a task left: a worker took it
+                watch.base = (depth, watch.sent, now)
                 return None
-            if now - base[2] < self.stall_s or now - self._reported.get(queue, -REPORT_EVERY_S) < REPORT_EVERY_S:
+            if now - base[2] < self.stall_s or now - watch.reported < REPORT_EVERY_S:
                 return None
-            self._reported[queue] = now
+            watch.reported = now
             return now - base[2]
 
 
