@@ -145,17 +145,22 @@ def code_env(code: Path) -> dict[str, str]:
 #: ``python -c`` code running ``python -m broker_embedded ARGS`` (argv[1] is the output, the
 #: rest the broker's arguments) under cProfile, one profiler per thread (the event loop, the
 #: executor's threads and the store's sync thread alike) timing that thread's CPU time (so
-#: a thread blocked on a lock or a socket adds nothing); at exit (SIGTERM stops the broker
-#: cleanly) the merged statistics are written to argv[1] for ``pstats``.
+#: a thread blocked on a lock or a socket adds nothing). SIGUSR1 clears what they collected
+#: (send it after a warm-up, so start-up and imports are left out); at exit (SIGTERM stops
+#: the broker cleanly) the merged statistics are written to argv[1] for ``pstats``.
 PROFILED_BROKER = r"""
-import cProfile, pstats, runpy, sys, threading, time
+import cProfile, pstats, runpy, signal, sys, threading, time
 out = sys.argv.pop(1)
 profiles = [cProfile.Profile(time.thread_time)]
 def profile_thread(*_):
     profile = cProfile.Profile(time.thread_time)
     profiles.append(profile)
     profile.enable()
+def restart(*_):
+    for profile in list(profiles):
+        profile.clear()
 threading.setprofile(profile_thread)
+signal.signal(signal.SIGUSR1, restart)
 sys.argv[0] = "broker_embedded"
 profiles[0].enable()
 try:

@@ -270,7 +270,8 @@ def _tx_sequential(url: str, seconds: float) -> float:
 
 def profile_hot_paths(seconds: float, work: Path) -> None:
     """``--profile``: the broker under cProfile for the in-flight sends and the transactions
-    (each on a server of its own); the top 10 functions by self time per operation."""
+    (each on a server of its own, profiled after a first run as warm-up); the top 10
+    functions by self time per operation."""
     workloads: dict[str, Callable[[str], float]] = {
         f"in flight, {PROCESSES} procs x 128 256B sends": lambda url: in_processes(
             PROCESSES, _inflight_worker, (url, _send_step, TX_BODY, 128, 1, seconds)),
@@ -280,9 +281,13 @@ def profile_hot_paths(seconds: float, work: Path) -> None:
     }
     for number, (title, run) in enumerate(workloads.items()):
         profile = work / f"profile-{number}.pstats"
-        with halfmoon_process(work / f"profiled-{number}", profile_to=profile) as (_, port):
+        with halfmoon_process(work / f"profiled-{number}", profile_to=profile) as (server, port):
+            url = f"tcp://127.0.0.1:{port}"
+            run(url)  # warm-up: imports, threads and connections, then forgotten
+            server.send_signal(signal.SIGUSR1)
+            time.sleep(0.2)
             start = time.perf_counter()
-            operations = round(run(f"tcp://127.0.0.1:{port}") * (time.perf_counter() - start))
+            operations = round(run(url) * (time.perf_counter() - start))
         print_profile(profile, title, operations)
 
 

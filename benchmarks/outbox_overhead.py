@@ -55,7 +55,18 @@ from _common import (
     summary,
     timed,
 )
-from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, event, select
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    func,
+    select,
+)
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -308,6 +319,9 @@ def throughput(url: str, broker_url: str, args: argparse.Namespace) -> None:
             rounds = alternating_rounds(args.rounds, {name: functools.partial(rate, name, args.seconds / args.rounds)
                                                       for name in names})
             print_throughput(label, clients, rounds, variants.refused)
+            with variants.engine.connect() as connection:
+                backlog = connection.execute(select(func.count()).select_from(relay_outbox)).scalar_one()
+            print(f"{'':<30}the relay is {backlog:,} outbox rows behind at the end")
             if processes is not None:
                 processes.close()
                 processes = None
@@ -433,11 +447,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="then the decorator (defaults, 1 client) under cProfile: top 10 functions per message")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run of about a minute: 1 round of 1 s per variant, 50 latency samples")
+                        help="a smoke run of about a minute: 2 rounds of 0.5 s per variant, 50 latency samples")
     args = parser.parse_args()
     args.poll_intervals = [float(interval) for interval in args.poll_intervals.split(",")]
     if args.quick:
-        args.seconds, args.rounds, args.latency_samples = 1.0, 1, min(args.latency_samples, 50)
+        args.seconds, args.rounds, args.latency_samples = 1.0, 2, min(args.latency_samples, 50)
     print(machine_load("at start"), flush=True)
     database = f"hm_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.postgres, autocommit=True) as conn:
