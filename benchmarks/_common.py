@@ -220,20 +220,6 @@ def print_profile(path: Path, title: str, operations: int, top: int = 10) -> Non
 
 
 @contextmanager
-def halfmoon_server(data_dir: Path, *extra: str) -> Iterator[str]:
-    """``halfmoon_process``; yields its ``tcp://`` URL."""
-    with halfmoon_process(data_dir, *extra) as (_, port):
-        yield f"tcp://127.0.0.1:{port}"
-
-
-@contextmanager
-def redis_server(folder: Path) -> Iterator[int]:
-    """``redis_process``; yields its port."""
-    with redis_process(folder) as (_, port):
-        yield port
-
-
-@contextmanager
 def redis_process(folder: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A private redis-server, ``appendonly yes, appendfsync always``; yields it and its port."""
     port = free_port()
