@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 from _common import (
@@ -168,27 +168,27 @@ CLIENTS = ((1, "1 client"), (8, "8 threads"), (8, "8 processes"))
 
 class Variants:
     """The workloads one client runs, built on their own engine and broker connections:
-    ``calls[name]`` makes one transaction, or is None (with ``refused[name]`` saying why)
-    for a decorator mode the installed code refuses."""
+    ``calls[name]`` makes one transaction; a decorator mode the installed code refuses is in
+    ``refused`` instead, with why."""
 
     def __init__(self, url: str, broker_url: str, topic_prefix: str = "bench.paid") -> None:
         self.engine = create_engine(url, pool_size=20)
         self.factory = sessionmaker(self.engine)
         self.producers: list[Producer] = []
-        self.calls: dict[str, Callable[[], None] | None] = {BARE: self.bare, TABLE_OUTBOX: self.table_outbox}
+        self.calls: dict[str, Callable[[], None]] = {BARE: self.bare, TABLE_OUTBOX: self.table_outbox}
         self.refused: dict[str, str] = {}
         self.topics: dict[str, str] = {}
         for number, (mode, (producer_options, decorator_options)) in enumerate(MODES.items()):
             try:
                 producer = Producer(broker_url, f"bench-{number}", **producer_options)
             except (TypeError, ConfigurationError) as exc:
-                self.calls[mode], self.refused[mode] = None, f"{type(exc).__name__}: {exc}"
+                self.refused[mode] = f"{type(exc).__name__}: {exc}"
                 continue
             self.producers.append(producer)
             try:
                 decorated = self.decorate(producer, f"{topic_prefix}.{number}", decorator_options)
             except (TypeError, ConfigurationError) as exc:
-                self.calls[mode], self.refused[mode] = None, f"{type(exc).__name__}: {exc}"
+                self.refused[mode] = f"{type(exc).__name__}: {exc}"
                 continue
             self.calls[mode], self.topics[mode] = functools.partial(self.call, decorated), f"{topic_prefix}.{number}"
 
@@ -258,7 +258,7 @@ def _client_process(url: str, broker_url: str, commands: Any, results: Any) -> N
     while (command := commands.get()) is not None:
         name, seconds, start_at = command
         time.sleep(max(0.0, start_at - time.time()))
-        results.put(run_clients(1, seconds, cast(Callable[[], None], variants.calls[name])))
+        results.put(run_clients(1, seconds, variants.calls[name]))
         variants.flush()
     variants.close()
 
@@ -301,7 +301,7 @@ def throughput(url: str, broker_url: str, args: argparse.Namespace) -> None:
         target=relay, args=(url, broker_url, THROUGHPUT_TOPIC, args.poll_intervals[0], mp_stop))
     relay_process.start()
     variants = Variants(url, broker_url)
-    names = [name for name, call in variants.calls.items() if call is not None]
+    names = list(variants.calls)
     print(f"throughput: {args.rounds} alternating round(s) of {args.seconds / args.rounds:.1f} s per variant; "
           f"cells: median (min-max); share: of bare in the same round; the table outbox's relay polls every "
           f"{args.poll_intervals[0] * 1000:.0f} ms (SKIP LOCKED), publishes each row to our broker and deletes it")
@@ -334,7 +334,7 @@ def throughput(url: str, broker_url: str, args: argparse.Namespace) -> None:
 
 
 def _threads_rate(variants: Variants, clients: int, name: str, seconds: float) -> float:
-    rate = run_clients(clients, seconds, cast(Callable[[], None], variants.calls[name]))
+    rate = run_clients(clients, seconds, variants.calls[name])
     variants.flush()
     return rate
 
@@ -386,7 +386,7 @@ def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
     senders: list[Callable[[], None]] = []
     for mode, topic in variants.topics.items():
         latencies[mode] = []
-        senders.append(cast(Callable[[], None], variants.calls[mode]))
+        senders.append(variants.calls[mode])
         workers.append(threading.Thread(target=consume, args=(topic, mode, stop)))
     for poll_s in args.poll_intervals:
         kind, topic = f"table outbox, relay every {poll_s * 1000:.0f} ms", f"bench.relay.{poll_s * 1000:.0f}ms"
@@ -422,7 +422,7 @@ def profile_decorator(url: str, broker_url: str, seconds: float) -> None:
     """``--profile``: the decorator with its defaults at 1 client under cProfile (this
     calling thread only: the client's Python); the top 10 functions by self CPU time per message."""
     variants = Variants(url, broker_url)
-    call = cast(Callable[[], None], variants.calls["decorator, defaults"])
+    call = variants.calls["decorator, defaults"]
     profile_path = Path(tempfile.mkdtemp(prefix="hm-outbox-profile-")) / "decorator.pstats"
     profiler = cProfile.Profile(time.thread_time)
     start = time.perf_counter()
