@@ -163,7 +163,9 @@ MODES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 BARE, TABLE_OUTBOX = "bare INSERT+COMMIT", "table outbox"
 THROUGHPUT_TOPIC = "bench.relay.throughput"
-CLIENTS = ((1, "1 client"), (8, "8 threads"), (8, "8 processes"))
+#: The client settings: how many clients, named, and whether each is a process of its own
+#: (or a thread of this one).
+CLIENTS = ((1, "1 client", False), (8, "8 threads", False), (8, "8 processes", True))
 
 
 class Variants:
@@ -309,8 +311,8 @@ def throughput(url: str, broker_url: str, args: argparse.Namespace) -> None:
         print(f"  {mode}: n/a, refused by the installed code ({reason})")
     processes: ProcessClients | None = None
     try:
-        for clients, label in CLIENTS:
-            if label.endswith("processes"):
+        for clients, label, in_processes in CLIENTS:
+            if in_processes:
                 processes = ProcessClients(clients, url, broker_url)
                 rate = processes.rate
             else:
