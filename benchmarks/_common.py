@@ -17,7 +17,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -98,6 +100,36 @@ def summary(samples: list[float], fmt: str = ",.1f") -> str:
     return f"{median} ({format(min(samples), fmt)}-{format(max(samples), fmt)})"
 
 
+def alternating_rounds(rounds: int, runs: dict[str, Callable[[], T]]) -> dict[str, list[T]]:
+    """Call every run once per round, in the given order on even rounds and reversed on odd
+    ones, so a noisy neighbour (2 shared cores) hits all of them alike; each run's results,
+    one per round. Quote the median of each, or of per-round ratios (``ratios``)."""
+    results: dict[str, list[T]] = {name: [] for name in runs}
+    for round_number in range(rounds):
+        names = list(runs) if round_number % 2 == 0 else list(reversed(runs))
+        for name in names:
+            results[name].append(runs[name]())
+    return results
+
+
+def ratios(numerators: list[float], denominators: list[float]) -> list[float]:
+    """Per-round ratios of two runs' samples (pairs from the same round)."""
+    return [n / d for n, d in zip(numerators, denominators, strict=True) if d]
+
+
+def machine_load(when: str) -> str:
+    """``when``, the load averages and the cores, for the first and last line of a run."""
+    one, five, fifteen = Path("/proc/loadavg").read_text().split()[:3]
+    return (f"machine load {when}: loadavg {one} {five} {fifteen} (1, 5, 15 min), {os.cpu_count()} cores, "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_bytes() -> int:
     """Resident set size of this process, from ``/proc/self/statm``."""
     with open("/proc/self/statm") as f:
@@ -110,16 +142,53 @@ def code_env(code: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
+#: ``python -c`` code running ``python -m broker_embedded ARGS`` (argv[1] is the output, the
+#: rest the broker's arguments) under cProfile, one profiler per thread (the event loop, the
+#: executor's threads and the store's sync thread alike) timing that thread's CPU time (so
+#: a thread blocked on a lock or a socket adds nothing). SIGUSR1 clears what they collected
+#: (send it after a warm-up, so start-up and imports are left out); at exit (SIGTERM stops
+#: the broker cleanly) the merged statistics are written to argv[1] for ``pstats``.
+PROFILED_BROKER = r"""
+import cProfile, pstats, runpy, signal, sys, threading, time
+out = sys.argv.pop(1)
+profiles = [cProfile.Profile(time.thread_time)]
+def profile_thread(*_):
+    profile = cProfile.Profile(time.thread_time)
+    profiles.append(profile)
+    profile.enable()
+def restart(*_):
+    for profile in list(profiles):
+        profile.clear()
+threading.setprofile(profile_thread)
+signal.signal(signal.SIGUSR1, restart)
+sys.argv[0] = "broker_embedded"
+profiles[0].enable()
+try:
+    runpy.run_module("broker_embedded", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+finally:
+    profiles[0].disable()
+    threading.setprofile(None)
+    stats = pstats.Stats(profiles[0])
+    for profile in profiles[1:]:
+        stats.add(profile)
+    stats.dump_stats(out)
+"""
+
+
 @contextmanager
-def halfmoon_process(data_dir: Path, *extra: str,
-                     code: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None,
+                     profile_to: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A ``python -m broker_embedded serve`` process on a free port (sync flush unless
     ``extra`` says otherwise), running checkout ``code`` if given (first on its PYTHONPATH
-    and its working directory, which ``-m`` puts before it); yields it and its port,
+    and its working directory, which ``-m`` puts before it), under cProfile writing to
+    ``profile_to`` at exit if given (``PROFILED_BROKER``); yields it and its port,
     terminates it on exit."""
     port = free_port()
+    launcher = ["-m", "broker_embedded"] if profile_to is None else ["-c", PROFILED_BROKER, str(profile_to)]
     server = subprocess.Popen(
-        [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(data_dir.resolve()), "--port", str(port),
+        [sys.executable, *launcher, "serve", "--data-dir", str(data_dir.resolve()), "--port", str(port),
          "--log-level", "WARNING", *extra],
         env=code_env(code) if code else None, cwd=code,
     )
@@ -131,16 +200,28 @@ def halfmoon_process(data_dir: Path, *extra: str,
         server.wait(timeout=60)
 
 
-@contextmanager
-def halfmoon_server(data_dir: Path, *extra: str) -> Iterator[str]:
-    """``halfmoon_process``; yields its ``tcp://`` URL."""
-    with halfmoon_process(data_dir, *extra) as (_, port):
-        yield f"tcp://127.0.0.1:{port}"
+def print_profile(path: Path, title: str, operations: int, top: int = 10) -> None:
+    """The ``top`` functions of a profile (``PROFILED_BROKER``'s, or one of this process
+    timed by ``time.thread_time``) by self time, in µs per operation (``operations`` done
+    while it ran) and as a share of all self time."""
+    import pstats
+
+    entries = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    total = sum(entry[2] for entry in entries.values())
+    print(f"\n{title}: top {top} functions by self CPU time, {operations:,} operations, "
+          f"{total / operations * 1e6:.1f} µs of profiled CPU per operation (cProfile inflates it; "
+          f"read the shares)")
+    print(f"{'µs/op':>8}{'share':>8}{'calls/op':>10}  function")
+    ranked = sorted(entries.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    for (filename, line, function), (_, calls, self_time, _, _) in ranked:
+        where = f"{Path(filename).parent.name}/{Path(filename).name}:{line}" if line else filename
+        print(f"{self_time / operations * 1e6:>8.2f}{self_time / total:>8.1%}{calls / operations:>10.2f}  "
+              f"{function} ({where})")
 
 
 @contextmanager
-def redis_server(folder: Path) -> Iterator[int]:
-    """A private redis-server, ``appendonly yes, appendfsync always``; yields its port."""
+def redis_process(folder: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A private redis-server, ``appendonly yes, appendfsync always``; yields it and its port."""
     port = free_port()
     folder.mkdir(parents=True)
     server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
@@ -148,7 +229,7 @@ def redis_server(folder: Path) -> Iterator[int]:
                               stdout=subprocess.DEVNULL)
     try:
         wait_port(port)
-        yield port
+        yield server, port
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -1,7 +1,7 @@
 """Broker throughput, side by side with Redis and RabbitMQ on this machine.
 
-    ./dev bench broker_throughput [--seconds 5] [--recovery-mib 1024] [--skip-peers]
-                                  [--tx-only] [--repeat 3] [--metrics-overhead] [--grpc]
+    ./dev bench broker_throughput [--seconds 5] [--recovery-mib 1024] [--prefill 20000] [--skip-peers]
+                                  [--tx-only] [--repeat 3] [--profile] [--quick] [--metrics-overhead] [--grpc]
 
 All durable: our broker in sync flush mode (a send is acknowledged after fsync), a private
 redis-server with ``appendonly yes, appendfsync always``, RabbitMQ with publisher
@@ -37,7 +37,16 @@ dependency) over gRPC next to our native protocol, on one server started with ``
 it). ``--repeat N`` rounds, each running every workload over both, back to back (which goes first
 alternates); it prints both figures and the gRPC/native ratio of each pair.
 
-``--repeat N`` runs everything N times and prints the median (min-max).
+``--repeat N`` runs everything in N rounds, ours and the peers alternating (the order reversed
+every other round, ``_common.alternating_rounds``), and prints the median (min-max) of each
+figure; ``ours/Redis`` is the median of each round's ratio, next to issue 24's target (``TARGETS``)
+and whether our median meets it. Under each workload, the server's CPU time per operation
+(utime + stime of the server process from /proc/<pid>/stat over the workload; not measured
+for RabbitMQ, which this benchmark does not start). ``--profile`` then runs the broker under
+cProfile (``_common.PROFILED_BROKER``: every thread, timed by its own CPU clock) for the
+in-flight sends and the transactions, and prints the top 10 functions by self time per
+operation. ``--quick`` is a smoke run of about a minute (256 B only, 1 s per workload).
+The machine's load is printed at the start and the end.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,16 +67,21 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from _common import (
+    alternating_rounds,
     concurrently,
+    cpu_seconds,
     free_port,
     halfmoon_process,
-    halfmoon_server,
     in_processes,
-    redis_server,
+    machine_load,
+    print_profile,
+    ratios,
+    redis_process,
     repeat,
     summary,
     timed,
@@ -81,7 +96,48 @@ TX_BODY = b"x" * 256
 TX_IN_FLIGHT_PER_PROCESS = 32
 TX_SEQUENTIAL = "tx sequential 256B (tx/s)"
 TX_IN_FLIGHT = f"tx in flight, {PROCESSES} procs x {TX_IN_FLIGHT_PER_PROCESS} 256B (tx/s)"
-TARGETS = {TX_SEQUENTIAL: ">= 1,500", TX_IN_FLIGHT: ">= 8,000"}
+IN_FLIGHT = "in flight 256B"
+#: The suffix of our receive+ack rows with one ack_many per batch, compared with Redis's
+#: receive+ack (one multi-id XACK per batch).
+BATCHED_ACKS = ", batched acks"
+PREFILL = 20_000
+
+
+def cpu_row(workload: str) -> str:
+    """The row of the server's CPU time per operation of ``workload``."""
+    return f"{workload}: server CPU per op (µs)"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Issue 24's bar for a row: ours against Redis in the same round (``vs_redis``), and an
+    absolute floor (``at_least``) or ceiling (``at_most``) on our median."""
+
+    vs_redis: float | None = None
+    at_least: float | None = None
+    at_most: float | None = None
+
+    def __str__(self) -> str:
+        parts = [f">= {self.vs_redis:.1f}x Redis" if self.vs_redis is not None else "",
+                 f">= {self.at_least:,.0f}" if self.at_least is not None else "",
+                 f"<= {self.at_most:,.0f}" if self.at_most is not None else ""]
+        return ", ".join(part for part in parts if part)
+
+    def met(self, ours: float, vs_redis: float | None) -> bool:
+        return ((self.vs_redis is None or (vs_redis is not None and vs_redis >= self.vs_redis))
+                and (self.at_least is None or ours >= self.at_least)
+                and (self.at_most is None or ours <= self.at_most))
+
+
+TARGETS = {
+    "sequential 256B": Target(vs_redis=1.0),
+    IN_FLIGHT: Target(vs_redis=0.5),
+    cpu_row(IN_FLIGHT): Target(at_most=10),
+    "receive+ack 256B": Target(vs_redis=1.0),
+    f"receive+ack 256B{BATCHED_ACKS}": Target(vs_redis=1.0),
+    TX_SEQUENTIAL: Target(vs_redis=0.8, at_least=1_500),
+    TX_IN_FLIGHT: Target(at_least=8_000),
+}
 
 
 # -- our broker ---------------------------------------------------------------------------
@@ -143,31 +199,43 @@ async def _drain(url: str, topic: str, batched_acks: bool = False) -> int:
     return received
 
 
-def halfmoon(seconds: float, work: Path) -> dict[str, float]:
+def with_server_cpu(results: dict[str, float], pid: int, row: str, run: Callable[..., float], *args: Any) -> None:
+    """Put ``run(*args)`` (operations per second) into ``results[row]`` and the CPU time
+    process ``pid`` spent per operation meanwhile into ``results[cpu_row(row)]``."""
+    start, cpu_start = time.perf_counter(), cpu_seconds(pid)
+    rate = run(*args)
+    operations = rate * (time.perf_counter() - start)
+    results[row] = rate
+    results[cpu_row(row)] = (cpu_seconds(pid) - cpu_start) / operations * 1e6
+
+
+def halfmoon(seconds: float, work: Path, sizes: Sequence[int], prefill: int) -> dict[str, float]:
     results: dict[str, float] = {}
-    with halfmoon_server(work / "hm") as url:
+    with halfmoon_process(work / "hm") as (server, port):
+        url = f"tcp://127.0.0.1:{port}"
         client = BrokerClient(url, timeout_s=30)
-        for size in SIZES:
+        for size in sizes:
             body = b"x" * size
-            results[f"sequential {size}B"] = timed(seconds, repeat(functools.partial(_send_one, client, body)))
+            with_server_cpu(results, server.pid, f"sequential {size}B",
+                            timed, seconds, repeat(functools.partial(_send_one, client, body)))
             for label, in_flight, batch in (("in flight", 128, 1), ("in flight, batches of 64", 4, 64)):
-                results[f"{label} {size}B"] = in_processes(
-                    PROCESSES, _inflight_worker, (url, _send_step, body, in_flight, batch, seconds))
-            results[f"receive+ack {size}B"] = _drain_rate(client, url, f"bench-drain-{size}", body)
-            results[f"receive+ack {size}B, batched acks"] = _drain_rate(
-                client, url, f"bench-drain-batched-{size}", body, batched_acks=True)
+                with_server_cpu(results, server.pid, f"{label} {size}B", in_processes,
+                                PROCESSES, _inflight_worker, (url, _send_step, body, in_flight, batch, seconds))
+            for suffix, batched_acks in (("", False), (BATCHED_ACKS, True)):
+                topic = f"bench-drain-{size}{'-batched' if batched_acks else ''}"
+                _fill(client, topic, body, prefill)
+                with_server_cpu(results, server.pid, f"receive+ack {size}B{suffix}",
+                                _drain_rate, url, topic, batched_acks)
         client.close()
     return results
 
 
-def _drain_rate(client: BrokerClient, url: str, topic: str, body: bytes, prefill: int = 20_000,
-                batched_acks: bool = False) -> float:
-    """Fill ``topic`` with ``prefill`` messages (16 sending threads), then drain it with
-    acks (``_drain``); messages received per second."""
+def _fill(client: BrokerClient, topic: str, body: bytes, count: int) -> None:
+    """Create ``topic`` (4 queues) and send it ``count`` messages from 16 threads."""
     client.create_topic(topic, 4)
 
-    def fill(count: int = prefill // 16) -> None:
-        for _ in range(count):
+    def fill() -> None:
+        for _ in range(count // 16):
             client.send(Message(topic, body))
 
     sender = [threading.Thread(target=fill) for _ in range(16)]
@@ -175,6 +243,10 @@ def _drain_rate(client: BrokerClient, url: str, topic: str, body: bytes, prefill
         t.start()
     for t in sender:
         t.join()
+
+
+def _drain_rate(url: str, topic: str, batched_acks: bool = False) -> float:
+    """Drain ``topic`` with acks (``_drain``); messages received per second."""
     start = time.perf_counter()
     received = asyncio.run(_drain(url, topic, batched_acks))
     return received / (time.perf_counter() - start)
@@ -182,12 +254,44 @@ def _drain_rate(client: BrokerClient, url: str, topic: str, body: bytes, prefill
 
 def halfmoon_tx(seconds: float, work: Path) -> dict[str, float]:
     """Transactions over TCP against a fresh sync-flush server."""
-    with halfmoon_server(work / "hm-tx") as url, BrokerClient(url, timeout_s=30) as client:
-        return {
-            TX_SEQUENTIAL: timed(seconds, repeat(functools.partial(_tx_one, client, TX_BODY))),
-            TX_IN_FLIGHT: in_processes(PROCESSES, _inflight_worker,
-                                       (url, _tx_step, TX_BODY, TX_IN_FLIGHT_PER_PROCESS, 1, seconds)),
-        }
+    results: dict[str, float] = {}
+    with halfmoon_process(work / "hm-tx") as (server, port):
+        url = f"tcp://127.0.0.1:{port}"
+        with BrokerClient(url, timeout_s=30) as client:
+            with_server_cpu(results, server.pid, TX_SEQUENTIAL,
+                            timed, seconds, repeat(functools.partial(_tx_one, client, TX_BODY)))
+        with_server_cpu(results, server.pid, TX_IN_FLIGHT, in_processes,
+                        PROCESSES, _inflight_worker, (url, _tx_step, TX_BODY, TX_IN_FLIGHT_PER_PROCESS, 1, seconds))
+    return results
+
+
+def _tx_sequential(url: str, seconds: float) -> float:
+    """``_tx_one`` on a connection of its own for ``seconds``; transactions per second."""
+    with BrokerClient(url, timeout_s=30) as client:
+        return timed(seconds, repeat(functools.partial(_tx_one, client, TX_BODY)))
+
+
+def profile_hot_paths(seconds: float, work: Path) -> None:
+    """``--profile``: the broker under cProfile for the in-flight sends and the transactions
+    (each on a server of its own, profiled after a first run as warm-up); the top 10
+    functions by self time per operation."""
+    workloads: dict[str, Callable[[str], float]] = {
+        f"in flight, {PROCESSES} procs x 128 256B sends": lambda url: in_processes(
+            PROCESSES, _inflight_worker, (url, _send_step, TX_BODY, 128, 1, seconds)),
+        "tx sequential 256B (send_half + END COMMIT)": functools.partial(_tx_sequential, seconds=seconds),
+        TX_IN_FLIGHT: lambda url: in_processes(
+            PROCESSES, _inflight_worker, (url, _tx_step, TX_BODY, TX_IN_FLIGHT_PER_PROCESS, 1, seconds)),
+    }
+    for number, (title, run) in enumerate(workloads.items()):
+        profile = work / f"profile-{number}.pstats"
+        with halfmoon_process(work / f"profiled-{number}", profile_to=profile) as (server, port):
+            url = f"tcp://127.0.0.1:{port}"
+            run(url)  # warm-up: imports, threads and connections, then forgotten
+            server.send_signal(signal.SIGUSR1)
+            time.sleep(0.2)
+            start = time.perf_counter()
+            operations = round(run(url) * (time.perf_counter() - start))
+        print_profile(profile, title, operations)
 
 
 #: The columns of ``--metrics-overhead``.
@@ -236,10 +340,12 @@ def _in_flight(step: Step, in_flight: int, batch: int) -> Callable[[str, float],
 
 
 def _send_receive_ack(url: str, seconds: float) -> int:
-    """5,000 messages sent into a topic of their own, then received and acked (``_drain_rate``;
-    ``seconds`` unused)."""
+    """5,000 messages sent into a topic of their own, then received and acked (``_fill``,
+    ``_drain_rate``; ``seconds`` unused)."""
+    topic = f"bench-drain-{uuid.uuid4().hex[:8]}"
     with BrokerClient(url, timeout_s=30) as client:
-        _drain_rate(client, url, f"bench-drain-{uuid.uuid4().hex[:8]}", TX_BODY, prefill=5_000)
+        _fill(client, topic, TX_BODY, 5_000)
+    _drain_rate(url, topic)
     return 5_000
 
 
@@ -252,16 +358,6 @@ METRICS_WORKLOADS: dict[str, Callable[[str, float], int]] = {
     TX_IN_FLIGHT: _in_flight(_tx_step, TX_IN_FLIGHT_PER_PROCESS, 1),
     "send, then receive+ack, 5,000 256B (msgs/s)": _send_receive_ack,
 }
-
-
-def _cpu_row(workload: str) -> str:
-    return f"{workload}: server CPU per op (µs)"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def metrics_overhead(seconds: float, work: Path, rounds: int) -> Columns:
@@ -289,10 +385,10 @@ def metrics_overhead(seconds: float, work: Path, rounds: int) -> Columns:
                         rate[pid] = done / (time.perf_counter() - start)
                         cpu[pid] = (cpu_seconds(pid) - cpu_start) / done * 1e6
                         scraper.active.clear()
-                    measure_into(columns, METRICS_OFF, {name: rate[off.pid], _cpu_row(name): cpu[off.pid]})
-                    measure_into(columns, METRICS_ON, {name: rate[on.pid], _cpu_row(name): cpu[on.pid]})
+                    measure_into(columns, METRICS_OFF, {name: rate[off.pid], cpu_row(name): cpu[off.pid]})
+                    measure_into(columns, METRICS_ON, {name: rate[on.pid], cpu_row(name): cpu[on.pid]})
                     measure_into(columns, ON_OFF, {name: rate[on.pid] / rate[off.pid],
-                                                   _cpu_row(name): cpu[on.pid] / cpu[off.pid]})
+                                                   cpu_row(name): cpu[on.pid] / cpu[off.pid]})
         finally:
             scraper.close()
         if not scraper.scrapes:
@@ -306,13 +402,13 @@ def print_metrics_overhead(columns: Columns, rounds: int) -> None:
     print(f"{rounds} rounds; each cell: median (min-max) over the rounds; on/off: of each round's pair")
     print(f"{'workload (ops/s)':<48}{METRICS_OFF:>30}{METRICS_ON:>30}{ON_OFF:>22}{'target':>10}")
     for name in METRICS_WORKLOADS:
-        for row, label, target in ((name, name, ">= 0.95"), (_cpu_row(name), "  server CPU per op (µs)", "<= 1.05")):
+        for row, label, target in ((name, name, ">= 0.95"), (cpu_row(name), "  server CPU per op (µs)", "<= 1.05")):
             cells = [columns[column][row] for column in (METRICS_OFF, METRICS_ON, ON_OFF)]
             print(f"{label:<48}{summary(cells[0]):>30}{summary(cells[1]):>30}{summary(cells[2], '.3f'):>22}"
                   f"{target:>10}")
     ratios = columns[ON_OFF]
     for label, rows in (("all workloads, throughput", list(METRICS_WORKLOADS)),
-                        ("all workloads, server CPU per op", [_cpu_row(name) for name in METRICS_WORKLOADS])):
+                        ("all workloads, server CPU per op", [cpu_row(name) for name in METRICS_WORKLOADS])):
         print(f"{label:<48}{'':>60}{summary([r for row in rows for r in ratios[row]], '.3f'):>22}")
 
 
@@ -410,8 +506,8 @@ def grpc_versus_native(seconds: float, work: Path, rounds: int) -> Columns:
                             done = runs[column]()
                             figures[column] = {
                                 row: done / (time.perf_counter() - start),
-                                _cpu_row(row): (cpu_seconds(server.pid) - server_cpu) / done * 1e6,
-                                _client_cpu_row(row): (time.process_time() - client_cpu) / done * 1e6,
+                                cpu_row(row): (cpu_seconds(server.pid) - server_cpu) / done * 1e6,
+                                _clientcpu_row(row): (time.process_time() - client_cpu) / done * 1e6,
                             }
                             measure_into(columns, column, figures[column])
                         measure_into(columns, GRPC_NATIVE, {name: figures[GRPC][name] / figures[NATIVE][name]
@@ -423,7 +519,7 @@ def grpc_versus_native(seconds: float, work: Path, rounds: int) -> Columns:
     return columns
 
 
-def _client_cpu_row(workload: str) -> str:
+def _clientcpu_row(workload: str) -> str:
     return f"{workload}: client CPU per op (µs)"
 
 
@@ -472,15 +568,16 @@ def recovery(mib: int, work: Path) -> dict[str, float]:
 
 
 # -- peers --------------------------------------------------------------------------------
-def redis_streams(seconds: float, work: Path) -> dict[str, float]:
+def redis_streams(seconds: float, work: Path, sizes: Sequence[int], prefill: int) -> dict[str, float]:
     import redis
 
     results: dict[str, float] = {}
-    with redis_server(work / "redis") as port:
+    with redis_process(work / "redis") as (server, port):
         r = redis.Redis(port=port)
-        for size in SIZES:
+        for size in sizes:
             body = b"x" * size
-            results[f"sequential {size}B"] = timed(seconds, repeat(functools.partial(r.xadd, "seq", {"b": body})))
+            with_server_cpu(results, server.pid, f"sequential {size}B",
+                            timed, seconds, repeat(functools.partial(r.xadd, "seq", {"b": body})))
 
             def pipelined(body: bytes = body) -> int:
                 pipe = r.pipeline(transaction=False)
@@ -489,20 +586,26 @@ def redis_streams(seconds: float, work: Path) -> dict[str, float]:
                 pipe.execute()
                 return 100
 
-            results[f"in flight {size}B"] = timed(seconds, pipelined)
+            with_server_cpu(results, server.pid, f"in flight {size}B", timed, seconds, pipelined)
             stream = f"drain{size}"
             pipe = r.pipeline(transaction=False)
-            for _ in range(20_000):
+            for _ in range(prefill):
                 pipe.xadd(stream, {"b": body})
             pipe.execute()
             r.xgroup_create(stream, "g", id="0")
-            received, start = 0, time.perf_counter()
-            while entries := cast(list[Any], r.xreadgroup("g", "c", {stream: ">"}, count=64)):
-                ids = [entry_id for _, items in entries for entry_id, _ in items]
-                r.xack(stream, "g", *ids)
-                received += len(ids)
-            results[f"receive+ack {size}B"] = received / (time.perf_counter() - start)
+            with_server_cpu(results, server.pid, f"receive+ack {size}B", _redis_drain_rate, r, stream)
     return results
+
+
+def _redis_drain_rate(r: Any, stream: str) -> float:
+    """Read ``stream`` to the end in batches of 64 (XREADGROUP), one multi-id XACK per batch;
+    entries per second."""
+    received, start = 0, time.perf_counter()
+    while entries := cast(list[Any], r.xreadgroup("g", "c", {stream: ">"}, count=64)):
+        ids = [entry_id for _, items in entries for entry_id, _ in items]
+        r.xack(stream, "g", *ids)
+        received += len(ids)
+    return received / (time.perf_counter() - start)
 
 
 def _redis_tx_one(r: Any, body: bytes) -> None:
@@ -549,17 +652,18 @@ def redis_tx(seconds: float, work: Path) -> dict[str, float]:
     """Transactions against a fresh AOF-always redis-server."""
     import redis
 
-    with redis_server(work / "redis-tx") as port:
+    results: dict[str, float] = {}
+    with redis_process(work / "redis-tx") as (server, port):
         r = redis.Redis(port=port)
-        results = {
-            TX_SEQUENTIAL: timed(seconds, repeat(functools.partial(_redis_tx_one, r, TX_BODY))),
-            TX_IN_FLIGHT: in_processes(PROCESSES, _redis_tx_worker, (port, TX_IN_FLIGHT_PER_PROCESS, seconds)),
-        }
+        with_server_cpu(results, server.pid, TX_SEQUENTIAL,
+                        timed, seconds, repeat(functools.partial(_redis_tx_one, r, TX_BODY)))
+        with_server_cpu(results, server.pid, TX_IN_FLIGHT, in_processes,
+                        PROCESSES, _redis_tx_worker, (port, TX_IN_FLIGHT_PER_PROCESS, seconds))
         r.close()
     return results
 
 
-def rabbitmq(seconds: float) -> dict[str, float]:
+def rabbitmq(seconds: float, sizes: Sequence[int], prefill: int) -> dict[str, float]:
     try:
         import pika
 
@@ -571,7 +675,7 @@ def rabbitmq(seconds: float) -> dict[str, float]:
     channel = connection.channel()
     channel.confirm_delivery()
     persistent = pika.BasicProperties(delivery_mode=2)
-    for size in SIZES:
+    for size in sizes:
         body = b"x" * size
         queue = f"halfmoon-bench-{size}"
         channel.queue_declare(queue, durable=True)
@@ -582,7 +686,7 @@ def rabbitmq(seconds: float) -> dict[str, float]:
         consumer = connection.channel()
         consumer.basic_qos(prefetch_count=64)
         publisher = connection.channel()
-        for _ in range(20_000):
+        for _ in range(prefill):
             publisher.basic_publish("", queue, body, persistent)
         received, start = 0, time.perf_counter()
         for method, _props, _body in consumer.consume(queue, inactivity_timeout=1):
@@ -606,13 +710,86 @@ def measure_into(columns: Columns, column: str, results: dict[str, float]) -> No
         columns.setdefault(column, {}).setdefault(row, []).append(value)
 
 
+def fresh(work: Path, run: Callable[[Path], dict[str, float]]) -> Callable[[], dict[str, float]]:
+    """``run`` in a folder of its own under ``work``, removed afterwards."""
+
+    def in_fresh_folder() -> dict[str, float]:
+        folder = work / uuid.uuid4().hex[:8]
+        try:
+            return run(folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return in_fresh_folder
+
+
+OURS, REDIS, RABBITMQ, VS_REDIS = "halfmoon (sync fsync)", "Redis (AOF always)", "RabbitMQ (confirms)", "ours/Redis"
+
+
+def side_by_side(args: argparse.Namespace, work: Path) -> Columns:
+    """Every workload of ours and of the peers, in ``args.repeat`` alternating rounds (the
+    order reversed every other round); per column and row, one figure per round, and per
+    round our figure over Redis's."""
+    sizes, seconds, prefill = SIZES[:1] if args.quick else SIZES, args.seconds, args.prefill
+    runs: dict[str, Callable[[], dict[str, float]]] = {}
+    if not args.tx_only:
+        runs[OURS] = fresh(work, lambda folder: halfmoon(seconds, folder, sizes, prefill))
+        runs["recovery"] = fresh(work, lambda folder: recovery(args.recovery_mib, folder))
+    runs["ours tx"] = fresh(work, lambda folder: halfmoon_tx(seconds, folder))
+    if not args.skip_peers:
+        if not args.tx_only:
+            runs[REDIS] = fresh(work, lambda folder: redis_streams(seconds, folder, sizes, prefill))
+            runs[RABBITMQ] = lambda: rabbitmq(seconds, sizes, prefill)
+        runs["Redis tx"] = fresh(work, lambda folder: redis_tx(seconds, folder))
+    column_of = {"recovery": OURS, "ours tx": OURS, "Redis tx": REDIS}
+    rounds = alternating_rounds(args.repeat, runs)
+    columns: Columns = {}
+    for name, figures in rounds.items():
+        for figure in figures:
+            measure_into(columns, column_of.get(name, name), figure)
+    for row, ours in columns[OURS].items():
+        redis = columns.get(REDIS, {}).get(row.replace(BATCHED_ACKS, ""))
+        if redis and len(redis) == len(ours):
+            columns.setdefault(VS_REDIS, {})[row] = ratios(ours, redis)
+    return columns
+
+
+def print_side_by_side(columns: Columns, rounds: int) -> None:
+    """The table: each cell the median (min-max) over the rounds; ours/Redis the median of
+    each round's ratio; the target of issue 24 and whether our median meets it."""
+    print(f"{rounds} alternating round(s); each cell: median (min-max) over the rounds; "
+          f"{VS_REDIS}: median of each round's ratio")
+    names = [name for name in (OURS, REDIS, RABBITMQ) if name in columns]
+    print(f"{'workload (ops/s unless noted)':<56}" + "".join(f"{name:>30}" for name in names)
+          + f"{VS_REDIS:>20}{'target':>26}{'met':>5}")
+    rows = list(dict.fromkeys(row for column in columns.values() for row in column))
+    for row in rows:
+        cells = "".join(f"{summary(columns[name].get(row, [])):>30}" for name in names)
+        vs_redis = columns.get(VS_REDIS, {}).get(row, [])
+        target = TARGETS.get(row)
+        met = ""
+        if target is not None and (ours := columns[OURS].get(row)):
+            met = "yes" if target.met(statistics.median(ours),
+                                      statistics.median(vs_redis) if vs_redis else None) else "no"
+        label = row if ": " not in row else f"  {row.split(': ', 1)[1]}"
+        print(f"{label:<56}{cells}{summary(vs_redis, '.2f'):>20}{str(target or ''):>26}{met:>5}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--recovery-mib", type=int, default=1024)
+    parser.add_argument("--prefill", type=int, default=PREFILL, help="messages per receive+ack workload")
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--tx-only", action="store_true", help="only the transactional workloads")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per figure; the median is printed")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="alternating rounds; each figure is the median over them")
+    parser.add_argument("--profile", action="store_true",
+                        help="then the broker under cProfile: top 10 functions per message for the in-flight "
+                             "sends and the transactions")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run of about a minute: 256 B only, 1 s per workload, 2,000 messages "
+                             "drained, a 32 MiB recovery")
     parser.add_argument("--metrics-overhead", action="store_true",
                         help="only the hot workloads, with the HTTP port and metrics (scraped every second) "
                              "and without, in the same run")
@@ -620,39 +797,22 @@ def main() -> None:
                         help="only sends and transactions over gRPC (the official Python client) next to the "
                              "native protocol, on one server")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.prefill, args.recovery_mib = min(args.seconds, 1.0), min(args.prefill, 2_000), 32
     work = Path(tempfile.mkdtemp(prefix="hm-bench-"))
-    ours, redis_column = "halfmoon (sync fsync)", "Redis (AOF always)"
-    columns: Columns = {}
-    if args.metrics_overhead or args.grpc:
-        try:
-            if args.metrics_overhead:
-                print_metrics_overhead(metrics_overhead(args.seconds, work, args.repeat), args.repeat)
-            else:
-                print_grpc_versus_native(grpc_versus_native(args.seconds, work, args.repeat), args.repeat)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        return
+    print(machine_load("at start"), flush=True)
     try:
-        for run in range(args.repeat):
-            if not args.tx_only:
-                measure_into(columns, ours, halfmoon(args.seconds, work / f"{run}"))
-                measure_into(columns, ours, recovery(args.recovery_mib, work / f"{run}"))
-            measure_into(columns, ours, halfmoon_tx(args.seconds, work / f"{run}"))
-            if not args.skip_peers:
-                if not args.tx_only:
-                    measure_into(columns, redis_column, redis_streams(args.seconds, work / f"{run}"))
-                    measure_into(columns, "RabbitMQ (confirms)", rabbitmq(args.seconds))
-                measure_into(columns, redis_column, redis_tx(args.seconds, work / f"{run}"))
-            shutil.rmtree(work / f"{run}", ignore_errors=True)
+        if args.metrics_overhead:
+            print_metrics_overhead(metrics_overhead(args.seconds, work, args.repeat), args.repeat)
+        elif args.grpc:
+            print_grpc_versus_native(grpc_versus_native(args.seconds, work, args.repeat), args.repeat)
+        else:
+            print_side_by_side(side_by_side(args, work), args.repeat)
+            if args.profile:
+                profile_hot_paths(args.seconds, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = list(dict.fromkeys(k for column in columns.values() for k in column))
-    if args.repeat > 1:
-        print(f"median of {args.repeat} runs (min-max)")
-    print(f"{'workload (ops/s unless noted)':<48}" + "".join(f"{name:>34}" for name in columns) + f"{'target':>12}")
-    for row in rows:
-        cells = "".join(f"{summary(columns[name].get(row, [])):>34}" for name in columns)
-        print(f"{row:<48}{cells}{TARGETS.get(row, ''):>12}")
+    print(machine_load("at end"))
 
 
 if __name__ == "__main__":

@@ -1,51 +1,85 @@
-"""What ``@transactional_message`` costs on PostgreSQL, and how fast its messages arrive.
+"""What ``@transactional_message`` costs on PostgreSQL next to a table outbox, and how fast messages arrive.
 
     ./dev bench outbox_overhead [--seconds 6] [--rounds 3] [--postgres postgresql://postgres@127.0.0.1:5432/test]
-                                [--only sync|async]
+                                [--only sync|async] [--poll-intervals 0.1,1] [--profile] [--quick]
 
-In one run, on a fresh database and a broker server process:
+In one run, on a fresh database and a broker server process (SQLAlchemy 2 + psycopg 3):
 
-* throughput: a bare local transaction (one insert + commit) against the same with
-  ``@transactional_message``, with 1 and 8 concurrent clients, with END_TRANSACTION
-  waited for (the default) and sent in the background (``Producer(oneway_end=True)``,
-  RocketMQ's ``endTransactionOneway``);
-* latency from the DB commit to the consumer's handler: ours (half message, COMMIT right
-  after the commit) against a polling outbox relay in the style of django-outbox-pattern
-  (outbox row in the transaction; a relay polls every 100 ms, publishes, deletes);
+* throughput, at 1 client, 8 threads and 8 processes: a bare local transaction (one
+  insert + commit); the table outbox peer (the same insert plus an outbox row in one
+  transaction, as django-outbox-pattern does, while a relay process polls the outbox every
+  ``--poll-intervals[0]`` with ``SELECT ... FOR UPDATE SKIP LOCKED``, publishes each row to
+  our broker and deletes it); and ``@transactional_message`` in each of its modes (``MODES``:
+  the defaults, ``Producer(oneway_end=False)``, ``Producer(oneway_end=True)``,
+  ``overlap=False``, ``overlap=True``; a mode the installed code refuses is "n/a"). Each
+  share is of the bare transaction in the same round; the variants alternate in rounds
+  (``_common.alternating_rounds``), figures are medians over the rounds;
+* latency from the DB commit to the consumer's handler: each decorator mode against the
+  table outbox's relay at each poll interval (100 ms, and 1 s as django-outbox-pattern's
+  default);
 * asyncio (asyncpg, ``AsyncProducer``): a bare async transaction against the same with
   the async ``@transactional_message``, at 1 and 8 concurrent tasks, with the half
   message awaited before the transaction and overlapping it (``overlap=True``).
+
+``--profile`` runs the decorator (defaults) at 1 client under cProfile, in this process,
+and prints the top 10 functions by self time per message. ``--quick`` is a smoke run of
+about a minute.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import functools
+import multiprocessing as mp
+import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
-from _common import free_port, percentile, wait_port
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine, event, select
+from _common import (
+    alternating_rounds,
+    halfmoon_process,
+    machine_load,
+    percentile,
+    print_profile,
+    ratios,
+    repeat,
+    summary,
+    timed,
+)
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    func,
+    select,
+)
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import BrokerClient, Message
-from outbox import AsyncProducer, Producer, message_json, transactional_message
+from outbox import AsyncProducer, ConfigurationError, Producer, message_json, transactional_message
 from outbox.integrations.sqlalchemy.engine import create_async_engine
 from outbox.integrations.sqlalchemy.tables import metadata as outbox_metadata
 
 app = MetaData()
 orders = Table("bench_orders", app, Column("id", String(40), primary_key=True), Column("amount", Integer))
+#: The table outbox peer's table: one row per message, relayed by topic.
 relay_outbox = Table("bench_relay_outbox", app, Column("id", Integer, primary_key=True, autoincrement=True),
-                     Column("order_id", String(40)), Column("committed_at", Float))
+                     Column("topic", String(80), index=True), Column("payload", Text))
 
 
 def run_clients(clients: int, seconds: float, call: Callable[[], None]) -> float:
@@ -81,19 +115,10 @@ async def run_tasks(tasks: int, seconds: float, call: Callable[[], Awaitable[Non
     return sum(counts) / (time.perf_counter() - start)
 
 
-def print_rates(unit: str, rows: list[tuple[int, float, float, float]], second: str) -> None:
-    """The throughput table: bare against decorated and against the ``second`` variant."""
-    print(f"{unit:>8}{'bare tx/s':>11}{'decorated tx/s':>16}{'ratio':>7}{'added ms':>10}"
-          f"{second + ' tx/s':>17}{'ratio':>7}{'added ms':>10}")
-    for clients, bare_rate, ours_rate, second_rate in rows:
-        added = (clients / ours_rate - clients / bare_rate) * 1000
-        added_second = (clients / second_rate - clients / bare_rate) * 1000
-        print(f"{clients:>8}{bare_rate:>11,.0f}{ours_rate:>16,.0f}{ours_rate / bare_rate:>7.0%}{added:>10.3f}"
-              f"{second_rate:>17,.0f}{second_rate / bare_rate:>7.0%}{added_second:>10.3f}")
-
-
-async def async_overhead(url: str, broker_url: str, seconds: float, rounds: int) -> None:
-    """Bare async transactions against the async decorator, the half awaited or overlapping."""
+def async_overhead(url: str, broker_url: str, seconds: float, rounds: int) -> None:
+    """Bare async transactions against the async decorator, the half awaited or overlapping,
+    on a loop of its own, in alternating rounds."""
+    loop = asyncio.new_event_loop()
     engine = create_async_engine(url.replace("postgresql+psycopg://", "postgresql+asyncpg://"), pool_size=20)
     sessions = async_sessionmaker(engine)
     producer = AsyncProducer(broker_url, "bench-async")
@@ -110,157 +135,352 @@ async def async_overhead(url: str, broker_url: str, seconds: float, rounds: int)
 
         return lambda: paid(uuid.uuid4().hex)
 
-    variants = [bare, decorated(False), decorated(True)]
-    rows = []
-    for tasks in (1, 8):
-        await run_tasks(tasks, 1.0, bare)  # warm-up
-        totals = [0.0] * len(variants)
-        for _ in range(rounds):
-            for i, variant in enumerate(variants):
-                totals[i] += await run_tasks(tasks, seconds / rounds, variant)
-        bare_rate, awaited_rate, overlap_rate = (total / rounds for total in totals)
-        rows.append((tasks, bare_rate, awaited_rate, overlap_rate))
-    print("\nasyncio (asyncpg, AsyncProducer); decorated = half awaited before the transaction")
-    print_rates("tasks", rows, "overlap")
-    await producer.aclose()
-    await engine.dispose()
+    def rate(tasks: int, variant: Callable[[], Awaitable[None]], seconds: float) -> float:
+        return loop.run_until_complete(run_tasks(tasks, seconds, variant))
+
+    variants = {BARE: bare, "decorator(overlap=False)": decorated(False), "decorator(overlap=True)": decorated(True)}
+    print("\nasyncio (asyncpg, AsyncProducer)")
+    try:
+        for tasks in (1, 8):
+            rate(tasks, bare, 1.0)  # warm-up
+            print_throughput(f"{tasks} task(s)", tasks, alternating_rounds(rounds, {
+                name: functools.partial(rate, tasks, variant, seconds / rounds) for name, variant in variants.items()
+            }), {})
+    finally:
+        loop.run_until_complete(producer.aclose())
+        loop.run_until_complete(engine.dispose())
+        loop.close()
 
 
-def sync_overhead(url: str, port: int, args: argparse.Namespace) -> None:
-    """Throughput of the blocking decorator and commit-to-handler latency against a relay."""
-    engine = create_engine(url, pool_size=20)
-    factory = sessionmaker(engine)
-    producer = Producer(BrokerClient(f"tcp://127.0.0.1:{port}"), "bench")
-    oneway = Producer(BrokerClient(f"tcp://127.0.0.1:{port}"), "bench", oneway_end=True)
+#: The decorator's modes: the Producer's options and the decorator's, each set explicitly
+#: only where the mode says so (the defaults are whatever the installed code does).
+MODES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "decorator, defaults": ({}, {}),
+    "Producer(oneway_end=False)": ({"oneway_end": False}, {}),
+    "Producer(oneway_end=True)": ({"oneway_end": True}, {}),
+    "decorator(overlap=False)": ({}, {"overlap": False}),
+    "decorator(overlap=True)": ({}, {"overlap": True}),
+}
+BARE, TABLE_OUTBOX = "bare INSERT+COMMIT", "table outbox"
+THROUGHPUT_TOPIC = "bench.relay.throughput"
+#: The client settings: how many clients, named, and whether each is a process of its own
+#: (or a thread of this one).
+CLIENTS = ((1, "1 client", False), (8, "8 threads", False), (8, "8 processes", True))
 
-    def bare() -> None:
-        with factory.begin() as session:
+
+class Variants:
+    """The workloads one client runs, built on their own engine and broker connections:
+    ``calls[name]`` makes one transaction; a decorator mode the installed code refuses is in
+    ``refused`` instead, with why."""
+
+    def __init__(self, url: str, broker_url: str, topic_prefix: str = "bench.paid") -> None:
+        self.engine = create_engine(url, pool_size=20)
+        self.factory = sessionmaker(self.engine)
+        self.producers: list[Producer] = []
+        self.calls: dict[str, Callable[[], None]] = {BARE: self.bare, TABLE_OUTBOX: self.table_outbox}
+        self.refused: dict[str, str] = {}
+        self.topics: dict[str, str] = {}
+        for number, (mode, (producer_options, decorator_options)) in enumerate(MODES.items()):
+            try:
+                producer = Producer(broker_url, f"bench-{number}", **producer_options)
+            except (TypeError, ConfigurationError) as exc:
+                self.refused[mode] = f"{type(exc).__name__}: {exc}"
+                continue
+            self.producers.append(producer)
+            try:
+                decorated = self.decorate(producer, f"{topic_prefix}.{number}", decorator_options)
+            except (TypeError, ConfigurationError) as exc:
+                self.refused[mode] = f"{type(exc).__name__}: {exc}"
+                continue
+            self.calls[mode], self.topics[mode] = functools.partial(self.call, decorated), f"{topic_prefix}.{number}"
+
+    def decorate(self, producer: Producer, topic: str, options: dict[str, Any]) -> Callable[[str], None]:
+        @transactional_message(producer, self.factory, topic=topic, body=lambda order_id: {"id": order_id},
+                               **options)
+        def paid(session: Session, order_id: str) -> None:
+            session.info["bench_order"] = order_id
+            session.execute(orders.insert().values(id=order_id, amount=1))
+
+        return paid
+
+    @staticmethod
+    def call(decorated: Callable[[str], None]) -> None:
+        decorated(uuid.uuid4().hex)
+
+    def bare(self) -> None:
+        with self.factory.begin() as session:
             session.execute(orders.insert().values(id=uuid.uuid4().hex, amount=1))
 
-    @transactional_message(producer, factory, topic="bench.paid", body=lambda order_id: {"id": order_id})
-    def paid(session: Session, order_id: str) -> None:
-        session.execute(orders.insert().values(id=order_id, amount=1))
+    def table_outbox(self, topic: str = THROUGHPUT_TOPIC) -> None:
+        """The peer: the business row and an outbox row in one transaction."""
+        order_id = uuid.uuid4().hex
+        with self.factory() as session, session.begin():
+            session.info["bench_order"] = order_id
+            session.execute(orders.insert().values(id=order_id, amount=1))
+            session.execute(relay_outbox.insert().values(topic=topic, payload=f'{{"id": "{order_id}"}}'))
 
-    @transactional_message(oneway, factory, topic="bench.paid", body=lambda order_id: {"id": order_id})
-    def paid_oneway(session: Session, order_id: str) -> None:
-        session.execute(orders.insert().values(id=order_id, amount=1))
+    def flush(self) -> None:
+        """Wait for the background END_TRANSACTIONs (``oneway_end``), so a round does not
+        leave work to the next."""
+        for producer in self.producers:
+            producer.flush()
 
-    # Variants alternate in short rounds so a noisy neighbour (2 shared cores) hits
-    # all of them alike; each rate is total calls / total time over its rounds.
-    variants: list[Callable[[], None]] = [bare, lambda: paid(uuid.uuid4().hex),
-                                          lambda: paid_oneway(uuid.uuid4().hex)]
-    rows = []
-    for clients in (1, 8):
-        run_clients(clients, 1.0, bare)  # warm-up
-        totals = [0.0] * len(variants)
-        for _ in range(args.rounds):
-            for i, variant in enumerate(variants):
-                totals[i] += run_clients(clients, args.seconds / args.rounds, variant)
-            oneway.flush()
-        bare_rate, ours_rate, oneway_rate = (total / args.rounds for total in totals)
-        rows.append((clients, bare_rate, ours_rate, oneway_rate))
-    print_rates("clients", rows, "oneway-end")
+    def close(self) -> None:
+        for producer in self.producers:
+            producer.close()
+        self.engine.dispose()
 
-    # -- latency: DB commit -> consumer handler --------------------------------------
+
+def relay(url: str, broker_url: str, topic: str, poll_s: float, stop: Any) -> None:
+    """The table outbox's relay (django-outbox-pattern's kind): every ``poll_s``, up to 100
+    of ``topic``'s outbox rows, locked with ``FOR UPDATE SKIP LOCKED``, are published to
+    our broker one by one (each send waits for its fsync'd ack) and deleted, in one
+    transaction."""
+    engine = create_engine(url, pool_size=1)
+    client = BrokerClient(broker_url)
+    try:
+        while not stop.wait(poll_s):
+            with engine.begin() as connection:
+                pending = connection.execute(select(relay_outbox).where(relay_outbox.c.topic == topic).order_by(
+                    relay_outbox.c.id).with_for_update(skip_locked=True).limit(100)).all()
+                for row in pending:
+                    client.send(Message(topic, row.payload.encode()))
+                if pending:
+                    connection.execute(relay_outbox.delete().where(relay_outbox.c.id.in_([r.id for r in pending])))
+    finally:
+        client.close()
+        engine.dispose()
+
+
+def _client_process(url: str, broker_url: str, commands: Any, results: Any) -> None:
+    """One of ``ProcessClients``: builds its ``Variants``, then runs the one each command
+    names, from the command's start time for its seconds, and answers its calls per second."""
+    variants = Variants(url, broker_url)
+    results.put(0.0)
+    while (command := commands.get()) is not None:
+        name, seconds, start_at = command
+        time.sleep(max(0.0, start_at - time.time()))
+        results.put(run_clients(1, seconds, variants.calls[name]))
+        variants.flush()
+    variants.close()
+
+
+class ProcessClients:
+    """``processes`` client processes (spawned: no forked threads or connections), each
+    with its own ``Variants``; ``rate`` runs one variant in all at once."""
+
+    def __init__(self, processes: int, url: str, broker_url: str) -> None:
+        context = mp.get_context("spawn")
+        self.results = context.Queue()
+        self.commands = [context.Queue() for _ in range(processes)]
+        self.processes = [context.Process(target=_client_process, args=(url, broker_url, commands, self.results))
+                          for commands in self.commands]
+        for process in self.processes:
+            process.start()
+        for _ in self.processes:
+            self.results.get(timeout=120)  # built
+
+    def rate(self, name: str, seconds: float) -> float:
+        """Calls per second of variant ``name`` over all the processes, started together."""
+        start_at = time.time() + 0.2
+        for commands in self.commands:
+            commands.put((name, seconds, start_at))
+        return float(sum(self.results.get(timeout=seconds + 120) for _ in self.commands))
+
+    def close(self) -> None:
+        for commands in self.commands:
+            commands.put(None)
+        for process in self.processes:
+            process.join(timeout=60)
+
+
+def throughput(url: str, broker_url: str, args: argparse.Namespace) -> None:
+    """The throughput table: per client setting, each variant's calls per second (median
+    over the alternating rounds), its share of the bare transaction (median of each
+    round's ratio), what it adds per call, and its share over the table outbox's."""
+    mp_stop = mp.get_context("spawn").Event()
+    relay_process = mp.get_context("spawn").Process(
+        target=relay, args=(url, broker_url, THROUGHPUT_TOPIC, args.poll_intervals[0], mp_stop))
+    relay_process.start()
+    variants = Variants(url, broker_url)
+    names = list(variants.calls)
+    print(f"throughput: {args.rounds} alternating round(s) of {args.seconds / args.rounds:.1f} s per variant; "
+          f"cells: median (min-max); share: of bare in the same round; the table outbox's relay polls every "
+          f"{args.poll_intervals[0] * 1000:.0f} ms (SKIP LOCKED), publishes each row to our broker and deletes it")
+    for mode, reason in variants.refused.items():
+        print(f"  {mode}: n/a, refused by the installed code ({reason})")
+    processes: ProcessClients | None = None
+    try:
+        for clients, label, in_processes in CLIENTS:
+            if in_processes:
+                processes = ProcessClients(clients, url, broker_url)
+                rate = processes.rate
+            else:
+                rate = functools.partial(_threads_rate, variants, clients)
+            rate(BARE, 1.0)  # warm-up
+            rounds = alternating_rounds(args.rounds, {name: functools.partial(rate, name, args.seconds / args.rounds)
+                                                      for name in names})
+            print_throughput(label, clients, rounds, variants.refused)
+            with variants.engine.connect() as connection:
+                backlog = connection.execute(select(func.count()).select_from(relay_outbox)).scalar_one()
+            print(f"{'':<30}the relay is {backlog:,} outbox rows behind at the end")
+            if processes is not None:
+                processes.close()
+                processes = None
+    finally:
+        if processes is not None:
+            processes.close()
+        mp_stop.set()
+        relay_process.join(timeout=60)
+        variants.close()
+
+
+def _threads_rate(variants: Variants, clients: int, name: str, seconds: float) -> float:
+    rate = run_clients(clients, seconds, variants.calls[name])
+    variants.flush()
+    return rate
+
+
+def print_throughput(label: str, clients: int, rounds: dict[str, list[float]], refused: dict[str, str]) -> None:
+    """One client setting's rows: the first of ``rounds`` is the bare transaction the
+    shares are of; the table outbox, if measured, the peer the last column compares to."""
+    bare = next(iter(rounds.values()))
+    table_share = ratios(rounds[TABLE_OUTBOX], bare) if TABLE_OUTBOX in rounds else []
+    print(f"\n{label:<30}{'tx/s':>24}{'share of bare %':>22}{'added ms':>10}"
+          f"{'share / table outbox' if table_share else '':>22}{' (issue 24: >= 1)' if table_share else ''}")
+    for name, samples in rounds.items():
+        share = ratios(samples, bare)
+        added = (clients / statistics.median(samples) - clients / statistics.median(bare)) * 1000
+        versus_table = (summary(ratios(share, table_share), ".2f")
+                        if table_share and name not in (BARE, TABLE_OUTBOX) else "")
+        print(f"{name:<30}{summary(samples, ',.0f'):>24}{summary([s * 100 for s in share], '.0f'):>22}"
+              f"{added:>10.2f}{versus_table:>22}")
+    for name in refused:
+        print(f"{name:<30}{'n/a':>24}")
+
+
+def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
+    """Commit -> consumer handler, per decorator mode and per relay poll interval, the
+    samples interleaved; the stamp is the DB commit (an ``after_commit`` listener put
+    before the outbox's own)."""
     committed: dict[str, float] = {}
-    latencies: dict[str, list[float]] = {"halfmoon": [], "polling relay (100 ms)": []}
+    latencies: dict[str, list[float]] = {}
 
     def consume(topic: str, kind: str, stop: threading.Event) -> None:
-        client = BrokerClient(f"tcp://127.0.0.1:{port}")
-        while not stop.is_set():
-            for received in client.receive("lat", topic, max_messages=32, wait_s=0.5):
-                now = time.time()
-                order_id = message_json(received.message)["id"]
-                if order_id in committed:
-                    latencies[kind].append((now - committed[order_id]) * 1000)
-                client.ack("lat", received.receipt_handle)
-        client.close()
+        with BrokerClient(broker_url) as client:
+            while not stop.is_set():
+                for received in client.receive("lat", topic, max_messages=32, wait_s=0.5):
+                    now = time.time()
+                    order_id = message_json(received.message)["id"]
+                    if order_id in committed:
+                        latencies[kind].append((now - committed[order_id]) * 1000)
+                    client.ack("lat", received.receipt_handle)
 
-    # insert=True: runs before the outbox's own after_commit listener (which sends
-    # COMMIT), so the stamp is the DB commit, not the end of END_TRANSACTION.
     @event.listens_for(Session, "after_commit", insert=True)
     def stamp(session: Session) -> None:
         order_id = session.info.pop("bench_order", None)
         if order_id:
             committed[order_id] = time.time()
 
-    @transactional_message(producer, factory, topic="bench.latency", body=lambda order_id: {"id": order_id})
-    def timed_paid(session: Session, order_id: str) -> None:
-        session.info["bench_order"] = order_id
-        session.execute(orders.insert().values(id=order_id, amount=1))
-
-    def relay(stop: threading.Event) -> None:
-        client = BrokerClient(f"tcp://127.0.0.1:{port}")
-        while not stop.wait(0.1):
-            with factory.begin() as session:
-                pending = session.execute(select(relay_outbox).with_for_update(skip_locked=True).limit(100)).all()
-                for row in pending:
-                    client.send(Message("bench.relay", f'{{"id": "{row.order_id}"}}'.encode()))
-                if pending:
-                    session.execute(relay_outbox.delete().where(relay_outbox.c.id.in_([r.id for r in pending])))
-        client.close()
-
-    def relay_paid(order_id: str) -> None:
-        with factory() as session, session.begin():
-            session.info["bench_order"] = order_id
-            session.execute(orders.insert().values(id=order_id, amount=1))
-            session.execute(relay_outbox.insert().values(order_id=order_id, committed_at=time.time()))
-
+    variants = Variants(url, broker_url, topic_prefix="bench.latency")
     stop = threading.Event()
-    threads = [threading.Thread(target=consume, args=("bench.latency", "halfmoon", stop)),
-               threading.Thread(target=consume, args=("bench.relay", "polling relay (100 ms)", stop)),
-               threading.Thread(target=relay, args=(stop,))]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)
-    for _ in range(args.latency_samples):
-        timed_paid(uuid.uuid4().hex)
-        relay_paid(uuid.uuid4().hex)
-        time.sleep(0.01)
-    time.sleep(1.5)
-    stop.set()
-    for t in threads:
-        t.join()
-    print()
-    print(f"{'commit -> handler latency':<28}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
+    workers: list[threading.Thread] = []
+    senders: list[Callable[[], None]] = []
+    for mode, topic in variants.topics.items():
+        latencies[mode] = []
+        senders.append(variants.calls[mode])
+        workers.append(threading.Thread(target=consume, args=(topic, mode, stop)))
+    for poll_s in args.poll_intervals:
+        kind, topic = f"table outbox, relay every {poll_s * 1000:.0f} ms", f"bench.relay.{poll_s * 1000:.0f}ms"
+        latencies[kind] = []
+        senders.append(functools.partial(variants.table_outbox, topic))
+        workers.append(threading.Thread(target=consume, args=(topic, kind, stop)))
+        workers.append(threading.Thread(target=relay, args=(url, broker_url, topic, poll_s, stop)))
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(1.0)
+        for _ in range(args.latency_samples):
+            for send in senders:
+                send()
+            time.sleep(0.01)
+        time.sleep(max(args.poll_intervals) + 1.5)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+        event.remove(Session, "after_commit", stamp)
+        variants.close()
+    print(f"\n{'commit -> handler latency':<40}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}"
+          "  (issue 24: ours p99 <= 3.15 ms)")
     for kind, values in latencies.items():
-        print(f"{kind:<28}{len(values):>6}{percentile(values, 0.5):>10.2f}{percentile(values, 0.99):>10.2f}"
+        print(f"{kind:<40}{len(values):>6}{percentile(values, 0.5):>10.2f}{percentile(values, 0.99):>10.2f}"
               f"{statistics.fmean(values) if values else float('nan'):>10.2f}")
-    oneway.close()
-    engine.dispose()
+    for mode in variants.refused:
+        print(f"{mode:<40}{'n/a':>6}")
+
+
+def profile_decorator(url: str, broker_url: str, seconds: float) -> None:
+    """``--profile``: the decorator with its defaults at 1 client under cProfile (this
+    calling thread only: the client's Python); the top 10 functions by self CPU time per message."""
+    variants = Variants(url, broker_url)
+    call = variants.calls["decorator, defaults"]
+    profile_path = Path(tempfile.mkdtemp(prefix="hm-outbox-profile-")) / "decorator.pstats"
+    profiler = cProfile.Profile(time.thread_time)
+    start = time.perf_counter()
+    profiler.enable()
+    rate = timed(seconds, repeat(call))
+    profiler.disable()
+    done = round(rate * (time.perf_counter() - start))
+    profiler.dump_stats(profile_path)
+    variants.close()
+    print_profile(profile_path, "@transactional_message (defaults), 1 client, the calling thread", done)
+    shutil.rmtree(profile_path.parent, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=6.0, help="per variant and client count")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per client count")
+    parser.add_argument("--seconds", type=float, default=6.0, help="per variant and client setting")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per client setting")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--latency-samples", type=int, default=300)
+    parser.add_argument("--poll-intervals", default="0.1,1",
+                        help="the table outbox relay's poll intervals in seconds, comma-separated; the first is "
+                             "used during the throughput runs")
     parser.add_argument("--only", choices=["sync", "async"], help="run only the blocking or the asyncio part")
+    parser.add_argument("--profile", action="store_true",
+                        help="then the decorator (defaults, 1 client) under cProfile: top 10 functions per message")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run of about a minute: 2 rounds of 0.5 s per variant, 50 latency samples")
     args = parser.parse_args()
+    args.poll_intervals = [float(interval) for interval in args.poll_intervals.split(",")]
+    if args.quick:
+        args.seconds, args.rounds, args.latency_samples = 1.0, 2, min(args.latency_samples, 50)
+    print(machine_load("at start"), flush=True)
     database = f"hm_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.postgres, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{database}"')
     url = args.postgres.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + database
-    port = free_port()
     work = Path(tempfile.mkdtemp(prefix="hm-outbox-bench-"))
-    server = subprocess.Popen([sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(work / "b"),
-                               "--port", str(port), "--log-level", "WARNING"])
     try:
-        wait_port(port)
-        engine = create_engine(url, pool_size=20)
-        app.create_all(engine)
-        outbox_metadata.create_all(engine)
-        engine.dispose()
-        if args.only != "async":
-            sync_overhead(url, port, args)
-        if args.only != "sync":
-            asyncio.run(async_overhead(url, f"tcp://127.0.0.1:{port}", args.seconds, args.rounds))
+        with halfmoon_process(work / "b") as (_, port):
+            broker_url = f"tcp://127.0.0.1:{port}"
+            engine = create_engine(url, pool_size=20)
+            app.create_all(engine)
+            outbox_metadata.create_all(engine)
+            engine.dispose()
+            if args.only != "async":
+                throughput(url, broker_url, args)
+                latency(url, broker_url, args)
+                if args.profile:
+                    profile_decorator(url, broker_url, args.seconds)
+            if args.only != "sync":
+                async_overhead(url, broker_url, args.seconds, args.rounds)
     finally:
-        server.terminate()
-        server.wait()
+        shutil.rmtree(work, ignore_errors=True)
         with psycopg.connect(args.postgres, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    print(machine_load("at end"))
 
 
 if __name__ == "__main__":
