@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,7 @@ def test_send_receive_ack(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]
     assert {m.tag for m in got} == {"created"}
     assert {tuple(m.keys) for m in got} == {("order-0",), ("order-1",), ("order-2",)}
     assert all(m.properties["source"] == "test" and m.delivery_attempt == 1 for m in got)
+    assert not any(m.corrupted for m in got)  # the client checked each body's digest
     assert consumer.receive(32, 20) == []  # acked: MESSAGE_NOT_FOUND after the long poll
 
 
@@ -291,7 +292,8 @@ def test_a_sent_message_converts_field_by_field() -> None:
             dict(message.properties), message.transaction_timeout_s) == (
         "orders", b"order paid", "m-1", "paid", ("order-7",), "account-1", {"source": "shop"}, 30.0)
     back = to_proto(message).system_properties
-    assert back.body_digest.checksum == f"{zlib.crc32(b'order paid'):08X}" and back.body_encoding == pb.IDENTITY
+    assert back.body_digest == pb.Digest(type=pb.MD5, checksum=hashlib.md5(b"order paid").hexdigest().upper())
+    assert back.body_encoding == pb.IDENTITY
     assert back.message_type == pb.FIFO and back.message_group == "account-1"
 
 

@@ -24,6 +24,7 @@ function viewOf(message) {
     properties: Object.fromEntries(message.properties),
     deliveryAttempt: message.deliveryAttempt,
     receiptHandle: message.receiptHandle,
+    corrupted: message.corrupted === true,  // the client sets it only when the digest is wrong
     receivedAtMs: Date.now(),
   };
 }
