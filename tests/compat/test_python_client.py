@@ -326,11 +326,27 @@ def test_route_names_the_advertised_address(grpc_broker: GrpcBroker) -> None:
             scheme=pb.IPv4, addresses=[pb.Address(host="127.0.0.1", port=grpc_broker.grpc_port)])
 
 
+def test_assignment_is_every_broker_of_the_route(grpc_broker: GrpcBroker) -> None:
+    """A push consumer is assigned each broker as queue -1 (all its queues), as RocketMQ's proxy
+    assigns a non-FIFO group."""
+    topic = pb.Resource(name=_name("assigned"))
+    answer = _call(grpc_broker.endpoint, "QueryAssignment",
+                   spb.QueryAssignmentRequest(topic=topic, group=pb.Resource(name=_name("group"))),
+                   spb.QueryAssignmentResponse)
+    assert answer.status.code == pb.OK
+    [assignment] = answer.assignments
+    queue = assignment.message_queue
+    assert (queue.topic, queue.id, queue.permission) == (topic, -1, pb.READ_WRITE)
+    assert queue.broker.endpoints == pb.Endpoints(
+        scheme=pb.IPv4, addresses=[pb.Address(host="127.0.0.1", port=grpc_broker.grpc_port)])
+
+
 def test_unimplemented_rpcs_say_so(grpc_broker: GrpcBroker) -> None:
     with pytest.raises(grpc.RpcError) as refused:
-        _call(grpc_broker.endpoint, "QueryAssignment", spb.QueryAssignmentRequest(), spb.QueryAssignmentResponse)
+        _call(grpc_broker.endpoint, "ForwardMessageToDeadLetterQueue", spb.ForwardMessageToDeadLetterQueueRequest(),
+              spb.ForwardMessageToDeadLetterQueueResponse)
     assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "QueryAssignment is not implemented" in refused.value.details()
+    assert "ForwardMessageToDeadLetterQueue is not implemented" in refused.value.details()
 
 
 @pytest.fixture

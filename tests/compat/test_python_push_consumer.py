@@ -1,0 +1,165 @@
+"""The official RocketMQ 5 Python client's PushConsumer (rocketmq-python-client 5.1.2), as its
+``push_consumer_example.py`` uses it (a MessageListener, a group, ``{topic: FilterExpression()}``),
+against the broker's gRPC port: every message delivered once, a failed message redelivered
+after the back-off of the settings and dead-lettered after the broker's attempts, and a message
+group consumed in order. Retries and the DLQ need a broker with a short retry schedule, which
+``serve`` has no option for: those tests serve gRPC from an in-process broker."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_embedded import EmbeddedBroker
+from broker_embedded.broker.config import BrokerConfig
+from broker_embedded.server.grpc.front import GrpcFront
+
+from .conftest import GrpcBroker, eventually, rocketmq
+
+#: Attempts and back-off of the in-process broker: a failing message is delivered three times,
+#: one second apart (the Python client reads whole seconds), then dead-lettered.
+ATTEMPTS = 3
+BACKOFF_S = 1.0
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@dataclass
+class Delivery:
+    body: str
+    attempt: int
+    message_group: str | None
+    at: float
+    corrupted: bool
+
+
+@dataclass
+class RecordingListener(rocketmq.MessageListener):  # type: ignore[misc,name-defined]
+    """Records each delivery; fails the messages whose body starts with ``fail_prefix`` on
+    their first ``fail_times`` attempts."""
+
+    fail_prefix: str = "fail"
+    fail_times: int = 0
+    deliveries: list[Delivery] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def consume(self, message: Any) -> Any:
+        body = message.body.decode()
+        with self.lock:
+            self.deliveries.append(Delivery(body, message.delivery_attempt, message.message_group or None,
+                                            time.monotonic(), message.corrupted))
+        if body.startswith(self.fail_prefix) and message.delivery_attempt <= self.fail_times:
+            return rocketmq.ConsumeResult.FAILURE
+        return rocketmq.ConsumeResult.SUCCESS
+
+    def bodies(self) -> list[str]:
+        with self.lock:
+            return [delivery.body for delivery in self.deliveries]
+
+    def of(self, body: str) -> list[Delivery]:
+        with self.lock:
+            return [delivery for delivery in self.deliveries if delivery.body == body]
+
+
+def _message(topic: str, body: str, **fields: Any) -> Any:
+    message = rocketmq.Message()
+    message.topic = topic
+    message.body = body.encode()
+    for name, value in fields.items():
+        setattr(message, name, value)
+    return message
+
+
+def _push_consumer(config: Any, group: str, topic: str, listener: RecordingListener) -> Any:
+    return rocketmq.PushConsumer(config, group, listener, {topic: rocketmq.FilterExpression()})
+
+
+@contextmanager
+def in_process_grpc(data_dir: Path, config: BrokerConfig) -> Iterator[tuple[EmbeddedBroker, str]]:
+    """An in-process broker with ``config`` serving gRPC on a free port, from its own event loop."""
+    broker = EmbeddedBroker(data_dir, config)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="grpc-front-loop", daemon=True)
+    thread.start()
+    front = GrpcFront(broker, port=0)
+    try:
+        asyncio.run_coroutine_threadsafe(front.start(), loop).result(30)
+        yield broker, f"127.0.0.1:{front.port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(front.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+        broker.close()
+
+
+@pytest.fixture
+def retrying_broker(tmp_path: Path) -> Iterator[tuple[EmbeddedBroker, Any]]:
+    """The in-process broker with the short retry schedule, and a client configuration for it."""
+    config = BrokerConfig(max_delivery_attempts=ATTEMPTS, retry_backoff_s=(BACKOFF_S,))
+    with in_process_grpc(tmp_path / "broker", config) as (broker, endpoint):
+        yield broker, rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials("", ""))
+
+
+def test_every_message_once(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic, group = _name("orders"), _name("group")
+    listener = RecordingListener()
+    clients(_push_consumer(grpc_broker.config(), group, topic, listener))
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    bodies = [f"order {n}" for n in range(20)]
+    for body in bodies:
+        producer.send(_message(topic, body, tag="created"))
+    assert eventually(lambda: sorted(listener.bodies()) == sorted(bodies))
+    assert not any(delivery.corrupted for delivery in listener.deliveries)
+    with grpc_broker.native() as native:  # each acked: nothing left for the group
+        assert eventually(lambda: sum(native.stats().consumer_lag.get(group, {}).values()) == 0)
+    assert sorted(listener.bodies()) == sorted(bodies)  # and none came twice
+
+
+def test_a_message_group_in_order(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """Messages of one group come one at a time, in order, a failed one redelivered before the
+    next; two groups interleave freely."""
+    topic = _name("fifo")
+    listener = RecordingListener(fail_prefix="a 2", fail_times=1)
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    for n in range(5):
+        for account in ("a", "b"):
+            producer.send(_message(topic, f"{account} {n}", message_group=f"account-{account}"))
+    clients(_push_consumer(grpc_broker.config(), _name("group"), topic, listener))
+    assert eventually(lambda: len(listener.bodies()) == 11, 60)  # "a 2" twice
+    for account in ("a", "b"):
+        deliveries = [d for d in listener.deliveries if d.message_group == f"account-{account}"]
+        expected = [f"{account} {n}" for n in range(5)]
+        if account == "a":
+            expected.insert(3, "a 2")
+        assert [d.body for d in deliveries] == expected
+    first, again = listener.of("a 2")
+    assert (first.attempt, again.attempt) == (1, 2)
+
+
+def test_failure_is_redelivered_after_the_back_off_then_dead_lettered(
+        retrying_broker: tuple[EmbeddedBroker, Any], clients: Callable[[Any], Any]) -> None:
+    broker, config = retrying_broker
+    topic, group = _name("retried"), _name("group")
+    listener = RecordingListener(fail_prefix="fail", fail_times=ATTEMPTS)
+    clients(_push_consumer(config, group, topic, listener))
+    producer = clients(rocketmq.Producer(config, (topic,)))
+    failing = producer.send(_message(topic, "fail always")).message_id
+    producer.send(_message(topic, "fine"))
+    assert eventually(lambda: [m.message.message_id for m in broker.list_dlq(group)] == [failing], 60)
+    deliveries = listener.of("fail always")
+    assert [d.attempt for d in deliveries] == list(range(1, ATTEMPTS + 1))
+    gaps = [later.at - earlier.at for earlier, later in zip(deliveries, deliveries[1:], strict=False)]
+    assert all(gap >= BACKOFF_S * 0.9 for gap in gaps), gaps  # not before the back-off of the settings
+    assert [d.attempt for d in listener.of("fine")] == [1]
