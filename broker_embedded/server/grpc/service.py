@@ -54,6 +54,9 @@ POLL_SLICE_S = 1.0
 DEFAULT_INVISIBLE_S = 30.0
 #: Messages a push consumer asks for in one receive (RocketMQ's proxy default as well).
 PUSH_BATCH_SIZE = 32
+#: The long poll of a push consumer's receives: a push consumer's shutdown waits for its receive
+#: in flight (the Node client's does), so this bounds it; an idle consumer asks this often.
+PUSH_LONG_POLL_S = 5
 #: How soon a message comes back when a client makes it visible "now" (a zero invisible
 #: duration, which the broker refuses): the Node client's nack without a back-off.
 VISIBLE_NOW_S = 0.001
@@ -248,13 +251,13 @@ class MessagingService:
 
     def _subscription_settings(self, settings: pb.Settings) -> None:
         """What a push consumer follows (a simple consumer ignores it): concurrent consumption,
-        the broker's longest long poll, and the broker's retry schedule as the back-off of a
+        a short long poll, and the broker's retry schedule as the back-off of a
         failed message, in whole seconds (the Python client reads only the seconds), with the
         broker's ``max_delivery_attempts`` (the DLQ after them is the broker's)."""
         subscription = settings.subscription
         subscription.fifo = False
         subscription.receive_batch_size = PUSH_BATCH_SIZE
-        long_poll_s = min(_seconds(subscription.long_polling_timeout), MAX_LONG_POLL_S) or MAX_LONG_POLL_S
+        long_poll_s = min(_seconds(subscription.long_polling_timeout), MAX_LONG_POLL_S) or PUSH_LONG_POLL_S
         subscription.long_polling_timeout.FromMilliseconds(int(long_poll_s * 1000))
         policy = settings.backoff_policy
         policy.max_attempts = self.config.max_delivery_attempts
