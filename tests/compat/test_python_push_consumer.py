@@ -12,16 +12,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-from broker_embedded import EmbeddedBroker
+from broker_embedded import EmbeddedBroker, Message
 from broker_embedded.broker.config import BrokerConfig
+from broker_embedded.server.grpc._proto import definition_pb2 as pb
+from broker_embedded.server.grpc._proto import service_pb2 as spb
 from broker_embedded.server.grpc.front import GrpcFront
+from broker_embedded.server.grpc.service import SERVICE_NAME
 
 from .conftest import GrpcBroker, eventually, rocketmq
 
@@ -29,6 +33,7 @@ from .conftest import GrpcBroker, eventually, rocketmq
 #: one second apart (the Python client reads whole seconds), then dead-lettered.
 ATTEMPTS = 3
 BACKOFF_S = 1.0
+SERVICE = f"/{SERVICE_NAME}"
 
 
 def _name(prefix: str) -> str:
@@ -47,10 +52,11 @@ class Delivery:
 @dataclass
 class RecordingListener(rocketmq.MessageListener):  # type: ignore[misc,name-defined]
     """Records each delivery; fails the messages whose body starts with ``fail_prefix`` on
-    their first ``fail_times`` attempts."""
+    their first ``fail_times`` attempts; works ``work_s`` on each message before answering."""
 
     fail_prefix: str = "fail"
     fail_times: int = 0
+    work_s: float = 0.0
     deliveries: list[Delivery] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -59,6 +65,7 @@ class RecordingListener(rocketmq.MessageListener):  # type: ignore[misc,name-def
         with self.lock:
             self.deliveries.append(Delivery(body, message.delivery_attempt, message.message_group or None,
                                             time.monotonic(), message.corrupted))
+        time.sleep(self.work_s)
         if body.startswith(self.fail_prefix) and message.delivery_attempt <= self.fail_times:
             return rocketmq.ConsumeResult.FAILURE
         return rocketmq.ConsumeResult.SUCCESS
@@ -86,13 +93,14 @@ def _push_consumer(config: Any, group: str, topic: str, listener: RecordingListe
 
 
 @contextmanager
-def in_process_grpc(data_dir: Path, config: BrokerConfig) -> Iterator[tuple[EmbeddedBroker, str]]:
+def in_process_grpc(data_dir: Path, config: BrokerConfig,
+                    push_invisible_s: float = 30.0) -> Iterator[tuple[EmbeddedBroker, str]]:
     """An in-process broker with ``config`` serving gRPC on a free port, from its own event loop."""
     broker = EmbeddedBroker(data_dir, config)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="grpc-front-loop", daemon=True)
     thread.start()
-    front = GrpcFront(broker, port=0)
+    front = GrpcFront(broker, port=0, push_invisible_s=push_invisible_s)
     try:
         asyncio.run_coroutine_threadsafe(front.start(), loop).result(30)
         yield broker, f"127.0.0.1:{front.port}"
@@ -104,12 +112,28 @@ def in_process_grpc(data_dir: Path, config: BrokerConfig) -> Iterator[tuple[Embe
         broker.close()
 
 
+@dataclass
+class InProcess:
+    """An in-process broker and its gRPC address."""
+
+    broker: EmbeddedBroker
+    endpoint: str
+
+    @property
+    def config(self) -> Any:
+        return rocketmq.ClientConfiguration(self.endpoint, rocketmq.Credentials("", ""))
+
+
 @pytest.fixture
-def retrying_broker(tmp_path: Path) -> Iterator[tuple[EmbeddedBroker, Any]]:
-    """The in-process broker with the short retry schedule, and a client configuration for it."""
-    config = BrokerConfig(max_delivery_attempts=ATTEMPTS, retry_backoff_s=(BACKOFF_S,))
-    with in_process_grpc(tmp_path / "broker", config) as (broker, endpoint):
-        yield broker, rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials("", ""))
+def in_process(tmp_path: Path) -> Iterator[Callable[..., InProcess]]:
+    """Start an in-process broker serving gRPC. Request this fixture before ``clients``: the
+    clients are shut down first (a push consumer shut down with an ack in flight to a stopped
+    broker retries it forever)."""
+    with ExitStack() as stack:
+        def start(config: BrokerConfig, push_invisible_s: float = 30.0) -> InProcess:
+            return InProcess(*stack.enter_context(in_process_grpc(tmp_path / "broker", config, push_invisible_s)))
+
+        yield start
 
 
 def test_every_message_once(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
@@ -149,8 +173,9 @@ def test_a_message_group_in_order(grpc_broker: GrpcBroker, clients: Callable[[An
 
 
 def test_failure_is_redelivered_after_the_back_off_then_dead_lettered(
-        retrying_broker: tuple[EmbeddedBroker, Any], clients: Callable[[Any], Any]) -> None:
-    broker, config = retrying_broker
+        in_process: Callable[..., InProcess], clients: Callable[[Any], Any]) -> None:
+    served = in_process(BrokerConfig(max_delivery_attempts=ATTEMPTS, retry_backoff_s=(BACKOFF_S,)))
+    broker, config = served.broker, served.config
     topic, group = _name("retried"), _name("group")
     listener = RecordingListener(fail_prefix="fail", fail_times=ATTEMPTS)
     clients(_push_consumer(config, group, topic, listener))
@@ -163,3 +188,54 @@ def test_failure_is_redelivered_after_the_back_off_then_dead_lettered(
     gaps = [later.at - earlier.at for earlier, later in zip(deliveries, deliveries[1:], strict=False)]
     assert all(gap >= BACKOFF_S * 0.9 for gap in gaps), gaps  # not before the back-off of the settings
     assert [d.attempt for d in listener.of("fine")] == [1]
+
+
+def test_a_slow_listener_keeps_its_message(in_process: Callable[..., InProcess],
+                                           clients: Callable[[Any], Any]) -> None:
+    """A message a push consumer holds stays invisible past its invisible duration (renewed,
+    RocketMQ's auto_renew): a listener working 4 s on it, with 1.5 s of invisibility, gets it
+    once and its ack is taken."""
+    served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=1.5)
+    broker, config = served.broker, served.config
+    topic, group = _name("slow"), _name("group")
+    listener = RecordingListener(work_s=4.0)
+    clients(_push_consumer(config, group, topic, listener))
+    producer = clients(rocketmq.Producer(config, (topic,)))
+    producer.send(_message(topic, "slow work"))
+    assert eventually(lambda: sum(broker.stats().consumer_lag.get(group, {}).values()) == 0
+                      and listener.bodies() == ["slow work"])
+    time.sleep(2.0)  # unrenewed, it would be back by now
+    assert [(d.body, d.attempt) for d in listener.deliveries] == [("slow work", 1)]
+
+
+def _receive(endpoint: str, group: str, topic: str, client_id: str, auto_renew: bool,
+             wait_s: int = 0) -> list[Any]:
+    """One ReceiveMessage over a plain gRPC channel, as client ``client_id``: the messages."""
+    request = spb.ReceiveMessageRequest(group=pb.Resource(name=group), batch_size=32, auto_renew=auto_renew,
+                                        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1))
+    request.long_polling_timeout.FromSeconds(wait_s)
+    with grpc.insecure_channel(endpoint) as channel:
+        call = channel.unary_stream(f"{SERVICE}/ReceiveMessage", request_serializer=spb.ReceiveMessageRequest.SerializeToString,
+                                    response_deserializer=spb.ReceiveMessageResponse.FromString)
+        return [answer.message for answer in call(request, metadata=(("x-mq-client-id", client_id),), timeout=30)
+                if answer.HasField("message")]
+
+
+def test_held_messages_come_back_when_their_client_ends(in_process: Callable[..., InProcess]) -> None:
+    """Received with auto_renew, a message stays invisible past its invisible duration until its
+    client says it ends (NotifyClientTermination): then it comes back."""
+    served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=1.0)
+    topic, group = _name("held"), _name("group")
+    served.broker.send(Message(topic=topic, body=b"held"))
+    [held] = _receive(served.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+    time.sleep(3.0)  # three invisible durations
+    assert _receive(served.endpoint, group, topic, "client-2", auto_renew=False) == []
+    with grpc.insecure_channel(served.endpoint) as channel:
+        channel.unary_unary(f"{SERVICE}/NotifyClientTermination",
+                            request_serializer=spb.NotifyClientTerminationRequest.SerializeToString,
+                            response_deserializer=spb.NotifyClientTerminationResponse.FromString)(
+            spb.NotifyClientTerminationRequest(group=pb.Resource(name=group)),
+            metadata=(("x-mq-client-id", "client-1"),), timeout=30)
+    [again] = _receive(served.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
+    assert again.system_properties.message_id == held.system_properties.message_id
+    assert again.system_properties.delivery_attempt == 2

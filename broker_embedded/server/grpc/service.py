@@ -13,6 +13,7 @@ concurrently and answer a failed message with ChangeInvisibleDuration (the back-
 settings); order within a message group is the broker's own, which delivers one message of a
 group at a time, the next once the previous is acked or dead-lettered. Retries and the DLQ are
 the broker's (``max_delivery_attempts``), so no client calls ForwardMessageToDeadLetterQueue.
+The messages they receive stay invisible until settled (``auto_renew``, see ``renewal``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ..batching import write_batcher
 from ._proto import definition_pb2 as pb
 from ._proto import service_pb2 as spb
 from .convert import from_proto, received_to_proto
+from .renewal import Renewals
 from .sessions import CheckRouter, TelemetrySession
 from .status import ok, status_of
 
@@ -74,10 +76,11 @@ class MessagingService:
     ``advertise`` (``host:port`` each) are the brokers routes name: this one, or every broker
     of a static route (each serving its own store, the same list given to each); without it a
     route names the address the client used. Signatures are checked before the service is
-    reached (``signature.SignatureFirst``)."""
+    reached (``signature.SignatureFirst``). A message a push consumer receives is invisible for
+    ``push_invisible_s``, renewed while the consumer holds it (``renewals``)."""
 
     def __init__(self, broker: BrokerAPI, executor: ThreadPoolExecutor, poll_executor: Executor,
-                 advertise: Sequence[str] = ()) -> None:
+                 advertise: Sequence[str] = (), push_invisible_s: float = DEFAULT_INVISIBLE_S) -> None:
         self.broker = broker
         self.executor = executor
         self.poll_executor = poll_executor
@@ -87,6 +90,7 @@ class MessagingService:
         config = getattr(broker, "config", None)
         self.config = config if isinstance(config, BrokerConfig) else BrokerConfig()
         self.stopping = False
+        self.renewals = Renewals(self._change_invisible, push_invisible_s)
         #: Concurrent writes share one append and one fsync (group commit), as on the native port.
         self._tasks: set[asyncio.Task[None]] = set()
         self._writes = write_batcher(broker, executor, self._track)
@@ -162,6 +166,7 @@ class MessagingService:
 
     async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
                                       context: Any) -> spb.NotifyClientTerminationResponse:
+        self.renewals.forget_client(_client_id(context))
         return spb.NotifyClientTerminationResponse(status=ok())
 
     # -- producing ------------------------------------------------------------------------
@@ -217,6 +222,7 @@ class MessagingService:
         finally:
             reading.cancel()
             self.router.close(session)
+            self.renewals.forget_client(session.client_id)
 
     async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], session: TelemetrySession) -> None:
         try:
@@ -283,13 +289,21 @@ class MessagingService:
         yield delivered
         for item in received:
             yield spb.ReceiveMessageResponse(message=received_to_proto(item, invisible_s))
+        if request.auto_renew:  # written to the client (a receive cut short renews nothing)
+            client_id = _client_id(context)
+            for item in received:
+                self.renewals.hold(client_id, request.group.name, item.receipt_handle)
 
     async def _receive(self, request: spb.ReceiveMessageRequest) -> tuple[list[Any], float]:
         expression = request.filter_expression
         if expression.expression.strip() not in ("", "*") or expression.type == pb.SQL:
             raise InvalidMessageError(f"filter {expression.expression!r}: only TAG '*' (every message) is supported")
-        invisible_s = (_seconds(request.invisible_duration) if request.HasField("invisible_duration")
-                       else DEFAULT_INVISIBLE_S)
+        if request.auto_renew:
+            invisible_s = self.renewals.invisible_s  # renewed while held: the client's asking aside
+        elif request.HasField("invisible_duration"):
+            invisible_s = _seconds(request.invisible_duration)
+        else:
+            invisible_s = DEFAULT_INVISIBLE_S
         if not 0 < invisible_s <= MAX_DURATION_S:
             raise InvalidMessageError(f"invisible duration {invisible_s:g}s is not in (0, {MAX_DURATION_S:g}]")
         wait_s = min(MAX_LONG_POLL_S, max(0.0, _seconds(request.long_polling_timeout)))
@@ -304,7 +318,7 @@ class MessagingService:
                 return received, invisible_s
 
     async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
-        handles = [entry.receipt_handle for entry in request.entries]
+        handles = [await self.renewals.settle(request.group.name, entry.receipt_handle) for entry in request.entries]
         outcomes: list[Exception | None]
         try:  # one ack_many for the request's entries: one lock and one consumer-state write
             outcomes = list(await self._call(self.broker.ack_many, request.group.name, handles))
@@ -319,11 +333,15 @@ class MessagingService:
     async def ChangeInvisibleDuration(self, request: spb.ChangeInvisibleDurationRequest,
                                       context: Any) -> spb.ChangeInvisibleDurationResponse:
         try:
-            handle = await self._call(self.broker.change_invisible_duration, request.group.name,
-                                      request.receipt_handle, _seconds(request.invisible_duration) or VISIBLE_NOW_S)
+            current = await self.renewals.settle(request.group.name, request.receipt_handle)
+            handle = await self._change_invisible(request.group.name, current,
+                                                  _seconds(request.invisible_duration) or VISIBLE_NOW_S)
         except Exception as exc:
             return spb.ChangeInvisibleDurationResponse(status=status_of(exc))
         return spb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+
+    async def _change_invisible(self, group: str, receipt_handle: str, invisible_s: float) -> str:
+        return str(await self._call(self.broker.change_invisible_duration, group, receipt_handle, invisible_s))
 
     # -- the service ----------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
