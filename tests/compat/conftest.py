@@ -84,6 +84,19 @@ def grpc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcBroker
 
 
 @pytest.fixture
+def two_brokers(tmp_path: Path) -> Iterator[list[GrpcBroker]]:
+    """Two brokers, each with its own store, behind one static route that names both (request
+    it before ``clients``: the clients end first)."""
+    ports = [free_port(), free_port()]
+    route = ",".join(f"127.0.0.1:{port}" for port in ports)
+    brokers = [start_grpc_broker(tmp_path / f"broker-{n}", "--grpc-advertise", route, grpc_port=port)
+               for n, port in enumerate(ports)]
+    yield brokers
+    for broker in brokers:
+        broker.process.stop()
+
+
+@pytest.fixture
 def clients() -> Iterator[Callable[[Any], Any]]:
     """Start official clients; each is shut down after the test."""
     started: list[Any] = []

@@ -380,18 +380,6 @@ def test_signed_calls_with_the_brokers_keys(signed_broker: GrpcBroker, clients: 
     assert _query_route(signed_broker.endpoint, ((DATE_HEADER, date), ("authorization", right))).status.code == pb.OK
 
 
-@pytest.fixture
-def two_brokers(tmp_path: Path) -> Iterator[list[GrpcBroker]]:
-    """Two brokers, each with its own store, behind one static route that names both."""
-    ports = [free_port(), free_port()]
-    route = ",".join(f"127.0.0.1:{port}" for port in ports)
-    brokers = [start_grpc_broker(tmp_path / f"broker-{n}", "--grpc-advertise", route, grpc_port=port)
-               for n, port in enumerate(ports)]
-    yield brokers
-    for broker in brokers:
-        broker.process.stop()
-
-
 def _holder(brokers: list[GrpcBroker], transaction_id: str) -> int:
     """The index of the broker that stores ``transaction_id``."""
     for n, broker in enumerate(brokers):

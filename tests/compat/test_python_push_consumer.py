@@ -151,6 +151,22 @@ def test_every_message_once(grpc_broker: GrpcBroker, clients: Callable[[Any], An
     assert sorted(listener.bodies()) == sorted(bodies)  # and none came twice
 
 
+def test_every_broker_of_a_static_route(two_brokers: list[GrpcBroker], clients: Callable[[Any], Any]) -> None:
+    """Two brokers behind one static route: the consumer is assigned both and gets the
+    messages the producer spread over them."""
+    topic = _name("spread")
+    producer = clients(rocketmq.Producer(two_brokers[0].config(), (topic,)))
+    bodies = [f"order {n}" for n in range(12)]
+    for body in bodies:
+        producer.send(_message(topic, body))
+    for broker in two_brokers:  # the producer took the route's queues in turn: both hold some
+        with broker.native() as native:
+            assert sum(sum(info.depth) for info in native.list_topics() if info.name == topic) > 0
+    listener = RecordingListener()
+    clients(_push_consumer(two_brokers[0].config(), _name("group"), topic, listener))
+    assert eventually(lambda: sorted(listener.bodies()) == sorted(bodies))
+
+
 def test_a_message_group_in_order(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
     """Messages of one group come one at a time, in order, a failed one redelivered before the
     next; two groups interleave freely."""
