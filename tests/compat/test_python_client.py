@@ -46,7 +46,7 @@ def _message(topic: str, body: bytes, **fields: Any) -> Any:
     return message
 
 
-class BodyChecker(rocketmq.TransactionChecker):  # type: ignore[misc]
+class BodyChecker(rocketmq.TransactionChecker):  # type: ignore[misc,name-defined]
     """Answers a check-back from the half message's body (b"commit", b"rollback", else raises)."""
 
     def __init__(self) -> None:
@@ -63,7 +63,7 @@ class BodyChecker(rocketmq.TransactionChecker):  # type: ignore[misc]
         raise RuntimeError("the local transaction's outcome cannot be read")
 
 
-class NeverSure(rocketmq.TransactionChecker):  # type: ignore[misc]
+class NeverSure(rocketmq.TransactionChecker):  # type: ignore[misc,name-defined]
     """A checker that cannot tell (raises: the broker hears nothing, i.e. UNKNOWN)."""
 
     def check(self, message: Any) -> Any:
