@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +22,15 @@ from typing import Any
 
 import pytest
 
+from broker_embedded import Message
+from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.errors import UnknownTransactionError
 from broker_embedded.message import TransactionState
 from broker_embedded.server.grpc._proto import definition_pb2 as pb
 from tests.conftest import unavailable
 from tests.server.conftest import free_port
 
-from .conftest import GrpcBroker, eventually, start_grpc_broker
+from .conftest import GrpcBroker, InProcess, eventually, start_grpc_broker
 
 NODE_DIR = Path(__file__).parent / "node"
 LOCK_FILES = ("package.json", "package-lock.json")
@@ -336,10 +338,10 @@ class PushConsumerProcess:
 
 
 @contextmanager
-def push_consumer(node: NodeClient, broker: GrpcBroker, topic: str, group: str,
-                  **failing: Any) -> Iterator[PushConsumerProcess]:
+def push_consumer(node: NodeClient, endpoint: str, topic: str, group: str,
+                  **behaviour: Any) -> Iterator[PushConsumerProcess]:
     """A started Node PushConsumer of ``group``; shut down (stdin closed) on leaving."""
-    process = node.start("push", endpoint=broker.endpoint, topic=topic, group=group, **failing)
+    process = node.start("push", endpoint=endpoint, topic=topic, group=group, **behaviour)
     try:
         assert process.stdout is not None
         ready = process.stdout.readline()
@@ -356,7 +358,7 @@ def push_consumer(node: NodeClient, broker: GrpcBroker, topic: str, group: str,
 def test_push_consumer_gets_every_message_once(grpc_broker: GrpcBroker, node: NodeClient) -> None:
     topic, group = _name("pushed"), _name("group")
     bodies = [f"order {n}" for n in range(10)]
-    with push_consumer(node, grpc_broker, topic, group) as consumer:
+    with push_consumer(node, grpc_broker.endpoint, topic, group) as consumer:
         node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[{"body": body} for body in bodies])
         assert eventually(lambda: sorted(d["body"] for d in consumer.deliveries) == sorted(bodies))
         with grpc_broker.native() as native:  # each acked: nothing left for the group
@@ -370,7 +372,7 @@ def test_push_consumer_failure_is_redelivered_then_dead_lettered(grpc_broker: Gr
     """The Node client nacks a failed message without a back-off (it reads neither back-off of
     the settings): it comes back at once, and after the broker's 16 attempts goes to the DLQ."""
     topic, group = _name("poison"), _name("group")
-    with push_consumer(node, grpc_broker, topic, group, failPrefix="fail", failTimes=100) as consumer:
+    with push_consumer(node, grpc_broker.endpoint, topic, group, failPrefix="fail", failTimes=100) as consumer:
         [failing, _] = node.run("send", endpoint=grpc_broker.endpoint, topic=topic,
                                 messages=[{"body": "fail always"}, {"body": "fine"}])
         with grpc_broker.native() as native:
@@ -385,10 +387,25 @@ def test_push_consumer_keeps_a_message_group_in_order(grpc_broker: GrpcBroker, n
     messages = [{"body": f"{account} {n}", "messageGroup": f"account-{account}"}
                 for n in range(5) for account in ("a", "b")]
     node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=messages)
-    with push_consumer(node, grpc_broker, topic, _name("group"), failPrefix="a 2", failTimes=1) as consumer:
+    with push_consumer(node, grpc_broker.endpoint, topic, _name("group"), failPrefix="a 2", failTimes=1) as consumer:
         assert eventually(lambda: len(consumer.deliveries) == 11, 60)  # "a 2" twice
     for account in ("a", "b"):
         expected = [f"{account} {n}" for n in range(5)]
         if account == "a":
             expected.insert(3, "a 2")  # redelivered before the next of its group
         assert [d["body"] for d in consumer.deliveries if d["messageGroup"] == f"account-{account}"] == expected
+
+
+@pytest.mark.slow
+def test_push_consumer_keeps_the_message_a_slow_listener_holds(in_process: Callable[..., InProcess],
+                                                               node: NodeClient) -> None:
+    """The Node PushConsumer receives with auto_renew: a listener working 4 s on a message
+    invisible for 1.5 s gets it once (the broker renews it), and its ack is taken."""
+    served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=1.5)
+    topic, group = _name("slow"), _name("group")
+    served.broker.send(Message(topic=topic, body=b"slow work"))
+    with push_consumer(node, served.endpoint, topic, group, workMs=4000) as consumer:
+        assert eventually(lambda: sum(served.broker.stats().consumer_lag.get(group, {}).values()) == 0
+                          and len(consumer.deliveries) == 1)
+        time.sleep(2.0)  # unrenewed, it would be back by now
+    assert [(d["body"], d["deliveryAttempt"]) for d in consumer.deliveries] == [("slow work", 1)]

@@ -7,27 +7,22 @@ group consumed in order. Retries and the DLQ need a broker with a short retry sc
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 
-from broker_embedded import EmbeddedBroker, Message
+from broker_embedded import Message
 from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.server.grpc._proto import definition_pb2 as pb
 from broker_embedded.server.grpc._proto import service_pb2 as spb
-from broker_embedded.server.grpc.front import GrpcFront
 from broker_embedded.server.grpc.service import SERVICE_NAME
 
-from .conftest import GrpcBroker, eventually, rocketmq
+from .conftest import GrpcBroker, InProcess, eventually, rocketmq
 
 #: Attempts and back-off of the in-process broker: a failing message is delivered three times,
 #: one second apart (the Python client reads whole seconds), then dead-lettered.
@@ -90,50 +85,6 @@ def _message(topic: str, body: str, **fields: Any) -> Any:
 
 def _push_consumer(config: Any, group: str, topic: str, listener: RecordingListener) -> Any:
     return rocketmq.PushConsumer(config, group, listener, {topic: rocketmq.FilterExpression()})
-
-
-@contextmanager
-def in_process_grpc(data_dir: Path, config: BrokerConfig,
-                    push_invisible_s: float = 30.0) -> Iterator[tuple[EmbeddedBroker, str]]:
-    """An in-process broker with ``config`` serving gRPC on a free port, from its own event loop."""
-    broker = EmbeddedBroker(data_dir, config)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="grpc-front-loop", daemon=True)
-    thread.start()
-    front = GrpcFront(broker, port=0, push_invisible_s=push_invisible_s)
-    try:
-        asyncio.run_coroutine_threadsafe(front.start(), loop).result(30)
-        yield broker, f"127.0.0.1:{front.port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(front.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
-        broker.close()
-
-
-@dataclass
-class InProcess:
-    """An in-process broker and its gRPC address."""
-
-    broker: EmbeddedBroker
-    endpoint: str
-
-    @property
-    def config(self) -> Any:
-        return rocketmq.ClientConfiguration(self.endpoint, rocketmq.Credentials("", ""))
-
-
-@pytest.fixture
-def in_process(tmp_path: Path) -> Iterator[Callable[..., InProcess]]:
-    """Start an in-process broker serving gRPC. Request this fixture before ``clients``: the
-    clients are shut down first (a push consumer shut down with an ack in flight to a stopped
-    broker retries it forever)."""
-    with ExitStack() as stack:
-        def start(config: BrokerConfig, push_invisible_s: float = 30.0) -> InProcess:
-            return InProcess(*stack.enter_context(in_process_grpc(tmp_path / "broker", config, push_invisible_s)))
-
-        yield start
 
 
 def test_every_message_once(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:

@@ -166,8 +166,8 @@ async function receiveOne(simpleConsumer) {
 }
 
 // A PushConsumer (as the PushConsumer.ts example: a group, a subscription, a listener) that
-// reports each delivery; it fails the messages whose body starts with args.failPrefix on their
-// first args.failTimes attempts. It runs until stdin closes.
+// reports each delivery; it works args.workMs on each, and fails the messages whose body starts
+// with args.failPrefix on their first args.failTimes attempts. It runs until stdin closes.
 async function push() {
   const pushConsumer = new PushConsumer({
     endpoints: args.endpoint,
@@ -180,6 +180,7 @@ async function push() {
         const fails = args.failPrefix !== undefined && view.body.startsWith(args.failPrefix) &&
           message.deliveryAttempt <= args.failTimes;
         emit({ delivered: view, failed: fails });
+        if (args.workMs) await new Promise(resolve => setTimeout(resolve, args.workMs));
         return fails ? ConsumeResult.FAILURE : ConsumeResult.SUCCESS;
       },
     },
