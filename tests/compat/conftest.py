@@ -1,14 +1,18 @@
-"""A real ``halfmoon-broker serve --grpc-port`` subprocess, and the official RocketMQ 5 Python
+"""A real ``halfmoon-broker serve --grpc-port`` subprocess (or an in-process broker serving gRPC,
+for broker settings ``serve`` has no option for), and the official RocketMQ 5 Python
 client (``rocketmq-python-client``, a dev dependency) imported with its log files in a
 temporary folder (it picks ``~/logs/rocketmq_python`` at import)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -16,7 +20,9 @@ from typing import Any
 
 import pytest
 
-from broker_embedded import BrokerClient
+from broker_embedded import BrokerClient, EmbeddedBroker
+from broker_embedded.broker.config import BrokerConfig
+from broker_embedded.server.grpc.front import GrpcFront
 from tests.conftest import services_required
 from tests.server.conftest import ServerProcess, free_port, wait_for_port
 
@@ -81,6 +87,63 @@ def grpc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcBroker
                                f"127.0.0.1:{grpc_port}", grpc_port=grpc_port)
     yield broker
     broker.process.stop()
+
+
+@contextmanager
+def in_process_grpc(data_dir: Path, config: BrokerConfig,
+                    push_invisible_s: float = 30.0) -> Iterator[tuple[EmbeddedBroker, str]]:
+    """An in-process broker with ``config`` serving gRPC on a free port, from its own event loop."""
+    broker = EmbeddedBroker(data_dir, config)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="grpc-front-loop", daemon=True)
+    thread.start()
+    front = GrpcFront(broker, port=0, push_invisible_s=push_invisible_s)
+    try:
+        asyncio.run_coroutine_threadsafe(front.start(), loop).result(30)
+        yield broker, f"127.0.0.1:{front.port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(front.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+        broker.close()
+
+
+@dataclass
+class InProcess:
+    """An in-process broker and its gRPC address."""
+
+    broker: EmbeddedBroker
+    endpoint: str
+
+    @property
+    def config(self) -> Any:
+        return rocketmq.ClientConfiguration(self.endpoint, rocketmq.Credentials("", ""))
+
+
+@pytest.fixture
+def in_process(tmp_path: Path) -> Iterator[Callable[..., InProcess]]:
+    """Start an in-process broker serving gRPC. Request this fixture before ``clients``: the
+    clients are shut down first (a push consumer shut down with an ack in flight to a stopped
+    broker retries it forever)."""
+    with ExitStack() as stack:
+        def start(config: BrokerConfig, push_invisible_s: float = 30.0) -> InProcess:
+            return InProcess(*stack.enter_context(in_process_grpc(tmp_path / "broker", config, push_invisible_s)))
+
+        yield start
+
+
+@pytest.fixture
+def two_brokers(tmp_path: Path) -> Iterator[list[GrpcBroker]]:
+    """Two brokers, each with its own store, behind one static route that names both (request
+    it before ``clients``: the clients end first)."""
+    ports = [free_port(), free_port()]
+    route = ",".join(f"127.0.0.1:{port}" for port in ports)
+    brokers = [start_grpc_broker(tmp_path / f"broker-{n}", "--grpc-advertise", route, grpc_port=port)
+               for n, port in enumerate(ports)]
+    yield brokers
+    for broker in brokers:
+        broker.process.stop()
 
 
 @pytest.fixture

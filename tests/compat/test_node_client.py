@@ -11,21 +11,26 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker_embedded import Message
+from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.errors import UnknownTransactionError
 from broker_embedded.message import TransactionState
 from broker_embedded.server.grpc._proto import definition_pb2 as pb
 from tests.conftest import unavailable
 from tests.server.conftest import free_port
 
-from .conftest import GrpcBroker, eventually, start_grpc_broker
+from .conftest import GrpcBroker, InProcess, eventually, start_grpc_broker
 
 NODE_DIR = Path(__file__).parent / "node"
 LOCK_FILES = ("package.json", "package-lock.json")
@@ -119,6 +124,17 @@ def test_send_receive_ack(grpc_broker: GrpcBroker, node: NodeClient) -> None:
     assert {m["tag"] for m in got} == {"created"}
     assert sorted(tuple(m["keys"]) for m in got) == [("order-0",), ("order-1",), ("order-2",)]
     assert all(m["properties"] == {"source": "test"} and m["deliveryAttempt"] == 1 for m in got)
+
+
+def test_no_message_is_corrupted(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    """The client checks each body against its digest (MD5, upper-case hex, as RocketMQ's proxy
+    sends it); bodies of several sizes and non-ASCII ones all pass."""
+    topic = _name("digest")
+    bodies = ["x", "order paid", "\u00e9t\u00e9 " * 1000]
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[{"body": body} for body in bodies])
+    got = _received(node, grpc_broker, topic, len(bodies))
+    assert sorted(m["body"] for m in got) == sorted(bodies)
+    assert [m["corrupted"] for m in got] == [False] * len(bodies)
 
 
 def test_commit_is_visible_and_rollback_never(grpc_broker: GrpcBroker, node: NodeClient) -> None:
@@ -300,3 +316,96 @@ def _committed_on(broker: GrpcBroker, transaction_ids: list[str]) -> int:
             except UnknownTransactionError:
                 pass
     return committed
+
+
+@dataclass
+class PushConsumerProcess:
+    """A Node PushConsumer (client.js ``push``): the deliveries it reported so far."""
+
+    process: subprocess.Popen[str]
+    deliveries: list[dict[str, Any]] = field(default_factory=list)
+
+    def read(self) -> None:
+        """Collect the reported deliveries until the process ends (on a reader thread)."""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            record = json.loads(line)
+            if "delivered" in record:
+                self.deliveries.append({**record["delivered"], "failed": record["failed"]})
+
+    def of(self, body: str) -> list[dict[str, Any]]:
+        return [delivery for delivery in list(self.deliveries) if delivery["body"] == body]
+
+
+@contextmanager
+def push_consumer(node: NodeClient, endpoint: str, topic: str, group: str,
+                  **behaviour: Any) -> Iterator[PushConsumerProcess]:
+    """A started Node PushConsumer of ``group``; shut down (stdin closed) on leaving."""
+    process = node.start("push", endpoint=endpoint, topic=topic, group=group, **behaviour)
+    try:
+        assert process.stdout is not None
+        ready = process.stdout.readline()
+        assert ready and json.loads(ready) == {"ready": True}, process.stderr.read() if process.stderr else ""
+        consumer = PushConsumerProcess(process)
+        reader = threading.Thread(target=consumer.read, daemon=True)
+        reader.start()
+        yield consumer
+    finally:
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+
+
+def test_push_consumer_gets_every_message_once(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic, group = _name("pushed"), _name("group")
+    bodies = [f"order {n}" for n in range(10)]
+    with push_consumer(node, grpc_broker.endpoint, topic, group) as consumer:
+        node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=[{"body": body} for body in bodies])
+        assert eventually(lambda: sorted(d["body"] for d in consumer.deliveries) == sorted(bodies))
+        with grpc_broker.native() as native:  # each acked: nothing left for the group
+            assert eventually(lambda: sum(native.stats().consumer_lag.get(group, {}).values()) == 0)
+    assert sorted(d["body"] for d in consumer.deliveries) == sorted(bodies)  # none twice
+    assert not any(d["corrupted"] for d in consumer.deliveries)
+
+
+@pytest.mark.slow
+def test_push_consumer_failure_is_redelivered_then_dead_lettered(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    """The Node client nacks a failed message without a back-off (it reads neither back-off of
+    the settings): it comes back at once, and after the broker's 16 attempts goes to the DLQ."""
+    topic, group = _name("poison"), _name("group")
+    with push_consumer(node, grpc_broker.endpoint, topic, group, failPrefix="fail", failTimes=100) as consumer:
+        [failing, _] = node.run("send", endpoint=grpc_broker.endpoint, topic=topic,
+                                messages=[{"body": "fail always"}, {"body": "fine"}])
+        with grpc_broker.native() as native:
+            assert eventually(lambda: [m.message.message_id for m in native.list_dlq(group)]
+                              == [failing["messageId"]], 60)
+    assert [d["deliveryAttempt"] for d in consumer.of("fail always")] == list(range(1, 17))
+    assert [d["deliveryAttempt"] for d in consumer.of("fine")] == [1]
+
+
+def test_push_consumer_keeps_a_message_group_in_order(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    topic = _name("fifo-push")
+    messages = [{"body": f"{account} {n}", "messageGroup": f"account-{account}"}
+                for n in range(5) for account in ("a", "b")]
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic, messages=messages)
+    with push_consumer(node, grpc_broker.endpoint, topic, _name("group"), failPrefix="a 2", failTimes=1) as consumer:
+        assert eventually(lambda: len(consumer.deliveries) == 11, 60)  # "a 2" twice
+    for account in ("a", "b"):
+        expected = [f"{account} {n}" for n in range(5)]
+        if account == "a":
+            expected.insert(3, "a 2")  # redelivered before the next of its group
+        assert [d["body"] for d in consumer.deliveries if d["messageGroup"] == f"account-{account}"] == expected
+
+
+@pytest.mark.slow
+def test_push_consumer_keeps_the_message_a_slow_listener_holds(in_process: Callable[..., InProcess],
+                                                               node: NodeClient) -> None:
+    """The Node PushConsumer receives with auto_renew: a listener working 4 s on a message
+    invisible for 1.5 s gets it once (the broker renews it), and its ack is taken."""
+    served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=1.5)
+    topic, group = _name("slow"), _name("group")
+    served.broker.send(Message(topic=topic, body=b"slow work"))
+    with push_consumer(node, served.endpoint, topic, group, workMs=4000) as consumer:
+        assert eventually(lambda: sum(served.broker.stats().consumer_lag.get(group, {}).values()) == 0
+                          and len(consumer.deliveries) == 1)
+        time.sleep(2.0)  # unrenewed, it would be back by now
+    assert [(d["body"], d["deliveryAttempt"]) for d in consumer.deliveries] == [("slow work", 1)]

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ def _message(topic: str, body: bytes, **fields: Any) -> Any:
     return message
 
 
-class BodyChecker(rocketmq.TransactionChecker):  # type: ignore[misc]
+class BodyChecker(rocketmq.TransactionChecker):  # type: ignore[misc,name-defined]
     """Answers a check-back from the half message's body (b"commit", b"rollback", else raises)."""
 
     def __init__(self) -> None:
@@ -63,7 +63,7 @@ class BodyChecker(rocketmq.TransactionChecker):  # type: ignore[misc]
         raise RuntimeError("the local transaction's outcome cannot be read")
 
 
-class NeverSure(rocketmq.TransactionChecker):  # type: ignore[misc]
+class NeverSure(rocketmq.TransactionChecker):  # type: ignore[misc,name-defined]
     """A checker that cannot tell (raises: the broker hears nothing, i.e. UNKNOWN)."""
 
     def check(self, message: Any) -> Any:
@@ -110,6 +110,7 @@ def test_send_receive_ack(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]
     assert {m.tag for m in got} == {"created"}
     assert {tuple(m.keys) for m in got} == {("order-0",), ("order-1",), ("order-2",)}
     assert all(m.properties["source"] == "test" and m.delivery_attempt == 1 for m in got)
+    assert not any(m.corrupted for m in got)  # the client checked each body's digest
     assert consumer.receive(32, 20) == []  # acked: MESSAGE_NOT_FOUND after the long poll
 
 
@@ -291,7 +292,8 @@ def test_a_sent_message_converts_field_by_field() -> None:
             dict(message.properties), message.transaction_timeout_s) == (
         "orders", b"order paid", "m-1", "paid", ("order-7",), "account-1", {"source": "shop"}, 30.0)
     back = to_proto(message).system_properties
-    assert back.body_digest.checksum == f"{zlib.crc32(b'order paid'):08X}" and back.body_encoding == pb.IDENTITY
+    assert back.body_digest == pb.Digest(type=pb.MD5, checksum=hashlib.md5(b"order paid").hexdigest().upper())
+    assert back.body_encoding == pb.IDENTITY
     assert back.message_type == pb.FIFO and back.message_group == "account-1"
 
 
@@ -324,11 +326,27 @@ def test_route_names_the_advertised_address(grpc_broker: GrpcBroker) -> None:
             scheme=pb.IPv4, addresses=[pb.Address(host="127.0.0.1", port=grpc_broker.grpc_port)])
 
 
+def test_assignment_is_every_broker_of_the_route(grpc_broker: GrpcBroker) -> None:
+    """A push consumer is assigned each broker as queue -1 (all its queues), as RocketMQ's proxy
+    assigns a non-FIFO group."""
+    topic = pb.Resource(name=_name("assigned"))
+    answer = _call(grpc_broker.endpoint, "QueryAssignment",
+                   spb.QueryAssignmentRequest(topic=topic, group=pb.Resource(name=_name("group"))),
+                   spb.QueryAssignmentResponse)
+    assert answer.status.code == pb.OK
+    [assignment] = answer.assignments
+    queue = assignment.message_queue
+    assert (queue.topic, queue.id, queue.permission) == (topic, -1, pb.READ_WRITE)
+    assert queue.broker.endpoints == pb.Endpoints(
+        scheme=pb.IPv4, addresses=[pb.Address(host="127.0.0.1", port=grpc_broker.grpc_port)])
+
+
 def test_unimplemented_rpcs_say_so(grpc_broker: GrpcBroker) -> None:
     with pytest.raises(grpc.RpcError) as refused:
-        _call(grpc_broker.endpoint, "QueryAssignment", spb.QueryAssignmentRequest(), spb.QueryAssignmentResponse)
+        _call(grpc_broker.endpoint, "ForwardMessageToDeadLetterQueue", spb.ForwardMessageToDeadLetterQueueRequest(),
+              spb.ForwardMessageToDeadLetterQueueResponse)
     assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "QueryAssignment is not implemented" in refused.value.details()
+    assert "ForwardMessageToDeadLetterQueue is not implemented" in refused.value.details()
 
 
 @pytest.fixture
@@ -360,18 +378,6 @@ def test_signed_calls_with_the_brokers_keys(signed_broker: GrpcBroker, clients: 
         assert reason in refused.value.details()
     right = wrong.replace(sign("wrong", date), sign("s3cret", date))
     assert _query_route(signed_broker.endpoint, ((DATE_HEADER, date), ("authorization", right))).status.code == pb.OK
-
-
-@pytest.fixture
-def two_brokers(tmp_path: Path) -> Iterator[list[GrpcBroker]]:
-    """Two brokers, each with its own store, behind one static route that names both."""
-    ports = [free_port(), free_port()]
-    route = ",".join(f"127.0.0.1:{port}" for port in ports)
-    brokers = [start_grpc_broker(tmp_path / f"broker-{n}", "--grpc-advertise", route, grpc_port=port)
-               for n, port in enumerate(ports)]
-    yield brokers
-    for broker in brokers:
-        broker.process.stop()
 
 
 def _holder(brokers: list[GrpcBroker], transaction_id: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import zlib
 
 from ...errors import InvalidMessageError
@@ -15,8 +16,9 @@ MAX_SECONDS = 32_503_680_000
 
 
 def body_digest(body: bytes) -> pb.Digest:
-    """CRC32 of ``body`` as the clients check it: 8 uppercase hex digits."""
-    return pb.Digest(type=pb.CRC32, checksum=f"{zlib.crc32(body):08X}")
+    """MD5 of ``body`` in upper-case hex, as RocketMQ's proxy sends it: the one digest every
+    official client checks the same way (their CRC32 renderings differ: Node's is decimal)."""
+    return pb.Digest(type=pb.MD5, checksum=hashlib.md5(body, usedforsecurity=False).hexdigest().upper())
 
 
 def deliver_at_ms(properties: pb.SystemProperties) -> int | None:

@@ -3,6 +3,7 @@ broker server's event loop, serving ``MessagingService`` over the same broker.""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -12,12 +13,14 @@ import grpc
 
 from ...api import BrokerAPI
 from ...broker.config import BrokerConfig
-from .service import MessagingService
+from .service import DEFAULT_INVISIBLE_S, MessagingService
 from .signature import UTC_OFFSETS_MIN, SignatureFirst, SignatureVerifier
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0
+#: How often held messages are looked at for renewal (at most; a tenth of their invisibility).
+RENEW_TICK_S = 1.0
 #: What a gRPC message may hold besides a body of ``max_body_size`` (properties, ids, framing).
 MESSAGE_OVERHEAD_BYTES = 1024 * 1024
 
@@ -29,12 +32,14 @@ class GrpcFront:
     to); with ``access_key`` and ``secret_key`` every
     call must be signed with them (``MQv2-HMAC-SHA1``) at a time that is now in one of
     ``utc_offsets`` (minutes; default: every zone in use). With ``tls_cert`` and ``tls_key``
-    (PEM files) the port speaks TLS only."""
+    (PEM files) the port speaks TLS only. A message a push consumer receives is invisible for
+    ``push_invisible_s``, renewed until the consumer acks it (RocketMQ's ``auto_renew``)."""
 
     def __init__(self, broker: BrokerAPI, host: str = "127.0.0.1", port: int = 8081, *,
                  advertise: Sequence[str] = (), access_key: str | None = None, secret_key: str | None = None,
                  utc_offsets: Sequence[int] = UTC_OFFSETS_MIN, tls_cert: Path | None = None,
-                 tls_key: Path | None = None, max_workers: int = 64) -> None:
+                 tls_key: Path | None = None, max_workers: int = 64,
+                 push_invisible_s: float = DEFAULT_INVISIBLE_S) -> None:
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key, or neither")
         if (tls_cert is None) != (tls_key is None):
@@ -53,8 +58,9 @@ class GrpcFront:
                                                 thread_name_prefix="broker-grpc-poll")
         self.interceptors = [SignatureFirst(SignatureVerifier(access_key, secret_key, utc_offsets=utc_offsets))] \
             if access_key is not None and secret_key is not None else []
-        self.service = MessagingService(broker, self.executor, self.poll_executor, advertise)
+        self.service = MessagingService(broker, self.executor, self.poll_executor, advertise, push_invisible_s)
         self._server: grpc.aio.Server | None = None
+        self._renewing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         largest = self.config.max_body_size + self.config.max_properties_size + MESSAGE_OVERHEAD_BYTES
@@ -74,12 +80,16 @@ class GrpcFront:
             raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
         await server.start()
         self._server = server
+        tick_s = min(RENEW_TICK_S, self.service.renewals.invisible_s / 10)
+        self._renewing = asyncio.get_running_loop().create_task(self.service.renewals.run(tick_s))
         log.debug("gRPC (RocketMQ 5) listening on %s:%d", self.host, self.port)  # serve prints it
 
     async def stop(self) -> None:
         """Stop accepting calls, give those in flight ``STOP_GRACE_S`` to finish."""
         self.service.stopping = True
         self.service.router.end_all()
+        if self._renewing is not None:
+            self._renewing.cancel()
         if self._server is not None:
             await self._server.stop(STOP_GRACE_S)
         self.executor.shutdown(wait=True, cancel_futures=False)

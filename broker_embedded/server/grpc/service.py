@@ -4,9 +4,16 @@ The handlers are registered by hand under the service's wire name (the protos ar
 under a private package, see ``_proto/README.md``). Every broker call runs on the
 front's executor threads, as the native server's do, and writes in flight together share one
 append and one fsync through the native server's batcher. Producer RPCs (normal, FIFO, delay and
-transactional sends, EndTransaction, check-backs over Telemetry) and SimpleConsumer RPCs
-(ReceiveMessage, AckMessage, ChangeInvisibleDuration) are served; the others answer
-UNIMPLEMENTED.
+transactional sends, EndTransaction, check-backs over Telemetry), SimpleConsumer RPCs
+(ReceiveMessage, AckMessage, ChangeInvisibleDuration) and PushConsumer RPCs (QueryAssignment,
+the subscription settings over Telemetry) are served; the others answer UNIMPLEMENTED.
+
+Push consumers are told their group is not FIFO (``Subscription.fifo`` false), so they consume
+concurrently and answer a failed message with ChangeInvisibleDuration (the back-off of the
+settings); order within a message group is the broker's own, which delivers one message of a
+group at a time, the next once the previous is acked or dead-lettered. Retries and the DLQ are
+the broker's (``max_delivery_attempts``), so no client calls ForwardMessageToDeadLetterQueue.
+The messages they receive stay invisible until settled (``auto_renew``, see ``renewal``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
@@ -32,6 +40,7 @@ from ..batching import write_batcher
 from ._proto import definition_pb2 as pb
 from ._proto import service_pb2 as spb
 from .convert import from_proto, received_to_proto
+from .renewal import Renewals
 from .sessions import CheckRouter, TelemetrySession
 from .status import ok, status_of
 
@@ -45,6 +54,14 @@ MAX_LONG_POLL_S = 20.0
 #: A waiting receive looks at the broker at least this often (to notice a stopping server).
 POLL_SLICE_S = 1.0
 DEFAULT_INVISIBLE_S = 30.0
+#: Messages a push consumer asks for in one receive (RocketMQ's proxy default as well).
+PUSH_BATCH_SIZE = 32
+#: The long poll of a push consumer's receives: a push consumer's shutdown waits for its receive
+#: in flight (the Node client's does), so this bounds it; an idle consumer asks this often.
+PUSH_LONG_POLL_S = 5
+#: How soon a message comes back when a client makes it visible "now" (a zero invisible
+#: duration, which the broker refuses): the Node client's nack without a back-off.
+VISIBLE_NOW_S = 0.001
 RESOLUTIONS = {pb.COMMIT: Resolution.COMMIT, pb.ROLLBACK: Resolution.ROLLBACK,
                pb.TRANSACTION_RESOLUTION_UNSPECIFIED: Resolution.UNKNOWN}
 
@@ -59,10 +76,11 @@ class MessagingService:
     ``advertise`` (``host:port`` each) are the brokers routes name: this one, or every broker
     of a static route (each serving its own store, the same list given to each); without it a
     route names the address the client used. Signatures are checked before the service is
-    reached (``signature.SignatureFirst``)."""
+    reached (``signature.SignatureFirst``). A message a push consumer receives is invisible for
+    ``push_invisible_s``, renewed while the consumer holds it (``renewals``)."""
 
     def __init__(self, broker: BrokerAPI, executor: ThreadPoolExecutor, poll_executor: Executor,
-                 advertise: Sequence[str] = ()) -> None:
+                 advertise: Sequence[str] = (), push_invisible_s: float = DEFAULT_INVISIBLE_S) -> None:
         self.broker = broker
         self.executor = executor
         self.poll_executor = poll_executor
@@ -72,6 +90,7 @@ class MessagingService:
         config = getattr(broker, "config", None)
         self.config = config if isinstance(config, BrokerConfig) else BrokerConfig()
         self.stopping = False
+        self.renewals = Renewals(self._change_invisible, push_invisible_s)
         #: Concurrent writes share one append and one fsync (group commit), as on the native port.
         self._tasks: set[asyncio.Task[None]] = set()
         self._writes = write_batcher(broker, executor, self._track)
@@ -110,12 +129,29 @@ class MessagingService:
             queues = await self._call(self._queue_count, topic)
         except Exception as exc:
             return spb.QueryRouteResponse(status=status_of(exc))
-        brokers = ([pb.Broker(name=address, id=0, endpoints=_endpoints(address)) for address in self.advertise]
-                   or [pb.Broker(name="halfmoon", id=0, endpoints=request.endpoints)])
         return spb.QueryRouteResponse(status=ok(), message_queues=[
             pb.MessageQueue(topic=pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace),
                             id=queue, permission=pb.READ_WRITE, broker=broker, accept_message_types=ACCEPTED_TYPES)
-            for broker in brokers for queue in range(queues)])
+            for broker in self._brokers(request.endpoints) for queue in range(queues)])
+
+    def _brokers(self, asked_via: pb.Endpoints) -> list[pb.Broker]:
+        """The brokers of a route: the advertised ones, else this one at the address asked."""
+        return ([pb.Broker(name=address, id=0, endpoints=_endpoints(address)) for address in self.advertise]
+                or [pb.Broker(name="halfmoon", id=0, endpoints=asked_via)])
+
+    async def QueryAssignment(self, request: spb.QueryAssignmentRequest,
+                              context: Any) -> spb.QueryAssignmentResponse:
+        """A push consumer's share of a topic: every broker of the route, each as queue -1
+        (all its queues), as RocketMQ's proxy assigns a non-FIFO group: each broker spreads
+        its messages over the group's consumers itself."""
+        try:
+            await self._call(self._queue_count, request.topic.name)
+        except Exception as exc:
+            return spb.QueryAssignmentResponse(status=status_of(exc))
+        return spb.QueryAssignmentResponse(status=ok(), assignments=[
+            pb.Assignment(message_queue=pb.MessageQueue(topic=request.topic, id=-1, permission=pb.READ_WRITE,
+                                                        broker=broker, accept_message_types=ACCEPTED_TYPES))
+            for broker in self._brokers(request.endpoints)])
 
     def _queue_count(self, topic: str) -> int:
         for info in self.broker.list_topics():
@@ -130,6 +166,7 @@ class MessagingService:
 
     async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
                                       context: Any) -> spb.NotifyClientTerminationResponse:
+        self.renewals.forget_client(_client_id(context))
         return spb.NotifyClientTerminationResponse(status=ok())
 
     # -- producing ------------------------------------------------------------------------
@@ -185,6 +222,7 @@ class MessagingService:
         finally:
             reading.cancel()
             self.router.close(session)
+            self.renewals.forget_client(session.client_id)
 
     async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], session: TelemetrySession) -> None:
         try:
@@ -200,7 +238,8 @@ class MessagingService:
             session.outgoing.put_nowait(None)
 
     def _settings(self, asked: pb.Settings) -> pb.Settings:
-        """The settings reply: the client's own, with the broker's publishing limits."""
+        """The settings reply: the client's own, with the broker's publishing limits or the
+        subscription a consumer is to follow."""
         settings = pb.Settings()
         settings.CopyFrom(asked)
         settings.metric.CopyFrom(pb.Metric(on=False))
@@ -212,12 +251,30 @@ class MessagingService:
             policy.exponential_backoff.initial.FromMilliseconds(10)
             policy.exponential_backoff.max.FromMilliseconds(1000)
             policy.exponential_backoff.multiplier = 2.0
+        elif asked.HasField("subscription"):
+            self._subscription_settings(settings)
         return settings
+
+    def _subscription_settings(self, settings: pb.Settings) -> None:
+        """What a push consumer follows (a simple consumer ignores it): concurrent consumption,
+        a short long poll, and the broker's retry schedule as the back-off of a
+        failed message, in whole seconds (the Python client reads only the seconds), with the
+        broker's ``max_delivery_attempts`` (the DLQ after them is the broker's)."""
+        subscription = settings.subscription
+        subscription.fifo = False
+        subscription.receive_batch_size = PUSH_BATCH_SIZE
+        long_poll_s = min(_seconds(subscription.long_polling_timeout), MAX_LONG_POLL_S) or PUSH_LONG_POLL_S
+        subscription.long_polling_timeout.FromMilliseconds(int(long_poll_s * 1000))
+        policy = settings.backoff_policy
+        policy.max_attempts = self.config.max_delivery_attempts
+        for delay_s in self.config.retry_backoff_s:
+            policy.customized_backoff.next.add().FromSeconds(max(1, math.ceil(delay_s)))
 
     # -- consuming ------------------------------------------------------------------------
     async def ReceiveMessage(self, request: spb.ReceiveMessageRequest,
                              context: Any) -> AsyncIterator[spb.ReceiveMessageResponse]:
-        """One status (OK, or MESSAGE_NOT_FOUND when nothing came), then the messages."""
+        """One status (OK, or MESSAGE_NOT_FOUND when nothing came), then the time of
+        delivery (the clients' receive latency is measured from it) and the messages."""
         try:
             received, invisible_s = await self._receive(request)
         except Exception as exc:
@@ -227,15 +284,26 @@ class MessagingService:
             yield spb.ReceiveMessageResponse(status=pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message"))
             return
         yield spb.ReceiveMessageResponse(status=ok())
+        delivered = spb.ReceiveMessageResponse()
+        delivered.delivery_timestamp.GetCurrentTime()
+        yield delivered
         for item in received:
             yield spb.ReceiveMessageResponse(message=received_to_proto(item, invisible_s))
+        if request.auto_renew:  # written to the client (a receive cut short renews nothing)
+            client_id = _client_id(context)
+            for item in received:
+                self.renewals.hold(client_id, request.group.name, item.receipt_handle)
 
     async def _receive(self, request: spb.ReceiveMessageRequest) -> tuple[list[Any], float]:
         expression = request.filter_expression
         if expression.expression.strip() not in ("", "*") or expression.type == pb.SQL:
             raise InvalidMessageError(f"filter {expression.expression!r}: only TAG '*' (every message) is supported")
-        invisible_s = (_seconds(request.invisible_duration) if request.HasField("invisible_duration")
-                       else DEFAULT_INVISIBLE_S)
+        if request.auto_renew:
+            invisible_s = self.renewals.invisible_s  # renewed while held: the client's asking aside
+        elif request.HasField("invisible_duration"):
+            invisible_s = _seconds(request.invisible_duration)
+        else:
+            invisible_s = DEFAULT_INVISIBLE_S
         if not 0 < invisible_s <= MAX_DURATION_S:
             raise InvalidMessageError(f"invisible duration {invisible_s:g}s is not in (0, {MAX_DURATION_S:g}]")
         wait_s = min(MAX_LONG_POLL_S, max(0.0, _seconds(request.long_polling_timeout)))
@@ -250,7 +318,7 @@ class MessagingService:
                 return received, invisible_s
 
     async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
-        handles = [entry.receipt_handle for entry in request.entries]
+        handles = [await self.renewals.settle(request.group.name, entry.receipt_handle) for entry in request.entries]
         outcomes: list[Exception | None]
         try:  # one ack_many for the request's entries: one lock and one consumer-state write
             outcomes = list(await self._call(self.broker.ack_many, request.group.name, handles))
@@ -265,11 +333,15 @@ class MessagingService:
     async def ChangeInvisibleDuration(self, request: spb.ChangeInvisibleDurationRequest,
                                       context: Any) -> spb.ChangeInvisibleDurationResponse:
         try:
-            handle = await self._call(self.broker.change_invisible_duration, request.group.name,
-                                      request.receipt_handle, _seconds(request.invisible_duration))
+            current = await self.renewals.settle(request.group.name, request.receipt_handle)
+            handle = await self._change_invisible(request.group.name, current,
+                                                  _seconds(request.invisible_duration) or VISIBLE_NOW_S)
         except Exception as exc:
             return spb.ChangeInvisibleDurationResponse(status=status_of(exc))
         return spb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+
+    async def _change_invisible(self, group: str, receipt_handle: str, invisible_s: float) -> str:
+        return str(await self._call(self.broker.change_invisible_duration, group, receipt_handle, invisible_s))
 
     # -- the service ----------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
@@ -346,5 +418,6 @@ def _client_id(context: Any) -> str:
 def _unimplemented(name: str) -> Callable[..., Any]:
     async def unimplemented(request: Any, context: Any) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            f"{name} is not implemented by halfmoon's broker (Producer and SimpleConsumer RPCs are)")
+                            f"{name} is not implemented by halfmoon's broker (Producer, SimpleConsumer and "
+                            "PushConsumer RPCs are)")
     return unimplemented

@@ -4,7 +4,7 @@
 'use strict';
 
 const readline = require('node:readline');
-const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
+const { ConsumeResult, Producer, PushConsumer, SimpleConsumer } = require('rocketmq-client-nodejs');
 const { Code, TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 
 const [scenario, rawArguments] = process.argv.slice(2);
@@ -24,6 +24,7 @@ function viewOf(message) {
     properties: Object.fromEntries(message.properties),
     deliveryAttempt: message.deliveryAttempt,
     receiptHandle: message.receiptHandle,
+    corrupted: message.corrupted === true,  // the client sets it only when the digest is wrong
     receivedAtMs: Date.now(),
   };
 }
@@ -164,7 +165,36 @@ async function receiveOne(simpleConsumer) {
   throw new Error('no message within 30 s');
 }
 
-const scenarios = { send, receive, 'change-invisible-duration': changeInvisibleDuration };
+// A PushConsumer (as the PushConsumer.ts example: a group, a subscription, a listener) that
+// reports each delivery; it works args.workMs on each, and fails the messages whose body starts
+// with args.failPrefix on their first args.failTimes attempts. It runs until stdin closes.
+async function push() {
+  const pushConsumer = new PushConsumer({
+    endpoints: args.endpoint,
+    consumerGroup: args.group,
+    subscriptions: new Map().set(args.topic, '*'),
+    sessionCredentials,
+    messageListener: {
+      async consume(message) {
+        const view = viewOf(message);
+        const fails = args.failPrefix !== undefined && view.body.startsWith(args.failPrefix) &&
+          message.deliveryAttempt <= args.failTimes;
+        emit({ delivered: view, failed: fails });
+        if (args.workMs) await new Promise(resolve => setTimeout(resolve, args.workMs));
+        return fails ? ConsumeResult.FAILURE : ConsumeResult.SUCCESS;
+      },
+    },
+  });
+  await pushConsumer.startup();
+  try {
+    emit({ ready: true });
+    for await (const _ of readline.createInterface({ input: process.stdin })); // until stdin closes
+  } finally {
+    await pushConsumer.shutdown();
+  }
+}
+
+const scenarios = { send, receive, push, 'change-invisible-duration': changeInvisibleDuration };
 
 scenarios[scenario]().then(() => process.exit(0), error => {
   process.stderr.write(`${error.stack || error}\n`);

@@ -1,0 +1,98 @@
+"""The messages push consumers hold, kept invisible until they are settled.
+
+A push consumer receives with ``auto_renew`` (and no invisible duration): the server is to keep
+each message invisible while the client's listener works on it, as RocketMQ's proxy does. A
+held message's invisibility is extended shortly before it ends, by the same duration each
+time, for at most ``MAX_HOLD_S``. The client keeps the receipt handle it received, so its ack
+and its ChangeInvisibleDuration are given the broker's current handle (``settle``). A message
+stops being held when it is settled that way, when its client ends (NotifyClientTermination,
+or its Telemetry stream closes), or after ``MAX_HOLD_S``; unacked, it then comes back when its
+current invisible duration ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+#: The longest a message is kept invisible for a push consumer (RocketMQ's proxy: 3 h).
+MAX_HOLD_S = 3 * 3600.0
+
+#: ``change(group, receipt_handle, invisible_duration_s)``: the new receipt handle.
+ChangeInvisible = Callable[[str, str, float], Awaitable[str]]
+
+
+@dataclass(eq=False)
+class Held:
+    """A message a push consumer holds: the broker's current receipt handle for it."""
+
+    group: str
+    client_id: str
+    handle: str
+    renew_at: float
+    held_until: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Renewals:
+    """The held messages of every push consumer, renewed by ``run`` (one event loop's)."""
+
+    def __init__(self, change: ChangeInvisible, invisible_s: float) -> None:
+        self.change = change
+        self.invisible_s = invisible_s
+        #: Renewed this long before the invisibility ends (a third of it: a slow broker call
+        #: or a busy loop still renews in time).
+        self.ahead_s = invisible_s / 3
+        self._held: dict[tuple[str, str], Held] = {}  # (group, the client's handle) -> held
+
+    def hold(self, client_id: str, group: str, handle: str) -> None:
+        """``client_id`` received ``handle`` with ``auto_renew`` (invisible for ``invisible_s``)."""
+        now = asyncio.get_running_loop().time()
+        self._held[(group, handle)] = Held(group, client_id, handle, now + self.invisible_s - self.ahead_s,
+                                           now + MAX_HOLD_S)
+
+    async def settle(self, group: str, handle: str) -> str:
+        """Stop renewing ``handle`` (the client acks it or changes its invisibility): the
+        broker's current handle for it (``handle`` itself when it is not held)."""
+        held = self._held.pop((group, handle), None)
+        if held is None:
+            return handle
+        async with held.lock:  # a renewal in flight ends first: its new handle is the current one
+            return held.handle
+
+    def forget_client(self, client_id: str) -> None:
+        """The client ended: its messages come back when their invisible duration ends."""
+        for key in [key for key, held in self._held.items() if held.client_id == client_id]:
+            del self._held[key]
+
+    async def run(self, tick_s: float) -> None:
+        """Renew what is due every ``tick_s``, until cancelled."""
+        while True:
+            await asyncio.sleep(tick_s)
+            await self.renew_due()
+
+    async def renew_due(self) -> None:
+        now = asyncio.get_running_loop().time()
+        due = [(key, held) for key, held in self._held.items() if held.renew_at <= now]
+        await asyncio.gather(*(self._renew(key, held, now) for key, held in due))
+
+    async def _renew(self, key: tuple[str, str], held: Held, now: float) -> None:
+        async with held.lock:
+            if self._held.get(key) is not held:
+                return  # settled or forgotten meanwhile
+            if now >= held.held_until:
+                del self._held[key]
+                log.info("message of group %s held by client %s for %gs: no longer renewed", held.group,
+                         held.client_id, MAX_HOLD_S)
+                return
+            try:
+                held.handle = await self.change(held.group, held.handle, self.invisible_s)
+            except Exception as exc:  # expired or gone: nothing left to renew
+                self._held.pop(key, None)
+                log.debug("renewing a message of group %s failed: %s", held.group, exc)
+                return
+            held.renew_at = asyncio.get_running_loop().time() + self.invisible_s - self.ahead_s

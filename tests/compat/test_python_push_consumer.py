@@ -1,0 +1,208 @@
+"""The official RocketMQ 5 Python client's PushConsumer (rocketmq-python-client 5.1.2), as its
+``push_consumer_example.py`` uses it (a MessageListener, a group, ``{topic: FilterExpression()}``),
+against the broker's gRPC port: every message delivered once, a failed message redelivered
+after the back-off of the settings and dead-lettered after the broker's attempts, and a message
+group consumed in order. Retries and the DLQ need a broker with a short retry schedule, which
+``serve`` has no option for: those tests serve gRPC from an in-process broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from broker_embedded import Message
+from broker_embedded.broker.config import BrokerConfig
+from broker_embedded.server.grpc._proto import definition_pb2 as pb
+from broker_embedded.server.grpc._proto import service_pb2 as spb
+from broker_embedded.server.grpc.service import SERVICE_NAME
+
+from .conftest import GrpcBroker, InProcess, eventually, rocketmq
+
+#: Attempts and back-off of the in-process broker: a failing message is delivered three times,
+#: one second apart (the Python client reads whole seconds), then dead-lettered.
+ATTEMPTS = 3
+BACKOFF_S = 1.0
+SERVICE = f"/{SERVICE_NAME}"
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@dataclass
+class Delivery:
+    body: str
+    attempt: int
+    message_group: str | None
+    at: float
+    corrupted: bool
+
+
+@dataclass
+class RecordingListener(rocketmq.MessageListener):  # type: ignore[misc,name-defined]
+    """Records each delivery; fails the messages whose body starts with ``fail_prefix`` on
+    their first ``fail_times`` attempts; works ``work_s`` on each message before answering."""
+
+    fail_prefix: str = "fail"
+    fail_times: int = 0
+    work_s: float = 0.0
+    deliveries: list[Delivery] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def consume(self, message: Any) -> Any:
+        body = message.body.decode()
+        with self.lock:
+            self.deliveries.append(Delivery(body, message.delivery_attempt, message.message_group or None,
+                                            time.monotonic(), message.corrupted))
+        time.sleep(self.work_s)
+        if body.startswith(self.fail_prefix) and message.delivery_attempt <= self.fail_times:
+            return rocketmq.ConsumeResult.FAILURE
+        return rocketmq.ConsumeResult.SUCCESS
+
+    def bodies(self) -> list[str]:
+        with self.lock:
+            return [delivery.body for delivery in self.deliveries]
+
+    def of(self, body: str) -> list[Delivery]:
+        with self.lock:
+            return [delivery for delivery in self.deliveries if delivery.body == body]
+
+
+def _message(topic: str, body: str, **fields: Any) -> Any:
+    message = rocketmq.Message()
+    message.topic = topic
+    message.body = body.encode()
+    for name, value in fields.items():
+        setattr(message, name, value)
+    return message
+
+
+def _push_consumer(config: Any, group: str, topic: str, listener: RecordingListener) -> Any:
+    return rocketmq.PushConsumer(config, group, listener, {topic: rocketmq.FilterExpression()})
+
+
+def test_every_message_once(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    topic, group = _name("orders"), _name("group")
+    listener = RecordingListener()
+    clients(_push_consumer(grpc_broker.config(), group, topic, listener))
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    bodies = [f"order {n}" for n in range(20)]
+    for body in bodies:
+        producer.send(_message(topic, body, tag="created"))
+    assert eventually(lambda: sorted(listener.bodies()) == sorted(bodies))
+    assert not any(delivery.corrupted for delivery in listener.deliveries)
+    with grpc_broker.native() as native:  # each acked: nothing left for the group
+        assert eventually(lambda: sum(native.stats().consumer_lag.get(group, {}).values()) == 0)
+    assert sorted(listener.bodies()) == sorted(bodies)  # and none came twice
+
+
+def test_every_broker_of_a_static_route(two_brokers: list[GrpcBroker], clients: Callable[[Any], Any]) -> None:
+    """Two brokers behind one static route: the consumer is assigned both and gets the
+    messages the producer spread over them."""
+    topic = _name("spread")
+    producer = clients(rocketmq.Producer(two_brokers[0].config(), (topic,)))
+    bodies = [f"order {n}" for n in range(12)]
+    for body in bodies:
+        producer.send(_message(topic, body))
+    for broker in two_brokers:  # the producer took the route's queues in turn: both hold some
+        with broker.native() as native:
+            assert sum(sum(info.depth) for info in native.list_topics() if info.name == topic) > 0
+    listener = RecordingListener()
+    clients(_push_consumer(two_brokers[0].config(), _name("group"), topic, listener))
+    assert eventually(lambda: sorted(listener.bodies()) == sorted(bodies))
+
+
+def test_a_message_group_in_order(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """Messages of one group come one at a time, in order, a failed one redelivered before the
+    next; two groups interleave freely."""
+    topic = _name("fifo")
+    listener = RecordingListener(fail_prefix="a 2", fail_times=1)
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    for n in range(5):
+        for account in ("a", "b"):
+            producer.send(_message(topic, f"{account} {n}", message_group=f"account-{account}"))
+    clients(_push_consumer(grpc_broker.config(), _name("group"), topic, listener))
+    assert eventually(lambda: len(listener.bodies()) == 11, 60)  # "a 2" twice
+    for account in ("a", "b"):
+        deliveries = [d for d in listener.deliveries if d.message_group == f"account-{account}"]
+        expected = [f"{account} {n}" for n in range(5)]
+        if account == "a":
+            expected.insert(3, "a 2")
+        assert [d.body for d in deliveries] == expected
+    first, again = listener.of("a 2")
+    assert (first.attempt, again.attempt) == (1, 2)
+
+
+def test_failure_is_redelivered_after_the_back_off_then_dead_lettered(
+        in_process: Callable[..., InProcess], clients: Callable[[Any], Any]) -> None:
+    served = in_process(BrokerConfig(max_delivery_attempts=ATTEMPTS, retry_backoff_s=(BACKOFF_S,)))
+    broker, config = served.broker, served.config
+    topic, group = _name("retried"), _name("group")
+    listener = RecordingListener(fail_prefix="fail", fail_times=ATTEMPTS)
+    clients(_push_consumer(config, group, topic, listener))
+    producer = clients(rocketmq.Producer(config, (topic,)))
+    failing = producer.send(_message(topic, "fail always")).message_id
+    producer.send(_message(topic, "fine"))
+    assert eventually(lambda: [m.message.message_id for m in broker.list_dlq(group)] == [failing], 60)
+    deliveries = listener.of("fail always")
+    assert [d.attempt for d in deliveries] == list(range(1, ATTEMPTS + 1))
+    gaps = [later.at - earlier.at for earlier, later in zip(deliveries, deliveries[1:], strict=False)]
+    assert all(gap >= BACKOFF_S * 0.9 for gap in gaps), gaps  # not before the back-off of the settings
+    assert [d.attempt for d in listener.of("fine")] == [1]
+
+
+def test_a_slow_listener_keeps_its_message(in_process: Callable[..., InProcess],
+                                           clients: Callable[[Any], Any]) -> None:
+    """A message a push consumer holds stays invisible past its invisible duration (renewed,
+    RocketMQ's auto_renew): a listener working 4 s on it, with 1.5 s of invisibility, gets it
+    once and its ack is taken."""
+    served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=1.5)
+    broker, config = served.broker, served.config
+    topic, group = _name("slow"), _name("group")
+    listener = RecordingListener(work_s=4.0)
+    clients(_push_consumer(config, group, topic, listener))
+    producer = clients(rocketmq.Producer(config, (topic,)))
+    producer.send(_message(topic, "slow work"))
+    assert eventually(lambda: sum(broker.stats().consumer_lag.get(group, {}).values()) == 0
+                      and listener.bodies() == ["slow work"])
+    time.sleep(2.0)  # unrenewed, it would be back by now
+    assert [(d.body, d.attempt) for d in listener.deliveries] == [("slow work", 1)]
+
+
+def _receive(endpoint: str, group: str, topic: str, client_id: str, auto_renew: bool,
+             wait_s: int = 0) -> list[Any]:
+    """One ReceiveMessage over a plain gRPC channel, as client ``client_id``: the messages."""
+    request = spb.ReceiveMessageRequest(group=pb.Resource(name=group), batch_size=32, auto_renew=auto_renew,
+                                        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1))
+    request.long_polling_timeout.FromSeconds(wait_s)
+    with grpc.insecure_channel(endpoint) as channel:
+        call = channel.unary_stream(f"{SERVICE}/ReceiveMessage", request_serializer=spb.ReceiveMessageRequest.SerializeToString,
+                                    response_deserializer=spb.ReceiveMessageResponse.FromString)
+        return [answer.message for answer in call(request, metadata=(("x-mq-client-id", client_id),), timeout=30)
+                if answer.HasField("message")]
+
+
+def test_held_messages_come_back_when_their_client_ends(in_process: Callable[..., InProcess]) -> None:
+    """Received with auto_renew, a message stays invisible past its invisible duration until its
+    client says it ends (NotifyClientTermination): then it comes back."""
+    served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=1.0)
+    topic, group = _name("held"), _name("group")
+    served.broker.send(Message(topic=topic, body=b"held"))
+    [held] = _receive(served.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+    time.sleep(3.0)  # three invisible durations
+    assert _receive(served.endpoint, group, topic, "client-2", auto_renew=False) == []
+    with grpc.insecure_channel(served.endpoint) as channel:
+        channel.unary_unary(f"{SERVICE}/NotifyClientTermination",
+                            request_serializer=spb.NotifyClientTerminationRequest.SerializeToString,
+                            response_deserializer=spb.NotifyClientTerminationResponse.FromString)(
+            spb.NotifyClientTerminationRequest(group=pb.Resource(name=group)),
+            metadata=(("x-mq-client-id", "client-1"),), timeout=30)
+    [again] = _receive(served.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
+    assert again.system_properties.message_id == held.system_properties.message_id
+    assert again.system_properties.delivery_attempt == 2
