@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,9 @@ class RecordingProducer(Producer):
         super().__init__(url, GROUP)
         self.sent: list[str] = []
 
-    def send_half(self, message: Message, transaction_id: str) -> SendResult:
+    def start_half(self, message: Message, transaction_id: str) -> Future[SendResult]:
         self.sent.append(message.message_id)
-        return super().send_half(message, transaction_id)
+        return super().start_half(message, transaction_id)
 
 
 @dataclass
