@@ -40,7 +40,10 @@ def django_call(broker_url: str, sqlite_path: str) -> str:
     )
     django.setup()
     call_command("migrate", "halfmoon_outbox", verbosity=0)
-    from outbox.integrations.django.transactional import current_transaction_id, transactional_message
+    from outbox.integrations.django.transactional import (
+        current_transaction_id,
+        transactional_message,
+    )
 
     @transactional_message(topic="order.paid")
     def pay(order_id: str) -> str:
