@@ -140,13 +140,18 @@ class Producer:
         local transaction must roll back."""
         with self._lock:
             halves = self._halves.pop(transaction_id, [])
-        for half in halves:
-            try:
-                half.result(self._answer_timeout_s)
-            except FutureTimeout:
-                raise BrokerUnavailableError(
-                    f"a half message of transaction {transaction_id} was not acknowledged within "
-                    f"{self._answer_timeout_s:.1f}s") from None
+        try:
+            for half in halves:
+                try:
+                    half.result(self._answer_timeout_s)
+                except FutureTimeout:
+                    raise BrokerUnavailableError(
+                        f"a half message of transaction {transaction_id} was not acknowledged within "
+                        f"{self._answer_timeout_s:.1f}s") from None
+        finally:
+            if unanswered := [half for half in halves if not half.done()]:
+                with self._lock:  # the ROLLBACK that follows waits for them (finish)
+                    self._halves.setdefault(transaction_id, []).extend(unanswered)
 
     @property
     def _answer_timeout_s(self) -> float | None:

@@ -161,3 +161,35 @@ def test_a_process_exiting_right_after_a_call_delivers_its_end(db_url: str, tmp_
             assert client.transaction_state(done.stdout.strip()) is TransactionState.COMMITTED
     finally:
         server.kill()
+
+
+def test_a_half_not_acknowledged_in_time_rolls_back_and_is_rolled_back_at_the_broker(
+        engine: Engine, tmp_path: Path) -> None:
+    shop.create_all(engine)
+    server = ServerProcess(tmp_path / "broker", "--transaction-timeout", "3600").start()  # no check-back
+    producer = Producer(BrokerClient(server.url, timeout_s=1), "shop")
+    transaction_ids = []
+    try:
+        @transactional_message(producer, sessionmaker(engine), topic="order.paid")  # connects
+        def pay(session: Session, order_id: str) -> None:
+            session.execute(orders.insert().values(id=order_id, amount=1))
+            transaction_ids.append(current_transaction_id(session) or "")
+
+        assert server.proc is not None
+        pid = server.proc.pid
+        os.kill(pid, signal.SIGSTOP)  # reads nothing, answers nothing
+        resume = lambda session: os.kill(pid, signal.SIGCONT)  # noqa: E731
+        event.listen(Session, "after_rollback", resume, insert=True)  # before the outbox's ROLLBACK
+        try:
+            with pytest.raises(BrokerUnavailableError, match="not acknowledged"):
+                pay("o1")
+        finally:
+            event.remove(Session, "after_rollback", resume)
+        assert producer.flush(10)  # the ROLLBACK, sent once the half was answered
+        with BrokerClient(server.url) as client:
+            assert client.transaction_state(transaction_ids[0]) is TransactionState.ROLLED_BACK
+    finally:
+        server.kill()
+        producer.close()
+    with engine.connect() as conn:
+        assert conn.execute(select(orders)).all() == []
