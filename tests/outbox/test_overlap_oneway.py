@@ -193,3 +193,39 @@ def test_a_half_not_acknowledged_in_time_rolls_back_and_is_rolled_back_at_the_br
         producer.close()
     with engine.connect() as conn:
         assert conn.execute(select(orders)).all() == []
+
+
+def test_the_overlapping_half_and_the_oneway_end_are_spans_of_the_callers_trace(engine: Engine, server) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from outbox import tracing
+
+    shop.create_all(engine)
+    provider, exporter = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("shop")
+    tracing.install(tracer_provider=provider)
+    producer = Producer(server.url, "shop")
+    try:
+        @transactional_message(producer, sessionmaker(engine), topic="order.paid")
+        def pay(session: Session, order_id: str) -> None:
+            with tracer.start_as_current_span("business"):
+                session.execute(orders.insert().values(id=order_id, amount=1))
+
+        with tracer.start_as_current_span("POST /pay") as view:
+            pay("o1")
+        assert producer.flush(10)
+    finally:
+        tracing.uninstall()
+        producer.close()
+    found = {span.name: span for span in exporter.get_finished_spans()}
+    parents = {name: span.parent.span_id if span.parent else None for name, span in found.items()}
+    assert parents == {"send_half order.paid": view.get_span_context().span_id,
+                       "business": view.get_span_context().span_id,  # not under the half's span
+                       "local_transaction": view.get_span_context().span_id,
+                       "end_transaction": view.get_span_context().span_id, "POST /pay": None}
+    assert found["end_transaction"].attributes is not None
+    assert found["end_transaction"].attributes["halfmoon.outcome"] == "sent"
+    provider.shutdown()
