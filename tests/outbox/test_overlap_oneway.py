@@ -18,8 +18,15 @@ import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker_embedded import BrokerClient, TransactionState
-from outbox import BrokerUnavailableError, Producer, instrumentation, transactional_message
+from broker_embedded import BrokerClient, Message, TransactionState
+from outbox import (
+    BrokerUnavailableError,
+    Producer,
+    install,
+    instrumentation,
+    send,
+    transactional_message,
+)
 from outbox.integrations.sqlalchemy.session import current_transaction_id
 from outbox.integrations.sqlalchemy.tables import transaction_log
 from tests.outbox.async_support import tcp_broker
@@ -125,18 +132,28 @@ def test_the_end_holds_the_caller_only_without_oneway_end(engine: Engine, server
     producer.close()
 
 
-def test_broker_killed_between_begin_and_commit_commits_nothing_and_raises(engine: Engine, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sender", ["decorator", "session hook"])
+def test_broker_killed_between_begin_and_commit_commits_nothing_and_raises(engine: Engine, tmp_path: Path,
+                                                                          sender: str) -> None:
     shop.create_all(engine)
     server = ServerProcess(tmp_path / "broker", "--transaction-timeout", "3600").start()
     producer = Producer(BrokerClient(server.url, timeout_s=5), "shop")
+    factory = sessionmaker(engine)
+    install(factory, producer)  # connects
     ran = []
-    try:
-        @transactional_message(producer, sessionmaker(engine), topic="order.paid")  # connects
-        def pay(session: Session, order_id: str) -> None:
-            session.execute(orders.insert().values(id=order_id, amount=1))
-            ran.append(order_id)
-            server.kill()  # the half message was never read: it has no acknowledgment
 
+    def business(session: Session, order_id: str) -> None:
+        session.execute(orders.insert().values(id=order_id, amount=1))
+        ran.append(order_id)
+        server.kill()  # the half message was never read: it has no acknowledgment
+
+    def hook(order_id: str) -> None:
+        with factory.begin() as session:
+            send(session, Message("order.paid", b"{}"))
+            business(session, order_id)
+
+    pay = transactional_message(producer, factory, topic="order.paid")(business) if sender == "decorator" else hook
+    try:
         assert server.proc is not None
         os.kill(server.proc.pid, signal.SIGSTOP)
         with pytest.raises(BrokerUnavailableError):
