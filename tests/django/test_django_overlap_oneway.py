@@ -92,3 +92,23 @@ def test_a_process_exiting_right_after_a_call_delivers_its_end(tmp_path: Path) -
             assert client.transaction_state(done.stdout.strip()) is TransactionState.COMMITTED
     finally:
         server.kill()
+
+
+def test_without_overlap_the_half_is_acknowledged_before_the_function_runs(tmp_path: Path, alias: str) -> None:
+    server = tcp_broker(tmp_path / "broker")
+    timeline: list[str] = []
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": server.url, "PRODUCER_GROUP": "shop",
+                                       "PRODUCER_GROUPS": {"shop": alias}}):
+            @transactional_message(topic="order.paid", using=alias, overlap=False)
+            def pay(name: str) -> str:
+                timeline.append("function")
+                return current_transaction_id() or ""
+
+            with listening(instrumentation.SEND_HALF, recorder(timeline, "half sent", "half acknowledged")):
+                transaction_id = pay("alice")
+            assert timeline == ["half sent", "half acknowledged", "function"]
+            assert producer().flush(10)
+            assert server.broker.transaction_state(transaction_id) is TransactionState.COMMITTED
+    finally:
+        server.stop()

@@ -246,3 +246,23 @@ def test_the_overlapping_half_and_the_oneway_end_are_spans_of_the_callers_trace(
     assert found["end_transaction"].attributes is not None
     assert found["end_transaction"].attributes["halfmoon.outcome"] == "sent"
     provider.shutdown()
+
+
+def test_without_overlap_the_half_is_acknowledged_before_the_function_runs(engine: Engine, server) -> None:
+    shop.create_all(engine)
+    timeline: list[str] = []
+    producer = Producer(server.url, "shop")
+
+    @transactional_message(producer, sessionmaker(engine), topic="order.paid", overlap=False)
+    def pay(session: Session, order_id: str) -> str:
+        timeline.append("function")
+        return current_transaction_id(session) or ""
+
+    with listening(instrumentation.SEND_HALF, recorder(timeline, "half sent", "half acknowledged")):
+        with sessionmaker(engine)() as session, session.begin():  # joined, then a call of its own
+            pay(session, "o1")
+        transaction_id = pay("o2")
+    assert timeline == ["half sent", "half acknowledged", "function"] * 2
+    assert producer.flush(10)
+    assert server.broker.transaction_state(transaction_id) is TransactionState.COMMITTED
+    producer.close()

@@ -99,12 +99,12 @@ def transactional_message(
             sender = producer or default_producer()
             local = LocalTransaction(new_transaction_id(), sender, [message.message_id])
             sender.start_half(message, local.transaction_id)
-            if not overlap:
-                sender.await_halves(local.transaction_id)
             operation = instrumentation.operation(instrumentation.LOCAL_TRANSACTION,
                                                   producer_group=sender.producer_group,
                                                   transaction_id=local.transaction_id)
             try:
+                if not overlap:
+                    sender.await_halves(local.transaction_id)
                 with running(local), transaction.atomic(using=using):
                     RECORDER.record_committed(using, local.transaction_id, sender.producer_group)
                     result = body()

@@ -138,9 +138,9 @@ def transactional_message(
             if given is not None and given.in_transaction():
                 pending = calls.join(given)
                 producer.start_half(message, pending.transaction_id)
-                acknowledged(pending.transaction_id)
                 with poisons(pending, calls.name):
                     record_message(given, pending, message)
+                    acknowledged(pending.transaction_id)
                     with running(pending):
                         return function(given, *args, **kwargs)
             with nullcontext(given) if given is not None else sessions() as session:
