@@ -3,19 +3,31 @@
 ``end_transaction`` never raises for a broker failure after the local transaction has
 finished: the database already decided, and the broker's check-back will ask the
 transaction_log. It logs a warning and returns False instead.
+
+Over a ``BrokerClient`` (``tcp://``) the decorators wait for one broker round trip at
+most: ``start_half`` puts the half message on the wire and returns, the local transaction
+runs meanwhile, and ``await_halves`` waits for the acknowledgment just before the DB
+commit; the END_TRANSACTION after the commit is written without waiting for its answer
+(``oneway_end``, RocketMQ's ``endTransactionOneway``). Other brokers (an in-process
+``EmbeddedBroker``, a RocketMQ 5 cluster) are called at once, waiting as ``send_half`` does.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import logging
 import threading
+import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from concurrent.futures import Future, wait
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
 
 from broker_embedded import (
     BrokerAPI,
+    BrokerClient,
     BrokerError,
     CheckRequest,
     Message,
@@ -25,6 +37,7 @@ from broker_embedded import (
 )
 
 from .check_back import Answer, answer_check_back
+from .errors import BrokerUnavailableError
 from .instrumentation import carried_context
 from .producer_protocol import (
     END_NOT_SENT,
@@ -41,6 +54,7 @@ from .producer_protocol import (
 )
 
 log = logging.getLogger(__name__)
+S = TypeVar("S")
 
 __all__ = ["END_NOT_SENT", "END_SENT", "TRANSACTION_ID_PROPERTY", "Producer", "TransactionListener",
            "checking_back", "new_transaction_id"]
@@ -57,27 +71,31 @@ class TransactionListener(Protocol):
 class Producer:
     """Sends for one producer group, to a ``BrokerAPI`` or a broker URL.
 
-    ``oneway_end=True`` sends the END_TRANSACTION that follows a local transaction in the
-    background, as RocketMQ's producer does (``endTransactionOneway``): the caller returns
-    right after its DB commit instead of waiting a broker round trip. Nothing is lost
-    either way: an END_TRANSACTION that never arrives is settled by check-back.
-    ``flush()`` waits for the ones under way; ``close()`` flushes first.
+    ``oneway_end`` (the default) sends the END_TRANSACTION that follows a local transaction
+    without waiting for the broker's answer, as RocketMQ's producer does
+    (``endTransactionOneway``): the caller returns right after its DB commit. An END that
+    never arrives (the broker or the connection died) is settled by check-back, which
+    delivers the message later (after the broker's transaction timeout). ``flush()`` waits
+    for the ENDs under way; ``close()`` and the interpreter's exit flush them.
+    ``oneway_end=False`` waits for each END: the message is visible when the call returns.
 
     ``answer_check_backs(answer)`` makes it answer its group's check-backs while it runs
     (RocketMQ's ``TransactionChecker``); ``@transactional_message`` and Django's producer
     call it with the fence on the group's database, so a producer in use answers them.
     """
 
-    def __init__(self, broker: BrokerAPI | str, producer_group: str, *, oneway_end: bool = False) -> None:
+    def __init__(self, broker: BrokerAPI | str, producer_group: str, *, oneway_end: bool = True) -> None:
         self.broker: BrokerAPI = connect(broker) if isinstance(broker, str) else broker
         self.producer_group = producer_group
-        self._ends: ThreadPoolExecutor | None = (
-            ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"outbox-end-{producer_group}")
-            if oneway_end else None
-        )
-        self._pending_ends: set[Future[bool]] = set()
+        self.oneway_end = oneway_end
+        #: The broker when it is a ``BrokerClient``: requests go on the wire without waiting.
+        self._client = self.broker if isinstance(self.broker, BrokerClient) else None
+        self._halves: dict[str, list[Future[SendResult]]] = {}
+        self._pending_ends: set[Future[Any]] = set()
         self._lock = threading.Lock()
         self._on_check: Callable[[CheckRequest], None] | None = None
+        if oneway_end:
+            _flushed_at_exit.add(self)
 
     def send(self, message: Message) -> SendResult:
         """A normal message, visible at once (after its delay, if any).
@@ -94,6 +112,51 @@ class Producer:
         with sending_half(self.producer_group, message, transaction_id) as stamped:
             return self.broker.send_half(stamped, producer_group=self.producer_group, transaction_id=transaction_id)
 
+    def start_half(self, message: Message, transaction_id: str) -> Future[SendResult]:
+        """``send_half`` without waiting for the broker (over a ``BrokerClient``; other
+        brokers store it now): the half message is on the wire when this returns, and the
+        ``Future`` completes with its acknowledgment or ``BrokerUnavailableError``. The local
+        transaction may run meanwhile; ``await_halves(transaction_id)`` must succeed before
+        its commit. A broker that cannot be reached raises ``BrokerUnavailableError`` now."""
+        if self._client is None:
+            half: Future[SendResult] = Future()
+            half.set_result(self.send_half(message, transaction_id))
+        else:
+            client = self._client
+            half = self._under_way(
+                sending_half(self.producer_group, message, transaction_id),
+                lambda stamped: client.start_send_half(stamped, producer_group=self.producer_group,
+                                                       transaction_id=transaction_id))
+            if half.done() and (error := half.exception()) is not None:
+                raise error
+        with self._lock:
+            self._halves.setdefault(transaction_id, []).append(half)
+        return half
+
+    def await_halves(self, transaction_id: str) -> None:
+        """Wait for the half messages of ``transaction_id`` sent by ``start_half``, each up
+        to the broker client's request timeout; call it just before the DB commit.
+        ``BrokerUnavailableError`` if one was not stored (or not acknowledged in time): the
+        local transaction must roll back."""
+        with self._lock:
+            halves = self._halves.pop(transaction_id, [])
+        try:
+            for half in halves:
+                try:
+                    half.result(self._answer_timeout_s)
+                except FutureTimeout:
+                    raise BrokerUnavailableError(
+                        f"a half message of transaction {transaction_id} was not acknowledged within "
+                        f"{self._answer_timeout_s:.1f}s") from None
+        finally:
+            if unanswered := [half for half in halves if not half.done()]:
+                with self._lock:  # the ROLLBACK that follows waits for them (finish)
+                    self._halves.setdefault(transaction_id, []).extend(unanswered)
+
+    @property
+    def _answer_timeout_s(self) -> float | None:
+        return self._client.timeout_s if self._client is not None else None
+
     def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False) -> bool:
         """Tell the broker how the transaction ended; False (and a warning) if it could not."""
         with ending(self.producer_group, transaction_id, resolution, from_check) as ended:
@@ -102,26 +165,67 @@ class Producer:
         return ended.sent
 
     def finish(self, transaction_id: str, resolution: Resolution) -> None:
-        """END_TRANSACTION after the local transaction ended: sent now, or in the
-        background with ``oneway_end``. Never raises for a broker failure."""
-        if self._ends is None:
+        """END_TRANSACTION after the local transaction ended, once the transaction's half
+        messages not yet awaited are answered (an END never overtakes its half): written
+        without waiting for the answer with ``oneway_end`` over a ``BrokerClient``, sent and
+        waited for otherwise. Never raises for a broker failure."""
+        with self._lock:
+            unanswered = self._halves.pop(transaction_id, [])
+        if unanswered:  # a local transaction that failed before awaiting them
+            wait(unanswered, self._answer_timeout_s)
+        if not self.oneway_end or self._client is None:
             self.end_transaction(transaction_id, resolution)
             return
-        # In the caller's context (its trace, for instance), not the pool thread's.
-        future = self._ends.submit(contextvars.copy_context().run, self.end_transaction, transaction_id, resolution)
+        client = self._client
+        end = self._under_way(
+            ending(self.producer_group, transaction_id, resolution),
+            lambda _: client.start_end_transaction(transaction_id, resolution, producer_group=self.producer_group))
         with self._lock:
-            self._pending_ends.add(future)
-        future.add_done_callback(self._forget)
+            self._pending_ends.add(end)
+        end.add_done_callback(self._forget)
 
-    def _forget(self, future: Future[bool]) -> None:
+    def _under_way(self, step: AbstractContextManager[Any], start: Callable[[Any], Future[S]]) -> Future[S]:
+        """``step`` (a ``producer_protocol`` block) around the request ``start`` writes,
+        ended when its answer arrives (in the client's reader thread): the ``Future`` of
+        the answer, or of the error the block raises. The block runs in a copy of the
+        caller's context, so what its listeners make current (a span) stays out of the
+        caller's."""
+        context = contextvars.copy_context()
+        outcome: Future[S] = Future()
+
+        def end(error: BaseException | None, result: Any = None) -> None:
+            try:
+                kept = context.run(step.__exit__, type(error) if error else None, error,
+                                   error.__traceback__ if error else None)
+            except BaseException as raised:  # the block's own error for the failure
+                outcome.set_exception(raised)
+                return
+            if error is None or kept:
+                outcome.set_result(result)
+            else:
+                outcome.set_exception(error)
+
+        stamped = context.run(step.__enter__)
+        try:
+            answer = start(stamped)
+        except Exception as exc:
+            end(exc)
+            return outcome
+        answer.add_done_callback(lambda done: end(done.exception(), None if done.exception() else done.result()))
+        return outcome
+
+    def _forget(self, end: Future[Any]) -> None:
         with self._lock:
-            self._pending_ends.discard(future)
+            self._pending_ends.discard(end)
+        if (error := end.exception()) is not None:
+            log.error("END_TRANSACTION failed", exc_info=error)
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait for background END_TRANSACTIONs; False if some were still under way."""
+        """Wait for the oneway END_TRANSACTIONs under way (None: up to the broker client's
+        request timeout); False if some were still under way."""
         with self._lock:
             pending = list(self._pending_ends)
-        return not wait(pending, timeout_s).not_done
+        return not wait(pending, self._answer_timeout_s if timeout_s is None else timeout_s).not_done
 
     def send_message_in_transaction(self, message: Message, arg: Any, listener: TransactionListener) -> Resolution:
         """RocketMQ's flow: half message, ``listener.execute_local_transaction``, then END.
@@ -203,10 +307,21 @@ class Producer:
                 pass  # the broker forgets a connection's producers when it closes
 
     def close(self) -> None:
-        """Flush background END_TRANSACTIONs, stop answering check-backs, then close the
+        """Stop answering check-backs, flush the oneway END_TRANSACTIONs, then close the
         broker connection."""
         self.stop_answering_check_backs()
-        if self._ends is not None:
-            self.flush()
-            self._ends.shutdown()
+        self.flush()
+        _flushed_at_exit.discard(self)
         self.broker.close()
+
+
+#: Producers whose oneway END_TRANSACTIONs are flushed when the interpreter exits.
+_flushed_at_exit: weakref.WeakSet[Producer] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """A process that exits right after a call still delivers that call's END_TRANSACTION
+    (the client's reader thread runs until the interpreter's end)."""
+    for producer in list(_flushed_at_exit):
+        producer.flush()

@@ -1,7 +1,9 @@
 """``BrokerClient``: the ``BrokerAPI`` over TCP, synchronous and thread-safe.
 
 One connection, pipelined: any number of threads may have requests in flight; a reader
-thread matches answers to waiting callers by request id. A dropped connection fails the
+thread matches answers to their requests by request id and completes each request's
+``Future`` with its result (``start_send_half`` and ``start_end_transaction`` return that
+``Future`` without waiting: the request is on the wire, its answer comes later). A dropped connection fails the
 requests in flight with ``BrokerUnavailableError`` and is re-opened by the next call
 (producer registrations are renewed then). Check-backs pushed by the server run the
 registered callbacks on a worker thread. The protocol state is the shared
@@ -15,7 +17,7 @@ import socket
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo
 from ..errors import BrokerError, BrokerUnavailableError, MalformedFrameError
@@ -36,13 +38,38 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class _Answer(Generic[T]):
+    """What waits in ``Replies`` for the answer to ``call``: completes ``future`` with the
+    call's result or typed error, in the reader thread."""
+
+    __slots__ = ("call", "future")
+
+    def __init__(self, call: Call[T], future: Future[T]) -> None:
+        self.call = call
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, body: Any) -> None:
+        try:
+            result = self.call.result(body)
+        except Exception as exc:  # the typed error of a refusal, or an answer that does not decode
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self.future.set_exception(exception)
+
+
 class _Link:
     """One TCP connection and the requests waiting for an answer on it."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.send_lock = threading.Lock()
-        self.replies: Replies[Future[Any]] = Replies()
+        self.replies: Replies[_Answer[Any]] = Replies()
 
     def fail(self, reason: str, error: type[BrokerUnavailableError] = BrokerUnavailableError) -> None:
         """Mark the link dead and fail everything waiting on it with ``error``."""
@@ -114,25 +141,35 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
             log.exception("check callback failed for transaction %s", request.transaction_id)
 
     # -- requests -------------------------------------------------------------------------
-    def _exchange(self, link: _Link, call: Call[T]) -> T:
-        """Send ``call`` on ``link`` and wait for its result."""
+    def _submit(self, link: _Link, call: Call[T]) -> tuple[int, Future[T]]:
+        """Write ``call`` on ``link``; its request id and the ``Future`` of its result."""
         request_id = self._session.new_id()
-        future: Future[Any] = Future()
-        link.replies.expect(request_id, future)
+        future: Future[T] = Future()
+        future.set_running_or_notify_cancel()  # on the wire: it cannot be cancelled, only not waited for
+        link.replies.expect(request_id, _Answer(call, future))
         try:
             with link.send_lock:
                 link.sock.sendall(call.frame(request_id))
         except OSError as exc:
             link.fail(f"cannot send to {self.url}: {exc}")
+        return request_id, future
+
+    def _exchange(self, link: _Link, call: Call[T]) -> T:
+        """Send ``call`` on ``link`` and wait for its result."""
+        request_id, future = self._submit(link, call)
         try:
-            body = future.result(self._session.wait_s(call))
+            return future.result(self._session.wait_s(call))
         except FutureTimeout:
             link.replies.forget(request_id)
             raise self._session.timed_out(call) from None
-        return call.result(body)
 
     def _do(self, call: Call[T]) -> T:
         return self._exchange(self._connection(), call)
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a request waits for its answer (``start_*`` requests: wait this long)."""
+        return self._session.timeout_s
 
     def _request(self, code: RequestCode, body: Any) -> Any:
         """Send a request as it is (the tests send malformed ones); its ``ok`` value."""
@@ -166,6 +203,22 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
 
     def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str, from_check: bool = False) -> EndTransactionResult:
         return self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=from_check))
+
+    def start_send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> Future[SendResult]:
+        """``send_half`` without waiting: the request is on the wire when this returns, and
+        the reader thread completes the ``Future`` with the answer (or the typed error; a
+        dropped connection: ``BrokerUnavailableError``). The ``Future`` has no deadline of its
+        own: wait for it up to ``timeout_s``. No connection: ``BrokerUnavailableError`` now."""
+        call = self._session.send_half(message, producer_group=producer_group, transaction_id=transaction_id)
+        return self._submit(self._connection(), call)[1]
+
+    def start_end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
+                              from_check: bool = False) -> Future[EndTransactionResult]:
+        """``end_transaction`` without waiting, as ``start_send_half`` (RocketMQ's
+        ``endTransactionOneway`` when nobody waits for the ``Future``)."""
+        call = self._session.end_transaction(transaction_id, resolution, producer_group=producer_group,
+                                             from_check=from_check)
+        return self._submit(self._connection(), call)[1]
 
     def transaction_state(self, transaction_id: str) -> TransactionState:
         return self._do(self._session.transaction_state(transaction_id))

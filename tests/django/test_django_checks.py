@@ -52,6 +52,7 @@ def _no_broker_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"RETENTION": {"DEDUP_WINDOW_S": -1}}, "halfmoon_outbox.E008"),
     ({"RETENTION": {"CHECK_MAX": "15"}}, "halfmoon_outbox.E008"),
     ({"ANSWER_CHECK_BACKS": "yes"}, "halfmoon_outbox.E009"),
+    ({"ONEWAY_END": 0}, "halfmoon_outbox.E010"),
 ])
 def test_each_wrong_setting_is_an_error_of_manage_py_check(outbox: dict[str, object], check_id: str) -> None:
     with override_settings(OUTBOX=outbox):

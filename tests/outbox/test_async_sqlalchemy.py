@@ -240,8 +240,6 @@ def test_the_producer_must_match_the_function_and_the_session(server, tmp_path) 
                 transactional_message(sync_producer, sessions, topic="t")(_async_body)
             with pytest.raises(ConfigurationError, match="async def"):
                 transactional_message(producer, sync_sessions, topic="t")(lambda session: None)
-            with pytest.raises(ConfigurationError, match="overlap"):
-                transactional_message(sync_producer, sync_sessions, topic="t", overlap=True)(lambda session: None)
             async with sessions() as session:
                 with pytest.raises(ConfigurationError, match="install"):
                     await asend(session, Message("t", b""))

@@ -7,6 +7,7 @@
         "CHECK_LOCK_TIMEOUT_MS": 2000,
         "RETENTION": {"DEDUP_WINDOW_S": 7 * 86400},   # manage.py outbox_purge, docs/retention.md
         "ANSWER_CHECK_BACKS": True,   # this project's producer answers its group's check-backs
+        "ONEWAY_END": True,   # END_TRANSACTION after the commit is not waited for (False: it is)
     }
 
 The broker URL: ``OUTBOX["BROKER_URL"]`` if given, else ``HALFMOON_BROKER_URL``, else
@@ -48,7 +49,7 @@ from ...settings import (
 )
 
 KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS", "RETENTION",
-                  "ANSWER_CHECK_BACKS"})
+                  "ANSWER_CHECK_BACKS", "ONEWAY_END"})
 #: ``OUTBOX["RETENTION"]`` keys -> ``RetentionPolicy`` fields.
 RETENTION_KEYS = {
     "TRANSACTION_TIMEOUT_S": "transaction_timeout_s",
@@ -83,6 +84,8 @@ class DjangoOutboxSettings:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     #: whether this project's producer answers its group's check-backs (False: only the Celery worker's task)
     answer_check_backs: bool = True
+    #: whether the producer's END_TRANSACTION after a commit is written without waiting (``Producer.oneway_end``)
+    oneway_end: bool = True
 
     @property
     def owned_groups(self) -> frozenset[str]:
@@ -161,11 +164,16 @@ def _retention(raw: Mapping[str, Any]) -> RetentionPolicy:
         raise OutboxSettingError("E008", f"OUTBOX['RETENTION']: {exc}") from None
 
 
-def _answer_check_backs(raw: Mapping[str, Any]) -> bool:
-    answer = raw.get("ANSWER_CHECK_BACKS", True)
-    if not isinstance(answer, bool):
-        raise OutboxSettingError("E009", "OUTBOX['ANSWER_CHECK_BACKS'] must be True or False")
-    return answer
+def _flag(key: str, check_id: str) -> Callable[[Mapping[str, Any]], bool]:
+    """The reader of the True/False setting ``key`` (default True)."""
+
+    def read(raw: Mapping[str, Any]) -> bool:
+        value = raw.get(key, True)
+        if not isinstance(value, bool):
+            raise OutboxSettingError(check_id, f"OUTBOX[{key!r}] must be True or False")
+        return value
+
+    return read
 
 
 _READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
@@ -174,7 +182,8 @@ _READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "group_databases": _other_groups,
     "check_lock_timeout_ms": _check_lock_timeout_ms,
     "retention": _retention,
-    "answer_check_backs": _answer_check_backs,
+    "answer_check_backs": _flag("ANSWER_CHECK_BACKS", "E009"),
+    "oneway_end": _flag("ONEWAY_END", "E010"),
 }
 
 
@@ -210,7 +219,7 @@ def outbox_settings() -> DjangoOutboxSettings:
     owned = {**values["group_databases"]}
     owned.setdefault(values["producer_group"], None)
     return DjangoOutboxSettings(values["broker_url"], values["producer_group"], values["check_lock_timeout_ms"],
-                                owned, values["retention"], values["answer_check_backs"])
+                                owned, values["retention"], values["answer_check_backs"], values["oneway_end"])
 
 
 log = logging.getLogger(__name__)
@@ -221,7 +230,7 @@ _building = threading.Lock()
 @functools.cache
 def _producer() -> Producer:
     conf = outbox_settings()
-    built = Producer(conf.broker_url, conf.producer_group)
+    built = Producer(conf.broker_url, conf.producer_group, oneway_end=conf.oneway_end)
     if conf.answer_check_backs:
         from django.db import DatabaseError
 

@@ -8,7 +8,12 @@ checked before anything is sent), the half message is sent, then
 ``transaction.atomic(using)`` whose first statement inserts the transaction_log row
 (COMMITTED), then the function, then COMMIT through ``transaction.on_commit`` (so inside
 an outer ``atomic`` it waits for the outermost commit). An exception rolls back, sends
-ROLLBACK and is re-raised. Django has no hook for an outer rollback: such a transaction
+ROLLBACK and is re-raised. With ``overlap`` (the default) the half message's
+acknowledgment is awaited at the end of the ``atomic`` block rather than before it (a
+broker failure then rolls back and raises ``BrokerUnavailableError``: the function ran,
+nothing it wrote is committed), and so are those of ``send``; the END after the commit
+waits for the broker only with ``OUTBOX["ONEWAY_END"] = False`` (``Producer``'s
+``oneway_end``). Django has no hook for an outer rollback: such a transaction
 is resolved by check-back, where the fence finds no row and answers ROLLBACK.
 
 On an ``async def`` function (an async view or service) the wrapper is async too. Django's
@@ -51,7 +56,7 @@ def send(message: Message) -> str:
     current = running_transaction()
     if current is None:
         raise OutboxError("outbox.integrations.django.send() is for use inside @transactional_message")
-    current.producer.send_half(message, current.transaction_id)
+    current.producer.start_half(message, current.transaction_id)  # awaited before the call's commit
     current.message_ids.append(message.message_id)
     return current.transaction_id
 
@@ -68,6 +73,7 @@ def transactional_message(
     *,
     using: str = "default",
     producer: Producer | None = None,
+    overlap: bool = True,
     **options: Unpack[MessageOptions],
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Make each call of the function a local transaction on ``using`` with a
@@ -79,7 +85,9 @@ def transactional_message(
     name, as JSON written by ``encoder`` (here ``DjangoJSONEncoder`` by default).
     ``delay_level`` (RocketMQ's 1..18) delays delivery from the commit on;
     ``transaction_timeout_s`` overrides when the broker first checks back. ``producer``
-    defaults to the app's (``OUTBOX`` settings).
+    defaults to the app's (``OUTBOX`` settings). ``overlap`` (default True): run the
+    transaction while the half message is on its way, its acknowledgment awaited before
+    the commit; False waits for it before the transaction opens.
     """
     template = MessageTemplate.from_options(topic, options, DjangoJSONEncoder)
 
@@ -90,20 +98,21 @@ def transactional_message(
             message = bound.message(*args, **kwargs)
             sender = producer or default_producer()
             local = LocalTransaction(new_transaction_id(), sender, [message.message_id])
-            sender.send_half(message, local.transaction_id)
+            sender.start_half(message, local.transaction_id)
             operation = instrumentation.operation(instrumentation.LOCAL_TRANSACTION,
                                                   producer_group=sender.producer_group,
                                                   transaction_id=local.transaction_id)
             try:
+                if not overlap:
+                    sender.await_halves(local.transaction_id)
                 with running(local), transaction.atomic(using=using):
                     RECORDER.record_committed(using, local.transaction_id, sender.producer_group)
                     result = body()
-                    transaction.on_commit(
-                        lambda: sender.end_transaction(local.transaction_id, Resolution.COMMIT), using=using
-                    )
+                    sender.await_halves(local.transaction_id)  # inside atomic: a failure rolls back
+                    transaction.on_commit(lambda: sender.finish(local.transaction_id, Resolution.COMMIT), using=using)
             except BaseException as exc:
                 operation.end(exc, Resolution.ROLLBACK.value)
-                sender.end_transaction(local.transaction_id, Resolution.ROLLBACK)
+                sender.finish(local.transaction_id, Resolution.ROLLBACK)
                 raise
             operation.end(outcome=Resolution.COMMIT.value)
             return result

@@ -13,18 +13,23 @@ anything is sent: a body the encoder cannot write raises ``BodyNotSerializableEr
 options the broker would refuse (``transaction_timeout_s=math.inf``, a delay level of
 19, ...) raise ``InvalidMessageError`` at decoration, and a message built from unusable
 arguments raises it before the transaction opens. Then the half message is sent (broker
-down: the function does not run), the transaction opens with the transaction_log insert
-as its first statement, the function runs, and the commit is followed by COMMIT; an
-exception rolls back, sends ROLLBACK and is re-raised. More messages can join the same
-transaction with ``outbox.send(session, message)`` inside the function, and
-``outbox.current_transaction_id()`` tells its id.
+not reachable: the function does not run), the transaction opens with the
+transaction_log insert as its first statement, the function runs, and the commit is
+followed by COMMIT; an exception rolls back, sends ROLLBACK and is re-raised. More
+messages can join the same transaction with ``outbox.send(session, message)`` inside the
+function, and ``outbox.current_transaction_id()`` tells its id.
+
+``overlap=True`` (the default) does not wait for the half message's acknowledgment
+before the transaction: the half leaves before BEGIN, the transaction runs meanwhile, and
+the acknowledgment is awaited just before the commit (a broker failure then rolls the
+transaction back and raises ``BrokerUnavailableError``: the function ran, but nothing it
+wrote is committed). ``overlap=False`` waits for it before the function runs. The
+producer's ``oneway_end`` decides whether the call also waits for the END after the
+commit (``outbox.producer.Producer``).
 
 On an ``async def`` (with an ``AsyncProducer`` and an ``async_sessionmaker``) the wrapper
-is a coroutine function with the same steps, awaiting each; ``outbox.asend`` adds
-messages. ``overlap=True`` does not wait for the half message before the transaction:
-it is sent as a task, the transaction runs meanwhile, and its acknowledgment is awaited
-before the commit (a broker failure then rolls the transaction back and raises
-``BrokerUnavailableError``: the function ran, but nothing it wrote is committed).
+is a coroutine function with the same steps, awaiting each (the half message as a task
+with ``overlap``); ``outbox.asend`` adds messages.
 
 Given the caller's session (``pay(session, "o-1", 100)``, or by the name of the function's
 session parameter, ``pay("o-1", 100, session=session)``), a call uses it: a session in a
@@ -83,7 +88,7 @@ def transactional_message(
     session_factory: Callable[[], Session] | Callable[[], AsyncSession],
     topic: str,
     *,
-    overlap: bool = False,
+    overlap: bool = True,
     **options: Unpack[MessageOptions],
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Wrap ``function(session, *args, **kwargs)`` so each call is a transactional message.
@@ -94,8 +99,8 @@ def transactional_message(
     arguments by name, as JSON written by ``encoder`` (``OutboxJSONEncoder`` by default).
     ``delay_level`` (RocketMQ's 1..18) delays delivery from the commit on;
     ``transaction_timeout_s`` overrides when the broker first checks back. ``overlap``
-    (async only): run the transaction while the half message is on its way (see the
-    module's docstring). A call given a session (first argument, or by the name of the
+    (default True): run the transaction while the half message is on its way, its
+    acknowledgment awaited before the commit (see the module's docstring). A call given a session (first argument, or by the name of the
     function's session parameter) uses it, and joins its transaction if it has one (see
     the module's docstring).
 
@@ -118,9 +123,13 @@ def transactional_message(
                                  cast("Callable[[], AsyncSession]", session_factory), overlap)
         if not isinstance(producer, Producer):
             raise ConfigurationError("an AsyncProducer needs an async def")
-        if overlap:
-            raise ConfigurationError("overlap=True is for async def functions")
         sessions = cast(Callable[[], Session], session_factory)
+
+        def acknowledged(transaction_id: str) -> None:
+            """Without ``overlap``, the half's acknowledgment before the function runs (with
+            it, the session hook awaits it before the commit)."""
+            if not overlap:
+                producer.await_halves(transaction_id)
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> R:
@@ -128,15 +137,17 @@ def transactional_message(
             message = bound.message(*args, **kwargs)
             if given is not None and given.in_transaction():
                 pending = calls.join(given)
-                producer.send_half(message, pending.transaction_id)
+                producer.start_half(message, pending.transaction_id)
                 with poisons(pending, calls.name):
                     record_message(given, pending, message)
+                    acknowledged(pending.transaction_id)
                     with running(pending):
                         return function(given, *args, **kwargs)
             with nullcontext(given) if given is not None else sessions() as session:
                 calls.own(session)
                 with session.begin():
-                    send(session, message)
+                    transaction_id = send(session, message)
+                    acknowledged(transaction_id)
                     with running(local_transaction(session)):
                         return function(session, *args, **kwargs)
 

@@ -3,7 +3,11 @@
 ``install(session_class_or_factory, producer)`` registers the events once. Then
 ``send(session, message)`` inside a transaction sends a half message; the first call of
 a transaction also generates its id and inserts the transaction_log row (COMMITTED),
-so the row is written after the half message and before the commit. Asyncio: install an
+so the row is written after the half message and before the commit. The half message's
+acknowledgment is not waited for there (``Producer.start_half``): the ``before_commit``
+event flushes the session and then waits for its transaction's halves, so a half the
+broker did not store fails the commit with ``BrokerUnavailableError`` (the transaction
+rolls back and ROLLBACK is sent). Asyncio: install an
 ``AsyncProducer`` on an ``async_sessionmaker`` or ``AsyncSession`` and
 ``await asend(session, message)``; the same events end the transaction, starting its
 END_TRANSACTION as a task of the loop (``AsyncProducer.finish``). The
@@ -178,7 +182,7 @@ def send(session: Session, message: Message) -> str:
     pending = pending_transaction(session)
     if not isinstance(pending.producer, Producer):
         raise ConfigurationError("this session's producer is an AsyncProducer: await outbox.asend(session, message)")
-    pending.producer.send_half(message, pending.transaction_id)
+    pending.producer.start_half(message, pending.transaction_id)
     record_message(session, pending, message)
     return pending.transaction_id
 
@@ -242,8 +246,13 @@ def _finish(session: Session, resolution: Resolution) -> None:
 
 def _before_commit(session: Session) -> None:
     pending: PendingTransaction | None = session.info.get(SESSION_INFO_KEY)
-    if pending is not None and pending.poisoned is not None and session.get_nested_transaction() is None:
+    if pending is None or session.get_nested_transaction() is not None:
+        return
+    if pending.poisoned is not None:
         raise pending.poisoned
+    if isinstance(pending.producer, Producer):
+        session.flush()  # the business writes travel while the halves' acknowledgments are awaited
+        pending.producer.await_halves(pending.transaction_id)
 
 
 def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None:
