@@ -22,8 +22,9 @@ recovered commit log, so the store confirms each offset against the record there
 read: the slot table of the file taking entries is kept in memory (loaded with one
 ``pread`` when an existing file first takes entries), so the previous entry of a chain is
 known without reading. The slots the batch changed are written back at checkpoints
-(``persist``), a 4 KiB page of the table at a time, with the headers; then the files are
-fsync'd. After a crash a header's entry count may lag and the slots may not yet point to
+(``persist``), a 4 KiB page of the table at a time, with the headers, after an fsync that
+makes the entries they point to durable; then the files are fsync'd again, so even after
+a power loss no slot or count on disk points at an entry that is not there. After a crash a header's entry count may lag and the slots may not yet point to
 the newest entries: opening counts on over the non-zero entries after the header's count
 and links each into its slot again, in order, which restores exactly the chains they were
 written with (each entry holds its predecessor). The store drops and re-adds every entry
@@ -177,9 +178,9 @@ class IndexFile:
         self.dirty_pages.add(4 * slot // _SLOT_PAGE)
 
     def add(self, entries: list[tuple[int, int]]) -> None:
-        """Append entries ``(hash, commit log offset)`` with one ``pwrite`` and link them into
-        their slots in memory (the caller leaves room: ``len(entries) <= capacity - count``;
-        ``write_slots`` writes the slots back)."""
+        """Append entries ``(hash, commit log offset)``, in commit log order, with one
+        ``pwrite`` and link them into their slots in memory (the caller leaves room:
+        ``len(entries) <= capacity - count``; ``write_slots`` writes the slots back)."""
         table = self._loaded_table()
         first = self.count + 1
         heads: dict[int, int] = {}
@@ -192,10 +193,14 @@ class IndexFile:
             packed.append(_ENTRY.pack(hash_, offset, previous))
             heads[slot] = number
         _write(self.fd, b"".join(packed), self._entry_position(first))
-        for _, offset in entries:
-            self._counted(offset)  # before the slots: a slot never points past the count
+        self.count += len(entries)  # before the slots: a slot never points past the count
+        low = entries[0][1]
+        self.low_offset = low if self.low_offset < 0 else min(self.low_offset, low)
+        self.high_offset = max(self.high_offset, entries[-1][1])
+        pack_into, dirty = _SLOT.pack_into, self.dirty_pages
         for slot, number in heads.items():
-            self._set_slot(slot, number)
+            pack_into(table, 4 * slot, number)
+            dirty.add(4 * slot // _SLOT_PAGE)
 
     def write_slots(self, pages: Iterable[int]) -> None:
         """Write back the slot table's ``pages`` (not fsync'd), adjacent pages together."""
@@ -249,19 +254,22 @@ class IndexFile:
 
     def drop_tail(self, start: int) -> list[tuple[int, int]]:
         """Remove the ``tail`` entries from ``start`` on, unlinking them from their slots;
-        returns their ``(hash, offset)``. Header written and fsync'd."""
+        returns their ``(hash, offset)``. Slots and header are made durable before the
+        entries are zeroed, so no slot on disk ever points at a zeroed entry."""
         dropped = self.tail(start)
-        for number, hash_, _, previous in dropped:
+        if not dropped:
+            return []
+        for number, hash_, _, previous in dropped:  # newest first
             slot = hash_ % self.slots
             if self._slot(slot) == number:
                 self._set_slot(slot, previous)
-            _write(self.fd, bytes(ENTRY_SIZE), self._entry_position(number))
-            self.count = number - 1
-        if dropped:
-            pages, self.dirty_pages = self.dirty_pages, set()
-            self.write_slots(pages)
-            self.write_header()
-            os.fsync(self.fd)
+        self.count = dropped[-1][0] - 1
+        pages, self.dirty_pages = self.dirty_pages, set()
+        self.write_slots(pages)
+        self.write_header()
+        os.fsync(self.fd)
+        _write(self.fd, bytes(ENTRY_SIZE * len(dropped)), self._entry_position(self.count + 1))
+        os.fsync(self.fd)
         return [(hash_, offset) for _, hash_, offset, _ in dropped]
 
     def write_header(self) -> None:
@@ -450,9 +458,11 @@ class MessageIndex:
         return unpersisted
 
     def persist(self, files: Unpersisted) -> None:
-        """Write the slot pages and headers of ``files`` and fsync them (entries included);
-        a file that takes no more entries then forgets its slot table."""
+        """Make the entries of ``files`` durable, then write their slot pages and headers and
+        fsync again (no slot or count on disk points at an entry that is not); a file that
+        takes no more entries then forgets its slot table."""
         for file, pages in files:
+            os.fsync(file.fd)
             file.write_slots(pages)
             if file is self.files[-1]:
                 file.indexed_through = self.max_indexed
