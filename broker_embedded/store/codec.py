@@ -66,7 +66,7 @@ def encode(
 ) -> bytes:
     """The bytes of one record."""
     topic_bytes = topic.encode()
-    props = _encode_props(dict(properties)) if properties else b""
+    props = _encode_props(properties if type(properties) is dict else dict(properties)) if properties else b""
     rest = b"".join(
         (
             _FIXED.pack(queue_id, flags, queue_offset, born_ms, store_ms, len(topic_bytes)),

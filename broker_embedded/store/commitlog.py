@@ -5,6 +5,17 @@ A record never straddles two segments: when the next record does not fit, the re
 segment is closed with a blank filler and the record starts the next segment. A blank
 filler may also stand where ``repair`` moved damaged bytes aside; readers skip it.
 Appends are sequential and happen under the caller's lock; reads are random (``pread``).
+
+Segments are not preallocated: a segment file grows with each append, so its size is part
+of what must be durable. They are synced with ``fdatasync``, not ``fsync`` (Redis does the
+same for its AOF): fdatasync(2) flushes the data and "metadata needed in order to allow a
+subsequent data retrieval to be correctly handled", which includes the file size (and the
+block allocation) it changed; what it leaves to the kernel's writeback is metadata that no
+read needs, such as ``st_mtime``. The only reader of a segment's mtime is retention
+(``delete_segments_before``), for which an mtime a few seconds stale after a power cut is
+harmless next to ``retention_hours``. A new segment's directory entry is fsync'd when the
+segment is created. (On ext4 both calls commit the journal when the size changed, so the
+gain is small; ``benchmarks/results/store-batch.txt`` has the figures.)
 """
 
 from __future__ import annotations
@@ -189,15 +200,15 @@ class CommitLog:
             raise
 
     def take_dirty(self) -> list[Segment]:
-        """The segments written since the last flush; the caller fsyncs them."""
+        """The segments written since the last flush; the caller fdatasyncs them."""
         dirty = list(self._dirty)
         self._dirty.clear()
         return dirty
 
     def flush(self) -> None:
-        """fsync every segment written since the last flush."""
+        """fdatasync every segment written since the last flush."""
         for segment in list(self._dirty):
-            os.fsync(segment.fd)
+            os.fdatasync(segment.fd)
             self._dirty.discard(segment)
 
     # -- reading --------------------------------------------------------------------------

@@ -15,6 +15,8 @@ class StoreConfig:
     is the number of 20-byte entries per consume queue file (300,000: 6 MB). Each index
     file has ``index_slots`` hash slots and room for ``index_entries`` entries (4 + 20
     bytes each, sparse until used); sizes apply to index files created after a change.
+    The slots of the index file taking entries are also held in memory (4 MiB at the
+    default), so that indexing a batch reads nothing.
 
     The scrub (``scrub.py``) re-reads the commit log in the background and verifies every
     record's CRC: a pass starts when the store opens and then every ``scrub_interval_s``,

@@ -18,9 +18,18 @@ every file, newest first, follows the chain and keeps offsets whose entry has th
 hash. Different keys can share a hash, and after a crash entries can point past the
 recovered commit log, so the store confirms each offset against the record there.
 
-``add`` writes a record's entries with one ``pwrite``, then the slots that now point to
-them. Headers are written and files fsync'd at checkpoints (``persist``); after a crash a
-header's entry count may lag, and opening counts on over the non-zero entries after it.
+``add_many`` writes the entries of a batch of records with one ``pwrite`` per file and no
+read: the slot table of the file taking entries is kept in memory (loaded with one
+``pread`` when an existing file first takes entries), so the previous entry of a chain is
+known without reading. The slots the batch changed are written back at checkpoints
+(``persist``), a 4 KiB page of the table at a time, with the headers, after an fsync that
+makes the entries they point to durable; then the files are fsync'd again, so even after
+a power loss no slot or count on disk points at an entry that is not there. After a crash a header's entry count may lag and the slots may not yet point to
+the newest entries: opening counts on over the non-zero entries after the header's count
+and links each into its slot again, in order, which restores exactly the chains they were
+written with (each entry holds its predecessor). The store drops and re-adds every entry
+from its checkpoint on anyway, so only entries below it must be linked on disk, and the
+checkpoint's ``persist`` wrote their slots.
 A full file is followed by a new one, created complete and fsync'd before it is renamed
 into place. The index is derived data: unreadable files are deleted and the store rebuilds
 the index from the commit log.
@@ -49,6 +58,7 @@ _SLOT = struct.Struct(">I")
 _ENTRY = struct.Struct(">QQI")
 ENTRY_SIZE = _ENTRY.size  # 20
 _COUNT_CHUNK = 4096  # entries read per pread when counting entries past the header's count
+_SLOT_PAGE = 4096  # slot table bytes written back together
 
 
 class IndexFileError(ValueError):
@@ -61,7 +71,7 @@ def key_hash(kind: str, topic: str, key: str) -> int:
     return int.from_bytes(digest, "big") or 1
 
 
-def _write(fd: int, data: bytes, position: int) -> None:
+def _write(fd: int, data: bytes | memoryview, position: int) -> None:
     if os.pwrite(fd, data, position) != len(data):
         raise OSError(errno.ENOSPC, "short write")
 
@@ -78,6 +88,11 @@ class IndexFile:
         self.low_offset = -1
         self.high_offset = -1
         self.indexed_through = -1
+        #: The slot table as on disk (big-endian u32s) while the file takes entries or has
+        #: slots not yet written back; None: slots are read from the file.
+        self._table: bytearray | None = None
+        #: Pages of ``_table`` (by number) changed since they were last written back.
+        self.dirty_pages: set[int] = set()
 
     @classmethod
     def create(cls, path: Path, slots: int, capacity: int, indexed_through: int) -> IndexFile:
@@ -88,6 +103,7 @@ class IndexFile:
             os.ftruncate(fd, HEADER_SIZE + 4 * slots + ENTRY_SIZE * capacity)
             file = cls(path, fd, slots, capacity)
             file.indexed_through = indexed_through
+            file._table = bytearray(4 * slots)  # the sparse file's slots: all zero
             file.write_header()
             os.fsync(fd)
             os.replace(tmp, path)
@@ -121,7 +137,8 @@ class IndexFile:
         return file
 
     def _count_unheaded_entries(self) -> None:
-        """Count entries written after the header was (a crash between checkpoints)."""
+        """Count the entries written after the header was (a crash between checkpoints) and
+        link each into its slot, which may not have been written back."""
         while self.count < self.capacity:
             chunk = min(_COUNT_CHUNK, self.capacity - self.count)
             raw = os.pread(self.fd, chunk * ENTRY_SIZE, self._entry_position(self.count + 1))
@@ -129,6 +146,7 @@ class IndexFile:
                 if not hash_:
                     return
                 self._counted(offset)
+                self._set_slot(hash_ % self.slots, self.count)
             if len(raw) < chunk * ENTRY_SIZE:
                 return
 
@@ -141,25 +159,63 @@ class IndexFile:
         return HEADER_SIZE + 4 * self.slots + ENTRY_SIZE * (number - 1)
 
     def _slot(self, slot: int) -> int:
+        table = self._table
+        if table is not None:
+            return int(_SLOT.unpack_from(table, 4 * slot)[0])
         raw = os.pread(self.fd, 4, HEADER_SIZE + 4 * slot)
         return _SLOT.unpack(raw)[0] if len(raw) == 4 else 0
 
-    def add(self, hashes: list[int], offset: int) -> None:
-        """Append one entry per hash for the record at ``offset`` and link them into their
-        slots (the caller leaves room: ``len(hashes) <= capacity - count``)."""
+    def _loaded_table(self) -> bytearray:
+        """The slot table in memory, read from the file the first time."""
+        if self._table is None:
+            table = bytearray(4 * self.slots)  # read in place: no 4 MiB copies to fragment the heap
+            os.preadv(self.fd, [table], HEADER_SIZE)
+            self._table = table
+        return self._table
+
+    def _set_slot(self, slot: int, number: int) -> None:
+        _SLOT.pack_into(self._loaded_table(), 4 * slot, number)
+        self.dirty_pages.add(4 * slot // _SLOT_PAGE)
+
+    def add(self, entries: list[tuple[int, int]]) -> None:
+        """Append entries ``(hash, commit log offset)``, in commit log order, with one
+        ``pwrite`` and link them into their slots in memory (the caller leaves room:
+        ``len(entries) <= capacity - count``; ``write_slots`` writes the slots back)."""
+        table = self._loaded_table()
         first = self.count + 1
         heads: dict[int, int] = {}
-        entries = []
-        for number, hash_ in enumerate(hashes, first):
+        packed = []
+        for number, (hash_, offset) in enumerate(entries, first):
             slot = hash_ % self.slots
             previous = heads.get(slot)
-            entries.append(_ENTRY.pack(hash_, offset, self._slot(slot) if previous is None else previous))
+            if previous is None:
+                previous = _SLOT.unpack_from(table, 4 * slot)[0]
+            packed.append(_ENTRY.pack(hash_, offset, previous))
             heads[slot] = number
-        _write(self.fd, b"".join(entries), self._entry_position(first))
-        for _ in hashes:
-            self._counted(offset)  # before the slots: a slot never points past the count
+        _write(self.fd, b"".join(packed), self._entry_position(first))
+        self.count += len(entries)  # before the slots: a slot never points past the count
+        low = entries[0][1]
+        self.low_offset = low if self.low_offset < 0 else min(self.low_offset, low)
+        self.high_offset = max(self.high_offset, entries[-1][1])
+        pack_into, dirty = _SLOT.pack_into, self.dirty_pages
         for slot, number in heads.items():
-            _write(self.fd, _SLOT.pack(number), HEADER_SIZE + 4 * slot)
+            pack_into(table, 4 * slot, number)
+            dirty.add(4 * slot // _SLOT_PAGE)
+
+    def write_slots(self, pages: Iterable[int]) -> None:
+        """Write back the slot table's ``pages`` (not fsync'd), adjacent pages together."""
+        table = self._table
+        if table is None:
+            return
+        with memoryview(table) as view:  # written from the table itself, no copy
+            for first, end in _runs(sorted(pages)):
+                start = first * _SLOT_PAGE
+                _write(self.fd, view[start : end * _SLOT_PAGE], HEADER_SIZE + start)
+
+    def release_table(self) -> None:
+        """Forget the slot table once it is written back (the file takes no more entries)."""
+        if not self.dirty_pages:
+            self._table = None
 
     def lookup(self, hash_: int) -> list[int]:
         """Commit log offsets of the entries with ``hash_``, newest first."""
@@ -199,17 +255,22 @@ class IndexFile:
 
     def drop_tail(self, start: int) -> list[tuple[int, int]]:
         """Remove the ``tail`` entries from ``start`` on, unlinking them from their slots;
-        returns their ``(hash, offset)``. Header written and fsync'd."""
+        returns their ``(hash, offset)``. Slots and header are made durable before the
+        entries are zeroed, so no slot on disk ever points at a zeroed entry."""
         dropped = self.tail(start)
-        for number, hash_, _, previous in dropped:
-            slot = HEADER_SIZE + 4 * (hash_ % self.slots)
-            if _SLOT.unpack(os.pread(self.fd, 4, slot))[0] == number:
-                _write(self.fd, _SLOT.pack(previous), slot)
-            _write(self.fd, bytes(ENTRY_SIZE), self._entry_position(number))
-            self.count = number - 1
-        if dropped:
-            self.write_header()
-            os.fsync(self.fd)
+        if not dropped:
+            return []
+        for number, hash_, _, previous in dropped:  # newest first
+            slot = hash_ % self.slots
+            if self._slot(slot) == number:
+                self._set_slot(slot, previous)
+        self.count = dropped[-1][0] - 1
+        pages, self.dirty_pages = self.dirty_pages, set()
+        self.write_slots(pages)
+        self.write_header()
+        os.fsync(self.fd)
+        _write(self.fd, bytes(ENTRY_SIZE * len(dropped)), self._entry_position(self.count + 1))
+        os.fsync(self.fd)
         return [(hash_, offset) for _, hash_, offset, _ in dropped]
 
     def write_header(self) -> None:
@@ -223,6 +284,23 @@ class IndexFile:
     def close(self) -> None:
         """Close the file descriptor."""
         os.close(self.fd)
+
+
+def _runs(pages: list[int]) -> list[tuple[int, int]]:
+    """Sorted page numbers as ``(first, end)`` runs of adjacent pages."""
+    runs: list[tuple[int, int]] = []
+    for page in pages:
+        if runs and runs[-1][1] == page:
+            runs[-1] = (runs[-1][0], page + 1)
+        else:
+            runs.append((page, page + 1))
+    return runs
+
+
+#: What ``MessageIndex.unpersisted`` hands to ``persist``: each file with its slot pages.
+Unpersisted = list[tuple[IndexFile, set[int]]]
+#: A record as the index takes it: topic, message id, keys, commit log offset.
+IndexedRecord = tuple[str, "str | None", list[str], int]
 
 
 class MessageIndex:
@@ -280,9 +358,10 @@ class MessageIndex:
         """The numbers of the oldest and the newest index file."""
         return int(self.files[0].path.name), int(self.files[-1].path.name)
 
-    def _create(self, number: int) -> IndexFile:
+    def _create(self, number: int, indexed_through: int | None = None) -> IndexFile:
         return IndexFile.create(
-            self.directory / f"{number:010d}", self.slots, self.capacity, self.max_indexed
+            self.directory / f"{number:010d}", self.slots, self.capacity,
+            self.max_indexed if indexed_through is None else indexed_through,
         )
 
     def rewind(self, offset: int) -> None:
@@ -291,26 +370,35 @@ class MessageIndex:
         self.max_indexed = min(self.max_indexed, offset - 1)
 
     def add(self, topic: str, message_id: str | None, keys: list[str], offset: int) -> None:
-        """Index one record (idempotent: a replayed record is not indexed twice)."""
-        if offset <= self.max_indexed:
-            return
-        self.max_indexed = offset
-        hashes = [key_hash("i", "", message_id)] if message_id else []
-        hashes += [key_hash("k", topic, key) for key in dict.fromkeys(keys)]
+        """Index one record (see ``add_many``)."""
+        self.add_many([(topic, message_id, keys, offset)])
+
+    def add_many(self, records: Iterable[IndexedRecord]) -> None:
+        """Index records ``(topic, message id, keys, commit log offset)`` in commit log order
+        with one ``pwrite`` per file (idempotent: a replayed record is not indexed twice)."""
+        entries: list[tuple[int, int]] = []
+        for topic, message_id, keys, offset in records:
+            if offset <= self.max_indexed:
+                continue
+            self.max_indexed = offset
+            if message_id:
+                entries.append((key_hash("i", "", message_id), offset))
+            if keys:
+                entries += [(key_hash("k", topic, key), offset) for key in dict.fromkeys(keys)]
         try:
-            while hashes:
+            while entries:
                 file = self.files[-1]
                 if file.count == file.capacity:
-                    file = self._create(int(file.path.name) + 1)
+                    file = self._create(int(file.path.name) + 1, entries[0][1])
                     self.files.append(file)
                 room = file.capacity - file.count
-                file.add(hashes[:room], offset)
+                file.add(entries[:room])
                 self._stale_headers.add(file)
-                hashes = hashes[room:]
+                entries = entries[room:]
         except OSError:
             if self.failed_from is None:
-                log.exception("cannot index the record at commit log offset %d", offset)
-                self.failed_from = offset
+                log.exception("cannot index the record at commit log offset %d", entries[0][1])
+                self.failed_from = entries[0][1]
 
     def drop_tail(self, start: int) -> list[tuple[int, int]]:
         """Remove the newest entries pointing at commit log offset ``start`` or beyond
@@ -321,6 +409,8 @@ class MessageIndex:
         with self._lock:
             for file in reversed(self.files):
                 dropped += file.drop_tail(start)
+                if file is not self.files[-1]:
+                    file.release_table()
                 if file.count:
                     break
         self.max_indexed = min(self.max_indexed, start - 1)
@@ -354,26 +444,40 @@ class MessageIndex:
                 deleted += 1
         return deleted
 
-    def unpersisted(self) -> list[IndexFile]:
-        """The files whose header is behind (call under the store's write lock; write
-        them with ``persist`` outside it)."""
+    def unpersisted(self) -> Unpersisted:
+        """The files whose header or slots are behind, with the slot pages to write (call
+        while no record is added; write them with ``persist`` while records are added)."""
         stale, self._stale_headers = self._stale_headers, set()
+        stale.update(file for file in self.files if file.dirty_pages)
         newest = self.files[-1]
         if newest.indexed_through != self.max_indexed:
             stale.add(newest)  # the newest file carries ``max_indexed``
-        return list(stale)
+        unpersisted: Unpersisted = []
+        for file in stale:
+            pages, file.dirty_pages = file.dirty_pages, set()
+            unpersisted.append((file, pages))
+        return unpersisted
 
-    def persist(self, files: Iterable[IndexFile]) -> None:
-        """Write the headers of ``files`` and fsync them (entries and slots included)."""
-        for file in files:
+    def persist(self, files: Unpersisted) -> None:
+        """Make the entries of ``files`` durable, then write their slot pages and headers and
+        fsync again (no slot or count on disk points at an entry that is not); a file that
+        takes no more entries then forgets its slot table."""
+        for file, pages in files:
+            os.fsync(file.fd)
+            file.write_slots(pages)
             if file is self.files[-1]:
                 file.indexed_through = self.max_indexed
             file.write_header()
             os.fsync(file.fd)
+            if file is not self.files[-1]:
+                file.release_table()
 
-    def restore(self, files: Iterable[IndexFile]) -> None:
+    def restore(self, files: Unpersisted) -> None:
         """Take back files whose ``persist`` failed, to retry at the next checkpoint."""
-        self._stale_headers.update(file for file in files if file in self.files)
+        for file, pages in files:
+            if file in self.files:
+                self._stale_headers.add(file)
+                file.dirty_pages |= pages
 
     def close(self) -> None:
         """Close every file (``persist`` first to keep what was added)."""

@@ -17,15 +17,19 @@ Data directory layout::
                               ``last_store_ms``, ``written_ms``
 
 Writes: ``put``/``put_batch`` encode, then append under the write lock with one ``pwrite``
-per segment touched (all or nothing: a full disk rolls the batch back). In ``sync`` flush
-mode the caller then waits until an fsync covers its records: the first waiter fsyncs
-everything appended so far while later ones queue behind it (group commit). A record
-is dispatched to its consume queue and the index, and listeners are told, only once
+per segment touched (all or nothing: a full disk rolls the batch back). The record given
+is completed in place and returned (one object per message; a record already stored is
+copied). In ``sync`` flush mode the caller then waits until an fdatasync (see
+``commitlog.py`` for why that suffices) covers its records: the first waiter syncs
+everything appended so far while later ones queue behind it (group commit). Records are
+dispatched to their consume queues and the index, and listeners are told, only once
 durable, so a consumer can never read a record that a crash could take back. In ``async``
-mode records are dispatched at once and a background thread fsyncs every
-``async_flush_interval_s``. Consume queue files are written at checkpoints (every
-``checkpoint_interval_s`` and on close); in between the new entries live in memory. Index
-files are written as records are dispatched and fsync'd at checkpoints.
+mode records are dispatched at once and a background thread syncs every
+``async_flush_interval_s``. Records made durable together are dispatched together: their
+consume queue entries go to memory and are written at checkpoints (every
+``checkpoint_interval_s`` and on close); their index entries are written with one
+``pwrite`` per index file, the index's slots and headers at checkpoints (``index.py``),
+when everything is fsync'd. No read happens on the write path.
 
 Recovery (on open): the commit log's shape is checked against the checkpoint (no segment
 missing, closed segments whole, the log at least as long as ``verified``), then every
@@ -79,7 +83,7 @@ from .commitlog import CommitLog, Gap
 from .config import StoreConfig
 from .consume_queue import ConsumeQueue
 from .files import write_atomically
-from .index import MessageIndex
+from .index import IndexedRecord, MessageIndex
 from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from .scrub import Scrub
@@ -95,6 +99,7 @@ Place = tuple[str, int, int]
 
 
 CHECKPOINT = "checkpoint"
+_REPLAY_CHUNK = 1024  # records recovery dispatches together
 
 
 def _now_ms() -> int:
@@ -268,14 +273,21 @@ class MessageStore:
         (``gaps``), a record whose queue offset lies past its queue's end shows that the
         offsets in between were records lost there: their places go to ``skipped`` (by the
         range's number in ``gaps``) before the queue marks them as holes."""
+        chunk: list[StoredRecord] = []
         for record in records:
             if gaps:
+                self._dispatch(chunk)
+                chunk = []
                 key = (record.topic, record.queue_id)
                 queue = self._queue(*key)
                 if record.queue_offset > queue.max_offset:
                     self._lost_between(key, range(queue.max_offset, record.queue_offset),
                                        record.commit_log_offset, gaps, skipped)
-            self._dispatch(record)
+            chunk.append(record)
+            if len(chunk) == _REPLAY_CHUNK:
+                self._dispatch(chunk)
+                chunk = []
+        self._dispatch(chunk)
 
     def _reserve_lost_tails(self, counts: dict[str, dict[str, int]], gaps: list[Gap],
                             skipped: dict[int, set[Place]]) -> None:
@@ -474,21 +486,16 @@ class MessageStore:
             queue_offsets.append(queue_offset)
         offsets = self.commitlog.append_many(encoded)
         next_offset.update(assigned)
-        stored = [
-            StoredRecord(
-                topic=record.topic,
-                queue_id=record.queue_id,
-                body=record.body,
-                properties=record.properties,
-                flags=record.flags,
-                born_timestamp_ms=record.born_timestamp_ms or store_ms,
-                store_timestamp_ms=store_ms,
-                queue_offset=queue_offset,
-                commit_log_offset=offset,
-                size=len(data),
-            )
-            for record, data, queue_offset, offset in zip(records, encoded, queue_offsets, offsets, strict=True)
-        ]
+        stored: list[StoredRecord] = []
+        for record, data, queue_offset, offset in zip(records, encoded, queue_offsets, offsets, strict=True):
+            if record.is_stored:  # put again (or twice in this batch): completed as a copy
+                record = dataclasses.replace(record)
+            record.born_timestamp_ms = record.born_timestamp_ms or store_ms
+            record.store_timestamp_ms = store_ms
+            record.queue_offset = queue_offset
+            record.commit_log_offset = offset
+            record.size = len(data)
+            stored.append(record)
         self._pending.extend(stored)
         return stored
 
@@ -533,7 +540,7 @@ class MessageStore:
                 on_fsync = self.on_fsync
                 started = time.perf_counter() if on_fsync is not None else 0.0
                 for segment in dirty:
-                    os.fsync(segment.fd)
+                    os.fdatasync(segment.fd)
                 if on_fsync is not None and dirty:
                     on_fsync(time.perf_counter() - started)
                 self._dispatch_all(pending)
@@ -552,8 +559,7 @@ class MessageStore:
         """Dispatch records made durable together, then tell the listeners of each: when a
         listener hears of a record, every record written with it is readable (a decision
         is never applied before the records it implies are in their queues)."""
-        for record in records:
-            self._dispatch(record)
+        self._dispatch(records)
         for record in records:
             for listener in self._listeners:
                 try:
@@ -561,18 +567,25 @@ class MessageStore:
                 except Exception:
                     log.exception("dispatch listener failed for offset %d", record.commit_log_offset)
 
-    def _dispatch(self, record: StoredRecord) -> None:
-        self._queue(record.topic, record.queue_id).append(
-            record.queue_offset, record.commit_log_offset, record.size,
-            record.properties.get(PROPERTY_TAG, ""),
-        )
-        keys = record.properties.get(PROPERTY_KEYS, "")
-        self.index.add(
-            record.topic, record.properties.get(PROPERTY_MESSAGE_ID),
-            keys.split() if keys else [], record.commit_log_offset,
-        )
-        self._dispatched_end = record.commit_log_offset + record.size
-        self._last_store_ms = record.store_timestamp_ms
+    def _dispatch(self, records: list[StoredRecord]) -> None:
+        """Add records, in commit log order, to their consume queues (memory) and the index
+        (one write per index file)."""
+        if not records:
+            return
+        indexed: list[IndexedRecord] = []
+        queues = self._queues
+        for record in records:
+            properties = record.properties
+            queue = queues.get((record.topic, record.queue_id)) or self._queue(record.topic, record.queue_id)
+            queue.append(record.queue_offset, record.commit_log_offset, record.size,
+                         properties.get(PROPERTY_TAG, ""))
+            keys = properties.get(PROPERTY_KEYS)
+            indexed.append((record.topic, properties.get(PROPERTY_MESSAGE_ID),
+                            keys.split() if keys else [], record.commit_log_offset))
+        self.index.add_many(indexed)
+        last = records[-1]
+        self._dispatched_end = last.commit_log_offset + last.size
+        self._last_store_ms = last.store_timestamp_ms
 
     def add_dispatch_listener(self, listener: DispatchListener) -> None:
         """Be told of every record once it is durable and dispatched."""

@@ -11,14 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StoredRecord:
     """A commit log record.
 
     On ``MessageStore.put`` the caller fills ``topic``, ``queue_id``, ``flags``,
     ``born_timestamp_ms``, ``properties`` and ``body``; the store assigns
     ``queue_offset``, ``commit_log_offset``, ``store_timestamp_ms`` and ``size`` and
-    returns the completed record.
+    returns the completed record: the same object (one object per message on the write
+    path), or a copy when the record given was already stored (``is_stored``). Treat a
+    record as read-only once stored; ``dataclasses.replace`` makes a changed copy.
     """
 
     topic: str
@@ -31,6 +33,11 @@ class StoredRecord:
     queue_offset: int = -1
     commit_log_offset: int = -1
     size: int = 0
+
+    @property
+    def is_stored(self) -> bool:
+        """Whether the store has assigned this record its place."""
+        return self.commit_log_offset >= 0
 
 
 #: Property names the store itself reads when it dispatches a record to the index.

@@ -406,14 +406,17 @@ class _Inspection:
             if gap.kind != "missing":
                 known.setdefault(gap.start, LostMessage(gap.start))
         uncounted = self._uncounted_positions()
+        claimed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         for offset, message in list(known.items()):
             head = self._salvage(offset)
             if head is not None:
                 # a queue entry's place stands; a damaged header's only where no intact record
-                # is (its queue id may be zeroed, say)
+                # is and no queue entry put another lost record (its queue id may be zeroed, say)
                 place = (message.topic, message.queue_id, message.queue_offset)
-                if message.topic is None and (head.topic, head.queue_id, head.queue_offset) in uncounted:
-                    place = (head.topic, head.queue_id, head.queue_offset)
+                salvaged = (head.topic, head.queue_id, head.queue_offset)
+                if message.topic is None and salvaged in uncounted and salvaged not in claimed:
+                    place = salvaged
+                    claimed.add(salvaged)
                 known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
             elif message.topic is None and offset in starts:
                 del known[offset]  # damaged bytes at a gap's start that no entry says held a record

@@ -8,6 +8,7 @@ must be readable, and it must stay so across restarts.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -262,3 +263,22 @@ def test_a_pending_transaction_whose_half_message_was_lost_is_parked_and_the_oth
             checker.asked.wait(0.1)
         assert [p.transaction_id for p in broker.list_parked()] == ["lost"]
         assert {r.transaction_id for r in checker.requests} == {"kept"}
+
+
+def test_a_salvaged_header_whose_queue_id_was_zeroed_is_not_counted_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found flaky in test_recovery_damage under load: a zeroed page ended inside the queue id
+    of a queue 1 record whose queue files were gone; its salvaged header said queue 0 at the
+    offset of a lost queue 0 record, so fsck placed it there and counted the queue 1 offset
+    once more (36 lost of 35)."""
+    data = tmp_path / "data"
+    with MessageStore(data, STORE) as store:  # queues 0 and 1 alternate: equal queue offsets
+        stored = store.put_batch([record(n, queue_id=n % 2) for n in range(10)])
+    shutil.rmtree(data / "consumequeue" / "orders" / "1")
+    victim = stored[5]  # queue 1, queue offset 2; queue 0's offset 2 lies in the damage too
+    assert (victim.queue_id, victim.queue_offset, stored[4].queue_offset) == (1, 2, 2)
+    start = stored[3].commit_log_offset
+    zero(data, start, victim.commit_log_offset + 16 - start)  # up to and with its queue id
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 1 and report["lost_count"] == 3  # stored[3], stored[4] and the victim

@@ -173,7 +173,7 @@ def test_retention_deletes_index_files_below_the_log_minimum(tmp_path: Path) -> 
         assert before[0] not in after and after == before[-len(after):]
         assert all(file.high_offset >= first for file in store.index.files)
         kept = [r for r in stored if r.commit_log_offset >= first]
-        gone = {f"id{n}": [] for n, r in enumerate(stored) if r.commit_log_offset < first}
+        gone: dict[str, list[int]] = {f"id{n}": [] for n, r in enumerate(stored) if r.commit_log_offset < first}
         assert gone and every_lookup(store, 300) == gone | expected_lookups(kept)
     with MessageStore(tmp_path, TINY) as store:
         assert store.lookup_message_id("id299") == [stored[-1].commit_log_offset]
@@ -211,21 +211,27 @@ def test_memory_does_not_grow_with_indexed_entries(tmp_path: Path) -> None:
 
 
 def test_entries_a_full_disk_refused_are_indexed_at_the_next_open(
-    tiny_filesystem: Path,  # noqa: F811
+    tmp_path: Path, tiny_filesystem: Path,  # noqa: F811
 ) -> None:
-    ballast = tiny_filesystem / "ballast"
-    ballast.write_bytes(b"b" * 160 * 1024)
-    data_dir = tiny_filesystem / "store"
-    # A large, sparse slot table: every new id lands on a page of its own, until none is left.
-    config = StoreConfig(segment_size=32 * 1024, checkpoint_interval_s=3600, index_slots=1 << 20)
+    # The index on a small filesystem of its own, the commit log on the large one: index
+    # writes fail while appends go on.
+    data_dir = tmp_path / "store"
+    data_dir.mkdir()
+    (data_dir / "index").symlink_to(tiny_filesystem)
+    config = StoreConfig(segment_size=32 * 1024, checkpoint_interval_s=3600, index_slots=1 << 10)
     with MessageStore(data_dir, config) as store:
-        stored = []
-        while store.index.failed_from is None:
-            stored.append(store.put(record(body=b"", UNIQ_KEY=f"id{len(stored)}")))
-        stored += [store.put(record(body=b"", UNIQ_KEY=f"id{len(stored) + n}")) for n in range(3)]
-        assert store.lookup_message_id(f"id{len(stored) - 4}") == []  # the refused entry
-        ballast.unlink()  # space for the closing checkpoint, which stays below that entry
+        stored = store.put_batch([record(body=b"", UNIQ_KEY=f"id{n}") for n in range(300)])
+        ballast = os.open(tiny_filesystem / "ballast", os.O_WRONLY | os.O_CREAT)
+        with pytest.raises(OSError):  # fill the index's disk
+            while True:
+                os.write(ballast, b"b" * 4096)
+        os.close(ballast)
+        stored += [store.put(record(body=b"", UNIQ_KEY=f"id{len(stored) + n}")) for n in range(300)]
+        assert store.index.failed_from is not None
+        assert store.lookup_message_id("id599") == []  # a refused entry
+        (tiny_filesystem / "ballast").unlink()  # space for the closing checkpoint, which stays below it
     with MessageStore(data_dir, config) as store:
         assert [store.lookup_message_id(f"id{n}") for n in range(len(stored))] == [
             [r.commit_log_offset] for r in stored
         ]
+        assert store.put(record()).queue_offset == 600

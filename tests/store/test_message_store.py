@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +65,16 @@ def test_put_batch_spans_segments_in_order_with_one_fsync(
 ) -> None:
     with MessageStore(tmp_path, SMALL) as store:
         fsynced: list[int] = []
-        real_fsync = os.fsync
-        monkeypatch.setattr(os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd))[1])
+        def recording(real: Callable[[int], None]) -> Callable[[int], None]:
+            def sync(fd: int) -> None:
+                fsynced.append(fd)
+                real(fd)
+            return sync
+
+        for name in ("fsync", "fdatasync"):  # segments: fdatasync; the directory: fsync
+            monkeypatch.setattr(os, name, recording(getattr(os, name)))
         stored = store.put_batch([record(queue_id=n % 2, body=f"b{n}".encode() * 100) for n in range(30)])
-        monkeypatch.setattr(os, "fsync", real_fsync)
+        monkeypatch.undo()
         segments = sorted((tmp_path / "commitlog").iterdir())
         assert len(segments) >= 3
         # each segment once, and the directory once per segment created (all three here)
@@ -192,15 +198,15 @@ def test_a_second_store_on_the_same_directory_is_refused(tmp_path: Path) -> None
 
 def test_concurrent_sync_puts_share_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = 0
-    real_fsync = os.fsync
+    real_fdatasync = os.fdatasync
 
-    def counting_fsync(fd: int) -> None:
+    def counting_fdatasync(fd: int) -> None:
         nonlocal calls
         calls += 1
-        real_fsync(fd)
+        real_fdatasync(fd)
 
     store = MessageStore(tmp_path, StoreConfig(checkpoint_interval_s=3600))
-    monkeypatch.setattr(os, "fsync", counting_fsync)
+    monkeypatch.setattr(os, "fdatasync", counting_fdatasync)
     results: list[int] = []
     lock = threading.Lock()
 
@@ -215,9 +221,9 @@ def test_concurrent_sync_puts_share_fsyncs(tmp_path: Path, monkeypatch: pytest.M
         t.start()
     for t in threads:
         t.join()
-    monkeypatch.setattr(os, "fsync", real_fsync)
+    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
     assert len(set(results)) == 400
-    assert calls < 400
+    assert 0 < calls < 400
     for worker in range(8):
         assert [r.body for r in store.read_queue("orders", worker, 0, 100)] == [
             f"{worker}:{n}".encode() for n in range(50)

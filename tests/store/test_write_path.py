@@ -1,0 +1,97 @@
+"""The write path's cost: syscalls per batch, record objects per message, the group commit's sync."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_embedded.errors import MessageTooLargeError
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.index import MessageIndex
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import StoredRecord
+
+QUIET = StoreConfig(checkpoint_interval_s=3600, scrub_bytes_per_s=0)
+
+
+def batch(start: int, count: int = 64) -> list[StoredRecord]:
+    return [
+        StoredRecord("orders", n % 8, b"x" * 256, {"UNIQ_KEY": f"id{n}", "KEYS": f"k{n % 5} all", "TAGS": "t"})
+        for n in range(start, start + count)
+    ]
+
+
+@contextmanager
+def counted(monkeypatch: pytest.MonkeyPatch, *names: str) -> Iterator[dict[str, int]]:
+    """Count calls of the ``os`` functions ``names`` (they still run)."""
+    calls = dict.fromkeys(names, 0)
+
+    def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            calls[name] += 1
+            return real(*args)
+        return call
+
+    for name in names:
+        monkeypatch.setattr(os, name, counting(name, getattr(os, name)))
+    yield calls
+    monkeypatch.undo()
+
+
+def test_a_batch_costs_one_write_per_file_and_no_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with MessageStore(tmp_path, QUIET) as store:
+        store.put_batch(batch(0))
+    with MessageStore(tmp_path, QUIET) as store:  # an index file that existed before the open
+        store.put_batch(batch(64))  # loads the file's slot table, once
+        with counted(monkeypatch, "pwrite", "pread", "fsync", "fdatasync") as calls:
+            stored = store.put_batch(batch(128))
+        # the commit log once, the index's entries once; consume queue entries wait in memory
+        assert calls == {"pwrite": 2, "pread": 0, "fsync": 0, "fdatasync": 1}
+        assert [store.lookup_message_id(f"id{n}") for n in range(128, 192)] == [
+            [r.commit_log_offset] for r in stored
+        ]
+        assert len(store.lookup_key("orders", "all")) == 192
+
+
+def test_the_record_put_is_the_record_returned_and_a_stored_one_is_copied(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, QUIET) as store:
+        records = batch(0, 3)
+        stored = store.put_batch(records)
+        assert all(a is b for a, b in zip(stored, records, strict=True))
+        assert [r.queue_offset for r in stored] == [0, 0, 0] and stored[0].size > 256
+        first = stored[0]
+        place = (first.commit_log_offset, first.queue_offset)
+        again, twice = store.put_batch([first, first])  # put again: two copies, the original kept
+        assert (first.commit_log_offset, first.queue_offset) == place
+        assert again is not first and twice is not first and again is not twice
+        assert [again.queue_offset, twice.queue_offset] == [1, 2]
+        assert store.get(twice.commit_log_offset) == twice
+
+
+def test_a_refused_batch_leaves_its_records_unstored(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, StoreConfig(segment_size=4096, scrub_bytes_per_s=0)) as store:
+        records = [StoredRecord("orders", 0, b"x" * 100), StoredRecord("orders", 0, b"y" * 5000)]
+        with pytest.raises(MessageTooLargeError):
+            store.put_batch(records)
+        assert not any(r.is_stored for r in records)
+        assert store.put(records[0]).queue_offset == 0
+
+
+def test_chains_past_the_last_written_slots_are_linked_again_on_open(tmp_path: Path) -> None:
+    crashed = MessageIndex(tmp_path, slots=3, entries=7)
+    crashed.add_many([("t", f"id{n}", [f"k{n % 2}"], n) for n in range(10)])
+    crashed.persist(crashed.unpersisted())  # a checkpoint: slots and headers written
+    crashed.add_many([("t", f"id{n}", [f"k{n % 2}"], n) for n in range(10, 25)])
+    # No persist, no close: the newest slots were only in memory, as after a crash.
+    index = MessageIndex(tmp_path, slots=3, entries=7)
+    assert [index.lookup_id(f"id{n}") for n in range(25)] == [[n] for n in range(25)]
+    assert index.lookup_key("t", "k1") == list(range(1, 25, 2))
+    index.add_many([("t", "id25", ["k1"], 25)])
+    assert index.lookup_key("t", "k1") == [*range(1, 25, 2), 25]
+    crashed.close()
+    index.close()
