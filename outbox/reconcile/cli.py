@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sqlalchemy.exc import SQLAlchemyError
 
         from .job import ReconcileInputs, ReconcileOptions, reconcile
-        from .session import build_session, stop_session
+        from .session import build_session
     except (ValueError, ConfigurationError) as exc:
         return _error(exc)
     except ModuleNotFoundError as exc:
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SQLAlchemyError as exc:  # a server database that cannot be reached or read
         return _error(f"cannot read a database: {str(exc).splitlines()[0]}")
     finally:
-        stop_session(spark)
+        spark.stop()
     print(f"report: {result.out_dir / 'report.html'}")
     print(f"summary: {result.out_dir / 'summary.json'} ({'PASS' if result.passed else 'FAIL'})")
     return 0 if result.passed else 1

@@ -13,14 +13,15 @@ jars were given.
 When the job starts the driver's JVM itself, that JVM logs errors only (``log4j2.properties``
 beside this module, given through ``spark.driver.extraJavaOptions``; a configuration file of
 yours given there wins), so Spark's start-up warnings do not bury the job's progress lines;
-and it starts from a class archive (Java's class data sharing) that the first run writes
-when its JVM exits (``stop_session``), in ``HALFMOON_SPARK_CLASS_CACHE`` (default
+and it starts from a class archive (Java's class data sharing) that the first run's JVM
+writes as it exits (when Python does), in ``HALFMOON_SPARK_CLASS_CACHE`` (default
 ``~/.cache/halfmoon``; ``off``: none), one per Java, Spark and class path: the JVM then
 maps Spark's classes already parsed and verified instead of loading them one by one.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
@@ -66,7 +67,6 @@ QUIET_JVM_LOGGING = Path(__file__).with_name("log4j2.properties")
 CLASS_CACHE_SETTING = "HALFMOON_SPARK_CLASS_CACHE"
 #: The JVM's class data sharing notices (classes it cannot archive) stay out of the output.
 _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-_ARCHIVE_AT_EXIT = re.compile(r"-XX:ArchiveClassesAtExit=(?P<path>\S+)")
 #: How long the driver's JVM may take to write its class archive as it exits.
 ARCHIVE_WRITE_TIMEOUT_S = 120.0
 
@@ -132,32 +132,29 @@ def class_archive(settings: Mapping[str, str]) -> Path | None:
 
 
 def _archive_options(archive: Path) -> str:
-    """Driver JVM options that map ``archive``, or write it (to a file of this process,
-    renamed into place by ``stop_session``) when there is none yet."""
+    """Driver JVM options that map ``archive``, or that write it when there is none yet:
+    to a file of this process, renamed into place once the JVM has exited."""
     if archive.is_file():
         return f"-XX:SharedArchiveFile={archive} {_QUIET_CDS}"
     archive.parent.mkdir(parents=True, exist_ok=True)
-    return f"-XX:ArchiveClassesAtExit={archive}.{os.getpid()}.tmp {_QUIET_CDS}"
+    written = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
+    atexit.register(_keep_archive, written, archive)
+    return f"-XX:ArchiveClassesAtExit={written} {_QUIET_CDS}"
 
 
-def stop_session(spark: SparkSession) -> None:
-    """Stop the session; when its driver JVM was started to write a class archive, end
-    that JVM now and keep the archive it writes as it exits for the runs after this one."""
-    pending = _ARCHIVE_AT_EXIT.search(spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", ""))
-    spark.stop()
+def _keep_archive(written: Path, archive: Path) -> None:
+    """At Python's exit: end the driver's JVM (the gateway exits on end of input), wait
+    while it writes its class archive, and put a complete archive in place."""
     process = getattr(SparkContext._gateway, "proc", None)
-    if pending is None or process is None:
-        return
-    written = Path(pending["path"])
-    process.stdin.close()  # the gateway exits on end of input
-    try:
-        process.wait(ARCHIVE_WRITE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    SparkContext._gateway = SparkContext._jvm = None
-    if process.returncode == 0 and written.is_file():
-        written.replace(written.with_name(written.name.rsplit(".", 2)[0]))
+    if process is not None and process.poll() is None:
+        process.stdin.close()
+        try:
+            process.wait(ARCHIVE_WRITE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process is not None and process.returncode == 0 and written.is_file():
+        written.replace(archive)
     else:
         written.unlink(missing_ok=True)
 

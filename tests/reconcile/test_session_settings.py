@@ -25,7 +25,7 @@ SPARK_HOME = Path(pyspark.__file__).parent
 PROBE = """
 import json, sys
 from outbox.reconcile.cli import build_parser
-from outbox.reconcile.session import build_session, stop_session
+from outbox.reconcile.session import build_session
 args = build_parser().parse_args(["--broker-export", "unused", "--out", "unused", *sys.argv[1:]])
 spark = build_session(args.master, dict(item.split("=", 1) for item in args.conf))
 conf = spark.sparkContext.getConf()
@@ -33,7 +33,7 @@ print(json.dumps({"master": spark.sparkContext.master,
                   "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
                   "driver_memory": conf.get("spark.driver.memory"),
                   "max_result_size": conf.get("spark.driver.maxResultSize")}))
-stop_session(spark)
+spark.stop()
 """
 
 
@@ -82,7 +82,7 @@ def test_the_first_run_writes_a_class_archive_and_the_next_starts_from_it(tmp_pa
     cache = tmp_path / "cache"
     _run([sys.executable, "PROBE"], tmp_path, HALFMOON_SPARK_CLASS_CACHE=str(cache))
     archives = list(cache.iterdir())
-    assert [path.suffix for path in archives] == [".jsa"], archives  # written at exit, renamed into place
+    assert [path.suffix for path in archives] == [".jsa"], archives  # written at exit, then renamed
     # -Xshare:on: the JVM refuses to start unless it maps the archive
     _run([sys.executable, "PROBE", "--conf", "spark.driver.extraJavaOptions=-Xshare:on"], tmp_path,
          HALFMOON_SPARK_CLASS_CACHE=str(cache))
