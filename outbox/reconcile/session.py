@@ -12,27 +12,18 @@ jars were given.
 
 When the job starts the driver's JVM itself, that JVM logs errors only (``log4j2.properties``
 beside this module, given through ``spark.driver.extraJavaOptions``; a configuration file of
-yours given there wins), so Spark's start-up warnings do not bury the job's progress lines;
-and it starts from a class archive (Java's class data sharing) that the first run's JVM
-writes as it exits (when Python does), in ``HALFMOON_SPARK_CLASS_CACHE`` (default
-``~/.cache/halfmoon``; ``off``: none), one per Java, Spark and class path: the JVM then
-maps Spark's classes already parsed and verified instead of loading them one by one.
+yours given there wins), so Spark's start-up warnings do not bury the job's progress lines.
 """
 
 from __future__ import annotations
 
-import atexit
-import hashlib
 import os
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark import SparkConf, SparkContext
-from pyspark import __version__ as spark_version
 from pyspark.find_spark_home import _find_spark_home
 from pyspark.sql import SparkSession
 
@@ -63,12 +54,6 @@ SMALL_MACHINE_CONF = {
 DRIVER_LAUNCH_CONF = {"spark.driver.memory": "2g"}
 #: The driver JVM's logging configuration: errors only, on stderr.
 QUIET_JVM_LOGGING = Path(__file__).with_name("log4j2.properties")
-#: Where driver class archives are kept (a folder, or ``off``), and the default folder.
-CLASS_CACHE_SETTING = "HALFMOON_SPARK_CLASS_CACHE"
-#: The JVM's class data sharing notices (classes it cannot archive) stay out of the output.
-_QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-#: How long the driver's JVM may take to write its class archive as it exits.
-ARCHIVE_WRITE_TIMEOUT_S = 120.0
 
 
 def postgres_jdbc_jar() -> Path:
@@ -117,48 +102,6 @@ def _running_settings() -> dict[str, str]:
     return dict(SparkConf().getAll())
 
 
-def class_archive(settings: Mapping[str, str]) -> Path | None:
-    """The class archive for a driver JVM started with ``settings`` (one per Java, Spark
-    version and class path), or None when ``HALFMOON_SPARK_CLASS_CACHE=off``."""
-    folder = os.environ.get(CLASS_CACHE_SETTING)
-    if folder == "off":
-        return None
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java") or "java"
-    identity = "\n".join([os.path.realpath(java), spark_version, _find_spark_home(),
-                          *(settings.get(key, "") for key in ("spark.jars", "spark.driver.extraClassPath"))])
-    cache = Path(folder) if folder else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "halfmoon"
-    return cache / f"spark-driver-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsa"
-
-
-def _archive_options(archive: Path) -> str:
-    """Driver JVM options that map ``archive``, or that write it when there is none yet:
-    to a file of this process, renamed into place once the JVM has exited."""
-    if archive.is_file():
-        return f"-XX:SharedArchiveFile={archive} {_QUIET_CDS}"
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    written = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
-    atexit.register(_keep_archive, written, archive)
-    return f"-XX:ArchiveClassesAtExit={written} {_QUIET_CDS}"
-
-
-def _keep_archive(written: Path, archive: Path) -> None:
-    """At Python's exit: end the driver's JVM (the gateway exits on end of input), wait
-    while it writes its class archive, and put a complete archive in place."""
-    process = getattr(SparkContext._gateway, "proc", None)
-    if process is not None and process.poll() is None:
-        process.stdin.close()
-        try:
-            process.wait(ARCHIVE_WRITE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    if process is not None and process.returncode == 0 and written.is_file():
-        written.replace(archive)
-    else:
-        written.unlink(missing_ok=True)
-
-
 def build_session(master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
     """Get or create the session: ``master`` and ``conf`` win, then settings given before
     (spark-submit's, ``spark-defaults.conf``, a running context's), then the job's defaults;
@@ -174,14 +117,10 @@ def build_session(master: str | None = None, conf: Mapping[str, str] | None = No
     if master:
         settings["spark.master"] = master
     if launching:
-        java_options = settings.get("spark.driver.extraJavaOptions", given.get("spark.driver.extraJavaOptions", ""))
-        archive = class_archive({**given, **settings})
-        if archive is not None:
-            java_options = f"{_archive_options(archive)} {java_options}"
-        if QUIET_JVM_LOGGING.exists():  # later -D options win
-            java_options = f"-Dlog4j2.configurationFile={QUIET_JVM_LOGGING.as_uri()} {java_options}"
-        if java_options.strip():
-            settings["spark.driver.extraJavaOptions"] = java_options.strip()
+        if QUIET_JVM_LOGGING.exists():
+            java_options = settings.get("spark.driver.extraJavaOptions", given.get("spark.driver.extraJavaOptions", ""))
+            settings["spark.driver.extraJavaOptions"] = (  # later -D options win
+                f"-Dlog4j2.configurationFile={QUIET_JVM_LOGGING.as_uri()} {java_options}".strip())
         if settings.get("spark.master", given.get("spark.master", "")).startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a cluster's executors must reach the driver
     builder = SparkSession.builder

@@ -1,5 +1,4 @@
-"""Whose Spark settings win (issue 28, "on a cluster, as documented"), and the driver's
-class archive (issue 28, start-up).
+"""Whose Spark settings win (issue 28, "on a cluster, as documented").
 
 Settings given by ``spark-submit`` (``--master``, ``--conf``) or by the installation's
 ``spark-defaults.conf`` win over the job's small-machine defaults; ``outbox reconcile
@@ -44,8 +43,7 @@ def _run(command: list[str], tmp_path: Path, **env: str) -> dict[str, str]:
     run = subprocess.run(
         [part if part != "PROBE" else str(probe) for part in command],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([checkout, os.environ.get("PYTHONPATH", "")]),
-             "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "HALFMOON_SPARK_CLASS_CACHE": "off",
-             **env},
+             "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, **env},
         capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -74,16 +72,3 @@ def test_spark_defaults_conf_wins_over_the_jobs_defaults_and_the_command_line_ov
                 SPARK_CONF_DIR=str(conf_dir))
     assert seen == {"master": "local[1]", "shuffle_partitions": "9", "driver_memory": "1g",
                     "max_result_size": "300m"}
-
-
-@pytest.mark.slow
-@pytest.mark.spark
-def test_the_first_run_writes_a_class_archive_and_the_next_starts_from_it(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    _run([sys.executable, "PROBE"], tmp_path, HALFMOON_SPARK_CLASS_CACHE=str(cache))
-    archives = list(cache.iterdir())
-    assert [path.suffix for path in archives] == [".jsa"], archives  # written at exit, then renamed
-    # -Xshare:on: the JVM refuses to start unless it maps the archive
-    _run([sys.executable, "PROBE", "--conf", "spark.driver.extraJavaOptions=-Xshare:on"], tmp_path,
-         HALFMOON_SPARK_CLASS_CACHE=str(cache))
-    assert list(cache.iterdir()) == archives
