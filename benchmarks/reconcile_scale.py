@@ -1,10 +1,14 @@
 """Reconciliation at scale: Spark (local[2]) against DuckDB over the same Parquet.
 
-    ./dev bench reconcile_scale [--sizes 10000 1000000 10000000]
+    ./dev bench reconcile_scale [--sizes 10000 1000000 10000000] [--repeat 3]
 
 For each size: synthetic inputs with every anomaly kind written as Parquet, then the
 whole job (``python -m outbox.reconcile``, Spark start included, wall time) and the same
-core classification as one DuckDB SQL query, in the same run. Prints both and the ratio.
+core classification as one DuckDB SQL query, in the same run. Prints both and the ratio
+(medians of ``--repeat`` runs), and where the job's start-up goes, from Spark's event log:
+``to app`` from the process start to the application's start (Python imports, the JVM,
+the SparkContext), ``to job`` from there to the first Spark job (session, schemas,
+planning), ``jobs`` from there to the end.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,37 +100,73 @@ FROM tx
 """
 
 
+def startup(event_log: Path, launched_ms: float) -> tuple[float, float, float]:
+    """Seconds from ``launched_ms`` to the application's start, from there to the first job's
+    submission, and from there to the application's end, read off one Spark event log."""
+    marks: dict[str, float] = {}
+    for line in event_log.read_text().splitlines():
+        event = json.loads(line)
+        kind = event["Event"]
+        if kind == "SparkListenerApplicationStart":
+            marks["app"] = event["Timestamp"]
+        elif kind == "SparkListenerJobStart":
+            marks.setdefault("job", event["Submission Time"])
+        elif kind == "SparkListenerApplicationEnd":
+            marks["end"] = event["Timestamp"]
+    return ((marks["app"] - launched_ms) / 1000, (marks["job"] - marks["app"]) / 1000,
+            (marks["end"] - marks["job"]) / 1000)
+
+
+def run_spark(folder: Path, run: int) -> tuple[float, dict[str, object], tuple[float, float, float]]:
+    """One whole job over ``folder``'s inputs: wall seconds, its summary, its start-up."""
+    events, out = folder / f"events-{run}", folder / f"out-{run}"
+    events.mkdir()
+    launched_ms, start = time.time() * 1000, time.perf_counter()
+    job = subprocess.run(
+        [sys.executable, "-m", "outbox.reconcile", "--producer-db", f"parquet://{folder / 'transaction_log.parquet'}",
+         "--consumer-db", f"parquet://{folder / 'consumed_message.parquet'}",
+         "--broker-export", str(folder / "export"), "--out", str(out), "--master", "local[2]",
+         "--grace-seconds", "0", "--conf", "spark.driver.memory=6g", "--conf", "spark.eventLog.enabled=true",
+         "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
+         "--conf", "spark.eventLog.rolling.enabled=false"],
+        capture_output=True, text=True,
+    )
+    wall = time.perf_counter() - start
+    if job.returncode not in (0, 1):
+        print(job.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"the Spark job failed over {folder}")
+    (log,) = events.iterdir()
+    return wall, json.loads((out / "summary.json").read_text()), startup(log, launched_ms)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000, 10_000_000])
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each; medians are printed")
     args = parser.parse_args()
-    print(f"{'transactions':>14}{'spark wall s':>14}{'spark jobs':>12}{'duckdb s':>10}{'ratio':>8}"
-          "  counts (spark | duckdb)")
+    print(f"{'transactions':>14}{'spark wall s':>14}{'to app s':>10}{'to job s':>10}{'jobs s':>8}{'spark jobs':>12}"
+          f"{'duckdb s':>10}{'ratio':>8}  counts (spark | duckdb)")
     for n in args.sizes:
         folder = Path(tempfile.mkdtemp(prefix="hm-reconcile-bench-"))
         try:
             write_inputs(n, folder)
-            start = time.perf_counter()
-            run = subprocess.run(
-                [sys.executable, "-m", "outbox.reconcile", "--producer-db", f"parquet://{folder / 'transaction_log.parquet'}",
-                 "--consumer-db", f"parquet://{folder / 'consumed_message.parquet'}",
-                 "--broker-export", str(folder / "export"), "--out", str(folder / "out"), "--master", "local[2]",
-                 "--grace-seconds", "0", "--conf", "spark.driver.memory=6g"],
-                capture_output=True, text=True,
-            )
-            spark_s = time.perf_counter() - start
-            if run.returncode not in (0, 1):
-                print(run.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"the Spark job failed at {n}")
-            summary = json.loads((folder / "out" / "summary.json").read_text())
+            runs = [run_spark(folder, run) for run in range(args.repeat)]
+            spark_s = statistics.median(wall for wall, _, _ in runs)
+            to_app, to_job, jobs = (statistics.median(parts) for parts in zip(*(marks for _, _, marks in runs),
+                                                                               strict=True))
+            summary = runs[-1][1]
             counts = summary["counts"]
-            start = time.perf_counter()
-            row = duckdb.connect().execute(DUCKDB_SQL.format(d=folder)).fetchall()[0]
-            duck_s = time.perf_counter() - start
-            print(f"{n:>14,}{spark_s:>14.1f}{summary.get('spark_jobs', '?'):>12}{duck_s:>10.1f}"
-                  f"{spark_s / duck_s:>8.1f}  "
+            assert isinstance(counts, dict)
+            duck = []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                row = duckdb.connect().execute(DUCKDB_SQL.format(d=folder)).fetchall()[0]
+                duck.append(time.perf_counter() - start)
+            duck_s = statistics.median(duck)
+            print(f"{n:>14,}{spark_s:>14.1f}{to_app:>10.1f}{to_job:>10.1f}{jobs:>8.1f}"
+                  f"{summary.get('spark_jobs', '?'):>12}{duck_s:>10.2f}{spark_s / duck_s:>8.1f}  "
                   f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
-                  f"dup {counts['duplicate_delivery']}|{row[4]}")
+                  f"dup {counts['duplicate_delivery']}|{row[4]}", flush=True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -4,7 +4,7 @@
                      --broker-export DIR --out DIR [--since ISO] [--until ISO]
                      [--grace-seconds 60] [--max-lost 0] [--max-phantom 0]
                      [--max-duplicate-effect 0] [--max-conflict 0] [--threshold NAME=N ...]
-                     [--master local[*]] [--conf key=value ...]
+                     [--master URL] [--conf key=value ...]
                      [--postgres-read auto|jdbc|sqlalchemy]
 
 Exit status 0 when every threshold holds, 1 when one is breached, 2 on bad input, said in
@@ -85,8 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="transactions the producer databases disagree on, or rolled back yet delivered")
     parser.add_argument("--threshold", action="append", default=[], metavar="NAME=N",
                         help=f"fail when more than N transactions are NAME ({', '.join(GATES)})")
-    parser.add_argument("--master", default="local[*]", help="the Spark master")
-    parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
+    parser.add_argument("--master", help="the Spark master (default: spark-submit's --master, else spark.master "
+                        "from spark-defaults.conf, else local[*])")
+    parser.add_argument("--conf", action="append", default=[], help="a Spark setting key=value (wins over "
+                        "spark-submit's and spark-defaults.conf's)")
     parser.add_argument("--jdbc-partitions", type=int, default=4, help="parallel JDBC reads per PostgreSQL table")
     parser.add_argument("--postgres-read", choices=POSTGRES_READS, default="auto",
                         help="PostgreSQL through JDBC (needs the driver jar), through SQLAlchemy on the "
