@@ -10,8 +10,10 @@ In one run, on a fresh database and a broker server process (SQLAlchemy 2 + psyc
   transaction, as django-outbox-pattern does, while a relay process polls the outbox every
   ``--poll-intervals[0]`` with ``SELECT ... FOR UPDATE SKIP LOCKED``, publishes each row to
   our broker and deletes it); and ``@transactional_message`` in each of its modes (``MODES``:
-  the defaults, ``Producer(oneway_end=False)``, ``Producer(oneway_end=True)``,
-  ``overlap=False``, ``overlap=True``; a mode the installed code refuses is "n/a"). Each
+  the defaults (the half overlapping the transaction, END oneway), the overlap with END
+  waited (``Producer(oneway_end=False)``), the half awaited before the transaction with
+  END waited (``overlap=False``: the only mode before issue 24) and with END oneway; a
+  mode the installed code refuses is "n/a"). Each
   share is of the bare transaction in the same round; the variants alternate in rounds
   (``_common.alternating_rounds``), figures are medians over the rounds;
 * latency from the DB commit to the consumer's handler: each decorator mode against the
@@ -156,10 +158,9 @@ def async_overhead(url: str, broker_url: str, seconds: float, rounds: int) -> No
 #: only where the mode says so (the defaults are whatever the installed code does).
 MODES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "decorator, defaults": ({}, {}),
-    "Producer(oneway_end=False)": ({"oneway_end": False}, {}),
-    "Producer(oneway_end=True)": ({"oneway_end": True}, {}),
-    "decorator(overlap=False)": ({}, {"overlap": False}),
-    "decorator(overlap=True)": ({}, {"overlap": True}),
+    "overlap, END waited": ({"oneway_end": False}, {"overlap": True}),
+    "half first, END waited": ({"oneway_end": False}, {"overlap": False}),
+    "half first, END oneway": ({"oneway_end": True}, {"overlap": False}),
 }
 BARE, TABLE_OUTBOX = "bare INSERT+COMMIT", "table outbox"
 THROUGHPUT_TOPIC = "bench.relay.throughput"
