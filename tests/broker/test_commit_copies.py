@@ -3,6 +3,7 @@ reads from the log only those the book no longer keeps; both give the same messa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ def _count_log_reads(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) ->
     return offsets
 
 
-def _delivered(broker: EmbeddedBroker, transaction_id: str) -> list[tuple[bytes, tuple[str, ...], str, dict[str, str]]]:
+def _delivered(broker: EmbeddedBroker, transaction_id: str) -> list[tuple[bytes, tuple[str, ...], str, Mapping[str, str]]]:
     received = broker.receive("g", f"orders-{transaction_id}", wait_s=2, max_messages=8)
     return sorted((r.message.body, r.message.keys, r.message.tag, r.message.properties) for r in received)
 
