@@ -408,6 +408,7 @@ class BrokerServer:
             self._auth_log.warning("%d connections wait to authenticate, the maximum: closing the oldest, from %s",
                                    self.limits.unauthenticated_cap, oldest.peer)
             oldest.drop()
+            self._connections.discard(oldest)  # its slot is free now, not once its task has ended
         self._unauthenticated[connection] = None
 
     def _refuse(self, connection: _Connection) -> None:
