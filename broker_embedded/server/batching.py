@@ -102,10 +102,12 @@ class Batcher:
         """On the loop: hand a batch's outcomes to their ``on_done``."""
         self.backlog -= sum(entry[3] for entry in batch)
         self._lighter.set()
-        for (_, on_done, _, _), outcome in zip(batch, outcomes, strict=True):
-            on_done(outcome)
-        if ended is not None:
-            ended.set_result(None)
+        try:
+            for (_, on_done, _, _), outcome in zip(batch, outcomes, strict=True):
+                on_done(outcome)
+        finally:
+            if ended is not None:
+                ended.set_result(None)
 
     def _next_batch(self) -> list[tuple[Any, Callable[[Any], None], object, int]]:
         """Take the items of the next batch out of ``waiting`` (see the class docstring)."""
