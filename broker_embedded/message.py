@@ -151,8 +151,8 @@ MAX_DELIVER_AHEAD_MS = 3 * 86_400_000
 def is_name(value: object, max_length: int = MAX_NAME_LENGTH) -> bool:
     """Whether ``value`` is a name the broker stores and reads back intact: a string of 1 to
     ``max_length`` printable characters without whitespace (ids, keys, tags, groups)."""
-    return isinstance(value, str) and 0 < len(value) <= max_length and value.isprintable() \
-        and not any(c.isspace() for c in value)
+    # the only whitespace ``isprintable`` lets through is the ASCII space
+    return isinstance(value, str) and 0 < len(value) <= max_length and value.isprintable() and " " not in value
 
 
 def _utf8_size(value: str, what: str) -> int:

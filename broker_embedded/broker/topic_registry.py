@@ -32,6 +32,8 @@ class TopicRegistry:
         self.queues: dict[str, int] = (
             {str(k): int(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
         )
+        #: Registered topics whose name passed ``validate_user_topic`` in ``ensure``.
+        self._checked: set[str] = set()
 
     def __contains__(self, topic: str) -> bool:
         return topic in self.queues
@@ -56,13 +58,17 @@ class TopicRegistry:
             return self.queues[topic]
 
     def ensure(self, topic: str) -> int:
-        """The queue count of a usable topic, creating it when auto-creation is on."""
+        """The queue count of a usable topic, creating it when auto-creation is on (a
+        registered name is checked once, not on every message)."""
+        if isinstance(topic, str) and topic in self._checked:
+            return self.queues[topic]
         validate_user_topic(topic)
         queues = self.queues.get(topic)
         if queues is None:
             if not self.auto_create:
                 raise UnknownTopicError(f"topic {topic!r} does not exist")
             queues = self.create(topic, self.default_queues)
+        self._checked.add(topic)
         return queues
 
     def select_queue(self, message: Message) -> int:

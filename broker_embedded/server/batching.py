@@ -1,12 +1,14 @@
 """Batching of the requests that arrive while others run: one executor hop for all of
-them, and for writes group commit (one append and one fsync for every write in flight).
-Shared by the native TCP server and the gRPC front."""
+them (and for the batches that follow while more arrive), and for writes group commit
+(one append and one fsync for every write in flight). Shared by the native TCP server and
+the gRPC front."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
 from ..api import BrokerAPI
@@ -19,12 +21,14 @@ MAX_WRITE_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class Batcher:
-    """Groups the calls that arrive while a batch is running into the next batch: one
-    executor hop for all of them. ``run_batch`` takes the list of items and returns, per
-    item, a result or the exception that refused it. For writes this is group commit: one
-    append and one fsync for every write in flight. Up to ``max_batches`` batches run at
-    once, so one fills and appends while the one before it waits for its fsync. ``backlog``
-    is what ``weigh`` says the items queued or in a running batch hold (bytes).
+    """Groups the calls that arrive while a batch is running into the next batch. ``run_batch``
+    takes the list of items and returns, per item, a result or the exception that refused it.
+    For writes this is group commit: one append and one fsync for every write in flight. Up
+    to ``max_batches`` drains run at once on ``executor``, so one fills and appends while the
+    one before it waits for its fsync. A drain is one hand-off from the event loop: its
+    thread runs batch after batch while items wait, and hands each batch's outcomes back to
+    the loop with one callback. ``backlog`` is what ``weigh`` says the items queued or in a
+    running batch hold (bytes); ``track`` is given one task per drain, done when it ends.
 
     The heavy items of a batch (over ``READ_CHUNK``) weigh at most ``max_batch_weight``
     together (or are one item): one that does not fit waits for the next batch, and so does
@@ -32,7 +36,7 @@ class Batcher:
     while light items of other sources go ahead, so a small write never waits behind more
     than the running batches, whatever other clients have queued."""
 
-    def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: ThreadPoolExecutor,
+    def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: Executor,
                  track: Callable[[asyncio.Task[None]], None], max_batches: int = 1,
                  weigh: Callable[[Any], int] = lambda item: 0, max_batch_weight: int = 0) -> None:
         self.run_batch = run_batch
@@ -41,9 +45,11 @@ class Batcher:
         self.max_batches = max_batches
         self.weigh = weigh
         self.max_batch_weight = max_batch_weight
-        #: Queued items: the item, its ``on_done``, its source and its weight.
+        #: Queued items: the item, its ``on_done``, its source and its weight. ``waiting``
+        #: and ``running`` are shared with the drains' threads, under ``_lock``.
         self.waiting: list[tuple[Any, Callable[[Any], None], object, int]] = []
         self.running = 0
+        self._lock = threading.Lock()
         self.backlog = 0
         self._lighter = asyncio.Event()
 
@@ -52,27 +58,56 @@ class Batcher:
         event loop."""
         weight = self.weigh(item)
         self.backlog += weight
-        self.waiting.append((item, on_done, source, weight))
-        if self.running < self.max_batches:
+        with self._lock:
+            self.waiting.append((item, on_done, source, weight))
+            if self.running >= self.max_batches:
+                return
             self.running += 1
-            self.track(asyncio.get_running_loop().create_task(self._drain()))
-
-    async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        self.track(loop.create_task(_until(ended)))
         try:
-            while self.waiting:
-                batch = self._next_batch()
-                try:
-                    outcomes = await loop.run_in_executor(self.executor, self.run_batch,
-                                                          [entry[0] for entry in batch])
-                except Exception as exc:  # the whole batch failed (e.g. the disk is full)
-                    outcomes = [exc] * len(batch)
-                self.backlog -= sum(entry[3] for entry in batch)
-                self._lighter.set()
-                for (_, on_done, _, _), outcome in zip(batch, outcomes, strict=True):
-                    on_done(outcome)
+            self.executor.submit(self._drain, loop, ended)
+        except RuntimeError as exc:  # the executor is shut down: the server is stopping
+            with self._lock:
+                self.running -= 1
+                batch, self.waiting = self.waiting, []
+            self._deliver(batch, [exc] * len(batch), ended)
+
+    def _drain(self, loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
+        """On a thread of ``executor``: run batches until none waits; the last batch's
+        outcomes go back with the end of the drain, in one callback."""
+        batch = self._take()
+        if not batch:  # another drain took the items
+            loop.call_soon_threadsafe(ended.set_result, None)
+        while batch:
+            try:
+                outcomes: Sequence[Any] = self.run_batch([entry[0] for entry in batch])
+            except Exception as exc:  # the whole batch failed (e.g. the disk is full)
+                outcomes = [exc] * len(batch)
+            following = self._take()
+            loop.call_soon_threadsafe(self._deliver, batch, outcomes, None if following else ended)
+            batch = following
+
+    def _take(self) -> list[tuple[Any, Callable[[Any], None], object, int]]:
+        """The next batch; when there is none the calling drain ends (no longer ``running``)."""
+        with self._lock:
+            batch = self._next_batch()
+            if not batch:
+                self.running -= 1
+            return batch
+
+    def _deliver(self, batch: list[tuple[Any, Callable[[Any], None], object, int]], outcomes: Sequence[Any],
+                 ended: asyncio.Future[None] | None) -> None:
+        """On the loop: hand a batch's outcomes to their ``on_done``."""
+        self.backlog -= sum(entry[3] for entry in batch)
+        self._lighter.set()
+        try:
+            for (_, on_done, _, _), outcome in zip(batch, outcomes, strict=True):
+                on_done(outcome)
         finally:
-            self.running -= 1
+            if ended is not None:
+                ended.set_result(None)
 
     def _next_batch(self) -> list[tuple[Any, Callable[[Any], None], object, int]]:
         """Take the items of the next batch out of ``waiting`` (see the class docstring)."""
@@ -99,6 +134,10 @@ class Batcher:
         while self.backlog > limit:
             self._lighter.clear()
             await self._lighter.wait()
+
+
+async def _until(ended: asyncio.Future[None]) -> None:
+    await ended
 
 
 def each(call: Callable[..., Any]) -> Callable[[list[Any]], list[Any]]:
@@ -136,7 +175,7 @@ def write_one_by_one(broker: BrokerAPI) -> Callable[[list[WriteCall]], list[Any]
     return each(write)
 
 
-def write_batcher(broker: BrokerAPI, executor: ThreadPoolExecutor,
+def write_batcher(broker: BrokerAPI, executor: Executor,
                   track: Callable[[asyncio.Task[None]], None]) -> Batcher:
     """The batcher of a front's writes: ``broker.produce`` when it has one (one append and
     one fsync per batch), two batches at a time, big bodies capped per batch."""

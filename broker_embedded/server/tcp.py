@@ -129,6 +129,17 @@ class _Connection:
         frame = encode_frame(RequestCode.CHECK_TRANSACTION_STATE, 0, Kind.PUSH, to_wire(request))
         self.loop.call_soon_threadsafe(self._queue, frame)
 
+    def admit_now(self) -> bool:
+        """Count one more request in flight if ``admit`` would not wait (fewer than
+        ``max_requests_in_flight`` are, no answer is unwritten, the connection is open);
+        False, counting nothing, when it would."""
+        if self.in_flight >= self.limits.max_requests_in_flight or self.writer.is_closing() \
+                or self.writer.transport.get_write_buffer_size():
+            return False
+        self.in_flight += 1
+        self.last_active = self.loop.time()
+        return True
+
     async def admit(self) -> None:
         """Count one more request in flight, first waiting (reading nothing meanwhile) until
         fewer than ``max_requests_in_flight`` are and the unwritten answers are below
@@ -348,12 +359,14 @@ class BrokerServer:
         try:
             while data := await self._read(connection, reader, frames):
                 for payload in frames.feed(data):
-                    self._frame_budget.give(connection.reserved)
-                    connection.reserved = 0
+                    if connection.reserved:
+                        self._frame_budget.give(connection.reserved)
+                        connection.reserved = 0
                     connection.frame_started = None
                     if len(payload) > READ_CHUNK:  # small requests never wait behind big writes
                         await self._writes.lighter_than(self.limits.max_write_backlog_bytes)
-                    await connection.admit()
+                    if not connection.admit_now():  # the usual case costs no coroutine
+                        await connection.admit()
                     if not self._on_frame(connection, payload):
                         return
                 if frames.buffered and connection.frame_started is None:
@@ -395,6 +408,7 @@ class BrokerServer:
             self._auth_log.warning("%d connections wait to authenticate, the maximum: closing the oldest, from %s",
                                    self.limits.unauthenticated_cap, oldest.peer)
             oldest.drop()
+            self._connections.discard(oldest)  # its slot is free now, not once its task has ended
         self._unauthenticated[connection] = None
 
     def _refuse(self, connection: _Connection) -> None:

@@ -48,3 +48,53 @@ def test_a_small_write_goes_ahead_of_another_sources_big_ones_and_each_source_ke
     answers = asyncio.run(scenario())
     assert answers == ["first", "a-big-1", "a-big-2", "a-small", "b-small", "c-big"]
     assert batches == [["first"], ["a-big-1", "b-small"], ["a-big-2", "a-small"], ["c-big"]]
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """A thread pool that counts the calls handed to it."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.handed = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.handed += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_the_batches_that_queue_while_one_runs_cost_no_further_hand_off_to_a_thread() -> None:
+    release = threading.Event()
+    loop_thread: list[threading.Thread] = []
+    answered_on: list[threading.Thread] = []
+
+    def run_batch(items: list[tuple[str, int]]) -> list[str]:
+        release.wait(10)
+        return [name for name, _ in items]
+
+    async def scenario() -> tuple[list[Any], int, int]:
+        tasks: set[asyncio.Task[None]] = set()
+        loop_thread.append(threading.current_thread())
+        with CountingExecutor(2) as executor:
+            batcher = Batcher(run_batch, executor, tasks.add, max_batches=1,
+                              weigh=lambda item: item[1], max_batch_weight=4 * MIB)
+            loop = asyncio.get_running_loop()
+            done: list[asyncio.Future[Any]] = []
+            for name, size in (("first", 10), ("big-1", 4 * MIB), ("big-2", 4 * MIB), ("big-3", 4 * MIB)):
+                future = loop.create_future()
+                done.append(future)
+
+                def on_done(outcome: Any, future: asyncio.Future[Any] = future) -> None:
+                    answered_on.append(threading.current_thread())
+                    future.set_result(outcome)
+
+                batcher.submit((name, size), on_done, "one connection")
+            release.set()
+            answers = list(await asyncio.gather(*done))
+            await asyncio.gather(*tasks)  # the drain's task ends with it
+            return answers, executor.handed, batcher.running
+
+    answers, handed, running = asyncio.run(scenario())
+    assert answers == ["first", "big-1", "big-2", "big-3"]  # three batches: the big ones one each
+    assert handed == 1
+    assert running == 0
+    assert answered_on == loop_thread * 4

@@ -6,6 +6,10 @@ the book at once: its resolution lives on disk in its op record (found through t
 index), which keeps memory proportional to the transactions still open, not to history.
 Pending transactions sit in a heap by next check time, so a check round costs O(due).
 
+The half messages of open transactions are also kept as dispatched, with their fields
+read (``fresh_half``), a bounded number of them, so that a commit copies them without
+reading the log back and checking them again.
+
 ``snapshot`` copies the open transactions and how far the half and op topics are applied,
 under the book's lock: a consistent cut without stopping writers for more than the copy.
 """
@@ -31,6 +35,11 @@ from ..delay import due_at_ms, target_of
 from .ops import FINAL_STATES, OP_CHECK, OP_PARK, OP_RECHECK, Op
 
 log = logging.getLogger(__name__)
+
+#: At most this many half messages, with bodies of this many bytes in all, are kept for
+#: their commit (the oldest go first; a commit reads those from the log).
+FRESH_HALVES = 4096
+FRESH_HALF_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +174,9 @@ class TransactionBook:
         self.parked = 0
         self._due: list[tuple[int, int, str]] = []
         self._sequence = itertools.count()
+        #: Half messages of open transactions by commit log offset, oldest first.
+        self._fresh: dict[int, tuple[StoredRecord, HalfFields]] = {}
+        self._fresh_bytes = 0
 
     # -- applying the log -----------------------------------------------------------------
     def add_half(self, record: StoredRecord) -> None:
@@ -179,6 +191,7 @@ class TransactionBook:
                 tx = self.by_id[half.transaction_id] = Transaction(half.transaction_id, half.producer_group)
             tx.halves.append(HalfRef(record.commit_log_offset, record.size, half.message_id,
                                      record.born_timestamp_ms, record.store_timestamp_ms))
+            self._keep_fresh(record, half)
             if half.timeout_ms is not None:
                 tx.timeout_ms = max(tx.timeout_ms or 0, half.timeout_ms)
             if half.problem and not tx.problem:
@@ -199,6 +212,7 @@ class TransactionBook:
                 return
             if op.kind in FINAL_STATES:
                 del self.by_id[op.transaction_id]
+                self._forget_fresh(tx)
                 if tx.state is TransactionState.PARKED:
                     self.parked -= 1
                 tx.state = FINAL_STATES[op.kind]
@@ -217,6 +231,25 @@ class TransactionBook:
                 self.parked -= 1
                 tx.check_times = 0
                 self._schedule(tx, op.timestamp_ms)
+
+    # -- fresh half messages --------------------------------------------------------------
+    def fresh_half(self, commit_log_offset: int) -> tuple[StoredRecord, HalfFields] | None:
+        """The half message at ``commit_log_offset`` and its fields, if still kept."""
+        with self.lock:
+            return self._fresh.get(commit_log_offset)
+
+    def _keep_fresh(self, record: StoredRecord, fields: HalfFields) -> None:
+        self._fresh[record.commit_log_offset] = (record, fields)
+        self._fresh_bytes += len(record.body)
+        while len(self._fresh) > FRESH_HALVES or self._fresh_bytes > FRESH_HALF_BYTES:
+            oldest = self._fresh.pop(next(iter(self._fresh)))
+            self._fresh_bytes -= len(oldest[0].body)
+
+    def _forget_fresh(self, tx: Transaction) -> None:
+        for half in tx.halves:
+            kept = self._fresh.pop(half.commit_log_offset, None)
+            if kept is not None:
+                self._fresh_bytes -= len(kept[0].body)
 
     # -- checking -------------------------------------------------------------------------
     def first_check_ms(self, tx: Transaction) -> int:
@@ -337,4 +370,6 @@ class TransactionBook:
         with self.lock:
             self.by_id.clear()
             self._due.clear()
+            self._fresh.clear()
+            self._fresh_bytes = 0
             self.half_applied = self.op_applied = self.committed = self.rolled_back = self.parked = 0

@@ -45,7 +45,7 @@ from ...topics import (
 from .. import codec
 from ..config import BrokerConfig
 from ..writes import EndCall, ForcedResolveCall, HalfCall, Staged
-from .book import Transaction, TransactionBook, read_half
+from .book import HalfFields, Transaction, TransactionBook, read_half
 from .check_service import CheckService, now_ms
 from .ops import (
     FINAL_STATES,
@@ -197,7 +197,8 @@ class TransactionService:
             op = self._decision(tx, RESOLUTION_OPS[call.resolution])
             records = [op_record(op)]
             if op.kind == OP_COMMIT:
-                records += [self._committed_copy(half, op.timestamp_ms) for half in self._read_halves(op.half_offsets)]
+                records += [self._committed_copy(half, fields, op.timestamp_ms)
+                            for half, fields in self._halves_to_commit(op.half_offsets)]
         except BaseException:
             self._end_failed(tx)
             raise
@@ -255,8 +256,15 @@ class TransactionService:
         return Op(tx.transaction_id, kind, tx.check_times, now_ms(), tx.producer_group,
                   tx.half_offsets, list(tx.message_ids))
 
-    def _read_halves(self, offsets: list[int]) -> Iterator[StoredRecord]:
-        return (self.store.get(offset) for offset in offsets)
+    def _halves_to_commit(self, offsets: list[int]) -> Iterator[tuple[StoredRecord, HalfFields]]:
+        """The half messages of an open transaction and their fields: those the book still
+        keeps, the others read from the log."""
+        for offset in offsets:
+            kept = self.book.fresh_half(offset)
+            if kept is None:
+                record = self.store.get(offset)
+                kept = record, read_half(record)
+            yield kept
 
     def _halves_of(self, op: Op) -> Iterator[StoredRecord]:
         """The half messages a stored op names; an offset that holds no half message of its
@@ -273,10 +281,9 @@ class TransactionService:
                 log.error("%s op of transaction %s names commit log offset %d, which holds no half message "
                           "of it; skipped", op.kind, op.transaction_id, offset)
 
-    def _committed_copy(self, half: StoredRecord, committed_ms: int) -> StoredRecord:
-        """The real message of a committed half message; a delay counts from the commit.
-        ``InvalidMessageError`` for a half message that cannot be committed."""
-        fields = read_half(half)
+    def _committed_copy(self, half: StoredRecord, fields: HalfFields, committed_ms: int) -> StoredRecord:
+        """The real message of a committed half message (``fields``: its ``read_half``); a
+        delay counts from the commit. ``InvalidMessageError`` for one that cannot be committed."""
         if fields.problem:
             raise InvalidMessageError(
                 f"transaction {fields.transaction_id} cannot be committed: its half message at commit log "
@@ -381,7 +388,7 @@ class TransactionService:
                 else:
                     topics = (CHECK_MAX_TOPIC,)
                 if not self.store.stored_after(fields.message_id, op_stored.commit_log_offset, topics):
-                    missing.append(self._committed_copy(half, op.timestamp_ms) if op.kind == OP_COMMIT
+                    missing.append(self._committed_copy(half, fields, op.timestamp_ms) if op.kind == OP_COMMIT
                                    else self._parked_copy(half, op.check_times))
                     redone.add(op.transaction_id)
         if missing:
