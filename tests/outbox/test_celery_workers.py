@@ -22,6 +22,7 @@ APP = """
 from celery import Celery
 
 app = Celery("beatapp", broker="filesystem://")
+app.conf.broker_transport = "outbox.integrations.celery.transport:Transport"  # whole messages only
 app.conf.broker_transport_options = {"data_folder_in": "queue", "data_folder_out": "queue"}
 app.conf.beat_schedule = {"tick": {"task": "beatapp.tick", "schedule": 1.0}}
 

@@ -8,7 +8,8 @@ Run a worker for a producer group with Celery's own command::
 (``outbox.integrations.celery.worker`` is this app under the name the docs use.)
 
 Configured from the environment (``outbox.settings``): the transport defaults to kombu's
-server-less ``filesystem://`` under ``OUTBOX_CELERY_DATA_DIR``; set
+server-less ``filesystem://`` under ``OUTBOX_CELERY_DATA_DIR`` (through
+``.transport``, whose messages appear whole); set
 ``OUTBOX_CELERY_BROKER_URL=redis://...`` in production. The module-level ``app`` (and
 ``settings``, ``check_transaction_task``) is built on first use: importing this module reads
 no environment and makes no folder.
@@ -23,6 +24,7 @@ from celery import Celery
 
 from ...settings import OutboxSettings
 from ..sqlalchemy.tasks import register
+from .transport import TRANSPORT
 
 
 def make_app(settings: OutboxSettings) -> Celery:
@@ -47,6 +49,7 @@ def make_app(settings: OutboxSettings) -> Celery:
             "control_folder": str(folder / "control"),
             "store_processed": False,
         }
+        conf["broker_transport"] = TRANSPORT  # messages appear whole (see .transport)
     celery.conf.update(conf)
     return celery
 
