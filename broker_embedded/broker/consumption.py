@@ -426,6 +426,8 @@ class ConsumerGroups:
             for first, count in _runs(hits):
                 for record in self.store.read_queue(stored_topic, queue_id, first, count):
                     offset = record.queue_offset
+                    if offset >= first + count:
+                        break  # read past a damaged run: those come with their own run
                     if offset < progress.floor or offset in progress.done_above:
                         continue
                     if offset in progress.attempts or subscription.matches(record.properties.get(PROPERTY_TAG, "")):
