@@ -55,8 +55,11 @@ EVENT_ACKED = "a"
 EVENT_DEAD = "x"
 EVENT_SKIPPED = "s"  # ``count`` messages from ``queue_offset`` on, which the group's filter passed over
 
-#: Consume queue entries a tag filter reads at once (20 bytes each).
+#: Consume queue entries a tag filter reads at once (20 bytes each), and at most per queue
+#: under the lock: a receive scanning a long run of messages its filter passes over lets
+#: other calls in between.
 FILTER_SCAN_ENTRIES = 256
+FILTER_SCAN_LIMIT = 16 * FILTER_SCAN_ENTRIES
 
 
 class Event(msgspec.Struct, omit_defaults=True):
@@ -310,8 +313,8 @@ class ConsumerGroups:
             with self.lock:
                 if self.closed:
                     raise BrokerClosedError("the broker closed while receiving")
-                delivered, dead = self._collect(group, topic, max_messages, invisible_ms, max_bytes,
-                                                subscription, skipped)
+                delivered, dead, unscanned = self._collect(group, topic, max_messages, invisible_ms, max_bytes,
+                                                           subscription, skipped)
             events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
             events += [self._event(EVENT_DEAD, group, topic, key, d) for key, d in dead]
             events += [Event(EVENT_SKIPPED, group, topic, key[2], key[3], start, 0, "", now_ms(), end - start)
@@ -323,6 +326,8 @@ class ConsumerGroups:
                 self._persist(events, copies)
             if delivered:
                 return [self._received(key, d) for key, d in delivered]
+            if unscanned:
+                continue  # the filter's scan stopped at FILTER_SCAN_LIMIT: on with it
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
@@ -336,8 +341,11 @@ class ConsumerGroups:
     def _collect(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, max_bytes: int | None,
         subscription: TagFilter, skipped: Skipped,
-    ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]]]:
+    ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]], bool]:
+        """The deliveries and dead-letterings of one pass over the group's queues, and
+        whether a filter left entries unscanned."""
         now = now_ms()
+        unscanned = False
         delivered: list[tuple[ProgressKey, Delivery]] = []
         dead: list[tuple[ProgressKey, Delivery]] = []
         room = max_bytes if max_bytes is not None else sys.maxsize
@@ -346,7 +354,7 @@ class ConsumerGroups:
             progress = self._progress(key)
             filtered = stored_topic == topic and not subscription.every
             if filtered:
-                self._top_up_filtered(key, progress, subscription, skipped)
+                unscanned |= self._top_up_filtered(key, progress, subscription, skipped)
             else:
                 self._top_up(key, progress)
             busy_groups: set[str] = set()
@@ -372,7 +380,7 @@ class ConsumerGroups:
                         busy_groups.discard(message_group)
                     continue
                 if delivered and delivery.record.size > room:
-                    return delivered, dead  # left as it is, for the next receive
+                    return delivered, dead, unscanned  # left as it is, for the next receive
                 room -= delivery.record.size
                 delivery.attempt += 1
                 delivery.receipt = uuid.uuid4().hex[:16]
@@ -382,7 +390,7 @@ class ConsumerGroups:
                 delivered.append((key, delivery))
             if len(delivered) >= max_messages:
                 break
-        return delivered, dead
+        return delivered, dead, unscanned
 
     def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
         group, topic, stored_topic, queue_id = key
@@ -407,15 +415,19 @@ class ConsumerGroups:
                                                     progress.attempts.pop(offset, 0))
 
     def _top_up_filtered(self, key: ProgressKey, progress: QueueProgress, subscription: TagFilter,
-                         skipped: Skipped) -> None:
+                         skipped: Skipped) -> bool:
         """``_top_up`` through ``subscription``: the consume queue's tag hashes pick the
         records to read (a message delivered before, whose attempts count, is read whatever
-        its tag); the offsets not taken are done, added to ``skipped``."""
+        its tag); the offsets not taken are done, added to ``skipped``. Up to
+        ``FILTER_SCAN_LIMIT`` entries: whether it stopped there with more to scan."""
         _, _, stored_topic, queue_id = key
         end = self.store.queue_max_offset(stored_topic, queue_id)
         if progress.next_offset < end:
             progress.skip_to(self.store.queue_min_offset(stored_topic, queue_id))  # retention deleted them
+        limit = progress.next_offset + FILTER_SCAN_LIMIT
         while progress.next_offset < end and len(progress.pending) < self.max_inflight:
+            if progress.next_offset >= limit:
+                return True
             scan_start = progress.next_offset
             entries = self.store.tagged_entries(stored_topic, queue_id, scan_start, FILTER_SCAN_ENTRIES)
             if not entries:
@@ -441,6 +453,7 @@ class ConsumerGroups:
                     progress.mark_done_range(start, offset)
                     _add_skip(skipped, key, start, offset)
                 start = offset + 1
+        return False
 
     def _event(self, kind: str, group: str, topic: str, key: ProgressKey, d: Delivery) -> Event:
         return Event(

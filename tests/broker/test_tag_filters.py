@@ -8,6 +8,7 @@ import zlib
 import pytest
 
 from broker_embedded import EmbeddedBroker, Message
+from broker_embedded.broker import consumption
 from broker_embedded.errors import InvalidMessageError
 from broker_embedded.filters import parse_tag_filter
 
@@ -116,3 +117,16 @@ def test_a_filter_reads_only_the_records_whose_tag_hash_matches(broker_factory, 
     monkeypatch.setattr(commitlog, "read", counted)
     assert _take(broker, "g", "wanted") == ["wanted-200"]
     assert len(reads) <= 2  # read when taken, and once more when delivered with its body
+
+
+def test_one_receive_scans_past_many_passes_over_the_lock(broker_factory, monkeypatch) -> None:
+    """A long run of messages the filter passes over is scanned in passes of
+    ``FILTER_SCAN_LIMIT`` entries, the lock released between them; one receive without a
+    wait still reaches the match behind them."""
+    monkeypatch.setattr(consumption, "FILTER_SCAN_LIMIT", 300)
+    broker = broker_factory()
+    broker.create_topic("orders", queues=1)
+    _send(broker, *(["noise"] * 1000 + ["wanted"]))
+    got = broker.receive("g", "orders", filter_expression="wanted")
+    assert [r.message.body for r in got] == [b"wanted-1000"]
+    assert broker.stats().consumer_lag == {"g": {"orders": 1}}
