@@ -210,8 +210,15 @@ class BrokerAPI(Protocol):
         invisible_duration_s: float = 30.0,
         wait_s: float = 0.0,
         max_bytes: int | None = None,
+        filter_expression: str = "*",
     ) -> list[ReceivedMessage]:
         """Receive up to ``max_messages`` for a consumer group, long-polling up to ``wait_s``.
+
+        ``filter_expression`` is the group's subscription to ``topic``, RocketMQ's TAG type:
+        ``"*"`` (every message), ``"TagA"`` or ``"TagA || TagB"``; the messages it passes
+        over are consumed for the group (never delivered to it), and a changed expression
+        applies from the group's progress on. A malformed one (or SQL92) raises
+        ``InvalidMessageError`` and changes nothing.
 
         Received messages are invisible to the group for ``invisible_duration_s``; a message
         not acked by then comes back with ``delivery_attempt + 1`` after a growing back-off,

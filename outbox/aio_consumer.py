@@ -54,10 +54,12 @@ async def arun_consumer(
     invisible_duration_s: float = 30.0,
     wait_s: float = 1.0,
     batch_acks: bool = True,
+    filter_expression: str = "*",
 ) -> int:
     """Receive, await ``handler`` and ack until ``stop`` is set (or the task is cancelled);
     returns how many messages were handled. ``handler`` must be a coroutine function
-    (``ConfigurationError`` otherwise): a blocking handler would stall the event loop."""
+    (``ConfigurationError`` otherwise): a blocking handler would stall the event loop.
+    ``filter_expression``: the group's TAG subscription, as for ``run_consumer``."""
     if not inspect.iscoroutinefunction(handler):
         raise ConfigurationError(f"arun_consumer takes an async handler (async def), not {handler!r}; "
                                  "a sync handler runs with outbox.run_consumer")
@@ -67,7 +69,8 @@ async def arun_consumer(
         while not stop.is_set():
             try:
                 batch = await broker.receive(group, topic, max_messages=batch_size,
-                                             invisible_duration_s=invisible_duration_s, wait_s=wait_s)
+                                             invisible_duration_s=invisible_duration_s, wait_s=wait_s,
+                                             filter_expression=filter_expression)
             except BrokerUnavailableError as exc:
                 await _pause(stop, run.outage.failed(exc))
                 continue

@@ -1,7 +1,7 @@
 """The ``outbox`` command (also ``python -m outbox``).
 
     outbox consume --group G --topic T --handler module:function [--database-url URL] [--broker-url URL]
-                   [--batch-size N]
+                   [--batch-size N] [--filter 'TagA || TagB']
     outbox check TRANSACTION_ID --group G [--database-url URL] [--broker-url URL] [--send]
     outbox migrate [--database-url URL]
     outbox purge [--database-url URL ...] [--broker-url URL] [--table T ...] [--dry-run] ...
@@ -13,7 +13,9 @@ idempotent for ``--group`` against ``--database-url``, or a handler already wrap
 as ``gunicorn`` and ``celery -A`` do. Settings default to the ``OUTBOX_*`` environment
 variables (``outbox.settings``); with neither ``--database-url`` nor ``OUTBOX_DATABASE_URL``,
 ``migrate`` says which default database it creates. ``consume --batch`` is the former
-spelling of ``--batch-size``, still accepted.
+spelling of ``--batch-size``, still accepted. ``consume --filter`` is the group's
+subscription, a RocketMQ TAG expression (``*``, the default, takes every message); the
+messages it passes over are consumed for the group.
 
 ``purge`` deletes what retention allows (docs/retention.md) from every database of the
 settings (``OUTBOX_DATABASE_URL`` and ``OUTBOX_GROUP_DATABASES``) unless ``--database-url``
@@ -40,7 +42,8 @@ from broker_embedded.cli_tools import (
     positive_int,
     quiet_on_broken_pipe,
 )
-from broker_embedded.errors import BrokerError
+from broker_embedded.errors import BrokerError, InvalidMessageError
+from broker_embedded.filters import parse_tag_filter
 
 from .check_back import answer_check_back
 from .consumer import Handler, run_consumer, stop_on_signals
@@ -87,7 +90,8 @@ def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
     stop_on_signals(stop)
     broker = connect(args.broker_url or settings.broker_url)
     try:
-        run_consumer(broker, args.group, args.topic, handler, stop, batch_size=args.batch_size, wait_s=1.0)
+        run_consumer(broker, args.group, args.topic, handler, stop, batch_size=args.batch_size, wait_s=1.0,
+                     filter_expression=args.filter)
     finally:
         broker.close()
     return 0
@@ -145,6 +149,15 @@ def database_url(text: str) -> str:
     return text
 
 
+def tag_expression(text: str) -> str:
+    """An argparse type: a RocketMQ TAG expression (``*``, ``TagA``, ``TagA || TagB``)."""
+    try:
+        parse_tag_filter(text)
+    except InvalidMessageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _database_errors() -> tuple[type[Exception], ...]:
     """SQLAlchemy's errors, when it is installed: a database that cannot be used."""
     try:
@@ -193,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     _broker_url_option(c)
     c.add_argument("--batch-size", type=positive_int, default=16, help="messages received per request")
     hidden_alias(c, "--batch", "batch_size", type=positive_int)
+    c.add_argument("--filter", type=tag_expression, default="*", metavar="EXPRESSION",
+                   help="the messages of the topic the group takes: a TAG expression, '*' (every message, the "
+                        "default), 'TagA' or 'TagA || TagB'; the others are consumed for the group unhandled")
     k = sub.add_parser("check", help="answer one check-back by the fencing rule")
     k.add_argument("transaction_id", help="the transaction to check")
     k.add_argument("--group", required=True, help="its producer group")

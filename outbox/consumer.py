@@ -122,8 +122,13 @@ def run_consumer(
     wait_s: float = 1.0,
     log_interval_s: float = LOG_INTERVAL_S,
     batch_acks: bool = True,
+    filter_expression: str = "*",
 ) -> int:
     """Receive, handle and ack until ``stop`` is set; returns how many were handled.
+
+    ``filter_expression`` is the group's subscription, a RocketMQ TAG expression (``"*"``,
+    ``"TagA"``, ``"TagA || TagB"``): the broker consumes the other messages for the group
+    without handing them to ``handler``.
 
     The messages of a received batch that were handled are acked together, in one
     ``ack_many`` after the batch (``batch_acks=False``: each right after its handler; for
@@ -136,8 +141,8 @@ def run_consumer(
     while not stop.is_set():
         run.log_interval()
         try:
-            batch = broker.receive(group, topic, max_messages=batch_size,
-                                   invisible_duration_s=invisible_duration_s, wait_s=wait_s)
+            batch = broker.receive(group, topic, max_messages=batch_size, invisible_duration_s=invisible_duration_s,
+                                   wait_s=wait_s, filter_expression=filter_expression)
         except BrokerUnavailableError as exc:
             stop.wait(run.outage.failed(exc))
             continue

@@ -8,6 +8,14 @@ its invisible duration comes back, after a growing back-off, with ``delivery_att
 ``%DLQ%<group>``. Messages sharing a ``message_group`` are delivered one at a time in
 queue order (FIFO). A new group starts at the beginning of the topic.
 
+A receive's tag filter (``filters.TagFilter``) decides which messages of the subscribed
+topic the group gets: the others are done for the group (RocketMQ's offset moves past
+them), recorded as ranges (``EVENT_SKIPPED``). A message is judged by the filter of the
+receive that reaches it, so a changed subscription applies from the group's progress on;
+one delivered already keeps coming back until acked. Its consume queue entry's tag hash
+passes a message over without reading its record; a matching hash is confirmed against
+the stored tag. The group's retry queue is not filtered (as RocketMQ subscribes it ``*``).
+
 Durability: every delivery, ack and dead-lettering is an event record in
 ``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
 counts and delivery statistics. A message in flight at a restart is visible again at once.
@@ -33,9 +41,10 @@ import msgspec
 
 from ..api import ConsumerQueue
 from ..errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
+from ..filters import EVERY_MESSAGE, TagFilter
 from ..message import ReceivedMessage, now_ms
 from ..store.message_store import MessageStore, fitting
-from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from ..store.record import PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from ..topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic, validate_group
 from . import codec
 
@@ -44,12 +53,19 @@ log = logging.getLogger(__name__)
 EVENT_DELIVERED = "d"
 EVENT_ACKED = "a"
 EVENT_DEAD = "x"
+EVENT_SKIPPED = "s"  # ``count`` messages from ``queue_offset`` on, which the group's filter passed over
+
+#: Consume queue entries a tag filter reads at once (20 bytes each), and at most per queue
+#: under the lock: a receive scanning a long run of messages its filter passes over lets
+#: other calls in between.
+FILTER_SCAN_ENTRIES = 256
+FILTER_SCAN_LIMIT = 16 * FILTER_SCAN_ENTRIES
 
 
-class Event(msgspec.Struct):
-    """One progress event (``kind``: d/a/x) of ``group`` on ``topic`` (subscribed), at
+class Event(msgspec.Struct, omit_defaults=True):
+    """One progress event (``kind``: d/a/x/s) of ``group`` on ``topic`` (subscribed), at
     ``queue_offset`` of ``stored_topic``'s queue ``queue_id`` (stored under the short names
-    given to ``msgspec.field``)."""
+    given to ``msgspec.field``); a skip covers ``count`` offsets from there."""
 
     kind: str = msgspec.field(name="e")
     group: str = msgspec.field(name="g")
@@ -60,6 +76,7 @@ class Event(msgspec.Struct):
     attempt: int = msgspec.field(name="n")
     message_id: str = msgspec.field(name="m")
     timestamp_ms: int = msgspec.field(name="ts")
+    count: int = msgspec.field(name="c", default=1)
 
 
 encode_events = msgspec.msgpack.Encoder().encode
@@ -146,21 +163,45 @@ class QueueProgress:
         self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
         self.mark_done(offset - 1)  # advances the floor over done offsets just above it
 
+    def mark_done_range(self, start: int, end: int) -> None:
+        """The offsets from ``start`` to ``end`` (excluded), none of them pending, are done."""
+        if start <= self.floor:
+            self.skip_to(end)
+        else:
+            for offset in range(start, end):
+                self.mark_done(offset)
+
     def pass_holes(self, upto: int) -> None:
         """Nothing to deliver at the offsets from ``next_offset`` to ``upto``, which the store
         skipped (holes, records whose CRC fails): done, so they never hold the floor back."""
         if self.next_offset >= upto:
             return
-        if self.floor == self.next_offset:
-            self.skip_to(upto)
-        else:
-            for offset in range(self.next_offset, upto):
-                self.mark_done(offset)
+        self.mark_done_range(self.next_offset, upto)
         self.next_offset = upto
 
 
 
 ProgressKey = tuple[str, str, str, int]  # group, subscribed topic, stored topic, queue id
+Skipped = list[tuple[ProgressKey, int, int]]  # offsets from, to (excluded) a filter passed over
+
+
+def _runs(offsets: list[int]) -> list[tuple[int, int]]:
+    """``(first, count)`` of each run of consecutive offsets in ascending ``offsets``."""
+    runs: list[tuple[int, int]] = []
+    for offset in offsets:
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((offset, 1))
+    return runs
+
+
+def _add_skip(skipped: Skipped, key: ProgressKey, start: int, end: int) -> None:
+    """Record offsets ``start`` to ``end`` as skipped, joined to the previous range if adjacent."""
+    if skipped and skipped[-1][0] == key and skipped[-1][2] == start:
+        skipped[-1] = (key, skipped[-1][1], end)
+    else:
+        skipped.append((key, start, end))
 
 
 class ConsumerGroups:
@@ -198,6 +239,8 @@ class ConsumerGroups:
                     if event.kind == EVENT_DELIVERED:
                         if event.queue_offset >= progress.floor and event.queue_offset not in progress.done_above:
                             progress.attempts[event.queue_offset] = max(progress.attempts.get(event.queue_offset, 0), event.attempt)
+                    elif event.kind == EVENT_SKIPPED:
+                        progress.mark_done_range(event.queue_offset, event.queue_offset + event.count)
                     else:
                         progress.mark_done(event.queue_offset)
                         if event.kind == EVENT_DEAD:
@@ -259,18 +302,23 @@ class ConsumerGroups:
 
     def receive(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, wait_s: float,
-        max_bytes: int | None = None,
+        max_bytes: int | None = None, subscription: TagFilter = EVERY_MESSAGE,
     ) -> list[ReceivedMessage]:
-        """Up to ``max_messages`` deliverable messages, long-polling up to ``wait_s``; as
-        many as fit in ``max_bytes`` of record size (at least one)."""
+        """Up to ``max_messages`` deliverable messages that ``subscription`` matches,
+        long-polling up to ``wait_s``; as many as fit in ``max_bytes`` of record size (at
+        least one). The messages it passes over are done for the group."""
         deadline = time.monotonic() + wait_s
         while True:
+            skipped: Skipped = []
             with self.lock:
                 if self.closed:
                     raise BrokerClosedError("the broker closed while receiving")
-                delivered, dead = self._collect(group, topic, max_messages, invisible_ms, max_bytes)
+                delivered, dead, unscanned = self._collect(group, topic, max_messages, invisible_ms, max_bytes,
+                                                           subscription, skipped)
             events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
             events += [self._event(EVENT_DEAD, group, topic, key, d) for key, d in dead]
+            events += [Event(EVENT_SKIPPED, group, topic, key[2], key[3], start, 0, "", now_ms(), end - start)
+                       for key, start, end in skipped]
             if events:
                 # dead-letterings: the decision (event) first, with the DLQ copies, durable
                 copies = [self._dead_letter_copy(group, self.store.get(d.record.commit_log_offset), d.attempt)
@@ -278,6 +326,8 @@ class ConsumerGroups:
                 self._persist(events, copies)
             if delivered:
                 return [self._received(key, d) for key, d in delivered]
+            if unscanned:
+                continue  # the filter's scan stopped at FILTER_SCAN_LIMIT: on with it
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
@@ -290,19 +340,32 @@ class ConsumerGroups:
 
     def _collect(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, max_bytes: int | None,
-    ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]]]:
+        subscription: TagFilter, skipped: Skipped,
+    ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]], bool]:
+        """The deliveries and dead-letterings of one pass over the group's queues, and
+        whether a filter left entries unscanned."""
         now = now_ms()
+        unscanned = False
         delivered: list[tuple[ProgressKey, Delivery]] = []
         dead: list[tuple[ProgressKey, Delivery]] = []
         room = max_bytes if max_bytes is not None else sys.maxsize
         for stored_topic, queue_id in self._sources(group, topic):
             key = (group, topic, stored_topic, queue_id)
             progress = self._progress(key)
-            self._top_up(key, progress)
+            filtered = stored_topic == topic and not subscription.every
+            if filtered:
+                unscanned |= self._top_up_filtered(key, progress, subscription, skipped)
+            else:
+                self._top_up(key, progress)
             busy_groups: set[str] = set()
             for offset, delivery in list(progress.pending.items()):
                 if len(delivered) >= max_messages:
                     break
+                if filtered and not delivery.attempt and not subscription.matches(
+                        delivery.record.properties.get(PROPERTY_TAG, "")):
+                    progress.mark_done(offset)  # read for an earlier subscription, never delivered
+                    _add_skip(skipped, key, offset, offset + 1)
+                    continue
                 message_group = delivery.record.properties.get(codec.MESSAGE_GROUP)
                 if message_group:
                     if message_group in busy_groups:
@@ -317,7 +380,7 @@ class ConsumerGroups:
                         busy_groups.discard(message_group)
                     continue
                 if delivered and delivery.record.size > room:
-                    return delivered, dead  # left as it is, for the next receive
+                    return delivered, dead, unscanned  # left as it is, for the next receive
                 room -= delivery.record.size
                 delivery.attempt += 1
                 delivery.receipt = uuid.uuid4().hex[:16]
@@ -327,7 +390,7 @@ class ConsumerGroups:
                 delivered.append((key, delivery))
             if len(delivered) >= max_messages:
                 break
-        return delivered, dead
+        return delivered, dead, unscanned
 
     def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
         group, topic, stored_topic, queue_id = key
@@ -350,6 +413,47 @@ class ConsumerGroups:
                     continue
                 progress.pending[offset] = Delivery(dataclasses.replace(record, body=b""),
                                                     progress.attempts.pop(offset, 0))
+
+    def _top_up_filtered(self, key: ProgressKey, progress: QueueProgress, subscription: TagFilter,
+                         skipped: Skipped) -> bool:
+        """``_top_up`` through ``subscription``: the consume queue's tag hashes pick the
+        records to read (a message delivered before, whose attempts count, is read whatever
+        its tag); the offsets not taken are done, added to ``skipped``. Up to
+        ``FILTER_SCAN_LIMIT`` entries: whether it stopped there with more to scan."""
+        _, _, stored_topic, queue_id = key
+        end = self.store.queue_max_offset(stored_topic, queue_id)
+        if progress.next_offset < end:
+            progress.skip_to(self.store.queue_min_offset(stored_topic, queue_id))  # retention deleted them
+        limit = progress.next_offset + FILTER_SCAN_LIMIT
+        while progress.next_offset < end and len(progress.pending) < self.max_inflight:
+            if progress.next_offset >= limit:
+                return True
+            scan_start = progress.next_offset
+            entries = self.store.tagged_entries(stored_topic, queue_id, scan_start, FILTER_SCAN_ENTRIES)
+            if not entries:
+                break
+            hits = [offset for offset, size, hashed in entries
+                    if size and (subscription.matches_hash(hashed) or offset in progress.attempts)]
+            taken: list[int] = []
+            for first, count in _runs(hits):
+                for record in self.store.read_queue(stored_topic, queue_id, first, count):
+                    offset = record.queue_offset
+                    if offset >= first + count:
+                        break  # read past a damaged run: those come with their own run
+                    if offset < progress.floor or offset in progress.done_above:
+                        continue
+                    if offset in progress.attempts or subscription.matches(record.properties.get(PROPERTY_TAG, "")):
+                        progress.pending[offset] = Delivery(dataclasses.replace(record, body=b""),
+                                                            progress.attempts.pop(offset, 0))
+                        taken.append(offset)
+            progress.next_offset = scan_end = entries[-1][0] + 1
+            start = scan_start
+            for offset in [*taken, scan_end]:
+                if offset > start:
+                    progress.mark_done_range(start, offset)
+                    _add_skip(skipped, key, start, offset)
+                start = offset + 1
+        return False
 
     def _event(self, kind: str, group: str, topic: str, key: ProgressKey, d: Delivery) -> Event:
         return Event(

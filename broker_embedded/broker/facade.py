@@ -33,6 +33,7 @@ from ..api import (
 )
 from ..checkers import ProducerCallbackChecker, ProducersFirst
 from ..errors import BrokerClosedError, BrokerError, InvalidMessageError
+from ..filters import EVERY, parse_tag_filter
 from ..message import (
     EndTransactionResult,
     Message,
@@ -288,12 +289,14 @@ class EmbeddedBroker:
     def receive(
         self, group: str, topic: str, *, max_messages: int = 32,
         invisible_duration_s: float = 30.0, wait_s: float = 0.0, max_bytes: int | None = None,
+        filter_expression: str = EVERY,
     ) -> list[ReceivedMessage]:
         self._check_open()
         validate_group(group)
+        subscription = parse_tag_filter(filter_expression)
         self.topics.ensure(topic)
         invisible_ms = validate_receive(max_messages, invisible_duration_s, wait_s)
-        received = self.consumers.receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes)
+        received = self.consumers.receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes, subscription)
         observer = self.observer
         if observer is not None and received:
             observer.received(group, topic, received)

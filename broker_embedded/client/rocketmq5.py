@@ -51,6 +51,7 @@ from ..errors import (
     UnknownTransactionError,
     UnsupportedError,
 )
+from ..filters import EVERY, parse_tag_filter
 from ..message import (
     DELAY_LEVELS_S,
     CheckRequest,
@@ -132,6 +133,7 @@ class RocketMQ5Broker:
         self._closed = False
         self._producer: Any = None
         self._consumers: dict[tuple[str, str], Any] = {}
+        self._subscribed: dict[tuple[str, str], str] = {}  # each consumer's filter expression
         self._open: dict[str, list[tuple[Any, str]]] = {}  # outbox id -> (client transaction, message id)
         self._ended: OrderedDict[str, EndTransactionResult] = OrderedDict()
         self._received: dict[str, _Received] = {}
@@ -155,15 +157,22 @@ class RocketMQ5Broker:
                 self._producer = self._started(self._rocketmq.Producer(self._config, self._topics or None, checker))
             return self._producer
 
-    def _consumer(self, group: str, topic: str) -> Any:
+    def _consumer(self, group: str, topic: str, filter_expression: str) -> Any:
+        """The ``SimpleConsumer`` of ``group`` on ``topic``, subscribed with ``filter_expression``
+        (a TAG expression: ``InvalidMessageError`` when malformed)."""
+        parse_tag_filter(filter_expression)
         with self._lock:
             if self._closed:
                 raise BrokerClosedError("the rocketmq5 broker connection is closed")
             key = (group, topic)
+            expression = self._rocketmq.FilterExpression(filter_expression)
             if key not in self._consumers:
                 validate_group(group)
-                subscription = {topic: self._rocketmq.FilterExpression()}
-                self._consumers[key] = self._started(self._rocketmq.SimpleConsumer(self._config, group, subscription))
+                self._consumers[key] = self._started(
+                    self._rocketmq.SimpleConsumer(self._config, group, {topic: expression}))
+            elif self._subscribed[key] != filter_expression:
+                self._consumers[key].subscribe(topic, expression)
+            self._subscribed[key] = filter_expression
             return self._consumers[key]
 
     @contextmanager
@@ -319,11 +328,12 @@ class RocketMQ5Broker:
                        message_id=received.message_id, message_group=received.message_group)
 
     def receive(self, group: str, topic: str, *, max_messages: int = 32, invisible_duration_s: float = 30.0,
-                wait_s: float = 0.0, max_bytes: int | None = None) -> list[ReceivedMessage]:
-        """Receive through a ``SimpleConsumer`` of ``group`` subscribed to ``topic``
-        (``max_bytes`` is not known to the proxy: ignored)."""
+                wait_s: float = 0.0, max_bytes: int | None = None,
+                filter_expression: str = EVERY) -> list[ReceivedMessage]:
+        """Receive through a ``SimpleConsumer`` of ``group`` subscribed to ``topic`` with
+        ``filter_expression`` (``max_bytes`` is not known to the proxy: ignored)."""
         validate_receive(max_messages, invisible_duration_s, wait_s)
-        consumer = self._consumer(group, topic)
+        consumer = self._consumer(group, topic, filter_expression)
         with self._calling(f"receive {topic} for {group}"):
             consumer.await_duration = max(1, round(wait_s))
             messages = consumer.receive(max_messages, max(1, round(invisible_duration_s)))
@@ -428,7 +438,7 @@ class RocketMQ5Broker:
         with self._lock:
             self._closed = True
             clients = [self._producer, *self._consumers.values()] if self._producer else [*self._consumers.values()]
-            self._producer, self._consumers = None, {}
+            self._producer, self._consumers, self._subscribed = None, {}, {}
         for client in clients:
             client.shutdown()
 

@@ -37,10 +37,10 @@ import os
 import shutil
 import struct
 import threading
-import zlib
 from collections import OrderedDict
 from pathlib import Path
 
+from ..filters import tag_hash
 from .files import fsync_directory
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,6 @@ ENTRY = struct.Struct(">QIQ")
 ENTRY_SIZE = ENTRY.size  # 20
 _OPEN_FILES = 2  # descriptors cached per queue: the tail file and one a lagging reader uses
 _CONVERTING = ".converting"
-
-
-def tag_hash(tag: str) -> int:
-    """The 64-bit tag code stored in an entry (0 for no tag)."""
-    return zlib.crc32(tag.encode()) if tag else 0
 
 
 def file_name(first_offset: int) -> str:
@@ -285,6 +280,14 @@ class ConsumeQueue:
             found += [(offset, size) for offset, size, _ in ENTRY.iter_unpack(data) if size]
             start += len(data) // ENTRY_SIZE
         return found
+
+    def tagged_entries(self, start: int, count: int) -> list[tuple[int, int, int]]:
+        """``(queue offset, size, tag hash)`` of up to ``count`` entries from ``start`` (from
+        ``min_offset`` if below it), holes (size 0) included: what a tag filter reads to pass
+        over messages without reading their records; one ``pread`` per file."""
+        first, data = self._read_from(start, count)
+        return [(first + index, size, hashed)
+                for index, (_, size, hashed) in enumerate(ENTRY.iter_unpack(data))]
 
     def offset_after(self, commit_offset: int) -> int:
         """The first queue offset whose entry points past ``commit_offset``."""

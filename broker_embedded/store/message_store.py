@@ -709,6 +709,12 @@ class MessageStore:
                 continue
         return sorted(found, key=lambda entry: entry[3])
 
+    def tagged_entries(self, topic: str, queue_id: int, start: int, count: int) -> list[tuple[int, int, int]]:
+        """``ConsumeQueue.tagged_entries`` of a queue (empty if it has none): entries and
+        their tag hashes, no record read."""
+        queue = self._queues.get((topic, queue_id))
+        return queue.tagged_entries(start, count) if queue is not None else []
+
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get((topic, queue_id))
         return queue.max_offset if queue else 0

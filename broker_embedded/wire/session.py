@@ -268,9 +268,12 @@ class ClientSession(Generic[C]):
         return _method("transaction_state", transaction_id=transaction_id)
 
     def receive(self, group: str, topic: str, *, max_messages: int = 32, invisible_duration_s: float = 30.0,
-                wait_s: float = 0.0, max_bytes: int | None = None) -> Call[list[ReceivedMessage]]:
+                wait_s: float = 0.0, max_bytes: int | None = None,
+                filter_expression: str = "*") -> Call[list[ReceivedMessage]]:
+        # sent only when it filters: a broker from before filters takes the request as it was
+        filtering = {} if filter_expression == "*" else {"filter_expression": filter_expression}
         return _method("receive", wait_s, group=group, topic=topic, max_messages=max_messages,
-                       invisible_duration_s=invisible_duration_s, wait_s=wait_s, max_bytes=max_bytes)
+                       invisible_duration_s=invisible_duration_s, wait_s=wait_s, max_bytes=max_bytes, **filtering)
 
     def ack(self, group: str, receipt_handle: str) -> Call[None]:
         return _method("ack", group=group, receipt_handle=receipt_handle)

@@ -106,9 +106,11 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int) -> list[dict[str, Any]]:
-    """Receive (and ack) ``count`` messages with a fresh Node SimpleConsumer; asserts none follow."""
-    records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=count)
+def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int, expression: str = "*") -> list[dict[str, Any]]:
+    """Receive (and ack) ``count`` messages with a fresh Node SimpleConsumer subscribed with
+    the TAG expression ``expression``; asserts none follow."""
+    records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=count,
+                       filter=expression)
     assert records[-1] == {"emptyAfter": True}
     return [message for record in records[:-1] for message in record["batch"]]
 
@@ -124,6 +126,16 @@ def test_send_receive_ack(grpc_broker: GrpcBroker, node: NodeClient) -> None:
     assert {m["tag"] for m in got} == {"created"}
     assert sorted(tuple(m["keys"]) for m in got) == [("order-0",), ("order-1",), ("order-2",)]
     assert all(m["properties"] == {"source": "test"} and m["deliveryAttempt"] == 1 for m in got)
+
+
+def test_simple_consumer_with_a_tag_filter(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    """``subscriptions: new Map().set(topic, 'paid || shipped')``: only those tags arrive."""
+    topic = _name("orders")
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic,
+             messages=[{"body": f"{tag} {n}", "tag": tag} for n, tag in enumerate(("paid", "created", "shipped"))])
+    got = _received(node, grpc_broker, topic, 2, "paid || shipped")
+    assert sorted(m["body"] for m in got) == ["paid 0", "shipped 2"]
+    assert not any(m["corrupted"] for m in got)
 
 
 def test_no_message_is_corrupted(grpc_broker: GrpcBroker, node: NodeClient) -> None:

@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker_embedded import Resolution, TransactionState, connect
+from broker_embedded import Message, Resolution, TransactionState, connect
 from broker_embedded.client.rocketmq5 import TRANSACTION_PROPERTY, RocketMQ5Broker
-from broker_embedded.errors import UnknownReceiptError, UnsupportedError
+from broker_embedded.errors import InvalidMessageError, UnknownReceiptError, UnsupportedError
 from outbox import Producer, install, json_message, message_json, send
 from outbox.integrations.sqlalchemy.check_back import answer_check_backs, fence_answer
 from outbox.integrations.sqlalchemy.consumer import idempotent_consumer
@@ -178,6 +178,26 @@ def test_idempotent_consumer_handles_a_redelivery_once(grpc_broker: GrpcBroker, 
         assert handle(again[0]) is False
         broker.ack("points", again[0].receipt_handle)
         assert len(handled) == 1
+    finally:
+        broker.close()
+
+
+def test_receive_with_a_tag_filter_and_a_changed_one(grpc_broker: GrpcBroker) -> None:
+    """``filter_expression`` subscribes the client's SimpleConsumer; a new expression
+    re-subscribes it; a malformed one is refused before any call."""
+    topic = f"tags-{uuid.uuid4().hex[:10]}"
+    broker = RocketMQ5Broker(f"rocketmq5://{grpc_broker.endpoint}")
+    try:
+        for tag in ("paid", "created"):
+            broker.send(Message(topic, tag.encode(), tag=tag))
+        paid = eventually(lambda: broker.receive("billing", topic, wait_s=1, filter_expression="paid"))
+        assert [r.message.body for r in paid] == [b"paid"]
+        broker.ack("billing", paid[0].receipt_handle)
+        broker.send(Message(topic, b"created later", tag="created"))
+        later = eventually(lambda: broker.receive("billing", topic, wait_s=1, filter_expression="created"))
+        assert [r.message.body for r in later] == [b"created later"]  # the first was passed over
+        with pytest.raises(InvalidMessageError, match="not a TAG expression"):
+            broker.receive("billing", topic, filter_expression="paid ||")
     finally:
         broker.close()
 

@@ -434,3 +434,39 @@ def test_serve_refuses_grpc_options_it_cannot_serve(tmp_path: Path, options: tup
                                 capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {error}")
+
+
+def test_simple_consumer_with_a_tag_filter(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """The client's ``FilterExpression("tag")`` and ``"a || b"``: a group gets the messages
+    with its tags; the others are consumed for it (another group still gets them)."""
+    topic = _name("orders")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    for n, tag in enumerate(("paid", "created", "paid", "shipped")):
+        producer.send(_message(topic, f"{tag} {n}".encode(), tag=tag))
+    subscribed = {"paid": [b"paid 0", b"paid 2"], "created || shipped": [b"created 1", b"shipped 3"]}
+    for expression, expected in subscribed.items():
+        consumer = clients(rocketmq.SimpleConsumer(grpc_broker.config(), _name("group"),
+                                                   {topic: rocketmq.FilterExpression(expression)}, await_duration=1))
+        got = _receive_all(consumer, len(expected))
+        assert sorted(m.body for m in got) == expected
+        assert not any(m.corrupted for m in got)
+        assert consumer.receive(32, 20) == []
+    everything = _receive_all(_consumer(grpc_broker, clients, topic), 4)
+    assert len(everything) == 4
+
+
+def test_sql92_and_malformed_filters_are_refused(grpc_broker: GrpcBroker) -> None:
+    """ILLEGAL_FILTER_EXPRESSION with the reason, before anything is received."""
+    topic = _name("orders")
+    for expression, kind, reason in (("amount > 5", pb.SQL, "SQL92 filters are not supported"),
+                                     ("paid ||", pb.TAG, "not a TAG expression")):
+        request = spb.ReceiveMessageRequest(
+            group=pb.Resource(name=_name("group")), message_queue=pb.MessageQueue(topic=pb.Resource(name=topic)),
+            filter_expression=pb.FilterExpression(type=kind, expression=expression), batch_size=1)
+        with grpc.insecure_channel(grpc_broker.endpoint) as channel:
+            call = channel.unary_stream("/apache.rocketmq.v2.MessagingService/ReceiveMessage",
+                                        request_serializer=spb.ReceiveMessageRequest.SerializeToString,
+                                        response_deserializer=spb.ReceiveMessageResponse.FromString)
+            answers = list(call(request, timeout=30))
+        assert [a.status.code for a in answers] == [pb.ILLEGAL_FILTER_EXPRESSION]
+        assert reason in answers[0].status.message

@@ -102,6 +102,22 @@ def test_every_message_once(grpc_broker: GrpcBroker, clients: Callable[[Any], An
     assert sorted(listener.bodies()) == sorted(bodies)  # and none came twice
 
 
+def test_a_tag_filter(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """``{topic: FilterExpression("paid || refunded")}``: the listener gets those tags only;
+    the others are consumed for the group (its lag drains to 0)."""
+    topic, group = _name("orders"), _name("group")
+    listener = RecordingListener()
+    clients(rocketmq.PushConsumer(grpc_broker.config(), group, listener,
+                                  {topic: rocketmq.FilterExpression("paid || refunded")}))
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    for n, tag in enumerate(("paid", "created", "refunded", "created", "paid")):
+        producer.send(_message(topic, f"{tag} {n}", tag=tag))
+    assert eventually(lambda: sorted(listener.bodies()) == ["paid 0", "paid 4", "refunded 2"])
+    with grpc_broker.native() as native:
+        assert eventually(lambda: sum(native.stats().consumer_lag.get(group, {}).values()) == 0)
+    assert sorted(listener.bodies()) == ["paid 0", "paid 4", "refunded 2"]
+
+
 def test_every_broker_of_a_static_route(two_brokers: list[GrpcBroker], clients: Callable[[Any], Any]) -> None:
     """Two brokers behind one static route: the consumer is assigned both and gets the
     messages the producer spread over them."""

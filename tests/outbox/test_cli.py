@@ -46,15 +46,18 @@ def test_consume_is_idempotent_and_stops_cleanly_on_sigterm(tmp_path: Path) -> N
     consumer = None
     try:
         with BrokerClient(server.url) as client:
-            client.send(Message("order.paid", b'{"order": "o1", "amount": 100}', message_id="m1"))
+            client.send(Message("order.paid", b'{"order": "o1", "amount": 100}', message_id="m1", tag="card"))
             # The same message id again: a redelivery from the consumer's point of view.
-            client.send(Message("order.paid", b'{"order": "o1", "amount": 100}', message_id="m1"))
-            client.send(Message("order.paid", b'{"order": "o2", "amount": 7}', message_id="m2"))
+            client.send(Message("order.paid", b'{"order": "o1", "amount": 100}', message_id="m1", tag="card"))
+            client.send(Message("order.paid", b'{"order": "o2", "amount": 7}', message_id="m2", tag="voucher"))
+            # not the group's tags (--filter): consumed for the group without the handler
+            client.send(Message("order.paid", b'{"order": "o3", "amount": 1}', message_id="m3", tag="test"))
         env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         log = (tmp_path / "consumer.log").open("w")
         consumer = subprocess.Popen(
             [sys.executable, "-m", "outbox.cli", "consume", "--group", "points", "--topic", "order.paid",
-             "--handler", "member_handlers:award", "--database-url", db_url, "--broker-url", server.url],
+             "--handler", "member_handlers:award", "--database-url", db_url, "--broker-url", server.url,
+             "--filter", "card || voucher"],
             env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
         )
         deadline = time.monotonic() + 60
@@ -118,6 +121,13 @@ def test_check_send_tells_the_broker(tmp_path: Path) -> None:
     finally:
         broker.close()
         engine.dispose()
+
+
+def test_a_malformed_filter_is_a_usage_error() -> None:
+    result = _outbox("consume", "--group", "points", "--topic", "order.paid", "--handler", "h:award",
+                     "--filter", "card ||")
+    assert result.returncode == 2
+    assert "not a TAG expression" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bad_settings_are_a_clear_error_not_a_traceback() -> None:

@@ -34,6 +34,7 @@ from ...api import MAX_DURATION_S, BrokerAPI
 from ...broker.config import BrokerConfig
 from ...broker.writes import EndCall, HalfCall, SendCall, WriteCall
 from ...errors import InvalidMessageError, UnknownTopicError
+from ...filters import parse_tag_filter
 from ...message import Resolution
 from ...wire.auth import RateLimitedLog
 from ..batching import write_batcher
@@ -275,6 +276,10 @@ class MessagingService:
                              context: Any) -> AsyncIterator[spb.ReceiveMessageResponse]:
         """One status (OK, or MESSAGE_NOT_FOUND when nothing came), then the time of
         delivery (the clients' receive latency is measured from it) and the messages."""
+        refused = _refused_filter(request.filter_expression)
+        if refused is not None:
+            yield spb.ReceiveMessageResponse(status=refused)
+            return
         try:
             received, invisible_s = await self._receive(request)
         except Exception as exc:
@@ -295,9 +300,6 @@ class MessagingService:
                 self.renewals.hold(client_id, request.group.name, item.receipt_handle)
 
     async def _receive(self, request: spb.ReceiveMessageRequest) -> tuple[list[Any], float]:
-        expression = request.filter_expression
-        if expression.expression.strip() not in ("", "*") or expression.type == pb.SQL:
-            raise InvalidMessageError(f"filter {expression.expression!r}: only TAG '*' (every message) is supported")
         if request.auto_renew:
             invisible_s = self.renewals.invisible_s  # renewed while held: the client's asking aside
         elif request.HasField("invisible_duration"):
@@ -309,7 +311,8 @@ class MessagingService:
         wait_s = min(MAX_LONG_POLL_S, max(0.0, _seconds(request.long_polling_timeout)))
         receive = functools.partial(self.broker.receive, request.group.name, request.message_queue.topic.name,
                                     max_messages=max(1, min(request.batch_size or 32, 1024)),
-                                    invisible_duration_s=invisible_s)
+                                    invisible_duration_s=invisible_s,
+                                    filter_expression=request.filter_expression.expression)
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             left = deadline - asyncio.get_running_loop().time()
@@ -409,6 +412,20 @@ def _endpoints(address: str) -> pb.Endpoints:
     host, _, port = address.rpartition(":")
     scheme = pb.IPv4 if host.replace(".", "").isdigit() else pb.IPv6 if ":" in host else pb.DOMAIN_NAME
     return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host.strip("[]"), port=int(port))])
+
+
+def _refused_filter(expression: pb.FilterExpression) -> pb.Status | None:
+    """ILLEGAL_FILTER_EXPRESSION for a filter the broker does not take (SQL92, a malformed
+    TAG expression), before anything is received; None for a TAG expression."""
+    if expression.type not in (pb.TAG, pb.FILTER_TYPE_UNSPECIFIED):
+        return pb.Status(code=pb.ILLEGAL_FILTER_EXPRESSION,
+                         message=f"filter {expression.expression!r}: SQL92 filters are not supported "
+                                 "(TAG expressions are: '*', 'TagA' or 'TagA || TagB')")
+    try:
+        parse_tag_filter(expression.expression)
+    except InvalidMessageError as exc:
+        return pb.Status(code=pb.ILLEGAL_FILTER_EXPRESSION, message=f"{type(exc).__name__}: {exc}")
+    return None
 
 
 def _client_id(context: Any) -> str:

@@ -109,7 +109,7 @@ function consumer() {
   return new SimpleConsumer({
     endpoints: args.endpoint,
     consumerGroup: args.group,
-    subscriptions: new Map().set(args.topic, '*'),
+    subscriptions: new Map().set(args.topic, args.filter || '*'),  // a TAG expression
     awaitDuration: 1000,
     sessionCredentials,
   });
