@@ -10,7 +10,7 @@
     topics  create NAME [--queues N] | list
     stats   [--json]
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
-    receive GROUP TOPIC [--batch-size N] [--wait S] [--no-ack]
+    receive GROUP TOPIC [--batch-size N] [--wait S] [--no-ack] [--filter EXPR]
     query   (--id ID | --topic T --key K) [--json]
     tx      state ID
     parked  list | resolve ID [--wait S] | resolve ID commit|rollback --force | recheck ID
@@ -315,7 +315,8 @@ def admin(args: argparse.Namespace) -> int:
                               delay_level=args.delay_level)
             _print(broker.send(message))
         elif command == "receive":
-            received = broker.receive(args.group, args.topic, max_messages=args.batch_size, wait_s=args.wait)
+            received = broker.receive(args.group, args.topic, max_messages=args.batch_size, wait_s=args.wait,
+                                      filter_expression=args.filter)
             for item in received:
                 if not args.no_ack:
                     broker.ack(args.group, item.receipt_handle)
@@ -464,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     hidden_alias(r, "--max", "batch_size", type=positive_int)
     r.add_argument("--wait", type=non_negative_float, default=0.0, help="seconds to wait for a first message")
     r.add_argument("--no-ack", action="store_true", help="leave them unacknowledged (they come back later)")
+    r.add_argument("--filter", default="*", metavar="EXPR",
+                   help="RocketMQ tag filter: '*' (default), 'TagA' or 'TagA || TagB'; the group skips the rest")
     client_options(r)
     q = sub.add_parser("query", help="find messages by id or key")
     q.add_argument("--id", help="the message id")

@@ -129,6 +129,10 @@ def test_stats_and_query_print_tables_or_json_and_the_old_spellings_still_work(t
     assert found[1].split()[:3] == ["m1", "orders", "0:0"] and found[1].endswith('{"order": 1}')
     old = run("halfmoon-broker", "receive", "g", "orders", "--max", "1", "--no-ack", *data_dir)
     assert old.returncode == 0 and json.loads(old.stdout)[0]["message"]["message_id"] == "m1"
+    assert json.loads(run("halfmoon-broker", "receive", "other", "orders", "--filter", "paid || shipped",
+                          *data_dir).stdout) == []  # the message has no tag: the group skips it
+    malformed = run("halfmoon-broker", "receive", "g", "orders", "--filter", "a ||", *data_dir)
+    assert malformed.returncode == 2 and "InvalidMessageError" in malformed.stderr
     unreachable = run("halfmoon-broker", "stats", "--url", "tcp://127.0.0.1:1")
     assert unreachable.returncode == 2 and "127.0.0.1:1" in one_line(unreachable.stderr)
 
