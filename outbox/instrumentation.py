@@ -229,6 +229,11 @@ class _Unobserved(Operation):
 _UNOBSERVED = _Unobserved()
 
 
+def observed(name: str) -> bool:
+    """Whether anyone listens to ``name``: a driver may skip the work of announcing it."""
+    return name in _listeners
+
+
 def operation(name: str, **attributes: Any) -> Operation:
     """Start the operation ``name``: use it as ``with operation(...) as op:``, or call
     ``op.end(...)``. Nobody listening: a shared operation that does nothing."""

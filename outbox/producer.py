@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextvars
+import functools
 import logging
 import threading
 import weakref
@@ -36,9 +37,10 @@ from broker_embedded import (
     connect,
 )
 
+from . import instrumentation
 from .check_back import Answer, answer_check_back
 from .errors import BrokerUnavailableError
-from .instrumentation import carried_context
+from .instrumentation import END_TRANSACTION, SEND_HALF, carried_context
 from .producer_protocol import (
     END_NOT_SENT,
     END_SENT,
@@ -124,9 +126,9 @@ class Producer:
         else:
             client = self._client
             half = self._under_way(
-                sending_half(self.producer_group, message, transaction_id),
-                lambda stamped: client.start_send_half(stamped, producer_group=self.producer_group,
-                                                       transaction_id=transaction_id))
+                SEND_HALF, functools.partial(sending_half, self.producer_group, message, transaction_id), message,
+                lambda stamped, future: client.start_send_half(stamped, producer_group=self.producer_group,
+                                                               transaction_id=transaction_id, future=future))
             if half.done() and (error := half.exception()) is not None:
                 raise error
         with self._lock:
@@ -178,18 +180,34 @@ class Producer:
             return
         client = self._client
         end = self._under_way(
-            ending(self.producer_group, transaction_id, resolution),
-            lambda _: client.start_end_transaction(transaction_id, resolution, producer_group=self.producer_group))
+            END_TRANSACTION, functools.partial(ending, self.producer_group, transaction_id, resolution), None,
+            lambda _, future: client.start_end_transaction(transaction_id, resolution,
+                                                           producer_group=self.producer_group, future=future))
         with self._lock:
             self._pending_ends.add(end)
         end.add_done_callback(self._forget)
 
-    def _under_way(self, step: AbstractContextManager[Any], start: Callable[[Any], Future[S]]) -> Future[S]:
-        """``step`` (a ``producer_protocol`` block) around the request ``start`` writes,
-        ended when its answer arrives (in the client's reader thread): the ``Future`` of
-        the answer, or of the error the block raises. The block runs in a copy of the
-        caller's context, so what its listeners make current (a span) stays out of the
-        caller's."""
+    def _under_way(self, event: str, make_step: Callable[[], AbstractContextManager[Any]], unobserved: Any,
+                   start: Callable[[Any, Future[S] | None], Future[S]]) -> Future[S]:
+        """The step ``make_step()`` makes (a ``producer_protocol`` block announcing
+        ``event``) around the request ``start`` writes, ended when its answer arrives (in
+        the client's reader thread): the ``Future`` of the answer, or of the error the block
+        raises. ``start`` is given what the block yields and the ``Future`` to complete (None:
+        its own).
+
+        Observed, the block runs in a copy of the caller's context, so what its listeners make
+        current (a span) stays out of the caller's; it ends in a done-callback of the client's
+        ``Future``. Unobserved, nothing has to run on success: ``start`` is given
+        ``unobserved`` (what the block would yield) and a ``_Settled`` future, which the
+        reader thread completes with the answer, or with what the block makes of an error."""
+        if not instrumentation.observed(event):
+            settled: Future[S] = _Settled(functools.partial(_through, make_step))
+            try:
+                return start(unobserved, settled)
+            except Exception as exc:
+                settled.set_exception(exc)
+                return settled
+        step = make_step()
         context = contextvars.copy_context()
         outcome: Future[S] = Future()
 
@@ -207,7 +225,7 @@ class Producer:
 
         stamped = context.run(step.__enter__)
         try:
-            answer = start(stamped)
+            answer = start(stamped, None)
         except Exception as exc:
             end(exc)
             return outcome
@@ -313,6 +331,31 @@ class Producer:
         self.flush()
         _flushed_at_exit.discard(self)
         self.broker.close()
+
+
+class _Settled(Future[S]):
+    """A request's ``Future`` when nobody observes its step: its failure becomes what
+    ``failed`` makes of it (in the client's reader thread): the error ``failed`` raises
+    (the outbox's typed error), or, if it returns, a result (the step swallowed it)."""
+
+    def __init__(self, failed: Callable[[BaseException], Any]) -> None:
+        super().__init__()
+        self._failed = failed
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        try:
+            result: Any = self._failed(exception) if exception is not None else None
+        except BaseException as raised:
+            super().set_exception(raised)
+        else:
+            super().set_result(result)
+
+
+def _through(make_step: Callable[[], AbstractContextManager[Any]], error: BaseException) -> None:
+    """``error`` raised in a new step: the step's error for it raised, or None if the step
+    swallows it."""
+    with make_step():
+        raise error
 
 
 #: Producers whose oneway END_TRANSACTIONs are flushed when the interpreter exits.

@@ -6,8 +6,9 @@ them by ``MessageTemplate.from_options``: the topic, the body (a function of the
 arguments by name), keys, tag, message group and properties (fixed, or functions of the
 arguments), RocketMQ's delay level, the transaction's check-back timeout, and the JSON
 encoder of the body. The template is checked by the broker's own rules when it is made
-(``InvalidMessageError`` at decoration) and each message again when a call builds it,
-before any transaction opens.
+(``InvalidMessageError`` at decoration), and each message whose keys, message group or
+properties come from the call's arguments again when the call builds it, before any
+transaction opens.
 """
 
 from __future__ import annotations
@@ -108,11 +109,13 @@ class BoundTemplate:
         signature = inspect.signature(function)
         parameters = list(signature.parameters.values())[1 if skip_first else 0:]
         self._signature = signature.replace(parameters=parameters)
+        #: Whether a call's message has fields the template did not validate: the others
+        #: are the template's (checked when it was made), a new id and JSON bytes.
+        self._from_arguments = any(callable(option) for option in
+                                   (template.keys, template.message_group, template.properties))
 
-    def arguments(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The call's arguments by name, defaults included (the default body); a call
-        that does not fit the function raises ``TypeError`` as the call itself would."""
-        bound = self._signature.bind(*args, **kwargs)
+    def _named(self, bound: inspect.BoundArguments) -> dict[str, Any]:
+        """The call's arguments by name, defaults included (the default body)."""
         bound.apply_defaults()
         named: dict[str, Any] = {}
         for name, value in bound.arguments.items():
@@ -125,10 +128,11 @@ class BoundTemplate:
 
     def message(self, *args: Any, **kwargs: Any) -> Message:
         """The message of one call, validated (``BodyNotSerializableError``,
-        ``InvalidMessageError``, ``TypeError`` for arguments the function does not take)."""
+        ``InvalidMessageError``, ``TypeError`` for arguments the function does not take, as
+        the call itself would raise)."""
         template = self.template
-        arguments = self.arguments(*args, **kwargs)
-        value = template.body(*args, **kwargs) if template.body else arguments
+        bound = self._signature.bind(*args, **kwargs)
+        value = template.body(*args, **kwargs) if template.body else self._named(bound)
         message = Message(
             template.topic,
             to_json_bytes(value, template.encoder),
@@ -139,5 +143,6 @@ class BoundTemplate:
             delay_level=template.delay_level,
             transaction_timeout_s=template.transaction_timeout_s,
         )
-        validate_message(message)
+        if self._from_arguments:
+            validate_message(message)
         return message

@@ -141,10 +141,11 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
             log.exception("check callback failed for transaction %s", request.transaction_id)
 
     # -- requests -------------------------------------------------------------------------
-    def _submit(self, link: _Link, call: Call[T]) -> tuple[int, Future[T]]:
-        """Write ``call`` on ``link``; its request id and the ``Future`` of its result."""
+    def _submit(self, link: _Link, call: Call[T], future: Future[T] | None = None) -> tuple[int, Future[T]]:
+        """Write ``call`` on ``link``; its request id and the ``Future`` of its result
+        (``future`` if given, else a new one)."""
         request_id = self._session.new_id()
-        future: Future[T] = Future()
+        future = Future() if future is None else future
         future.set_running_or_notify_cancel()  # on the wire: it cannot be cancelled, only not waited for
         link.replies.expect(request_id, _Answer(call, future))
         try:
@@ -204,21 +205,25 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
     def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str, from_check: bool = False) -> EndTransactionResult:
         return self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=from_check))
 
-    def start_send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> Future[SendResult]:
+    def start_send_half(self, message: Message, *, producer_group: str, transaction_id: str,
+                        future: Future[SendResult] | None = None) -> Future[SendResult]:
         """``send_half`` without waiting: the request is on the wire when this returns, and
         the reader thread completes the ``Future`` with the answer (or the typed error; a
         dropped connection: ``BrokerUnavailableError``). The ``Future`` has no deadline of its
-        own: wait for it up to ``timeout_s``. No connection: ``BrokerUnavailableError`` now."""
+        own: wait for it up to ``timeout_s``. No connection: ``BrokerUnavailableError`` now.
+        ``future``: the (new, pending) ``Future`` to complete, of the caller's own kind, so
+        the answer needs no second ``Future`` chained to this one."""
         call = self._session.send_half(message, producer_group=producer_group, transaction_id=transaction_id)
-        return self._submit(self._connection(), call)[1]
+        return self._submit(self._connection(), call, future)[1]
 
     def start_end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
-                              from_check: bool = False) -> Future[EndTransactionResult]:
+                              from_check: bool = False,
+                              future: Future[EndTransactionResult] | None = None) -> Future[EndTransactionResult]:
         """``end_transaction`` without waiting, as ``start_send_half`` (RocketMQ's
         ``endTransactionOneway`` when nobody waits for the ``Future``)."""
         call = self._session.end_transaction(transaction_id, resolution, producer_group=producer_group,
                                              from_check=from_check)
-        return self._submit(self._connection(), call)[1]
+        return self._submit(self._connection(), call, future)[1]
 
     def transaction_state(self, transaction_id: str) -> TransactionState:
         return self._do(self._session.transaction_state(transaction_id))

@@ -28,8 +28,12 @@ PLACEHOLDERS = {"qmark": "?", "numeric_dollar": NUMBERED}
 def sql_for(connection: Connection | Engine) -> OutboxSQL:
     """The core statements for this engine's dialect and driver placeholder (an async
     engine's sync ``Connection``, inside ``run_sync``, included)."""
-    dialect = connection.dialect
-    return outbox_sql(dialect.name, PLACEHOLDERS.get(dialect.paramstyle, "%s"))
+    return _sql(connection.dialect.name, connection.dialect.paramstyle)
+
+
+@functools.cache
+def _sql(dialect: str, paramstyle: str) -> OutboxSQL:
+    return outbox_sql(dialect, PLACEHOLDERS.get(paramstyle, "%s"))
 
 
 def run(connection: Connection, statement: str, params: Sequence[Any]) -> Sequence[Sequence[Any]]:
