@@ -4,6 +4,7 @@ validation of a message before anything of it is stored."""
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import time
 import uuid
@@ -186,7 +187,11 @@ def validate_message(message: Message, limits: MessageLimits = MessageLimits()) 
     field of the wrong type or out of range."""
     if not isinstance(message, Message):
         raise InvalidMessageError(f"expected a Message, got {type(message).__name__}")
-    validate_user_topic(message.topic)
+    topic = message.topic
+    if isinstance(topic, str):
+        _validate_topic_once(topic)
+    else:
+        validate_user_topic(topic)
     if not isinstance(message.body, bytes | bytearray | memoryview):
         raise InvalidMessageError(f"message body must be bytes, not {type(message.body).__name__}")
     if limits.max_body_size is not None and len(message.body) > limits.max_body_size:
@@ -209,8 +214,17 @@ def validate_message(message: Message, limits: MessageLimits = MessageLimits()) 
                        f"(0, {MAX_TRANSACTION_TIMEOUT_S:g}]")
 
 
+@functools.lru_cache(maxsize=1024)
+def _validate_topic_once(topic: str) -> None:
+    """``validate_user_topic`` remembered for the topics that pass (an exception is not
+    cached): one check per topic, not per message."""
+    validate_user_topic(topic)
+
+
 def _validate_names(message: Message) -> int:
     """Keys, tag and message group; their size in bytes."""
+    if not message.keys and type(message.keys) is tuple and message.tag == "" and message.message_group is None:
+        return 0  # the common message: nothing to check
     if not isinstance(message.keys, tuple | list):
         raise InvalidMessageError(f"keys must be a tuple of strings, not {type(message.keys).__name__}")
     for key in message.keys:
@@ -226,6 +240,8 @@ def _validate_names(message: Message) -> int:
 
 def _validate_user_properties(properties: Mapping[str, str]) -> int:
     """Property names and values; their size in bytes."""
+    if not properties and isinstance(properties, dict):
+        return 0
     if not isinstance(properties, Mapping):
         raise InvalidMessageError(f"properties must be a mapping of strings, not {type(properties).__name__}")
     size = 0

@@ -52,6 +52,9 @@ class Batcher:
         self._lock = threading.Lock()
         self.backlog = 0
         self._lighter = asyncio.Event()
+        #: The event loop submits come from, kept until it closes (asking asyncio for it
+        #: costs a ``getpid`` per call on CPython 3.11).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def submit(self, item: Any, on_done: Callable[[Any], None], source: object = None) -> None:
         """Queue ``item`` from ``source``; ``on_done`` gets its result or exception on the
@@ -63,7 +66,9 @@ class Batcher:
             if self.running >= self.max_batches:
                 return
             self.running += 1
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
         ended = loop.create_future()
         self.track(loop.create_task(_until(ended)))
         try:
