@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 
 from broker_embedded import Message
@@ -34,6 +36,25 @@ def test_bad_topics_are_refused(broker_factory, topic, error) -> None:
         broker.send_half(Message(topic, b"x"), producer_group="pg", transaction_id="t")
 
 
+def test_a_bad_topic_is_refused_every_time_next_to_good_ones(broker_factory) -> None:
+    broker = broker_factory()
+    for _ in range(3):  # a topic checked once is remembered only when it passed
+        with pytest.raises(InvalidTopicError):
+            broker.send(Message("has space", b"x"))
+        with pytest.raises(ReservedTopicError):
+            broker.send(Message("RMQ_SYS_TRANS_HALF_TOPIC", b"x"))
+        assert broker.send(Message("orders", b"x")).topic == "orders"
+
+
+def test_a_delayed_send_answers_its_queue_to_be_and_no_offset_yet(broker_factory) -> None:
+    broker = broker_factory()
+    broker.create_topic("orders", 1)
+    delayed = broker.send(Message("orders", b"x", delay_level=3))
+    sent = broker.send(Message("orders", b"y"))
+    assert (delayed.topic, delayed.queue_id, delayed.queue_offset) == ("orders", 0, -1)
+    assert (sent.topic, sent.queue_id, sent.queue_offset) == ("orders", 0, 0)
+
+
 def test_oversize_body_and_bad_delay_are_refused_and_nothing_is_lost(broker_factory) -> None:
     broker = broker_factory(max_body_size=1024)
     kept = broker.send(Message("orders", b"ok"))
@@ -64,6 +85,9 @@ def test_unknown_topic_when_auto_create_is_off(broker_factory) -> None:
         Message("orders", b"x", keys=("two words",)),
         Message("orders", b"x", keys=("",)),
         Message("orders", b"x", tag="a tag"),
+        Message("orders", b"x", keys=""),  # type: ignore[arg-type]  # text, not a tuple of keys
+        Message("orders", b"x", keys=["two words"]),  # type: ignore[arg-type]
+        Message("orders", b"x", properties=MappingProxyType({"a name": "v"})),
     ],
 )
 def test_bad_ids_keys_and_tags_are_refused(broker_factory, message) -> None:

@@ -32,6 +32,7 @@ from ...topics import MAX_ID_LENGTH, validate_group
 from .. import codec
 from ..codec import PropertyError
 from ..delay import due_at_ms, target_of
+from .latch import Latch
 from .ops import FINAL_STATES, OP_CHECK, OP_PARK, OP_RECHECK, Op
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Transaction:
     next_check_ms: int = 0
     #: The resolution an END_TRANSACTION is writing right now, and its completion.
     ending: Resolution | None = None
-    ended: threading.Event | None = None
+    ended: Latch | None = None
     #: Half messages of this transaction being written right now.
     joining: int = 0
     #: Why the transaction cannot be committed (a stored half message is unusable): it is
