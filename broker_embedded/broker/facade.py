@@ -100,7 +100,7 @@ class EmbeddedBroker:
         )
         self._consumer_snapshot_path = self.data_dir / "consumer_state.snapshot"
         self._rebuild()
-        self.store.add_dispatch_listener(self._on_dispatch)
+        self.store.add_batch_dispatch_listener(self._on_dispatch)
         self.write_snapshots()  # the rebuilt state, redone records included, is the new cut
         self._service = threading.Thread(target=self._run_services, name="broker-services", daemon=True)
         self._service.start()
@@ -430,10 +430,18 @@ class EmbeddedBroker:
         }
 
     # -- services -------------------------------------------------------------------------
-    def _on_dispatch(self, record: StoredRecord) -> None:
-        self.transactions.on_dispatch(record)
-        self.delays.on_dispatch(record)
-        if record.topic in self.topics or record.topic.startswith(RETRY_PREFIX):
+    def _on_dispatch(self, records: list[StoredRecord]) -> None:
+        """Apply records made durable together to the transactions and delays, then wake
+        the receivers once if any of them is deliverable."""
+        arrived = False
+        for record in records:
+            try:
+                self.transactions.on_dispatch(record)
+                self.delays.on_dispatch(record)
+            except Exception:
+                log.exception("applying the record at commit log offset %d failed", record.commit_log_offset)
+            arrived = arrived or record.topic in self.topics or record.topic.startswith(RETRY_PREFIX)
+        if arrived:
             self.consumers.notify()
 
     def _run_services(self) -> None:
