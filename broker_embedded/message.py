@@ -8,11 +8,12 @@ import functools
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import InvalidMessageError, MessageTooLargeError
-from .topics import MAX_ID_LENGTH, validate_user_topic
+from .topics import MAX_ID_LENGTH, validate_group, validate_user_topic
 
 #: RocketMQ's 18 delay levels, in seconds; level ``n`` is ``DELAY_LEVELS_S[n - 1]``.
 DELAY_LEVELS_S: tuple[int, ...] = (
@@ -187,11 +188,7 @@ def validate_message(message: Message, limits: MessageLimits = MessageLimits()) 
     field of the wrong type or out of range."""
     if not isinstance(message, Message):
         raise InvalidMessageError(f"expected a Message, got {type(message).__name__}")
-    topic = message.topic
-    if isinstance(topic, str):
-        _validate_topic_once(topic)
-    else:
-        validate_user_topic(topic)
+    validate_topic_once(message.topic)
     if not isinstance(message.body, bytes | bytearray | memoryview):
         raise InvalidMessageError(f"message body must be bytes, not {type(message.body).__name__}")
     if limits.max_body_size is not None and len(message.body) > limits.max_body_size:
@@ -214,11 +211,23 @@ def validate_message(message: Message, limits: MessageLimits = MessageLimits()) 
                        f"(0, {MAX_TRANSACTION_TIMEOUT_S:g}]")
 
 
-@functools.lru_cache(maxsize=1024)
-def _validate_topic_once(topic: str) -> None:
-    """``validate_user_topic`` remembered for the topics that pass (an exception is not
-    cached): one check per topic, not per message."""
-    validate_user_topic(topic)
+def checked_once(validate: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``validate`` of a name, remembering the last 1024 strings that passed (a refusal is
+    not remembered): a topic or group is checked once, not on every message."""
+    remembered = functools.lru_cache(maxsize=1024)(validate)
+
+    def check(value: Any) -> None:
+        if isinstance(value, str):
+            remembered(value)
+        else:  # unhashable, perhaps: the plain check refuses it
+            validate(value)
+
+    return check
+
+
+#: ``validate_user_topic`` and ``validate_group``, each name checked once.
+validate_topic_once = checked_once(validate_user_topic)
+validate_group_once = checked_once(validate_group)
 
 
 def _validate_names(message: Message) -> int:

@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
-from broker_embedded import Message
+from broker_embedded import Message, Resolution
 from broker_embedded.errors import (
     InvalidMessageError,
     InvalidTopicError,
@@ -44,6 +44,17 @@ def test_a_bad_topic_is_refused_every_time_next_to_good_ones(broker_factory) -> 
         with pytest.raises(ReservedTopicError):
             broker.send(Message("RMQ_SYS_TRANS_HALF_TOPIC", b"x"))
         assert broker.send(Message("orders", b"x")).topic == "orders"
+
+
+@pytest.mark.parametrize("group", ["has space", "", ["pg"]])
+def test_a_bad_producer_group_is_refused_every_time_with_a_typed_error(broker_factory, group) -> None:
+    broker = broker_factory()
+    for _ in range(2):  # a group checked once is remembered only when it passed
+        with pytest.raises(InvalidTopicError):
+            broker.send_half(Message("orders", b"x"), producer_group=group, transaction_id="t")
+        with pytest.raises(InvalidTopicError):
+            broker.end_transaction("t", Resolution.COMMIT, producer_group=group)
+        assert broker.send_half(Message("orders", b"x"), producer_group="pg", transaction_id="t").transaction_id == "t"
 
 
 def test_a_delayed_send_answers_its_queue_to_be_and_no_offset_yet(broker_factory) -> None:
