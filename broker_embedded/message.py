@@ -4,14 +4,16 @@ validation of a message before anything of it is stored."""
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import InvalidMessageError, MessageTooLargeError
-from .topics import MAX_ID_LENGTH, validate_user_topic
+from .topics import MAX_ID_LENGTH, validate_group, validate_user_topic
 
 #: RocketMQ's 18 delay levels, in seconds; level ``n`` is ``DELAY_LEVELS_S[n - 1]``.
 DELAY_LEVELS_S: tuple[int, ...] = (
@@ -186,7 +188,7 @@ def validate_message(message: Message, limits: MessageLimits = MessageLimits()) 
     field of the wrong type or out of range."""
     if not isinstance(message, Message):
         raise InvalidMessageError(f"expected a Message, got {type(message).__name__}")
-    validate_user_topic(message.topic)
+    validate_topic_once(message.topic)
     if not isinstance(message.body, bytes | bytearray | memoryview):
         raise InvalidMessageError(f"message body must be bytes, not {type(message.body).__name__}")
     if limits.max_body_size is not None and len(message.body) > limits.max_body_size:
@@ -209,8 +211,29 @@ def validate_message(message: Message, limits: MessageLimits = MessageLimits()) 
                        f"(0, {MAX_TRANSACTION_TIMEOUT_S:g}]")
 
 
+def checked_once(validate: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``validate`` of a name, remembering the last 1024 strings that passed (a refusal is
+    not remembered): a topic or group is checked once, not on every message."""
+    remembered = functools.lru_cache(maxsize=1024)(validate)
+
+    def check(value: Any) -> None:
+        if isinstance(value, str):
+            remembered(value)
+        else:  # unhashable, perhaps: the plain check refuses it
+            validate(value)
+
+    return check
+
+
+#: ``validate_user_topic`` and ``validate_group``, each name checked once.
+validate_topic_once = checked_once(validate_user_topic)
+validate_group_once = checked_once(validate_group)
+
+
 def _validate_names(message: Message) -> int:
     """Keys, tag and message group; their size in bytes."""
+    if not message.keys and type(message.keys) is tuple and message.tag == "" and message.message_group is None:
+        return 0  # the common message: nothing to check
     if not isinstance(message.keys, tuple | list):
         raise InvalidMessageError(f"keys must be a tuple of strings, not {type(message.keys).__name__}")
     for key in message.keys:
@@ -226,6 +249,8 @@ def _validate_names(message: Message) -> int:
 
 def _validate_user_properties(properties: Mapping[str, str]) -> int:
     """Property names and values; their size in bytes."""
+    if not properties and isinstance(properties, dict):
+        return 0
     if not isinstance(properties, Mapping):
         raise InvalidMessageError(f"properties must be a mapping of strings, not {type(properties).__name__}")
     size = 0

@@ -101,7 +101,7 @@ class EmbeddedBroker:
         )
         self._consumer_snapshot_path = self.data_dir / "consumer_state.snapshot"
         self._rebuild()
-        self.store.add_dispatch_listener(self._on_dispatch)
+        self.store.add_batch_dispatch_listener(self._on_dispatch)
         self.write_snapshots()  # the rebuilt state, redone records included, is the new cut
         self._service = threading.Thread(target=self._run_services, name="broker-services", daemon=True)
         self._service.start()
@@ -229,8 +229,11 @@ class EmbeddedBroker:
         if isinstance(call, SendCall):
             message = call.message
             queue_id = self.topics.select_queue(message)
-            record = route_record(message.topic, queue_id, codec.message_properties(message),
-                                  bytes(message.body), now_ms())
+            properties = codec.message_properties(message)
+            if message.delay_level or message.deliver_at_ms is not None:
+                record = route_record(message.topic, queue_id, properties, bytes(message.body), now_ms())
+            else:  # not delayed: the record route_record makes, without its checks and copy
+                record = StoredRecord(message.topic, queue_id, bytes(message.body), properties)
             return Staged([record], lambda stored: self._send_result(message, stored[0]))
         if isinstance(call, HalfCall):
             return self.transactions.stage_half(call, self.topics.select_queue(call.message))
@@ -254,13 +257,12 @@ class EmbeddedBroker:
 
     @staticmethod
     def _send_result(message: Message, stored: StoredRecord) -> SendResult:
-        return SendResult(
-            message_id=message.message_id,
-            topic=message.topic,
-            queue_id=int(stored.properties.get(codec.REAL_QUEUE_ID, stored.queue_id)),
-            queue_offset=stored.queue_offset if stored.topic == message.topic else -1,
-            commit_log_offset=stored.commit_log_offset,
-        )
+        if stored.topic == message.topic:
+            return SendResult(message.message_id, message.topic, stored.queue_id, stored.queue_offset,
+                              stored.commit_log_offset)
+        # held elsewhere (the delay topic): its queue to be, no offset there yet
+        return SendResult(message.message_id, message.topic, int(stored.properties[codec.REAL_QUEUE_ID]), -1,
+                          stored.commit_log_offset)
 
     def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
         return self._one(HalfCall(message, producer_group, transaction_id))  # type: ignore[no-any-return]
@@ -431,10 +433,18 @@ class EmbeddedBroker:
         }
 
     # -- services -------------------------------------------------------------------------
-    def _on_dispatch(self, record: StoredRecord) -> None:
-        self.transactions.on_dispatch(record)
-        self.delays.on_dispatch(record)
-        if record.topic in self.topics or record.topic.startswith(RETRY_PREFIX):
+    def _on_dispatch(self, records: list[StoredRecord]) -> None:
+        """Apply records made durable together to the transactions and delays, then wake
+        the receivers once if any of them is deliverable."""
+        arrived = False
+        for record in records:
+            try:
+                self.transactions.on_dispatch(record)
+                self.delays.on_dispatch(record)
+            except Exception:
+                log.exception("applying the record at commit log offset %d failed", record.commit_log_offset)
+            arrived = arrived or record.topic in self.topics or record.topic.startswith(RETRY_PREFIX)
+        if arrived:
             self.consumers.notify()
 
     def _run_services(self) -> None:

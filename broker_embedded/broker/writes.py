@@ -18,9 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidMessageError
-from ..message import Message, MessageLimits, Resolution, validate_message, validate_transaction_id
+from ..message import (
+    Message,
+    MessageLimits,
+    Resolution,
+    validate_group_once,
+    validate_message,
+    validate_transaction_id,
+)
 from ..store.record import StoredRecord
-from ..topics import validate_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +49,7 @@ class HalfCall:
 
     def validate(self, limits: MessageLimits) -> None:
         validate_message(self.message, limits)
-        validate_group(self.producer_group)
+        validate_group_once(self.producer_group)
         validate_transaction_id(self.transaction_id)
 
 
@@ -58,7 +64,7 @@ class EndCall:
 
     def validate(self, limits: MessageLimits) -> None:
         validate_transaction_id(self.transaction_id)
-        validate_group(self.producer_group)
+        validate_group_once(self.producer_group)
         if not isinstance(self.resolution, Resolution):
             raise InvalidMessageError(f"resolution {self.resolution!r} is not a Resolution")
         if not isinstance(self.from_check, bool):

@@ -28,7 +28,7 @@ class Batcher:
     one before it waits for its fsync. A drain is one hand-off from the event loop: its
     thread runs batch after batch while items wait, and hands each batch's outcomes back to
     the loop with one callback. ``backlog`` is what ``weigh`` says the items queued or in a
-    running batch hold (bytes); ``track`` is given one task per drain, done when it ends.
+    running batch hold (bytes); ``track`` is given one future per drain, done when it ends.
 
     The heavy items of a batch (over ``READ_CHUNK``) weigh at most ``max_batch_weight``
     together (or are one item): one that does not fit waits for the next batch, and so does
@@ -37,7 +37,7 @@ class Batcher:
     than the running batches, whatever other clients have queued."""
 
     def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: Executor,
-                 track: Callable[[asyncio.Task[None]], None], max_batches: int = 1,
+                 track: Callable[[asyncio.Future[None]], None], max_batches: int = 1,
                  weigh: Callable[[Any], int] = lambda item: 0, max_batch_weight: int = 0) -> None:
         self.run_batch = run_batch
         self.executor = executor
@@ -52,6 +52,9 @@ class Batcher:
         self._lock = threading.Lock()
         self.backlog = 0
         self._lighter = asyncio.Event()
+        #: The event loop submits come from, kept until it closes (asking asyncio for it
+        #: costs a ``getpid`` per call on CPython 3.11).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def submit(self, item: Any, on_done: Callable[[Any], None], source: object = None) -> None:
         """Queue ``item`` from ``source``; ``on_done`` gets its result or exception on the
@@ -63,9 +66,11 @@ class Batcher:
             if self.running >= self.max_batches:
                 return
             self.running += 1
-        loop = asyncio.get_running_loop()
-        ended = loop.create_future()
-        self.track(loop.create_task(_until(ended)))
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+        self.track(ended)
         try:
             self.executor.submit(self._drain, loop, ended)
         except RuntimeError as exc:  # the executor is shut down: the server is stopping
@@ -136,10 +141,6 @@ class Batcher:
             await self._lighter.wait()
 
 
-async def _until(ended: asyncio.Future[None]) -> None:
-    await ended
-
-
 def each(call: Callable[..., Any]) -> Callable[[list[Any]], list[Any]]:
     """A ``run_batch`` that makes one call per item (keyword arguments if a map), catching each error."""
 
@@ -176,7 +177,7 @@ def write_one_by_one(broker: BrokerAPI) -> Callable[[list[WriteCall]], list[Any]
 
 
 def write_batcher(broker: BrokerAPI, executor: Executor,
-                  track: Callable[[asyncio.Task[None]], None]) -> Batcher:
+                  track: Callable[[asyncio.Future[None]], None]) -> Batcher:
     """The batcher of a front's writes: ``broker.produce`` when it has one (one append and
     one fsync per batch), two batches at a time, big bodies capped per batch."""
     produce = getattr(broker, "produce", None)

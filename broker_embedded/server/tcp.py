@@ -292,7 +292,7 @@ class BrokerServer:
         self._auth_log = RateLimitedLog(log)
         #: Receives waiting for messages now, over all connections.
         self.long_polls = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._stopping = False
         #: Cheap calls that arrive together share one executor hop; writes share one fsync.
         writes = write_batcher(broker, self.executor, self._track)
@@ -476,10 +476,11 @@ class BrokerServer:
         self._track(asyncio.create_task(self._dispatch(connection, code, request_id, request)))
         return True
 
-    def _track(self, task: asyncio.Task[None]) -> None:
-        """Count ``task`` as in flight until it ends (``stop`` waits for these)."""
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _track(self, work: asyncio.Future[None]) -> None:
+        """Count ``work`` (a request's task, a batcher's drain) as in flight until it ends
+        (``stop`` waits for these)."""
+        self._tasks.add(work)
+        work.add_done_callback(self._tasks.discard)
 
     def _reply(self, connection: _Connection, code: int, request_id: int, result: Any) -> None:
         frame = encode_reply(code, request_id, result)

@@ -94,6 +94,8 @@ T = TypeVar("T")
 #: Called once per record, in commit log order, after the record is durable and
 #: dispatched to its consume queue (also for records replayed during recovery).
 DispatchListener = Callable[[StoredRecord], None]
+#: Told of the records made durable together, once per batch, in commit log order.
+BatchDispatchListener = Callable[[list[StoredRecord]], None]
 #: A record's place: topic, queue id, queue offset.
 Place = tuple[str, int, int]
 
@@ -168,6 +170,7 @@ class MessageStore:
         self._next_offset: dict[tuple[str, int], int] = {}
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._listeners: list[DispatchListener] = []
+        self._batch_listeners: list[BatchDispatchListener] = []
         #: Told how many seconds each fsync of the commit log took (metrics); None: nobody.
         self.on_fsync: Callable[[float], None] | None = None
         self._closed = False
@@ -560,6 +563,13 @@ class MessageStore:
         listener hears of a record, every record written with it is readable (a decision
         is never applied before the records it implies are in their queues)."""
         self._dispatch(records)
+        if not records:
+            return
+        for batch_listener in self._batch_listeners:
+            try:
+                batch_listener(records)
+            except Exception:
+                log.exception("dispatch listener failed for the records from offset %d", records[0].commit_log_offset)
         for record in records:
             for listener in self._listeners:
                 try:
@@ -590,6 +600,11 @@ class MessageStore:
     def add_dispatch_listener(self, listener: DispatchListener) -> None:
         """Be told of every record once it is durable and dispatched."""
         self._listeners.append(listener)
+
+    def add_batch_dispatch_listener(self, listener: BatchDispatchListener) -> None:
+        """Be told of the records made durable together, in one call per batch, once they
+        are dispatched (before the listeners of single records)."""
+        self._batch_listeners.append(listener)
 
     def flush(self) -> None:
         """fsync everything written so far and dispatch it."""

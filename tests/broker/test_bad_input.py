@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 
-from broker_embedded import Message
+from broker_embedded import Message, Resolution
 from broker_embedded.errors import (
     InvalidMessageError,
     InvalidTopicError,
@@ -32,6 +34,36 @@ def test_bad_topics_are_refused(broker_factory, topic, error) -> None:
         broker.send(Message(topic, b"x"))
     with pytest.raises(error):
         broker.send_half(Message(topic, b"x"), producer_group="pg", transaction_id="t")
+
+
+def test_a_bad_topic_is_refused_every_time_next_to_good_ones(broker_factory) -> None:
+    broker = broker_factory()
+    for _ in range(3):  # a topic checked once is remembered only when it passed
+        with pytest.raises(InvalidTopicError):
+            broker.send(Message("has space", b"x"))
+        with pytest.raises(ReservedTopicError):
+            broker.send(Message("RMQ_SYS_TRANS_HALF_TOPIC", b"x"))
+        assert broker.send(Message("orders", b"x")).topic == "orders"
+
+
+@pytest.mark.parametrize("group", ["has space", "", ["pg"]])
+def test_a_bad_producer_group_is_refused_every_time_with_a_typed_error(broker_factory, group) -> None:
+    broker = broker_factory()
+    for _ in range(2):  # a group checked once is remembered only when it passed
+        with pytest.raises(InvalidTopicError):
+            broker.send_half(Message("orders", b"x"), producer_group=group, transaction_id="t")
+        with pytest.raises(InvalidTopicError):
+            broker.end_transaction("t", Resolution.COMMIT, producer_group=group)
+        assert broker.send_half(Message("orders", b"x"), producer_group="pg", transaction_id="t").transaction_id == "t"
+
+
+def test_a_delayed_send_answers_its_queue_to_be_and_no_offset_yet(broker_factory) -> None:
+    broker = broker_factory()
+    broker.create_topic("orders", 1)
+    delayed = broker.send(Message("orders", b"x", delay_level=3))
+    sent = broker.send(Message("orders", b"y"))
+    assert (delayed.topic, delayed.queue_id, delayed.queue_offset) == ("orders", 0, -1)
+    assert (sent.topic, sent.queue_id, sent.queue_offset) == ("orders", 0, 0)
 
 
 def test_oversize_body_and_bad_delay_are_refused_and_nothing_is_lost(broker_factory) -> None:
@@ -64,6 +96,9 @@ def test_unknown_topic_when_auto_create_is_off(broker_factory) -> None:
         Message("orders", b"x", keys=("two words",)),
         Message("orders", b"x", keys=("",)),
         Message("orders", b"x", tag="a tag"),
+        Message("orders", b"x", keys=""),  # type: ignore[arg-type]  # text, not a tuple of keys
+        Message("orders", b"x", keys=["two words"]),  # type: ignore[arg-type]
+        Message("orders", b"x", properties=MappingProxyType({"a name": "v"})),
     ],
 )
 def test_bad_ids_keys_and_tags_are_refused(broker_factory, message) -> None:

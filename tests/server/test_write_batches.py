@@ -23,7 +23,7 @@ def test_a_small_write_goes_ahead_of_another_sources_big_ones_and_each_source_ke
         return [name for name, _ in items]
 
     async def scenario() -> list[Any]:
-        tasks: set[asyncio.Task[None]] = set()
+        tasks: set[asyncio.Future[None]] = set()
         with ThreadPoolExecutor(2) as executor:
             batcher = Batcher(run_batch, executor, tasks.add, max_batches=1,
                                weigh=lambda item: item[1], max_batch_weight=4 * MIB)
@@ -72,7 +72,7 @@ def test_the_batches_that_queue_while_one_runs_cost_no_further_hand_off_to_a_thr
         return [name for name, _ in items]
 
     async def scenario() -> tuple[list[Any], int, int]:
-        tasks: set[asyncio.Task[None]] = set()
+        tasks: set[asyncio.Future[None]] = set()
         loop_thread.append(threading.current_thread())
         with CountingExecutor(2) as executor:
             batcher = Batcher(run_batch, executor, tasks.add, max_batches=1,
@@ -98,3 +98,16 @@ def test_the_batches_that_queue_while_one_runs_cost_no_further_hand_off_to_a_thr
     assert handed == 1
     assert running == 0
     assert answered_on == loop_thread * 4
+
+
+def test_a_batcher_serves_the_loop_that_runs_it_after_an_earlier_one_closed() -> None:
+    with ThreadPoolExecutor(1) as executor:
+        batcher = Batcher(lambda items: [item * 2 for item in items], executor, lambda _: None)
+
+        async def one(item: int) -> Any:
+            answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            batcher.submit(item, answer.set_result)
+            return await asyncio.wait_for(answer, 10)
+
+        assert asyncio.run(one(1)) == 2
+        assert asyncio.run(one(2)) == 4  # a new loop: its answer comes back on it

@@ -246,6 +246,19 @@ def test_listeners_hear_each_durable_record_once_in_order_and_not_on_reopen(tmp_
     assert replayed == [later.commit_log_offset]
 
 
+def test_a_batch_listener_hears_the_records_made_durable_together_in_one_call_readable(tmp_path: Path) -> None:
+    heard: list[list[int]] = []
+    with MessageStore(tmp_path, SMALL) as store:
+        def on_batch(records: list[StoredRecord]) -> None:
+            heard.append([r.commit_log_offset for r in records])
+            assert store.read_queue("orders", 1, 0, 10)[-1].commit_log_offset == records[-1].commit_log_offset
+
+        store.add_batch_dispatch_listener(on_batch)
+        batch = store.put_batch([record(queue_id=1) for _ in range(5)])
+        one = store.put(record(queue_id=1))
+    assert heard == [[r.commit_log_offset for r in batch], [one.commit_log_offset]]
+
+
 def test_async_mode_reads_at_once_and_survives_a_clean_close(tmp_path: Path) -> None:
     config = StoreConfig(segment_size=4096, flush_mode="async", async_flush_interval_s=0.05)
     with MessageStore(tmp_path, config) as store:

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ...errors import InvalidTopicError
-from ...message import Resolution, TransactionState, is_name
+from ...message import Resolution, TransactionState, is_name, validate_group_once
 from ...store.record import PROPERTY_MESSAGE_ID, StoredRecord
-from ...topics import MAX_ID_LENGTH, validate_group
+from ...topics import MAX_ID_LENGTH
 from .. import codec
 from ..codec import PropertyError
 from ..delay import due_at_ms, target_of
+from .latch import Latch
 from .ops import FINAL_STATES, OP_CHECK, OP_PARK, OP_RECHECK, Op
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Transaction:
     next_check_ms: int = 0
     #: The resolution an END_TRANSACTION is writing right now, and its completion.
     ending: Resolution | None = None
-    ended: threading.Event | None = None
+    ended: Latch | None = None
     #: Half messages of this transaction being written right now.
     joining: int = 0
     #: Why the transaction cannot be committed (a stored half message is unusable): it is
@@ -116,7 +117,7 @@ def read_half(record: StoredRecord) -> HalfFields:
         transaction_id = f"unreadable-tx-at-{record.commit_log_offset}"
     group = props.get(codec.PRODUCER_GROUP, "")
     try:
-        validate_group(group)
+        validate_group_once(group)
     except InvalidTopicError:
         problems.append(f"{codec.PRODUCER_GROUP}={group!r}")
     message_id = props.get(PROPERTY_MESSAGE_ID, "")

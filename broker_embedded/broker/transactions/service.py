@@ -18,7 +18,6 @@ id through the index once the transaction has left memory).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from ..config import BrokerConfig
 from ..writes import EndCall, ForcedResolveCall, HalfCall, Staged
 from .book import HalfFields, Transaction, TransactionBook, read_half
 from .check_service import CheckService, now_ms
+from .latch import Latch
 from .ops import (
     FINAL_STATES,
     OP_CHECK,
@@ -187,7 +187,7 @@ class TransactionService:
                         f"a half message of transaction {call.transaction_id} is still being stored; "
                         "end it once every send_half has returned"
                     )
-                tx.ending, tx.ended = call.resolution, threading.Event()
+                tx.ending, tx.ended = call.resolution, Latch()
         if tx is None:
             return answered(self._answer_from_disk(call))
         if call.resolution is Resolution.UNKNOWN:
@@ -205,7 +205,7 @@ class TransactionService:
 
         def finish(_: list[StoredRecord]) -> EndTransactionResult:
             assert tx is not None and tx.ended is not None
-            tx.ended.set()
+            tx.ended.open()
             log.info("transaction %s %s by %s", call.transaction_id, FINAL_STATES[op.kind].value, source)
             return EndTransactionResult(call.transaction_id, FINAL_STATES[op.kind], True, tx.message_ids)
 
@@ -215,9 +215,9 @@ class TransactionService:
         with self.book.lock:
             ended, tx.ending, tx.ended = tx.ended, None, None
         if ended is not None:
-            ended.set()
+            ended.open()
 
-    def _after_concurrent_end(self, call: EndCall, ended: threading.Event) -> EndTransactionResult:
+    def _after_concurrent_end(self, call: EndCall, ended: Latch) -> EndTransactionResult:
         """The answer to an END that arrived while the same resolution was being written."""
         ended.wait(_CONCURRENT_END_WAIT_S)
         if self.book.get(call.transaction_id) is not None:

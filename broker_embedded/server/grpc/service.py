@@ -93,10 +93,10 @@ class MessagingService:
         self.stopping = False
         self.renewals = Renewals(self._change_invisible, push_invisible_s)
         #: Concurrent writes share one append and one fsync (group commit), as on the native port.
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._writes = write_batcher(broker, executor, self._track)
 
-    def _track(self, task: asyncio.Task[None]) -> None:
+    def _track(self, task: asyncio.Future[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
