@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,10 @@ def rss_bytes() -> int:
 
 
 def load_until_killed(data_dir: Path, lines: int, phases: tuple[int, int] | None = None,
-                      **config: Any) -> list[Acknowledged]:
+                      until: Callable[[], bool] = lambda: True, **config: Any) -> list[Acknowledged]:
     """Run the writer on ``data_dir`` with ``StoreConfig(**config)``, SIGKILL it once it
-    acknowledged ``lines`` records (with ``phases`` = (per writer, checkpoint after): once
-    it is idle), and return every record it acknowledged."""
+    acknowledged ``lines`` records and ``until()`` holds (with ``phases`` = (per writer,
+    checkpoint after): once it is idle), and return every record it acknowledged."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     extra = [str(n) for n in phases] if phases else []
     child = subprocess.Popen([sys.executable, "-m", "tests.store.load_writer", str(data_dir), json.dumps(config),
@@ -55,7 +56,7 @@ def load_until_killed(data_dir: Path, lines: int, phases: tuple[int, int] | None
             if line == "idle\n":
                 break
             output.append(line)
-            if phases is None and len(output) >= lines:
+            if phases is None and len(output) >= lines and until():
                 break
     finally:
         os.kill(child.pid, signal.SIGKILL)

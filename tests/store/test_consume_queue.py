@@ -250,9 +250,11 @@ print("retried", queue.persisted, queue.max_offset)
 
 @pytest.mark.slow
 def test_sigkill_while_writing_keeps_every_acknowledged_record_once_in_its_queue(tmp_path: Path) -> None:
-    acknowledged = load_until_killed(tmp_path, 2000, segment_size=64 * 1024, checkpoint_interval_s=0.05,
-                                     consume_queue_file_entries=50)
-    assert len(files(tmp_path / "consumequeue" / "load" / "0")) > 1  # checkpoints crossed files
+    queue_files = tmp_path / "consumequeue" / "load" / "0"
+    # Killed once checkpoints crossed files (a fast store writes 2,000 records before the first).
+    acknowledged = load_until_killed(tmp_path, 2000, until=lambda: queue_files.is_dir() and len(files(queue_files)) > 1,
+                                     segment_size=64 * 1024, checkpoint_interval_s=0.05, consume_queue_file_entries=50)
+    assert len(files(queue_files)) > 1
     with MessageStore(tmp_path) as store:
         assert store.config.consume_queue_file_entries == 50
         for w in range(4):
