@@ -70,6 +70,8 @@ def target_of(record: StoredRecord) -> tuple[str, int]:
 def route_record(topic: str, queue_id: int, props: dict[str, str], body: bytes,
                  delay_from_ms: int, born_ms: int = 0) -> StoredRecord:
     """The record for a message bound to ``topic``: there, or via the delay topic."""
+    if DELAY_LEVEL not in props and DELIVER_AT not in props and DUE_AT not in props:
+        return StoredRecord(topic, queue_id, body, props, born_timestamp_ms=born_ms)  # not delayed: as it is
     message_due = due_at_ms(props, delay_from_ms)
     if message_due is not None and message_due > now_ms():
         props = {**props, REAL_TOPIC: topic, REAL_QUEUE_ID: str(queue_id), DUE_AT: str(message_due)}

@@ -101,7 +101,7 @@ class EmbeddedBroker:
         )
         self._consumer_snapshot_path = self.data_dir / "consumer_state.snapshot"
         self._rebuild()
-        self.store.add_batch_dispatch_listener(self._on_dispatch)
+        self.store.add_dispatch_listener(self._on_dispatch)
         self.write_snapshots()  # the rebuilt state, redone records included, is the new cut
         self._service = threading.Thread(target=self._run_services, name="broker-services", daemon=True)
         self._service.start()
@@ -229,11 +229,8 @@ class EmbeddedBroker:
         if isinstance(call, SendCall):
             message = call.message
             queue_id = self.topics.select_queue(message)
-            properties = codec.message_properties(message)
-            if message.delay_level or message.deliver_at_ms is not None:
-                record = route_record(message.topic, queue_id, properties, bytes(message.body), now_ms())
-            else:  # not delayed: the record route_record makes, without its checks and copy
-                record = StoredRecord(message.topic, queue_id, bytes(message.body), properties)
+            record = route_record(message.topic, queue_id, codec.message_properties(message),
+                                  bytes(message.body), now_ms())
             return Staged([record], lambda stored: self._send_result(message, stored[0]))
         if isinstance(call, HalfCall):
             return self.transactions.stage_half(call, self.topics.select_queue(call.message))

@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import InvalidMessageError, UnknownTopicError
-from ..message import Message
+from ..message import Message, validate_topic_once
 from ..store.files import write_atomically
 from ..topics import MAX_QUEUES, validate_user_topic
 
@@ -32,8 +32,6 @@ class TopicRegistry:
         self.queues: dict[str, int] = (
             {str(k): int(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
         )
-        #: Registered topics whose name passed ``validate_user_topic`` in ``ensure``.
-        self._checked: set[str] = set()
 
     def __contains__(self, topic: str) -> bool:
         return topic in self.queues
@@ -59,16 +57,13 @@ class TopicRegistry:
 
     def ensure(self, topic: str) -> int:
         """The queue count of a usable topic, creating it when auto-creation is on (a
-        registered name is checked once, not on every message)."""
-        if isinstance(topic, str) and topic in self._checked:
-            return self.queues[topic]
-        validate_user_topic(topic)
+        name is checked once, not on every message)."""
+        validate_topic_once(topic)
         queues = self.queues.get(topic)
         if queues is None:
             if not self.auto_create:
                 raise UnknownTopicError(f"topic {topic!r} does not exist")
             queues = self.create(topic, self.default_queues)
-        self._checked.add(topic)
         return queues
 
     def select_queue(self, message: Message) -> int:

@@ -95,17 +95,19 @@ class BrokerMetrics(Collector):
         self.broker.store.add_dispatch_listener(self._stored)
 
     # -- the hooks (hot paths) ------------------------------------------------------------
-    def _stored(self, record: StoredRecord) -> None:
-        """A record became durable: a message into a user topic (a send, a committed
+    def _stored(self, records: list[StoredRecord]) -> None:
+        """Records became durable: each message into a user topic (a send, a committed
         transactional message, a delayed message come due) counts as in."""
-        if record.topic not in self.broker.topics:
-            return
+        topics = self.broker.topics
         with self._lock:
-            counts = self._in.get(record.topic)
-            if counts is None:
-                counts = self._in[record.topic] = [0, 0]
-            counts[0] += 1
-            counts[1] += len(record.body)
+            for record in records:
+                if record.topic not in topics:
+                    continue
+                counts = self._in.get(record.topic)
+                if counts is None:
+                    counts = self._in[record.topic] = [0, 0]
+                counts[0] += 1
+                counts[1] += len(record.body)
 
     def written(self, calls: int, seconds: float) -> None:
         self.send_seconds.observe(seconds, calls)

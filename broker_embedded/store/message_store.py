@@ -91,11 +91,9 @@ from .scrub import Scrub
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Called once per record, in commit log order, after the record is durable and
-#: dispatched to its consume queue (also for records replayed during recovery).
-DispatchListener = Callable[[StoredRecord], None]
-#: Told of the records made durable together, once per batch, in commit log order.
-BatchDispatchListener = Callable[[list[StoredRecord]], None]
+#: Told of the records made durable together, once per batch, in commit log order, after
+#: they are dispatched to their consume queues (not of records replayed during recovery).
+DispatchListener = Callable[[list[StoredRecord]], None]
 #: A record's place: topic, queue id, queue offset.
 Place = tuple[str, int, int]
 
@@ -170,7 +168,6 @@ class MessageStore:
         self._next_offset: dict[tuple[str, int], int] = {}
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._listeners: list[DispatchListener] = []
-        self._batch_listeners: list[BatchDispatchListener] = []
         #: Told how many seconds each fsync of the commit log took (metrics); None: nobody.
         self.on_fsync: Callable[[float], None] | None = None
         self._closed = False
@@ -559,23 +556,17 @@ class MessageStore:
                 self._flush_state.notify_all()
 
     def _dispatch_all(self, records: list[StoredRecord]) -> None:
-        """Dispatch records made durable together, then tell the listeners of each: when a
+        """Dispatch records made durable together, then tell the listeners of them: when a
         listener hears of a record, every record written with it is readable (a decision
         is never applied before the records it implies are in their queues)."""
         self._dispatch(records)
         if not records:
             return
-        for batch_listener in self._batch_listeners:
+        for listener in self._listeners:
             try:
-                batch_listener(records)
+                listener(records)
             except Exception:
                 log.exception("dispatch listener failed for the records from offset %d", records[0].commit_log_offset)
-        for record in records:
-            for listener in self._listeners:
-                try:
-                    listener(record)
-                except Exception:
-                    log.exception("dispatch listener failed for offset %d", record.commit_log_offset)
 
     def _dispatch(self, records: list[StoredRecord]) -> None:
         """Add records, in commit log order, to their consume queues (memory) and the index
@@ -583,12 +574,10 @@ class MessageStore:
         if not records:
             return
         indexed: list[IndexedRecord] = []
-        queues = self._queues
         for record in records:
             properties = record.properties
-            queue = queues.get((record.topic, record.queue_id)) or self._queue(record.topic, record.queue_id)
-            queue.append(record.queue_offset, record.commit_log_offset, record.size,
-                         properties.get(PROPERTY_TAG, ""))
+            self._queue(record.topic, record.queue_id).append(
+                record.queue_offset, record.commit_log_offset, record.size, properties.get(PROPERTY_TAG, ""))
             keys = properties.get(PROPERTY_KEYS)
             indexed.append((record.topic, properties.get(PROPERTY_MESSAGE_ID),
                             keys.split() if keys else [], record.commit_log_offset))
@@ -598,13 +587,9 @@ class MessageStore:
         self._last_store_ms = last.store_timestamp_ms
 
     def add_dispatch_listener(self, listener: DispatchListener) -> None:
-        """Be told of every record once it is durable and dispatched."""
-        self._listeners.append(listener)
-
-    def add_batch_dispatch_listener(self, listener: BatchDispatchListener) -> None:
         """Be told of the records made durable together, in one call per batch, once they
-        are dispatched (before the listeners of single records)."""
-        self._batch_listeners.append(listener)
+        are dispatched."""
+        self._listeners.append(listener)
 
     def flush(self) -> None:
         """fsync everything written so far and dispatch it."""

@@ -234,13 +234,13 @@ def test_concurrent_sync_puts_share_fsyncs(tmp_path: Path, monkeypatch: pytest.M
 def test_listeners_hear_each_durable_record_once_in_order_and_not_on_reopen(tmp_path: Path) -> None:
     heard: list[tuple[int, int]] = []
     with MessageStore(tmp_path, SMALL) as store:
-        store.add_dispatch_listener(lambda r: heard.append((r.commit_log_offset, r.queue_offset)))
+        store.add_dispatch_listener(lambda rs: heard.extend((r.commit_log_offset, r.queue_offset) for r in rs))
         stored = [store.put(record(body=f"{n}".encode() * 200)) for n in range(10)]
         stored += store.put_batch([record(queue_id=1) for _ in range(5)])
         assert heard == [(r.commit_log_offset, r.queue_offset) for r in stored]
     replayed: list[int] = []
     with MessageStore(tmp_path, SMALL) as store:
-        store.add_dispatch_listener(lambda r: replayed.append(r.commit_log_offset))
+        store.add_dispatch_listener(lambda rs: replayed.extend(r.commit_log_offset for r in rs))
         assert [r.commit_log_offset for r in store.scan()] == [r.commit_log_offset for r in stored]
         later = store.put(record())
     assert replayed == [later.commit_log_offset]
@@ -253,7 +253,7 @@ def test_a_batch_listener_hears_the_records_made_durable_together_in_one_call_re
             heard.append([r.commit_log_offset for r in records])
             assert store.read_queue("orders", 1, 0, 10)[-1].commit_log_offset == records[-1].commit_log_offset
 
-        store.add_batch_dispatch_listener(on_batch)
+        store.add_dispatch_listener(on_batch)
         batch = store.put_batch([record(queue_id=1) for _ in range(5)])
         one = store.put(record(queue_id=1))
     assert heard == [[r.commit_log_offset for r in batch], [one.commit_log_offset]]
