@@ -106,22 +106,21 @@ def install(target: Any, producer: Producer | AsyncProducer) -> None:
     listen()
 
 
+_listening = False  # whether listen() registered the events
+
+
 def listen() -> None:
     """Register the session events (once per process; each decorated call asks again)."""
     global _listening
     if _listening:
         return
     _listening = True
-    if not event.contains(Session, "after_commit", _after_commit):
-        event.listen(Session, "after_begin", _after_begin)
-        event.listen(Session, "before_commit", _before_commit)
-        event.listen(Session, "after_commit", _after_commit)
-        event.listen(Session, "after_rollback", _after_rollback)
-        event.listen(Session, "after_soft_rollback", _after_soft_rollback)
-        event.listen(Session, "after_transaction_end", _after_transaction_end)
-
-
-_listening = False
+    event.listen(Session, "after_begin", _after_begin)
+    event.listen(Session, "before_commit", _before_commit)
+    event.listen(Session, "after_commit", _after_commit)
+    event.listen(Session, "after_rollback", _after_rollback)
+    event.listen(Session, "after_soft_rollback", _after_soft_rollback)
+    event.listen(Session, "after_transaction_end", _after_transaction_end)
 
 
 def installed_producer(session: Session) -> Producer | AsyncProducer | None:
