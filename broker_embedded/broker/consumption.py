@@ -163,6 +163,12 @@ class QueueProgress:
         self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
         self.mark_done(offset - 1)  # advances the floor over done offsets just above it
 
+    def take(self, record: StoredRecord) -> None:
+        """``record`` is to be delivered: pending, without its body (read again when it
+        goes out), with the attempts it already had."""
+        self.pending[record.queue_offset] = Delivery(dataclasses.replace(record, body=b""),
+                                                     self.attempts.pop(record.queue_offset, 0))
+
     def mark_done_range(self, start: int, end: int) -> None:
         """The offsets from ``start`` to ``end`` (excluded), none of them pending, are done."""
         if start <= self.floor:
@@ -392,11 +398,18 @@ class ConsumerGroups:
                 break
         return delivered, dead, unscanned
 
-    def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
-        group, topic, stored_topic, queue_id = key
+    def _queue_end(self, key: ProgressKey, progress: QueueProgress) -> int:
+        """The end of the key's stored queue, ``progress`` first moved past what retention
+        deleted below it."""
+        _, _, stored_topic, queue_id = key
         end = self.store.queue_max_offset(stored_topic, queue_id)
         if progress.next_offset < end:
-            progress.skip_to(self.store.queue_min_offset(stored_topic, queue_id))  # retention deleted them
+            progress.skip_to(self.store.queue_min_offset(stored_topic, queue_id))
+        return end
+
+    def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
+        group, topic, stored_topic, queue_id = key
+        end = self._queue_end(key, progress)
         while progress.next_offset < end and len(progress.pending) < self.max_inflight:
             batch = self.store.read_queue(stored_topic, queue_id, progress.next_offset, 64)
             if not batch:
@@ -411,8 +424,7 @@ class ConsumerGroups:
                 if stored_topic != topic and record.properties.get(codec.REAL_TOPIC) != topic:
                     progress.mark_done(offset)  # a resend meant for another subscription
                     continue
-                progress.pending[offset] = Delivery(dataclasses.replace(record, body=b""),
-                                                    progress.attempts.pop(offset, 0))
+                progress.take(record)
 
     def _top_up_filtered(self, key: ProgressKey, progress: QueueProgress, subscription: TagFilter,
                          skipped: Skipped) -> bool:
@@ -421,9 +433,7 @@ class ConsumerGroups:
         its tag); the offsets not taken are done, added to ``skipped``. Up to
         ``FILTER_SCAN_LIMIT`` entries: whether it stopped there with more to scan."""
         _, _, stored_topic, queue_id = key
-        end = self.store.queue_max_offset(stored_topic, queue_id)
-        if progress.next_offset < end:
-            progress.skip_to(self.store.queue_min_offset(stored_topic, queue_id))  # retention deleted them
+        end = self._queue_end(key, progress)
         limit = progress.next_offset + FILTER_SCAN_LIMIT
         while progress.next_offset < end and len(progress.pending) < self.max_inflight:
             if progress.next_offset >= limit:
@@ -443,8 +453,7 @@ class ConsumerGroups:
                     if offset < progress.floor or offset in progress.done_above:
                         continue
                     if offset in progress.attempts or subscription.matches(record.properties.get(PROPERTY_TAG, "")):
-                        progress.pending[offset] = Delivery(dataclasses.replace(record, body=b""),
-                                                            progress.attempts.pop(offset, 0))
+                        progress.take(record)
                         taken.append(offset)
             progress.next_offset = scan_end = entries[-1][0] + 1
             start = scan_start
