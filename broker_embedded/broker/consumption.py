@@ -43,6 +43,7 @@ from ..api import ConsumerQueue
 from ..errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
 from ..filters import EVERY_MESSAGE, TagFilter
 from ..message import ReceivedMessage, now_ms
+from ..store.index import consecutive_runs
 from ..store.message_store import MessageStore, fitting
 from ..store.record import PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from ..topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic, validate_group
@@ -189,17 +190,6 @@ class QueueProgress:
 
 ProgressKey = tuple[str, str, str, int]  # group, subscribed topic, stored topic, queue id
 Skipped = list[tuple[ProgressKey, int, int]]  # offsets from, to (excluded) a filter passed over
-
-
-def _runs(offsets: list[int]) -> list[tuple[int, int]]:
-    """``(first, count)`` of each run of consecutive offsets in ascending ``offsets``."""
-    runs: list[tuple[int, int]] = []
-    for offset in offsets:
-        if runs and runs[-1][0] + runs[-1][1] == offset:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((offset, 1))
-    return runs
 
 
 def _add_skip(skipped: Skipped, key: ProgressKey, start: int, end: int) -> None:
@@ -445,10 +435,10 @@ class ConsumerGroups:
             hits = [offset for offset, size, hashed in entries
                     if size and (subscription.matches_hash(hashed) or offset in progress.attempts)]
             taken: list[int] = []
-            for first, count in _runs(hits):
-                for record in self.store.read_queue(stored_topic, queue_id, first, count):
+            for first, end in consecutive_runs(hits):
+                for record in self.store.read_queue(stored_topic, queue_id, first, end - first):
                     offset = record.queue_offset
-                    if offset >= first + count:
+                    if offset >= end:
                         break  # read past a damaged run: those come with their own run
                     if offset < progress.floor or offset in progress.done_above:
                         continue

@@ -208,7 +208,7 @@ class IndexFile:
         if table is None:
             return
         with memoryview(table) as view:  # written from the table itself, no copy
-            for first, end in _runs(sorted(pages)):
+            for first, end in consecutive_runs(sorted(pages)):
                 start = first * _SLOT_PAGE
                 _write(self.fd, view[start : end * _SLOT_PAGE], HEADER_SIZE + start)
 
@@ -286,14 +286,14 @@ class IndexFile:
         os.close(self.fd)
 
 
-def _runs(pages: list[int]) -> list[tuple[int, int]]:
-    """Sorted page numbers as ``(first, end)`` runs of adjacent pages."""
+def consecutive_runs(numbers: list[int]) -> list[tuple[int, int]]:
+    """Ascending ``numbers`` as ``(first, end)`` runs of consecutive ones (``end`` excluded)."""
     runs: list[tuple[int, int]] = []
-    for page in pages:
-        if runs and runs[-1][1] == page:
-            runs[-1] = (runs[-1][0], page + 1)
+    for number in numbers:
+        if runs and runs[-1][1] == number:
+            runs[-1] = (runs[-1][0], number + 1)
         else:
-            runs.append((page, page + 1))
+            runs.append((number, number + 1))
     return runs
 
 
