@@ -34,6 +34,8 @@ from outbox.integrations.sqlalchemy.session import current_transaction_id
 crash = os.environ["CRASH"]
 factory = sessionmaker(create_engine(os.environ["OUTBOX_DATABASE_URL"]))
 
+producer = Producer(os.environ["OUTBOX_BROKER_URL"], "shop")
+
 def die(session):
     print(current_transaction_id(session), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -43,9 +45,12 @@ if crash == "after_commit":
     # committed and COMMIT has not been sent.
     event.listen(Session, "after_commit", die)
 
-@transactional_message(Producer(os.environ["OUTBOX_BROKER_URL"], "shop"), factory, topic="order.paid")
+@transactional_message(producer, factory, topic="order.paid")
 def pay(session, order_id):
     if crash == "before_commit":
+        # The half message leaves before BEGIN and overlaps the body: wait for the broker to
+        # hold it, so the kill falls between the half message and the DB commit.
+        producer.await_halves(current_transaction_id(session))
         die(session)
 
 pay("o1")
