@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker_embedded import Message
+
 from .aio_producer import AsyncProducer
 from .producer import Producer
 
@@ -27,7 +29,13 @@ class LocalTransaction:
 
     transaction_id: str
     producer: Producer | AsyncProducer
-    message_ids: list[str] = field(default_factory=list)
+    #: The messages it sent, in order (store mode writes them all if one half failed).
+    messages: list[Message] = field(default_factory=list)
+
+    @property
+    def message_ids(self) -> list[str]:
+        """The ids of ``messages``."""
+        return [message.message_id for message in self.messages]
 
 
 _running: contextvars.ContextVar[LocalTransaction | None] = contextvars.ContextVar(

@@ -54,6 +54,7 @@ from .producer_protocol import (
     sending,
     sending_half,
 )
+from .stored import BrokerDown, OnBrokerDown
 
 log = logging.getLogger(__name__)
 S = TypeVar("S")
@@ -81,15 +82,25 @@ class Producer:
     for the ENDs under way; ``close()`` and the interpreter's exit flush them.
     ``oneway_end=False`` waits for each END: the message is visible when the call returns.
 
+    ``on_broker_down`` says what a call does when the broker cannot take its half message
+    in time: ``"raise"`` (the default) raises ``BrokerUnavailableError`` and nothing of the
+    call commits; ``"store"`` lets the call commit with its messages stored in its own
+    database, for the relay to hand over later (``outbox.stored``).
+
     ``answer_check_backs(answer)`` makes it answer its group's check-backs while it runs
     (RocketMQ's ``TransactionChecker``); ``@transactional_message`` and Django's producer
     call it with the fence on the group's database, so a producer in use answers them.
     """
 
-    def __init__(self, broker: BrokerAPI | str, producer_group: str, *, oneway_end: bool = True) -> None:
+    def __init__(self, broker: BrokerAPI | str, producer_group: str, *, oneway_end: bool = True,
+                 on_broker_down: OnBrokerDown = "raise") -> None:
         self.broker: BrokerAPI = connect(broker) if isinstance(broker, str) else broker
         self.producer_group = producer_group
         self.oneway_end = oneway_end
+        #: ``on_broker_down`` and the outage a store-mode producer is in.
+        self.broker_down = BrokerDown(on_broker_down, producer_group)
+        #: Transactions whose messages were stored (store mode): no END after their commit.
+        self._stored: set[str] = set()
         #: The broker when it is a ``BrokerClient``: requests go on the wire without waiting.
         self._client = self.broker if isinstance(self.broker, BrokerClient) else None
         self._halves: dict[str, list[Future[SendResult]]] = {}
@@ -119,27 +130,49 @@ class Producer:
         brokers store it now): the half message is on the wire when this returns, and the
         ``Future`` completes with its acknowledgment or ``BrokerUnavailableError``. The local
         transaction may run meanwhile; ``await_halves(transaction_id)`` must succeed before
-        its commit. A broker that cannot be reached raises ``BrokerUnavailableError`` now."""
+        its commit. A broker that cannot be reached raises ``BrokerUnavailableError`` now
+        (in store mode the ``Future`` holds it, and nothing is sent while the producer
+        backs off after an outage)."""
+        if self.broker_down.skipping():
+            return self.hold(message, transaction_id)
         if self._client is None:
             half: Future[SendResult] = Future()
-            half.set_result(self.send_half(message, transaction_id))
+            try:
+                half.set_result(self.send_half(message, transaction_id))
+            except BrokerUnavailableError as exc:
+                if not self.broker_down.stores:
+                    raise
+                half.set_exception(exc)
         else:
             client = self._client
             half = self._under_way(
                 SEND_HALF, functools.partial(sending_half, self.producer_group, message, transaction_id), message,
                 lambda stamped, future: client.start_send_half(stamped, producer_group=self.producer_group,
                                                                transaction_id=transaction_id, future=future))
-            if half.done() and (error := half.exception()) is not None:
+            if not self.broker_down.stores and half.done() and (error := half.exception()) is not None:
                 raise error
         with self._lock:
             self._halves.setdefault(transaction_id, []).append(half)
         return half
 
-    def await_halves(self, transaction_id: str) -> None:
+    def hold(self, message: Message, transaction_id: str) -> Future[SendResult]:
+        """Store mode: keep ``message`` of ``transaction_id`` out of the broker (it is down,
+        or its message group's stored messages wait for the relay); ``await_halves`` then
+        tells the caller to store the transaction's messages."""
+        held: Future[SendResult] = Future()
+        held.set_exception(BrokerUnavailableError(
+            f"message {message.message_id} of transaction {transaction_id} held for the database (store mode)"))
+        with self._lock:
+            self._halves.setdefault(transaction_id, []).append(held)
+        return held
+
+    def await_halves(self, transaction_id: str) -> bool:
         """Wait for the half messages of ``transaction_id`` sent by ``start_half``, each up
-        to the broker client's request timeout; call it just before the DB commit.
-        ``BrokerUnavailableError`` if one was not stored (or not acknowledged in time): the
-        local transaction must roll back."""
+        to the broker client's request timeout; call it just before the DB commit. True
+        when the broker holds them all. If one was not stored (or not acknowledged in
+        time): ``BrokerUnavailableError`` (the local transaction must roll back), or in
+        store mode False: the caller stores the transaction's messages in its transaction
+        (``outbox.stored.store_messages``) and commits; no END follows the commit."""
         with self._lock:
             halves = self._halves.pop(transaction_id, [])
         try:
@@ -150,10 +183,20 @@ class Producer:
                     raise BrokerUnavailableError(
                         f"a half message of transaction {transaction_id} was not acknowledged within "
                         f"{self._answer_timeout_s:.1f}s") from None
+        except BrokerUnavailableError as exc:
+            if not self.broker_down.stores:
+                raise
+            self.broker_down.failed(exc)
+            with self._lock:
+                self._stored.add(transaction_id)
+            return False
         finally:
             if unanswered := [half for half in halves if not half.done()]:
                 with self._lock:  # the ROLLBACK that follows waits for them (finish)
                     self._halves.setdefault(transaction_id, []).extend(unanswered)
+        if halves:
+            self.broker_down.answered()
+        return True
 
     @property
     def _answer_timeout_s(self) -> float | None:
@@ -173,6 +216,10 @@ class Producer:
         waited for otherwise. Never raises for a broker failure."""
         with self._lock:
             unanswered = self._halves.pop(transaction_id, [])
+            stored = transaction_id in self._stored
+            self._stored.discard(transaction_id)
+        if stored and resolution is Resolution.COMMIT:
+            return  # its messages are in the database: the relay hands them over
         if unanswered:  # a local transaction that failed before awaiting them
             wait(unanswered, self._answer_timeout_s)
         if not self.oneway_end or self._client is None:

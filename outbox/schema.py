@@ -13,9 +13,19 @@ TRANSACTION_LOG = "outbox_transaction_log"
 #: One row per message a consumer group handled, written with the handler's own writes.
 CONSUMED_MESSAGE = "outbox_consumed_message"
 
+#: One row per message a call stored in its own transaction because the broker could not
+#: take its half message (``on_broker_down="store"``); the relay hands it over and sets
+#: ``relayed_at`` (``outbox.stored``, ``outbox.relay``).
+STORED_MESSAGE = "outbox_stored_message"
+
 #: The indexes retention deletes by (``outbox.retention``): oldest rows first, no table scan.
 TRANSACTION_LOG_CREATED_AT_INDEX = "outbox_txlog_created_at_idx"
 CONSUMED_MESSAGE_CONSUMED_AT_INDEX = "outbox_consumed_at_idx"
+#: The relay's and retention's way into the stored messages: unrelayed first (NULL), by
+#: ``seq``; relayed ones by when.
+STORED_MESSAGE_RELAYED_INDEX = "outbox_stored_relayed_idx"
+#: A message group's unrelayed messages (a call of that group waits behind them).
+STORED_MESSAGE_GROUP_INDEX = "outbox_stored_group_idx"
 
 COMMITTED = "COMMITTED"
 ROLLED_BACK = "ROLLED_BACK"

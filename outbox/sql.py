@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ConfigurationError, SchemaMissingError
-from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
+from .schema import CONSUMED_MESSAGE, STORED_MESSAGE, TRANSACTION_LOG
 
 #: SQLSTATEs of PostgreSQL's lock_timeout and statement_timeout.
 TIMEOUT_SQLSTATES = frozenset({"55P03", "57014"})
@@ -83,6 +83,46 @@ class OutboxSQL:
         ``consumed_at`` is the database's clock."""
         return (f"INSERT INTO {CONSUMED_MESSAGE} (consumer_group, message_id, topic, transaction_id, "
                 f"consumed_at) VALUES ({self._values(4)}, {self.now})")
+
+    @property
+    def store_message(self) -> str:
+        """A call's stored message (store mode); parameters: message id, transaction id,
+        producer group, topic, message group (or None), the encoded message
+        (``outbox.stored.store_messages``). ``seq`` numbers the rows in the order stored."""
+        return (f"INSERT INTO {STORED_MESSAGE} (message_id, transaction_id, producer_group, topic, message_group, "
+                f"message, created_at) VALUES ({self._values(6)}, {self.now})")
+
+    @property
+    def group_waiting(self) -> str:
+        """A row if a message group's stored messages wait for the relay; parameters:
+        producer group, message group."""
+        return (f"SELECT 1 FROM {STORED_MESSAGE} WHERE relayed_at IS NULL AND producer_group = {self._parameter(1)} "
+                f"AND message_group = {self._parameter(2)} LIMIT 1")
+
+    def claim_stored(self, limit: int) -> str:
+        """The relay's next unrelayed rows (seq, transaction id, producer group, message),
+        oldest first, locked for its transaction; rows another relay holds are skipped
+        (PostgreSQL's ``SKIP LOCKED``; on SQLite the relay's ``BEGIN IMMEDIATE`` takes the
+        whole database)."""
+        lock = " FOR UPDATE SKIP LOCKED" if self.dialect == "postgresql" else ""
+        return (f"SELECT seq, transaction_id, producer_group, message FROM {STORED_MESSAGE} "
+                f"WHERE relayed_at IS NULL ORDER BY seq LIMIT {int(limit)}{lock}")
+
+    def group_head(self, limit: int) -> str:
+        """The seqs of a message group's oldest unrelayed rows; parameters: producer group,
+        message group. A relay hands over a group's rows only from its head on."""
+        return (f"SELECT seq FROM {STORED_MESSAGE} WHERE relayed_at IS NULL AND producer_group = "
+                f"{self._parameter(1)} AND message_group = {self._parameter(2)} ORDER BY seq LIMIT {int(limit)}")
+
+    def mark_relayed(self, count: int) -> str:
+        """Sets ``relayed_at`` (the database's clock) on ``count`` rows; parameters: their seqs."""
+        return f"UPDATE {STORED_MESSAGE} SET relayed_at = {self.now} WHERE seq IN ({self._values(count)})"
+
+    @property
+    def stored_backlog(self) -> str:
+        """Per producer group: unrelayed rows and the oldest one's ``created_at``."""
+        return (f"SELECT producer_group, count(*), min(created_at) FROM {STORED_MESSAGE} "
+                "WHERE relayed_at IS NULL GROUP BY producer_group")
 
     @property
     def begin(self) -> str:
@@ -156,7 +196,7 @@ def schema_missing(exc: BaseException, database: str, remedy: str) -> SchemaMiss
     for error in driver_errors(exc):
         message = str(error)
         missing = _sqlstate(error) == UNDEFINED_TABLE_SQLSTATE or "no such table" in message
-        for table in (TRANSACTION_LOG, CONSUMED_MESSAGE):
+        for table in (TRANSACTION_LOG, CONSUMED_MESSAGE, STORED_MESSAGE):
             if missing and table in message:
                 return SchemaMissingError(f"table {table} does not exist in {database}: run {remedy}")
     return None

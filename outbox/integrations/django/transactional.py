@@ -57,7 +57,7 @@ def send(message: Message) -> str:
     if current is None:
         raise OutboxError("outbox.integrations.django.send() is for use inside @transactional_message")
     current.producer.start_half(message, current.transaction_id)  # awaited before the call's commit
-    current.message_ids.append(message.message_id)
+    current.messages.append(message)
     return current.transaction_id
 
 
@@ -97,7 +97,7 @@ def transactional_message(
         def transactional_call(args: tuple[Any, ...], kwargs: dict[str, Any], body: Callable[[], Any]) -> Any:
             message = bound.message(*args, **kwargs)
             sender = producer or default_producer()
-            local = LocalTransaction(new_transaction_id(), sender, [message.message_id])
+            local = LocalTransaction(new_transaction_id(), sender, [message])
             sender.start_half(message, local.transaction_id)
             operation = instrumentation.operation(instrumentation.LOCAL_TRANSACTION,
                                                   producer_group=sender.producer_group,

@@ -231,7 +231,7 @@ def record_message(session: Session, pending: PendingTransaction, message: Messa
             if not any(savepoint is known for known in pending.savepoints):
                 pending.savepoints.append(savepoint)
             savepoint = savepoint.parent
-    pending.message_ids.append(message.message_id)
+    pending.messages.append(message)
 
 
 def local_transaction(session: Session) -> PendingTransaction:

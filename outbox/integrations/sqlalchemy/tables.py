@@ -1,4 +1,4 @@
-"""The framework's two tables, as SQLAlchemy Core.
+"""The framework's tables, as SQLAlchemy Core.
 
 Alembic (``outbox.integrations.alembic``) and the Django app create these same tables,
 column for column and constraint for constraint (``tests/outbox/test_schema_parity.py``).
@@ -13,6 +13,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -27,6 +28,9 @@ from ...schema import (
     MESSAGE_ID_LENGTH,
     ROLLED_BACK,
     STATE_LENGTH,
+    STORED_MESSAGE,
+    STORED_MESSAGE_GROUP_INDEX,
+    STORED_MESSAGE_RELAYED_INDEX,
     TOPIC_LENGTH,
     TRANSACTION_ID_LENGTH,
     TRANSACTION_LOG,
@@ -67,4 +71,25 @@ consumed_message = Table(
     sqlite_autoincrement=True,
 )
 
-__all__ = ["COMMITTED", "ROLLED_BACK", "consumed_message", "metadata", "transaction_log"]
+#: One row per message a call stored while the broker was down (store mode), in the
+#: call's own transaction; ``seq`` is the order the relay hands them over in, and
+#: ``relayed_at`` is set once the broker holds it (``outbox.stored``, ``outbox.relay``).
+stored_message = Table(
+    STORED_MESSAGE,
+    metadata,
+    Column("seq", AUTO_ID, Identity(), primary_key=True),
+    Column("message_id", String(MESSAGE_ID_LENGTH), nullable=False),
+    Column("transaction_id", String(TRANSACTION_ID_LENGTH), nullable=False),
+    Column("producer_group", String(GROUP_LENGTH), nullable=False),
+    Column("topic", String(TOPIC_LENGTH), nullable=False),
+    Column("message_group", String(GROUP_LENGTH), nullable=True),
+    Column("message", LargeBinary(), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("relayed_at", DateTime(timezone=True), nullable=True),
+    UniqueConstraint("message_id", name="uniq_outbox_stored_message_id"),
+    Index(STORED_MESSAGE_RELAYED_INDEX, "relayed_at", "seq"),
+    Index(STORED_MESSAGE_GROUP_INDEX, "producer_group", "message_group", "relayed_at"),
+    sqlite_autoincrement=True,
+)
+
+__all__ = ["COMMITTED", "ROLLED_BACK", "consumed_message", "metadata", "stored_message", "transaction_log"]
