@@ -39,7 +39,11 @@ operation              attributes                                            out
 Occurrences: ``TRANSACTION_FENCED(producer_group, transaction_id)`` (a check-back's fence
 made the local transaction roll back), ``DUPLICATE_SKIPPED(consumer_group, received)``
 (the idempotent consumer found the message already consumed), ``ROWS_PURGED(table,
-rows)`` (a purge deleted ``rows`` rows of ``table``).
+rows)`` (a purge deleted ``rows`` rows of ``table``), ``MESSAGES_STORED(producer_group,
+transaction_id, count)`` (store mode wrote a transaction's messages to its database while
+the broker was down), ``MESSAGES_RELAYED(producer_group, count)`` (the relay handed stored
+messages to the broker), ``STORED_BACKLOG(producer_group, unrelayed, oldest_age_s)`` (what
+still waits for the relay, as the relay last saw it; oldest_age_s is 0 with none).
 
 A listener of ``SEND`` or ``SEND_HALF`` may add properties to the message being sent by
 writing ``operation.message_properties`` (tracing adds ``CONTEXT_PROPERTIES`` there); the
@@ -79,8 +83,12 @@ OPERATIONS = frozenset({SEND, SEND_HALF, LOCAL_TRANSACTION, END_TRANSACTION, CHE
 TRANSACTION_FENCED = "transaction_fenced"
 DUPLICATE_SKIPPED = "duplicate_skipped"
 ROWS_PURGED = "rows_purged"
+MESSAGES_STORED = "messages_stored"
+MESSAGES_RELAYED = "messages_relayed"
+STORED_BACKLOG = "stored_backlog"
 #: Events at a point: their listeners take keyword arguments.
-OCCURRENCES = frozenset({TRANSACTION_FENCED, DUPLICATE_SKIPPED, ROWS_PURGED})
+OCCURRENCES = frozenset({TRANSACTION_FENCED, DUPLICATE_SKIPPED, ROWS_PURGED, MESSAGES_STORED, MESSAGES_RELAYED,
+                         STORED_BACKLOG})
 
 #: The message properties that carry the caller's context across the broker (W3C Trace
 #: Context), added by ``outbox.tracing`` and forwarded with check-backs.

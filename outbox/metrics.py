@@ -24,7 +24,7 @@ from . import instrumentation
 from .errors import missing_extra
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 except ModuleNotFoundError as exc:
     raise missing_extra("outbox.metrics", "metrics", exc) from exc
 
@@ -72,6 +72,20 @@ class OutboxMetrics(instrumentation.Subscriber):
             ["consumer_group"], registry=registry)
         self.purged_rows = Counter(
             PREFIX + "purged_rows", "Rows purged from the outbox tables.", ["table"], registry=registry)
+        self.stored = Counter(
+            PREFIX + "stored_messages",
+            "Messages written to the producer's database because the broker could not take them (store mode).",
+            ["producer_group"], registry=registry)
+        self.relayed = Counter(
+            PREFIX + "relayed_messages", "Stored messages the relay handed to the broker.",
+            ["producer_group"], registry=registry)
+        self.unrelayed = Gauge(
+            PREFIX + "stored_unrelayed_messages", "Stored messages waiting for the relay, as the relay last saw.",
+            ["producer_group"], registry=registry)
+        self.oldest_unrelayed = Gauge(
+            PREFIX + "stored_oldest_age_seconds",
+            "Age of the oldest stored message waiting for the relay (0: none), as the relay last saw.",
+            ["producer_group"], registry=registry)
 
     def listeners(self) -> dict[str, Callable[..., Any]]:
         return {
@@ -82,13 +96,17 @@ class OutboxMetrics(instrumentation.Subscriber):
             instrumentation.TRANSACTION_FENCED: self._on_fenced,
             instrumentation.DUPLICATE_SKIPPED: self._on_duplicate,
             instrumentation.ROWS_PURGED: self._on_purged,
+            instrumentation.MESSAGES_STORED: self._on_stored,
+            instrumentation.MESSAGES_RELAYED: self._on_relayed,
+            instrumentation.STORED_BACKLOG: self._on_backlog,
         }
 
     def remove(self) -> None:
         """Stop updating, and unregister the metrics from their registry."""
         super().remove()
         for collector in (self.half_send_seconds, self.end_transaction_seconds, self.transactions, self.fenced,
-                          self.check_backs, self.deliveries, self.duplicates, self.purged_rows):
+                          self.check_backs, self.deliveries, self.duplicates, self.purged_rows, self.stored,
+                          self.relayed, self.unrelayed, self.oldest_unrelayed):
             self.registry.unregister(collector)
 
     @contextlib.contextmanager
@@ -133,6 +151,16 @@ class OutboxMetrics(instrumentation.Subscriber):
 
     def _on_purged(self, table: str, rows: int) -> None:
         self.purged_rows.labels(table).inc(rows)
+
+    def _on_stored(self, producer_group: str, transaction_id: str, count: int) -> None:
+        self.stored.labels(producer_group).inc(count)
+
+    def _on_relayed(self, producer_group: str, count: int) -> None:
+        self.relayed.labels(producer_group).inc(count)
+
+    def _on_backlog(self, producer_group: str, unrelayed: int, oldest_age_s: float) -> None:
+        self.unrelayed.labels(producer_group).set(unrelayed)
+        self.oldest_unrelayed.labels(producer_group).set(oldest_age_s)
 
 
 _installed: dict[int, OutboxMetrics] = {}

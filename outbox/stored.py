@@ -32,6 +32,7 @@ import msgspec
 
 from broker_embedded import Message
 
+from . import instrumentation
 from .errors import ConfigurationError
 from .outage import BrokerOutage
 from .sql import Execute, OutboxSQL
@@ -132,6 +133,8 @@ def store_messages(execute: Execute, sql: OutboxSQL, transaction_id: str, produc
     for message in messages:
         execute(sql.store_message, (message.message_id, transaction_id, producer_group, message.topic,
                                     message.message_group, encode(message)))
+    instrumentation.announce(instrumentation.MESSAGES_STORED, producer_group=producer_group,
+                             transaction_id=transaction_id, count=len(messages))
 
 
 def group_waiting(execute: Execute, sql: OutboxSQL, producer_group: str, message_group: str) -> bool:

@@ -88,3 +88,23 @@ def test_operations_md_documents_every_exported_metric(families: dict[str, str])
     expected = {documented_name(name, kind) for name, kind in families.items()}
     assert expected <= documented, f"undocumented: {expected - documented}"
     assert documented <= expected | sample_names(families), f"not exported: {documented - expected}"
+
+
+def test_the_outbox_alerts_use_only_metrics_the_outbox_exports() -> None:
+    from prometheus_client import generate_latest
+
+    from outbox import instrumentation
+    from outbox.metrics import OutboxMetrics
+
+    registry = CollectorRegistry()
+    metrics = OutboxMetrics(registry)
+    metrics.listen()
+    try:
+        instrumentation.announce(instrumentation.STORED_BACKLOG, producer_group="shop", unrelayed=1, oldest_age_s=2.0)
+        text = generate_latest(registry).decode()
+    finally:
+        metrics.remove()
+    exported = sample_names({family.name: family.type for family in text_string_to_metric_families(text)})
+    used = {metric for expr in alert_expressions() for metric in re.findall(r"\bhalfmoon_outbox_\w+", expr)}
+    assert used and used <= exported, used - exported
+    assert "halfmoon_outbox_stored_oldest_age_seconds 2.0" in text.replace('{producer_group="shop"}', "")
