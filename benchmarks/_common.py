@@ -178,14 +178,14 @@ finally:
 
 
 @contextmanager
-def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None,
-                     profile_to: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """A ``python -m broker_embedded serve`` process on a free port (sync flush unless
+def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None, profile_to: Path | None = None,
+                     port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A ``python -m broker_embedded serve`` process on ``port`` (default: a free one) (sync flush unless
     ``extra`` says otherwise), running checkout ``code`` if given (first on its PYTHONPATH
     and its working directory, which ``-m`` puts before it), under cProfile writing to
     ``profile_to`` at exit if given (``PROFILED_BROKER``); yields it and its port,
     terminates it on exit."""
-    port = free_port()
+    port = free_port() if port is None else port
     launcher = ["-m", "broker_embedded"] if profile_to is None else ["-c", PROFILED_BROKER, str(profile_to)]
     server = subprocess.Popen(
         [sys.executable, *launcher, "serve", "--data-dir", str(data_dir.resolve()), "--port", str(port),
