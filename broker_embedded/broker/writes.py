@@ -1,6 +1,7 @@
 """Write calls that share one append and one fsync (group commit).
 
-SEND_MESSAGE, SEND_HALF_MESSAGE and END_TRANSACTION are the broker's write path. The
+SEND_MESSAGE, SEND_HALF_MESSAGE, END_TRANSACTION and RELAY_COMMITTED are the broker's
+write path. The
 server collects the calls that arrive together and hands them to
 ``EmbeddedBroker.produce`` as one batch: each call is *staged* (validated, turned into the
 records it writes), every staged record goes into one ``MessageStore.put_batch`` (one
@@ -72,6 +73,27 @@ class EndCall:
 
 
 @dataclass(frozen=True, slots=True)
+class RelayCall:
+    """``relay_committed(messages, producer_group=, transaction_id=)``: the messages of a
+    transaction that committed in the producer's database, without half message or END."""
+
+    messages: list[Message]
+    producer_group: str
+    transaction_id: str
+
+    def validate(self, limits: MessageLimits) -> None:
+        if not isinstance(self.messages, list | tuple) or not self.messages:
+            raise InvalidMessageError("relay_committed takes a non-empty list of messages")
+        for message in self.messages:
+            validate_message(message, limits)
+        validate_group_once(self.producer_group)
+        validate_transaction_id(self.transaction_id)
+        if len({message.message_id for message in self.messages}) != len(self.messages):
+            raise InvalidMessageError(f"a message id appears twice among the messages relayed for transaction "
+                                      f"{self.transaction_id}")
+
+
+@dataclass(frozen=True, slots=True)
 class ForcedResolveCall:
     """``resolve_parked(transaction_id, force=resolution)``: an operator's COMMIT or
     ROLLBACK of a parked transaction, recorded without a check-back."""
@@ -86,7 +108,7 @@ class ForcedResolveCall:
 
 
 #: The write requests of the wire protocol.
-WriteCall = SendCall | HalfCall | EndCall
+WriteCall = SendCall | HalfCall | EndCall | RelayCall
 #: Every call ``EmbeddedBroker.produce`` stages.
 AnyWriteCall = WriteCall | ForcedResolveCall
 
