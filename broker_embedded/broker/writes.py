@@ -25,6 +25,7 @@ from ..message import (
     Resolution,
     validate_group_once,
     validate_message,
+    validate_relayed,
     validate_transaction_id,
 )
 from ..store.record import StoredRecord
@@ -82,15 +83,8 @@ class RelayCall:
     transaction_id: str
 
     def validate(self, limits: MessageLimits) -> None:
-        if not isinstance(self.messages, list | tuple) or not self.messages:
-            raise InvalidMessageError("relay_committed takes a non-empty list of messages")
-        for message in self.messages:
-            validate_message(message, limits)
+        validate_relayed(self.messages, self.transaction_id, limits)
         validate_group_once(self.producer_group)
-        validate_transaction_id(self.transaction_id)
-        if len({message.message_id for message in self.messages}) != len(self.messages):
-            raise InvalidMessageError(f"a message id appears twice among the messages relayed for transaction "
-                                      f"{self.transaction_id}")
 
 
 @dataclass(frozen=True, slots=True)
