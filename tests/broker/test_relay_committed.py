@@ -21,8 +21,12 @@ from broker_embedded.errors import (
     ReservedTopicError,
     TransactionConflictError,
 )
+from broker_embedded.store.record import StoredRecord
+from broker_embedded.topics import HALF_TOPIC
 
+from .conftest import eventually
 from .crashcut import visible
+from .test_poison import append_raw, half_props
 
 PG = "pg"
 
@@ -200,6 +204,19 @@ def test_recognition_survives_a_restart(broker_factory, tmp_path) -> None:
     assert broker.relay_committed(messages, producer_group=PG, transaction_id=tx) == results
     assert broker.transaction_state(tx) is TransactionState.COMMITTED
     assert _copies(broker, "orders") == Counter(m.message_id for m in messages)
+
+
+def test_a_half_message_that_cannot_be_committed_is_replaced_by_the_relayed_one(broker_factory) -> None:
+    closed = broker_factory()
+    closed.close()
+    append_raw(closed.data_dir, [StoredRecord(HALF_TOPIC, 0, b"unusable", half_props(REAL_QID="zz"))])
+    broker = broker_factory()
+    eventually(lambda: broker.list_parked())  # parked at once: it cannot be committed
+    relayed = Message("orders", b"relayed", message_id="m-poison")
+    (result,) = broker.relay_committed([relayed], producer_group="pg", transaction_id="tx-poison")
+    assert result.message_id == "m-poison"
+    assert broker.transaction_state("tx-poison") is TransactionState.COMMITTED and broker.list_parked() == []
+    assert _received(broker, "orders", 1) == [b"relayed"]
 
 
 BAD = {

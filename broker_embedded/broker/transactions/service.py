@@ -334,18 +334,20 @@ class TransactionService:
                          queue_ids: list[int]) -> tuple[list[StoredRecord], list[int | SendResult]]:
         """COMMIT of an open transaction (being ended by this relay) with the relayed
         messages it does not hold: ``[op, a copy per relayed message (of its half message
-        where it has one), copies of its other half messages]``; per relayed message, the
-        index of its copy."""
+        where it has a usable one), copies of its other half messages]``; per relayed
+        message, the index of its copy."""
         op = self._decision(tx, OP_COMMIT)
         halves = {fields.message_id: (half, fields) for half, fields in self._halves_to_commit(op.half_offsets)}
         copies: list[StoredRecord] = []
         for message, queue_id in zip(call.messages, queue_ids, strict=True):
             held = halves.pop(message.message_id, None)
+            if held is not None and not held[1].problem:
+                copies.append(self._committed_copy(*held, op.timestamp_ms))
+                continue
             if held is None:
                 op.message_ids.append(message.message_id)
-                copies.append(self._relayed_copy(message, queue_id, call.transaction_id, op.timestamp_ms))
-            else:
-                copies.append(self._committed_copy(*held, op.timestamp_ms))
+            # a half message that cannot be committed is replaced by the message relayed for it
+            copies.append(self._relayed_copy(message, queue_id, call.transaction_id, op.timestamp_ms))
         copies += [self._committed_copy(half, fields, op.timestamp_ms) for half, fields in halves.values()]
         return [op_record(op), *copies], list(range(1, len(call.messages) + 1))
 
