@@ -6,9 +6,12 @@ a second copy."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -20,12 +23,22 @@ from broker_embedded.errors import (
     MessageTooLargeError,
     ReservedTopicError,
     TransactionConflictError,
+    UnknownTransactionError,
 )
 from broker_embedded.store.record import StoredRecord
 from broker_embedded.topics import HALF_TOPIC
 
-from .conftest import eventually
-from .crashcut import visible
+from .conftest import FAST, eventually
+from .crashcut import (
+    CutImages,
+    describe,
+    exactly_once,
+    finish_after,
+    keep_before,
+    report,
+    run_cuts,
+    visible,
+)
 from .test_poison import append_raw, half_props
 
 PG = "pg"
@@ -244,3 +257,34 @@ def test_bad_input_is_refused_with_a_typed_error_and_stores_nothing(broker_facto
     with pytest.raises(InvalidTopicError):
         broker.relay_committed([Message("orders", b"x")], producer_group="no spaces", transaction_id=tx)
     assert broker.store.commitlog.write_offset == end
+
+
+def test_a_relay_cut_at_any_byte_is_completed_by_its_retry_exactly_once(tmp_path) -> None:
+    """A crash anywhere in the relay's append (never acknowledged): the start finds the
+    transaction unknown, or COMMITTED with each message at most once; the relay's retry
+    then leaves every message readable exactly once."""
+    data = tmp_path / "broker"
+    quiet = replace(FAST, transaction_timeout_s=3600)
+    messages = [Message("orders", os.urandom(100)) for _ in range(2)]
+    ids = [m.message_id for m in messages]
+    start = keep_before(EmbeddedBroker(data, quiet), tmp_path / "before")
+    broker = EmbeddedBroker(data, quiet)
+    broker.relay_committed(messages, producer_group=PG, transaction_id="tx-cut")
+    cut = CutImages.capture(tmp_path / "before", data, start, finish_after(broker))
+
+    def check(image: Path) -> str | None:
+        with EmbeddedBroker(image, quiet) as opened:
+            try:
+                state: TransactionState | None = opened.transaction_state("tx-cut")
+            except UnknownTransactionError:
+                state = None
+            seen = visible(opened, "orders")
+            if state is None and seen or max(seen.values(), default=0) > 1:
+                return f"{state} with {describe(seen, ids)} after the crash"
+            opened.relay_committed(messages, producer_group=PG, transaction_id="tx-cut")
+            seen = visible(opened, "orders")
+            return None if exactly_once(seen, ids) else f"the retry left {describe(seen, ids)}"
+
+    positions = cut.positions([*(bytes(m.body) for m in messages), *(i.encode() for i in ids)], 64)
+    violations = run_cuts(cut, positions, tmp_path, check)
+    assert not violations, report(violations, len(positions), "a relay")
