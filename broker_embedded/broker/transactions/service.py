@@ -1,4 +1,5 @@
-"""The transaction service: half messages, END_TRANSACTION, parking, re-checks, recovery.
+"""The transaction service: half messages, END_TRANSACTION, relays of committed
+transactions, parking, re-checks, recovery.
 
 Half messages go to ``RMQ_SYS_TRANS_HALF_TOPIC`` with their real topic and queue in
 properties. Every later step is an op record (``ops``). The rule that makes an operation
@@ -9,6 +10,9 @@ alone. A crash can cut such an append anywhere: if the op did not survive, nothi
 decided and the transaction is still pending (the check service asks again); if it did,
 recovery re-writes whichever of the implied records are missing, by message id, so each is
 stored exactly once. Recovery never infers a decision from the records that follow one.
+A relay (``stage_relay``) writes ``[commit op, relayed messages]`` the same way; its op
+names the relayed messages by id only, so the relay's own retry (it was never
+acknowledged) stores those a crash cut off.
 
 Unlike RocketMQ the resolution is kept: a repeated COMMIT is a no-op and a COMMIT after a
 ROLLBACK is refused, for as long as retention keeps the op record (found by transaction
