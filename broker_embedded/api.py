@@ -188,6 +188,25 @@ class BrokerAPI(Protocol):
         """
         ...
 
+    def relay_committed(self, messages: list[Message], *, producer_group: str,
+                        transaction_id: str) -> list[SendResult]:
+        """Store the messages of a local transaction that committed in the producer's
+        database, handed over without half message or END (the outbox's relay, after the
+        broker was down): one append, one fsync, a ``SendResult`` per message, in order.
+
+        Exactly once by transaction and message id, across restarts for as long as retention
+        keeps the transaction's op records: a transaction unknown here is recorded COMMITTED
+        with the messages; a pending one (its half messages arrived) is committed, its half
+        messages with the relayed messages it lacks; one committed already (by END, a
+        check-back or an earlier relay) gets only the messages it does not hold. A message it
+        holds is answered with the ``SendResult`` of its stored copy, never stored again.
+        Raises ``TransactionConflictError`` for a rolled-back transaction, another producer
+        group's, or one being ended or relayed right now (a retry then succeeds);
+        ``InvalidMessageError`` (and the other errors of ``send``) for bad input, storing
+        nothing. Delays count from the relay; a message group keeps the order given.
+        """
+        ...
+
     def transaction_state(self, transaction_id: str) -> TransactionState:
         """The broker's record of a transaction (raises ``UnknownTransactionError``)."""
         ...

@@ -211,6 +211,20 @@ def validate_message(message: Message, limits: MessageLimits = MessageLimits()) 
                        f"(0, {MAX_TRANSACTION_TIMEOUT_S:g}]")
 
 
+def validate_relayed(messages: object, transaction_id: str, limits: MessageLimits = MessageLimits()) -> None:
+    """Refuse what ``relay_committed`` could not store whole: ``InvalidMessageError`` unless
+    ``messages`` is a non-empty list of distinct message ids (each checked by
+    ``validate_message``) and ``transaction_id`` a valid one."""
+    if not isinstance(messages, list | tuple) or not messages:
+        raise InvalidMessageError("relay_committed takes a non-empty list of messages")
+    for message in messages:
+        validate_message(message, limits)
+    validate_transaction_id(transaction_id)
+    if len({message.message_id for message in messages}) != len(messages):
+        raise InvalidMessageError(f"a message id appears twice among the messages relayed for transaction "
+                                  f"{transaction_id}")
+
+
 def checked_once(validate: Callable[[Any], None]) -> Callable[[Any], None]:
     """``validate`` of a name, remembering the last 1024 strings that passed (a refusal is
     not remembered): a topic or group is checked once, not on every message."""

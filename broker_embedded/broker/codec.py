@@ -16,8 +16,9 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from ..message import DELAY_LEVELS_S, MAX_TRANSACTION_TIMEOUT_S, Message, StoredMessage
+from ..message import DELAY_LEVELS_S, MAX_TRANSACTION_TIMEOUT_S, Message, SendResult, StoredMessage
 from ..store.record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
+from ..topics import SCHEDULE_TOPIC
 
 USER_PREFIX = "u."
 DELAY_LEVEL = "DELAY"
@@ -140,6 +141,19 @@ def stored_message_of(record: StoredRecord) -> StoredMessage:
         store_timestamp_ms=record.store_timestamp_ms,
         transaction_id=record.properties.get(TRANSACTION_ID),
     )
+
+
+def send_result(stored: StoredRecord) -> SendResult:
+    """Where a message was stored, as its producer is told: its topic, queue and offset, or,
+    held in the delay topic, the queue it goes to and no offset there yet (-1); with the
+    transaction it committed in, if any."""
+    props = stored.properties
+    message_id, transaction_id = props.get(PROPERTY_MESSAGE_ID, ""), props.get(TRANSACTION_ID)
+    if stored.topic != SCHEDULE_TOPIC:
+        return SendResult(message_id, stored.topic, stored.queue_id, stored.queue_offset, stored.commit_log_offset,
+                          transaction_id)
+    return SendResult(message_id, props.get(REAL_TOPIC, ""), int(props.get(REAL_QUEUE_ID, "0")), -1,
+                      stored.commit_log_offset, transaction_id)
 
 
 def without(props: Mapping[str, str], *names: str) -> dict[str, str]:

@@ -62,7 +62,7 @@ from .delay import DelayService, now_ms, route_record
 from .observer import BrokerObserver
 from .topic_registry import TopicRegistry
 from .transactions import CheckService, Transaction, TransactionBook, TransactionService
-from .writes import AnyWriteCall, EndCall, ForcedResolveCall, HalfCall, SendCall, Staged
+from .writes import AnyWriteCall, EndCall, ForcedResolveCall, HalfCall, RelayCall, SendCall, Staged
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,8 @@ class EmbeddedBroker:
         """Run write calls as one batch: each is staged (a call that fails staging gets its
         error and writes nothing), all their records go into one append and one fsync, and
         each call gets its result or exception, in order. The server groups concurrent
-        SEND_MESSAGE, SEND_HALF_MESSAGE and END_TRANSACTION requests through this."""
+        SEND_MESSAGE, SEND_HALF_MESSAGE, END_TRANSACTION and RELAY_COMMITTED requests
+        through this."""
         observer = self.observer
         if observer is None:
             return self._produce(calls)
@@ -231,11 +232,13 @@ class EmbeddedBroker:
             queue_id = self.topics.select_queue(message)
             record = route_record(message.topic, queue_id, codec.message_properties(message),
                                   bytes(message.body), now_ms())
-            return Staged([record], lambda stored: self._send_result(message, stored[0]))
+            return Staged([record], lambda stored: codec.send_result(stored[0]))
         if isinstance(call, HalfCall):
             return self.transactions.stage_half(call, self.topics.select_queue(call.message))
         if isinstance(call, EndCall):
             return self.transactions.stage_end(call)
+        if isinstance(call, RelayCall):
+            return self.transactions.stage_relay(call, [self.topics.select_queue(m) for m in call.messages])
         return self.transactions.stage_forced(call)
 
     def _one(self, call: AnyWriteCall) -> Any:
@@ -252,15 +255,6 @@ class EmbeddedBroker:
         typed error that refused it (the others are still sent)."""
         return self.produce([SendCall(message) for message in messages])
 
-    @staticmethod
-    def _send_result(message: Message, stored: StoredRecord) -> SendResult:
-        if stored.topic == message.topic:
-            return SendResult(message.message_id, message.topic, stored.queue_id, stored.queue_offset,
-                              stored.commit_log_offset)
-        # held elsewhere (the delay topic): its queue to be, no offset there yet
-        return SendResult(message.message_id, message.topic, int(stored.properties[codec.REAL_QUEUE_ID]), -1,
-                          stored.commit_log_offset)
-
     def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
         return self._one(HalfCall(message, producer_group, transaction_id))  # type: ignore[no-any-return]
 
@@ -269,6 +263,10 @@ class EmbeddedBroker:
         from_check: bool = False,
     ) -> EndTransactionResult:
         return self._one(EndCall(transaction_id, resolution, producer_group, from_check))  # type: ignore[no-any-return]
+
+    def relay_committed(self, messages: list[Message], *, producer_group: str,
+                        transaction_id: str) -> list[SendResult]:
+        return self._one(RelayCall(messages, producer_group, transaction_id))  # type: ignore[no-any-return]
 
     def transaction_state(self, transaction_id: str) -> TransactionState:
         return self.transactions.state(transaction_id)

@@ -1,6 +1,7 @@
 """Write calls that share one append and one fsync (group commit).
 
-SEND_MESSAGE, SEND_HALF_MESSAGE and END_TRANSACTION are the broker's write path. The
+SEND_MESSAGE, SEND_HALF_MESSAGE, END_TRANSACTION and RELAY_COMMITTED are the broker's
+write path. The
 server collects the calls that arrive together and hands them to
 ``EmbeddedBroker.produce`` as one batch: each call is *staged* (validated, turned into the
 records it writes), every staged record goes into one ``MessageStore.put_batch`` (one
@@ -24,6 +25,7 @@ from ..message import (
     Resolution,
     validate_group_once,
     validate_message,
+    validate_relayed,
     validate_transaction_id,
 )
 from ..store.record import StoredRecord
@@ -72,6 +74,20 @@ class EndCall:
 
 
 @dataclass(frozen=True, slots=True)
+class RelayCall:
+    """``relay_committed(messages, producer_group=, transaction_id=)``: the messages of a
+    transaction that committed in the producer's database, without half message or END."""
+
+    messages: list[Message]
+    producer_group: str
+    transaction_id: str
+
+    def validate(self, limits: MessageLimits) -> None:
+        validate_relayed(self.messages, self.transaction_id, limits)
+        validate_group_once(self.producer_group)
+
+
+@dataclass(frozen=True, slots=True)
 class ForcedResolveCall:
     """``resolve_parked(transaction_id, force=resolution)``: an operator's COMMIT or
     ROLLBACK of a parked transaction, recorded without a check-back."""
@@ -86,7 +102,7 @@ class ForcedResolveCall:
 
 
 #: The write requests of the wire protocol.
-WriteCall = SendCall | HalfCall | EndCall
+WriteCall = SendCall | HalfCall | EndCall | RelayCall
 #: Every call ``EmbeddedBroker.produce`` stages.
 AnyWriteCall = WriteCall | ForcedResolveCall
 

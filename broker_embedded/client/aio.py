@@ -172,6 +172,11 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
     async def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str, from_check: bool = False) -> EndTransactionResult:
         return await self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=from_check))
 
+    async def relay_committed(self, messages: list[Message], *, producer_group: str,
+                              transaction_id: str) -> list[SendResult]:
+        return await self._do(self._session.relay_committed(messages, producer_group=producer_group,
+                                                            transaction_id=transaction_id))
+
     async def transaction_state(self, transaction_id: str) -> TransactionState:
         return await self._do(self._session.transaction_state(transaction_id))
 

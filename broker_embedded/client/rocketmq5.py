@@ -14,6 +14,8 @@ What differs from the native protocol, and how it is bridged:
   the proxy checks again.
 * Only the process that sent a transaction's half messages can end it outside a
   check-back (the client needs each message's id and endpoints).
+* ``relay_committed`` is a half message per message and COMMIT: at least once, as a
+  RocketMQ cluster cannot recognise messages it already holds.
 * The client ends a transaction once; this process remembers the last ``ENDED_KEPT`` it
   ended, so that a repeated END is a no-op and a contradicting one raises
   ``TransactionConflictError``, as on the native transports.
@@ -64,6 +66,7 @@ from ..message import (
     StoredMessage,
     TransactionState,
     validate_message,
+    validate_relayed,
     validate_transaction_id,
 )
 from ..topics import validate_group
@@ -281,6 +284,20 @@ class RocketMQ5Broker:
             while len(self._ended) > ENDED_KEPT:
                 self._ended.popitem(last=False)
         return result
+
+    def relay_committed(self, messages: list[Message], *, producer_group: str,
+                        transaction_id: str) -> list[SendResult]:
+        """A half message per message, then COMMIT: **at least once**. A RocketMQ cluster
+        does not recognise a transaction or message id it already holds, so a relay repeated
+        after a lost answer (or of a transaction whose own half messages reached the
+        cluster) delivers those messages again; consumers must be idempotent (the outbox's
+        idempotent consumer is). Bad input raises before anything is sent."""
+        validate_relayed(messages, transaction_id, MessageLimits(max_body_size=CLIENT_MAX_BODY_SIZE))
+        validate_group(producer_group)
+        results = [self.send_half(message, producer_group=producer_group, transaction_id=transaction_id)
+                   for message in messages]
+        self.end_transaction(transaction_id, Resolution.COMMIT, producer_group=producer_group)
+        return results
 
     def register_producer(self, producer_group: str, on_check: CheckCallback) -> None:
         """Answer check-backs of ``producer_group``'s transactions with ``on_check`` (the

@@ -205,6 +205,10 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
     def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str, from_check: bool = False) -> EndTransactionResult:
         return self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=from_check))
 
+    def relay_committed(self, messages: list[Message], *, producer_group: str, transaction_id: str) -> list[SendResult]:
+        return self._do(self._session.relay_committed(messages, producer_group=producer_group,
+                                                      transaction_id=transaction_id))
+
     def start_send_half(self, message: Message, *, producer_group: str, transaction_id: str,
                         future: Future[SendResult] | None = None) -> Future[SendResult]:
         """``send_half`` without waiting: the request is on the wire when this returns, and

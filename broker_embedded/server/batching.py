@@ -12,7 +12,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from ..api import BrokerAPI
-from ..broker.writes import HalfCall, SendCall, WriteCall
+from ..broker.writes import EndCall, HalfCall, RelayCall, SendCall, WriteCall
 from ..wire.protocol import READ_CHUNK
 
 #: The message bodies one write batch holds at most (or one message): another client's
@@ -157,7 +157,9 @@ def each(call: Callable[..., Any]) -> Callable[[list[Any]], list[Any]]:
 
 
 def body_bytes(call: WriteCall) -> int:
-    """What a write holds while it waits for its batch: its message body."""
+    """What a write holds while it waits for its batch: its message bodies."""
+    if isinstance(call, RelayCall):
+        return sum(len(message.body) for message in call.messages)
     return len(call.message.body) if isinstance(call, SendCall | HalfCall) else 0
 
 
@@ -170,8 +172,11 @@ def write_one_by_one(broker: BrokerAPI) -> Callable[[list[WriteCall]], list[Any]
         if isinstance(call, HalfCall):
             return broker.send_half(call.message, producer_group=call.producer_group,
                                     transaction_id=call.transaction_id)
-        return broker.end_transaction(call.transaction_id, call.resolution, producer_group=call.producer_group,
-                                      from_check=call.from_check)
+        if isinstance(call, EndCall):
+            return broker.end_transaction(call.transaction_id, call.resolution, producer_group=call.producer_group,
+                                          from_check=call.from_check)
+        return broker.relay_committed(call.messages, producer_group=call.producer_group,
+                                      transaction_id=call.transaction_id)
 
     return each(write)
 

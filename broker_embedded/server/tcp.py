@@ -24,7 +24,7 @@ from typing import Any
 
 from ..api import DEFAULT_PORT, BrokerAPI
 from ..broker.config import BrokerConfig, ServerLimits
-from ..broker.writes import EndCall, HalfCall, SendCall
+from ..broker.writes import EndCall, HalfCall, RelayCall, SendCall
 from ..errors import (
     AuthenticationError,
     BrokerClosedError,
@@ -245,8 +245,8 @@ class _Budget:
 
 
 #: The write requests, which share one batch (one append, one fsync) in ``EmbeddedBroker.produce``.
-_WRITE_CALLS: dict[str, type[SendCall] | type[HalfCall] | type[EndCall]] = {
-    "send": SendCall, "send_half": HalfCall, "end_transaction": EndCall,
+_WRITE_CALLS: dict[str, type[SendCall] | type[HalfCall] | type[EndCall] | type[RelayCall]] = {
+    "send": SendCall, "send_half": HalfCall, "end_transaction": EndCall, "relay_committed": RelayCall,
 }
 
 

@@ -71,6 +71,7 @@ class RequestCode(enum.IntEnum):
     AUTHENTICATE = 900017
     EXPORT_MESSAGES = 900018
     LIST_OPEN_TRANSACTIONS = 900019
+    RELAY_COMMITTED = 900020
 
 
 #: Which ``BrokerAPI`` method each request code calls.
@@ -78,6 +79,7 @@ METHODS: dict[RequestCode, str] = {
     RequestCode.SEND_MESSAGE: "send",
     RequestCode.SEND_HALF_MESSAGE: "send_half",
     RequestCode.END_TRANSACTION: "end_transaction",
+    RequestCode.RELAY_COMMITTED: "relay_committed",
     RequestCode.GET_TRANSACTION_STATE: "transaction_state",
     RequestCode.POP_MESSAGE: "receive",
     RequestCode.ACK_MESSAGE: "ack",

@@ -36,6 +36,7 @@ BOUNDS: dict[str, msgspec.Meta] = {
     "wait_s": msgspec.Meta(ge=0, le=MAX_DURATION_S),
     "invisible_duration_s": msgspec.Meta(gt=0, le=MAX_DURATION_S),
     "receipt_handles": msgspec.Meta(max_length=MAX_MESSAGES),
+    "messages": msgspec.Meta(max_length=MAX_MESSAGES),
 }
 
 #: How msgspec words a number outside its ``BOUNDS`` (a well-formed request, a bad value).

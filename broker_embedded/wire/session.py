@@ -259,6 +259,11 @@ class ClientSession(Generic[C]):
     def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> Call[SendResult]:
         return _method("send_half", message=message, producer_group=producer_group, transaction_id=transaction_id)
 
+    def relay_committed(self, messages: list[Message], *, producer_group: str,
+                        transaction_id: str) -> Call[list[SendResult]]:
+        return _method("relay_committed", messages=messages, producer_group=producer_group,
+                       transaction_id=transaction_id)
+
     def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
                         from_check: bool = False) -> Call[EndTransactionResult]:
         return _method("end_transaction", transaction_id=transaction_id, resolution=resolution,

@@ -240,5 +240,6 @@ def _sample(name: str) -> Any:
     samples: dict[str, Any] = {
         "message": {"topic": "orders", "body": b"x"}, "resolution": "commit", "queue_id": 0,
         "offset": 0, "timestamp_ms": 0, "queues": 1, "invisible_duration_s": 1.0, "receipt_handles": ["x"],
+        "messages": [{"topic": "orders", "body": b"x"}],
     }
     return samples.get(name, "x")

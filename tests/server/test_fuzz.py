@@ -60,6 +60,7 @@ SAMPLES: dict[RequestCode, dict[str, Any]] = {
     RequestCode.ACK_MESSAGE_BATCH: {"group": "fg", "receipt_handles": ["fuzz|fuzz|0|0|x", "x"]},
     RequestCode.CHANGE_INVISIBLE_DURATION: {"group": "fg", "receipt_handle": "x", "invisible_duration_s": 1.0},
     RequestCode.SEND_HALF_MESSAGE: {"message": MESSAGE, "producer_group": "pg", "transaction_id": "t"},
+    RequestCode.RELAY_COMMITTED: {"messages": [MESSAGE], "producer_group": "pg", "transaction_id": "r"},
     RequestCode.GET_TRANSACTION_STATE: {"transaction_id": "t"},
     RequestCode.LIST_PARKED_TRANSACTIONS: {},
     RequestCode.LIST_OPEN_TRANSACTIONS: {"producer_group": "pg"},

@@ -70,8 +70,6 @@ class Transaction:
     #: The resolution an END_TRANSACTION is writing right now, and its completion.
     ending: Resolution | None = None
     ended: Latch | None = None
-    #: Half messages of this transaction being written right now.
-    joining: int = 0
     #: Why the transaction cannot be committed (a stored half message is unusable): it is
     #: parked at once for an operator, who can only roll it back. Empty for a sound one.
     problem: str = ""

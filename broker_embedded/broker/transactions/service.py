@@ -1,4 +1,5 @@
-"""The transaction service: half messages, END_TRANSACTION, parking, re-checks, recovery.
+"""The transaction service: half messages, END_TRANSACTION, relays of committed
+transactions, parking, re-checks, recovery.
 
 Half messages go to ``RMQ_SYS_TRANS_HALF_TOPIC`` with their real topic and queue in
 properties. Every later step is an op record (``ops``). The rule that makes an operation
@@ -9,6 +10,9 @@ alone. A crash can cut such an append anywhere: if the op did not survive, nothi
 decided and the transaction is still pending (the check service asks again); if it did,
 recovery re-writes whichever of the implied records are missing, by message id, so each is
 stored exactly once. Recovery never infers a decision from the records that follow one.
+A relay (``stage_relay``) writes ``[commit op, relayed messages]`` the same way; its op
+names the relayed messages by id only, so the relay's own retry (it was never
+acknowledged) stores those a crash cut off.
 
 Unlike RocketMQ the resolution is kept: a repeated COMMIT is a no-op and a COMMIT after a
 ROLLBACK is refused, for as long as retention keeps the op record (found by transaction
@@ -43,7 +47,7 @@ from ...topics import (
 )
 from .. import codec
 from ..config import BrokerConfig
-from ..writes import EndCall, ForcedResolveCall, HalfCall, Staged
+from ..writes import EndCall, ForcedResolveCall, HalfCall, RelayCall, Staged
 from .book import HalfFields, Transaction, TransactionBook, read_half
 from .check_service import CheckService, now_ms
 from .latch import Latch
@@ -65,6 +69,8 @@ log = logging.getLogger(__name__)
 _HALF_ONLY_PROPERTIES = (
     codec.REAL_TOPIC, codec.REAL_QUEUE_ID, codec.TRANSACTION_TIMEOUT, codec.PRODUCER_GROUP,
 )
+#: Topics where a message of a transaction is stored without being its committed copy.
+_NOT_COMMITTED_COPIES = (HALF_TOPIC, CHECK_MAX_TOPIC)
 #: How long a second END waits for a concurrent one with the same resolution.
 _CONCURRENT_END_WAIT_S = 30.0
 
@@ -97,6 +103,11 @@ class TransactionService:
             config.check_interval_s, config.check_max, config.max_outstanding_checks,
         )
         self._snapshot_path = snapshot_path
+        #: Half messages being stored right now, per transaction id; the transactions being
+        #: relayed right now (``stage_relay``). Both under the book's lock, both bounded by
+        #: the writes in flight.
+        self._joining: dict[str, int] = {}
+        self._relaying: set[str] = set()
 
     # -- SEND_HALF ------------------------------------------------------------------------
     def stage_half(self, call: HalfCall, queue_id: int) -> Staged:
@@ -107,28 +118,36 @@ class TransactionService:
             codec.REAL_TOPIC: message.topic, codec.REAL_QUEUE_ID: str(queue_id),
             codec.TRANSACTION_ID: call.transaction_id, codec.PRODUCER_GROUP: call.producer_group,
         })
+        transaction_id = call.transaction_id
         with self.book.lock:
-            tx = self.book.by_id.get(call.transaction_id)
-            if tx is not None:
-                if tx.state is not TransactionState.PENDING or tx.ending is not None \
-                        or tx.producer_group != call.producer_group:
-                    raise TransactionConflictError(
-                        f"transaction {call.transaction_id} is {tx.state.value}"
-                        f"{' and ending' if tx.ending else ''} or belongs to producer group "
-                        f"{tx.producer_group!r}: no half message can join it"
-                    )
-                tx.joining += 1
-        if tx is None:
-            resolution = self.resolution_on_disk(call.transaction_id)
-            if resolution is not None:
+            tx = self.book.by_id.get(transaction_id)
+            if tx is not None and (tx.state is not TransactionState.PENDING or tx.ending is not None
+                                   or tx.producer_group != call.producer_group):
                 raise TransactionConflictError(
-                    f"transaction {call.transaction_id} already ended ({FINAL_STATES[resolution.kind].value})"
+                    f"transaction {transaction_id} is {tx.state.value}"
+                    f"{' and ending' if tx.ending else ''} or belongs to producer group "
+                    f"{tx.producer_group!r}: no half message can join it"
                 )
+            if transaction_id in self._relaying:
+                raise TransactionConflictError(
+                    f"transaction {transaction_id} is being relayed as committed: no half message can join it"
+                )
+            self._joining[transaction_id] = self._joining.get(transaction_id, 0) + 1
 
         def joined() -> None:
-            if tx is not None:
-                with self.book.lock:
-                    tx.joining -= 1
+            with self.book.lock:
+                left = self._joining.pop(transaction_id) - 1
+                if left:
+                    self._joining[transaction_id] = left
+
+        try:
+            if tx is None and (resolution := self.resolution_on_disk(transaction_id)) is not None:
+                raise TransactionConflictError(
+                    f"transaction {transaction_id} already ended ({FINAL_STATES[resolution.kind].value})"
+                )
+        except BaseException:
+            joined()
+            raise
 
         def finish(stored: list[StoredRecord]) -> SendResult:
             joined()
@@ -182,7 +201,7 @@ class TransactionService:
                         f"transaction {call.transaction_id} is being resolved as {tx.ending.value}; "
                         f"{call.resolution.value} refused"
                     )
-                if tx.joining:
+                if self._joining.get(call.transaction_id):
                     raise TransactionConflictError(
                         f"a half message of transaction {call.transaction_id} is still being stored; "
                         "end it once every send_half has returned"
@@ -241,14 +260,142 @@ class TransactionService:
         return EndTransactionResult(call.transaction_id, state, False, tuple(op.message_ids))
 
     def resolution_on_disk(self, transaction_id: str) -> Op | None:
-        """The commit or rollback op of a transaction, found through the index."""
-        for offset in reversed(self.store.lookup_key(OP_HALF_TOPIC, transaction_id)):
+        """The commit or rollback op of a transaction, found through the index. A
+        transaction committed by several ops (relays that added messages to it) reads as one
+        commit op naming the half messages and message ids of them all."""
+        found: Op | None = None
+        for offset in self.store.lookup_key(OP_HALF_TOPIC, transaction_id):
             record = self.store.get(offset)
             if record.topic != OP_HALF_TOPIC:
                 continue
             op = _decode(record)
-            if op is not None and op.transaction_id == transaction_id and op.kind in FINAL_STATES:
-                return op
+            if op is None or op.transaction_id != transaction_id or op.kind not in FINAL_STATES:
+                continue
+            if found is not None and found.kind == op.kind == OP_COMMIT:
+                op = msgspec.structs.replace(
+                    found, half_offsets=[*found.half_offsets, *op.half_offsets],
+                    message_ids=list(dict.fromkeys([*found.message_ids, *op.message_ids])))
+            found = op
+        return found
+
+    # -- RELAY_COMMITTED ------------------------------------------------------------------
+    def stage_relay(self, call: RelayCall, queue_ids: list[int]) -> Staged:
+        """Stage the messages of a transaction that committed in the producer's database,
+        handed over without half message or END (``queue_ids``: each message's queue).
+
+        ``[commit op, the copies it lacks]`` in one append: a transaction unknown here is
+        committed with the messages; a pending (or parked) one is committed with its half
+        messages and the messages it does not hold; one committed already gets the messages
+        it does not hold yet, under a further commit op. A message it holds (by id) is
+        answered with its stored copy and never stored twice. ``TransactionConflictError``
+        for a rolled-back transaction, another producer group's, or one being ended or
+        relayed right now (retry)."""
+        transaction_id = call.transaction_id
+        with self.book.lock:
+            if transaction_id in self._relaying or self._joining.get(transaction_id):
+                raise TransactionConflictError(
+                    f"transaction {transaction_id} is being relayed, or a half message of it stored, right now; "
+                    "try again"
+                )
+            tx = self.book.by_id.get(transaction_id)
+            if tx is not None:
+                if tx.producer_group != call.producer_group or tx.ending is not None:
+                    raise TransactionConflictError(
+                        f"transaction {transaction_id} belongs to producer group {tx.producer_group!r}"
+                        f"{f' and is being resolved as {tx.ending.value}' if tx.ending else ''}; relay refused"
+                    )
+                tx.ending, tx.ended = Resolution.COMMIT, Latch()
+            self._relaying.add(transaction_id)
+
+        def done() -> None:
+            with self.book.lock:
+                self._relaying.discard(transaction_id)
+            if tx is not None and tx.ended is not None:
+                tx.ended.open()
+
+        def failed() -> None:
+            with self.book.lock:
+                self._relaying.discard(transaction_id)
+            if tx is not None:
+                self._end_failed(tx)
+
+        try:
+            records, results = (self._relay_into_open(tx, call, queue_ids) if tx is not None
+                                else self._relay_into_ended(call, queue_ids))
+        except BaseException:
+            failed()
+            raise
+
+        def finish(stored: list[StoredRecord]) -> list[SendResult]:
+            done()
+            log.info("transaction %s: %d messages relayed as committed, %d of them stored now",
+                     transaction_id, len(results), max(0, len(stored) - 1))
+            return [codec.send_result(stored[r]) if isinstance(r, int) else r for r in results]
+
+        return Staged(records, finish, failed)
+
+    def _relay_into_open(self, tx: Transaction, call: RelayCall,
+                         queue_ids: list[int]) -> tuple[list[StoredRecord], list[int | SendResult]]:
+        """COMMIT of an open transaction (being ended by this relay) with the relayed
+        messages it does not hold: ``[op, a copy per relayed message (of its half message
+        where it has a usable one), copies of its other half messages]``; per relayed
+        message, the index of its copy."""
+        op = self._decision(tx, OP_COMMIT)
+        halves = {fields.message_id: (half, fields) for half, fields in self._halves_to_commit(op.half_offsets)}
+        copies: list[StoredRecord] = []
+        for message, queue_id in zip(call.messages, queue_ids, strict=True):
+            held = halves.pop(message.message_id, None)
+            if held is not None and not held[1].problem:
+                copies.append(self._committed_copy(*held, op.timestamp_ms))
+                continue
+            if held is None:
+                op.message_ids.append(message.message_id)
+            # a half message that cannot be committed is replaced by the message relayed for it
+            copies.append(self._relayed_copy(message, queue_id, call.transaction_id, op.timestamp_ms))
+        copies += [self._committed_copy(half, fields, op.timestamp_ms) for half, fields in halves.values()]
+        return [op_record(op), *copies], list(range(1, len(call.messages) + 1))
+
+    def _relay_into_ended(self, call: RelayCall,
+                          queue_ids: list[int]) -> tuple[list[StoredRecord], list[int | SendResult]]:
+        """The relayed messages of a transaction not open here: those its commit ops on disk
+        name and whose copy is stored are answered with that copy; the others are stored
+        after a commit op naming them. Per relayed message, its result or the index of its copy."""
+        transaction_id = call.transaction_id
+        ended = self.resolution_on_disk(transaction_id)
+        if ended is not None and (ended.kind != OP_COMMIT
+                                  or (ended.producer_group and ended.producer_group != call.producer_group)):
+            raise TransactionConflictError(
+                f"transaction {transaction_id} is already {FINAL_STATES[ended.kind].value} (producer group "
+                f"{ended.producer_group!r}); relay refused"
+            )
+        named = set(ended.message_ids) if ended is not None else set()
+        results: list[int | SendResult] = []
+        op = Op(transaction_id, OP_COMMIT, 0, now_ms(), call.producer_group)
+        copies: list[StoredRecord] = []
+        for message, queue_id in zip(call.messages, queue_ids, strict=True):
+            stored = self._copy_of(message.message_id, transaction_id) if message.message_id in named else None
+            if stored is not None:
+                results.append(codec.send_result(stored))
+                continue
+            if message.message_id in named:  # an append a crash cut after its op: never acknowledged
+                log.warning("transaction %s: message %s is named by its commit but not stored; stored now",
+                            transaction_id, message.message_id)
+            op.message_ids.append(message.message_id)
+            copies.append(self._relayed_copy(message, queue_id, transaction_id, op.timestamp_ms))
+            results.append(len(copies))
+        return ([op_record(op), *copies] if copies else []), results
+
+    def _copy_of(self, message_id: str, transaction_id: str) -> StoredRecord | None:
+        """The first committed copy of a message of a transaction (in its topic, or held in
+        the delay topic), found through the index; None when there is none."""
+        for offset in self.store.lookup_message_id(message_id):
+            try:
+                record = self.store.get(offset)
+            except CorruptLogError as exc:
+                log.error("transaction %s: message %s: %s", transaction_id, message_id, exc)
+                continue
+            if record.topic not in _NOT_COMMITTED_COPIES and record.properties.get(codec.TRANSACTION_ID) == transaction_id:
+                return record
         return None
 
     # -- records --------------------------------------------------------------------------
@@ -292,6 +439,12 @@ class TransactionService:
         props = codec.without(half.properties, *_HALF_ONLY_PROPERTIES)
         return self.route(fields.real_topic, fields.real_queue_id, props, half.body, committed_ms,
                           half.born_timestamp_ms)
+
+    def _relayed_copy(self, message: Message, queue_id: int, transaction_id: str, committed_ms: int) -> StoredRecord:
+        """The real message of a relayed one, as ``_committed_copy`` makes it of a half message."""
+        props = codec.without(codec.message_properties(message), codec.TRANSACTION_TIMEOUT)
+        props[codec.TRANSACTION_ID] = transaction_id
+        return self.route(message.topic, queue_id, props, bytes(message.body), committed_ms, committed_ms)
 
     @staticmethod
     def _parked_copy(half: StoredRecord, check_times: int) -> StoredRecord:
