@@ -160,7 +160,7 @@ class Producer:
         or its message group's stored messages wait for the relay); ``await_halves`` then
         tells the caller to store the transaction's messages."""
         held: Future[SendResult] = Future()
-        held.set_exception(BrokerUnavailableError(
+        held.set_exception(_Held(
             f"message {message.message_id} of transaction {transaction_id} held for the database (store mode)"))
         with self._lock:
             self._halves.setdefault(transaction_id, []).append(held)
@@ -180,16 +180,19 @@ class Producer:
                 try:
                     half.result(self._answer_timeout_s)
                 except FutureTimeout:
-                    raise BrokerUnavailableError(
-                        f"a half message of transaction {transaction_id} was not acknowledged within "
-                        f"{self._answer_timeout_s:.1f}s") from None
-        except BrokerUnavailableError as exc:
-            if not self.broker_down.stores:
-                raise
-            self.broker_down.failed(exc)
-            with self._lock:
-                self._stored.add(transaction_id)
-            return False
+                    error = BrokerUnavailableError(f"a half message of transaction {transaction_id} was not "
+                                                   f"acknowledged within {self._answer_timeout_s:.1f}s")
+                except BrokerUnavailableError as exc:
+                    error = exc
+                else:
+                    continue
+                if not self.broker_down.stores:
+                    raise error
+                if not isinstance(error, _Held):  # a held message says nothing about the broker
+                    self.broker_down.failed(error)
+                with self._lock:
+                    self._stored.add(transaction_id)
+                return False  # the rest need not be waited for: all are stored
         finally:
             if unanswered := [half for half in halves if not half.done()]:
                 with self._lock:  # the ROLLBACK that follows waits for them (finish)
@@ -378,6 +381,10 @@ class Producer:
         self.flush()
         _flushed_at_exit.discard(self)
         self.broker.close()
+
+
+class _Held(BrokerUnavailableError):
+    """A message ``hold`` kept out of the broker (store mode): the broker may well be up."""
 
 
 class _Settled(Future[S]):
