@@ -1,9 +1,9 @@
 """Django system checks (``manage.py check``), registered by the app's ``ready()``.
 
-* ``halfmoon_outbox.E001`` .. ``E010``: a wrong ``OUTBOX`` setting (unknown key, broker URL
+* ``halfmoon_outbox.E001`` .. ``E011``: a wrong ``OUTBOX`` setting (unknown key, broker URL
   that is not ``tcp://`` or ``embedded://``, conflicting broker URL variables, group,
   ``PRODUCER_GROUPS`` shape or alias, lock timeout, ``RETENTION``, ``ANSWER_CHECK_BACKS``,
-  ``ONEWAY_END``); see ``conf``.
+  ``ONEWAY_END``, ``ON_BROKER_DOWN``); see ``conf``.
 * ``halfmoon_outbox.W001`` (``check --database ALIAS``): the app's migrations are not all
   applied on an alias holding an owned group's transaction_log. A warning, as Django's own
   notice is, so ``migrate`` (which runs the database checks first) still runs.

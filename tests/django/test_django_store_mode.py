@@ -1,0 +1,163 @@
+"""``OUTBOX["ON_BROKER_DOWN"] = "store"``: a decorated call whose broker is not running
+commits with its messages in ``outbox_stored_message``; ``"raise"`` (the default) fails
+it and commits nothing. On SQLite and PostgreSQL, the broker a closed TCP port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db.models import F
+from django.test import override_settings
+
+from broker_embedded import Message, TransactionState
+from broker_embedded.errors import UnknownTransactionError
+from outbox import BrokerUnavailableError
+from outbox.integrations.django.conf import producer
+from outbox.integrations.django.models import StoredMessage, TransactionLog
+from outbox.integrations.django.transactional import (
+    asend,
+    current_transaction_id,
+    send,
+    transactional_message,
+)
+from outbox.stored import decode
+from tests.django.shop.models import Account
+
+TOPIC = f"stored.paid.{uuid.uuid4().hex[:8]}"
+
+
+def _closed_port() -> int:
+    """A port nothing listens on: the broker is not running."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def store_alias(alias: str) -> Iterator[str]:
+    """``alias`` emptied of stored messages."""
+    StoredMessage.objects.using(alias).all().delete()
+    yield alias
+
+
+def broker_down(mode: str | None = "store") -> Any:
+    """``OUTBOX`` with a broker that is not running (and ``ON_BROKER_DOWN`` if given)."""
+    outbox = {**settings.OUTBOX, "BROKER_URL": f"tcp://127.0.0.1:{_closed_port()}"}
+    if mode is not None:
+        outbox["ON_BROKER_DOWN"] = mode
+    return override_settings(OUTBOX=outbox)
+
+
+def make_pay(alias: str, message_group: str | None = None):
+    @transactional_message(topic=TOPIC, using=alias, keys=lambda name, amount, **_: [f"order-{name}"],
+                           message_group=message_group, properties={"source": "shop"})
+    def pay(name: str, amount: int, fail: bool = False, more: int = 0) -> str:
+        Account.objects.using(alias).filter(name=name).update(balance=F("balance") - amount)
+        for n in range(more):
+            send(Message(f"{TOPIC}.receipt", f"receipt {n}".encode(), tag="receipt"))
+        if fail:
+            raise ValueError("refused")
+        return current_transaction_id() or ""
+
+    return pay
+
+
+def balance(alias: str) -> int:
+    return Account.objects.using(alias).get(name="alice").balance
+
+
+def stored(alias: str) -> list[StoredMessage]:
+    return list(StoredMessage.objects.using(alias).order_by("seq"))
+
+
+def test_store_mode_commits_the_call_with_its_message_stored(store_alias: str) -> None:
+    with broker_down():
+        assert producer().broker_down.mode == "store"
+        tx = make_pay(store_alias)("alice", 100)
+    assert balance(store_alias) == 400
+    assert TransactionLog.objects.using(store_alias).get(pk=tx).state == TransactionLog.COMMITTED
+    (row,) = stored(store_alias)
+    message = decode(bytes(row.message))
+    assert (row.transaction_id, row.producer_group, row.topic, row.message_group, row.relayed_at) == (
+        tx, "shop", TOPIC, None, None)
+    assert row.message_id == message.message_id and row.created_at is not None
+    assert (message.topic, message.keys, message.properties) == (TOPIC, ("order-alice",), {"source": "shop"})
+    assert b'"name":"alice"' in message.body.replace(b" ", b"")
+
+
+def test_raise_mode_raises_and_commits_nothing(store_alias: str) -> None:
+    with broker_down(None), pytest.raises(BrokerUnavailableError):
+        make_pay(store_alias)("alice", 100)
+    assert balance(store_alias) == 500
+    assert not TransactionLog.objects.using(store_alias).exists()
+    assert not stored(store_alias)
+
+
+def test_every_message_of_the_transaction_is_stored_in_order(store_alias: str) -> None:
+    with broker_down():
+        tx = make_pay(store_alias)("alice", 100, more=2)
+    rows = stored(store_alias)
+    assert [row.topic for row in rows] == [TOPIC, f"{TOPIC}.receipt", f"{TOPIC}.receipt"]
+    assert {row.transaction_id for row in rows} == {tx}
+    assert [decode(bytes(row.message)).body for row in rows[1:]] == [b"receipt 0", b"receipt 1"]
+
+
+def test_a_function_that_raises_stores_nothing(store_alias: str) -> None:
+    with broker_down(), pytest.raises(ValueError, match="refused"):
+        make_pay(store_alias)("alice", 100, fail=True, more=1)
+    assert balance(store_alias) == 500
+    assert not TransactionLog.objects.using(store_alias).exists()
+    assert not stored(store_alias)
+
+
+def store_mode() -> Any:
+    """``OUTBOX`` in store mode with the test broker (it is up); a fresh producer."""
+    return override_settings(OUTBOX={**settings.OUTBOX, "ON_BROKER_DOWN": "store"})
+
+
+def test_a_group_with_stored_messages_waiting_is_stored_until_they_are_relayed(store_alias: str) -> None:
+    with broker_down():
+        first = make_pay(store_alias, "alice")("alice", 1)
+    with store_mode():  # the broker is back, the relay has not run yet
+        behind = make_pay(store_alias, "alice")("alice", 2)
+        with pytest.raises(UnknownTransactionError):
+            producer().broker.transaction_state(behind)  # nothing of it reached the broker
+    assert [(row.transaction_id, row.message_group) for row in stored(store_alias)] == [
+        (first, "alice"), (behind, "alice")]
+    StoredMessage.objects.using(store_alias).update(relayed_at=F("created_at"))  # the relay's work
+    with store_mode():
+        after = make_pay(store_alias, "alice")("alice", 4)
+        assert producer().broker.transaction_state(after) is TransactionState.COMMITTED
+    assert len(stored(store_alias)) == 2
+
+
+@pytest.mark.xfail(strict=True, reason="core: Producer.await_halves takes a hold (group order) for a broker "
+                                       "failure and backs off, so the next call of any group is stored too")
+def test_other_groups_go_to_the_broker_while_one_group_waits(store_alias: str) -> None:
+    with broker_down():
+        make_pay(store_alias, "alice")("alice", 1)
+    with store_mode():
+        make_pay(store_alias, "alice")("alice", 2)  # held behind the first
+        other = make_pay(store_alias, "bob")("alice", 3)
+        assert producer().broker.transaction_state(other) is TransactionState.COMMITTED
+
+
+def test_an_async_call_stores_its_messages(store_alias: str) -> None:
+    @transactional_message(topic=TOPIC, using=store_alias)
+    async def pay(name: str, amount: int) -> str:
+        await Account.objects.using(store_alias).filter(name=name).aupdate(balance=F("balance") - amount)
+        await asend(Message(f"{TOPIC}.receipt", b"receipt"))
+        return current_transaction_id() or ""
+
+    with broker_down():
+        tx = asyncio.run(pay("alice", 100))
+    assert balance(store_alias) == 400
+    assert [(row.transaction_id, row.topic) for row in stored(store_alias)] == [
+        (tx, TOPIC), (tx, f"{TOPIC}.receipt")]
+    assert TransactionLog.objects.using(store_alias).get(pk=tx).state == TransactionLog.COMMITTED
