@@ -8,24 +8,29 @@ import asyncio
 import socket
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.db.models import F
 from django.test import override_settings
+from django.utils import timezone
 
 from broker_embedded import Message, TransactionState
 from broker_embedded.errors import UnknownTransactionError
 from outbox import BrokerUnavailableError
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.models import StoredMessage, TransactionLog
+from outbox.integrations.django.retention import purge_project
 from outbox.integrations.django.transactional import (
     asend,
     current_transaction_id,
     send,
     transactional_message,
 )
+from outbox.retention import PurgeOptions
+from outbox.schema import STORED_MESSAGE
 from outbox.stored import decode
 from tests.django.shop.models import Account
 
@@ -41,9 +46,10 @@ def _closed_port() -> int:
 
 @pytest.fixture
 def store_alias(alias: str) -> Iterator[str]:
-    """``alias`` emptied of stored messages."""
+    """``alias`` without stored messages, before and after (other tests count them)."""
     StoredMessage.objects.using(alias).all().delete()
     yield alias
+    StoredMessage.objects.using(alias).all().delete()
 
 
 def broker_down(mode: str | None = "store") -> Any:
@@ -161,3 +167,19 @@ def test_an_async_call_stores_its_messages(store_alias: str) -> None:
     assert [(row.transaction_id, row.topic) for row in stored(store_alias)] == [
         (tx, TOPIC), (tx, f"{TOPIC}.receipt")]
     assert TransactionLog.objects.using(store_alias).get(pk=tx).state == TransactionLog.COMMITTED
+
+
+def test_retention_deletes_old_relayed_stored_messages_and_keeps_waiting_ones(store_alias: str) -> None:
+    with broker_down():
+        for amount in (1, 2, 3):
+            make_pay(store_alias)("alice", amount)
+    old, recent, waiting = stored(store_alias)
+    month_ago = timezone.now() - timedelta(days=30)
+    StoredMessage.objects.using(store_alias).filter(seq=old.seq).update(created_at=month_ago, relayed_at=month_ago)
+    StoredMessage.objects.using(store_alias).filter(seq=recent.seq).update(created_at=month_ago,
+                                                                           relayed_at=timezone.now())
+    StoredMessage.objects.using(store_alias).filter(seq=waiting.seq).update(created_at=month_ago)
+    with override_settings(OUTBOX={**settings.OUTBOX, "PRODUCER_GROUPS": {"shop": store_alias}}):
+        (report,) = purge_project(PurgeOptions(pause_s=0), aliases=[store_alias])
+    assert report.rows()[STORED_MESSAGE] == 1
+    assert [row.seq for row in stored(store_alias)] == [recent.seq, waiting.seq]
