@@ -5,6 +5,7 @@ it and commits nothing. On SQLite and PostgreSQL, the broker a closed TCP port."
 from __future__ import annotations
 
 import asyncio
+import io
 import socket
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
@@ -20,6 +22,7 @@ from django.utils import timezone
 from broker_embedded import Message, TransactionState
 from broker_embedded.errors import UnknownTransactionError
 from outbox import BrokerUnavailableError
+from outbox.integrations.django.backlog import project_backlog, stored_backlog
 from outbox.integrations.django.conf import producer
 from outbox.integrations.django.models import StoredMessage, TransactionLog
 from outbox.integrations.django.retention import purge_project
@@ -33,6 +36,9 @@ from outbox.retention import PurgeOptions
 from outbox.schema import STORED_MESSAGE
 from outbox.stored import decode
 from tests.django.shop.models import Account
+from tests.django.support import PENDING_URL, admin_client
+
+STORED_URL = "/admin/halfmoon_outbox/storedmessage/"
 
 TOPIC = f"stored.paid.{uuid.uuid4().hex[:8]}"
 
@@ -183,3 +189,46 @@ def test_retention_deletes_old_relayed_stored_messages_and_keeps_waiting_ones(st
         (report,) = purge_project(PurgeOptions(pause_s=0), aliases=[store_alias])
     assert report.rows()[STORED_MESSAGE] == 1
     assert [row.seq for row in stored(store_alias)] == [recent.seq, waiting.seq]
+
+
+def _backlog_of_two(alias: str) -> None:
+    """Two stored messages on ``alias``, the oldest stored an hour ago."""
+    with broker_down():
+        make_pay(alias)("alice", 1)
+        make_pay(alias)("alice", 2)
+    StoredMessage.objects.using(alias).filter(seq=stored(alias)[0].seq).update(
+        created_at=timezone.now() - timedelta(hours=1))
+
+
+def test_the_backlog_counts_the_waiting_messages_and_the_oldest_ones_age(store_alias: str) -> None:
+    _backlog_of_two(store_alias)
+    with override_settings(OUTBOX={**settings.OUTBOX, "PRODUCER_GROUPS": {"shop": store_alias}}):
+        (backlog,) = project_backlog()
+    assert (backlog.using, backlog.producer_group, backlog.waiting) == (store_alias, "shop", 2)
+    assert 3590 < backlog.oldest_age_s < 3700
+    StoredMessage.objects.using(store_alias).update(relayed_at=timezone.now())
+    assert stored_backlog(store_alias) == []
+
+
+def test_outbox_relay_status_prints_the_backlog(store_alias: str) -> None:
+    pytest.importorskip("outbox.relay", reason="outbox.relay (the relay core) is not on this branch yet")
+    _backlog_of_two(store_alias)
+    out = io.StringIO()
+    with override_settings(OUTBOX={**settings.OUTBOX, "PRODUCER_GROUPS": {"shop": store_alias}}):
+        call_command("outbox_relay", "--status", stdout=out)
+    assert f"{store_alias}\tshop\t2 waiting, the oldest 36" in out.getvalue()
+    assert "2 stored messages waiting" in out.getvalue()
+
+
+@pytest.mark.parametrize("alias", ["default"], indirect=True)  # the database the admin reads
+def test_the_admin_lists_the_waiting_stored_messages_read_only(store_alias: str) -> None:
+    _backlog_of_two(store_alias)
+    client = admin_client()
+    assert "<b>shop</b>: 2\n    stored messages waiting for the relay, the oldest 36" in client.get(PENDING_URL).content.decode()
+    message_ids = [row.message_id for row in stored(store_alias)]
+    listed = client.get(STORED_URL).content.decode()
+    assert all(message_id in listed for message_id in message_ids)
+    StoredMessage.objects.using(store_alias).update(relayed_at=timezone.now())
+    listed = client.get(STORED_URL).content.decode()
+    assert not any(message_id in listed for message_id in message_ids)  # only the unrelayed ones
+    assert client.get(f"{STORED_URL}add/").status_code == 403
