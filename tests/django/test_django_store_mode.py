@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +43,7 @@ from tests.django.shop.models import Account
 from tests.django.support import PENDING_URL, admin_client
 
 STORED_URL = "/admin/halfmoon_outbox/storedmessage/"
+ROOT = Path(__file__).resolve().parents[2]
 
 TOPIC = f"stored.paid.{uuid.uuid4().hex[:8]}"
 
@@ -232,3 +237,39 @@ def test_the_admin_lists_the_waiting_stored_messages_read_only(store_alias: str)
     listed = client.get(STORED_URL).content.decode()
     assert not any(message_id in listed for message_id in message_ids)  # only the unrelayed ones
     assert client.get(f"{STORED_URL}add/").status_code == 403
+
+
+def test_without_overlap_a_half_the_broker_did_not_take_stores_the_call(store_alias: str) -> None:
+    @transactional_message(topic=TOPIC, using=store_alias, overlap=False)
+    def pay(name: str) -> str:
+        send(Message(f"{TOPIC}.receipt", b"receipt"))
+        return current_transaction_id() or ""
+
+    with broker_down():
+        tx = pay("alice")
+    assert [(row.transaction_id, row.topic) for row in stored(store_alias)] == [
+        (tx, TOPIC), (tx, f"{TOPIC}.receipt")]
+
+
+STARTS_WHILE_THE_BROKER_IS_DOWN = """
+import sys, django
+from django.conf import settings
+from django.core.management import call_command
+settings.configure(DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[1]}},
+                   INSTALLED_APPS=["outbox.integrations.django"], USE_TZ=True,
+                   OUTBOX={"BROKER_URL": sys.argv[2], "PRODUCER_GROUP": "shop", "ON_BROKER_DOWN": "store"})
+django.setup()
+call_command("migrate", verbosity=0)
+from outbox.integrations.django.models import StoredMessage, TransactionLog
+from outbox.integrations.django.transactional import transactional_message
+pay = transactional_message(topic="order.paid")(lambda name: name)
+print(pay("alice"), StoredMessage.objects.count(), TransactionLog.objects.get().state)
+"""
+
+
+def test_a_process_that_starts_while_the_broker_is_down_takes_calls(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", STARTS_WHILE_THE_BROKER_IS_DOWN, str(tmp_path / "app.sqlite3"),
+                           f"tcp://127.0.0.1:{_closed_port()}"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["alice", "1", "COMMITTED"]
