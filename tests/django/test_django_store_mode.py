@@ -1,13 +1,13 @@
 """``OUTBOX["ON_BROKER_DOWN"] = "store"``: a decorated call whose broker is not running
 commits with its messages in ``outbox_stored_message``; ``"raise"`` (the default) fails
-it and commits nothing. On SQLite and PostgreSQL, the broker a closed TCP port."""
+it and commits nothing. On SQLite and PostgreSQL; the broker down is a TCP port nothing
+listens on, or a broker server process SIGKILLed while the shop runs."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -41,18 +41,12 @@ from outbox.schema import STORED_MESSAGE
 from outbox.stored import decode
 from tests.django.shop.models import Account
 from tests.django.support import PENDING_URL, admin_client
+from tests.server.conftest import ServerProcess, free_port
 
 STORED_URL = "/admin/halfmoon_outbox/storedmessage/"
 ROOT = Path(__file__).resolve().parents[2]
 
 TOPIC = f"stored.paid.{uuid.uuid4().hex[:8]}"
-
-
-def _closed_port() -> int:
-    """A port nothing listens on: the broker is not running."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -65,7 +59,7 @@ def store_alias(alias: str) -> Iterator[str]:
 
 def broker_down(mode: str | None = "store") -> Any:
     """``OUTBOX`` with a broker that is not running (and ``ON_BROKER_DOWN`` if given)."""
-    outbox = {**settings.OUTBOX, "BROKER_URL": f"tcp://127.0.0.1:{_closed_port()}"}
+    outbox = {**settings.OUTBOX, "BROKER_URL": f"tcp://127.0.0.1:{free_port()}"}
     if mode is not None:
         outbox["ON_BROKER_DOWN"] = mode
     return override_settings(OUTBOX=outbox)
@@ -106,6 +100,22 @@ def test_store_mode_commits_the_call_with_its_message_stored(store_alias: str) -
     assert row.message_id == message.message_id and row.created_at is not None
     assert (message.topic, message.keys, message.properties) == (TOPIC, ("order-alice",), {"source": "shop"})
     assert b'"name":"alice"' in message.body.replace(b" ", b"")
+
+
+def test_calls_after_the_broker_is_killed_are_stored(store_alias: str, tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "broker").start()
+    try:
+        with override_settings(OUTBOX={**settings.OUTBOX, "BROKER_URL": server.url, "ON_BROKER_DOWN": "store"}):
+            before = make_pay(store_alias)("alice", 1)
+            producer().flush()  # its oneway END
+            assert producer().broker.transaction_state(before) is TransactionState.COMMITTED
+            server.kill()  # SIGKILL
+            after = [make_pay(store_alias)("alice", 2) for _ in range(3)]
+    finally:
+        server.kill()
+    assert balance(store_alias) == 500 - 1 - 3 * 2
+    assert [row.transaction_id for row in stored(store_alias)] == after
+    assert TransactionLog.objects.using(store_alias).filter(state=TransactionLog.COMMITTED).count() == 4
 
 
 def test_raise_mode_raises_and_commits_nothing(store_alias: str) -> None:
@@ -269,7 +279,7 @@ print(pay("alice"), StoredMessage.objects.count(), TransactionLog.objects.get().
 
 def test_a_process_that_starts_while_the_broker_is_down_takes_calls(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", STARTS_WHILE_THE_BROKER_IS_DOWN, str(tmp_path / "app.sqlite3"),
-                           f"tcp://127.0.0.1:{_closed_port()}"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           f"tcp://127.0.0.1:{free_port()}"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["alice", "1", "COMMITTED"]

@@ -16,6 +16,13 @@ waits for the broker only with ``OUTBOX["ONEWAY_END"] = False`` (``Producer``'s
 ``oneway_end``). Django has no hook for an outer rollback: such a transaction
 is resolved by check-back, where the fence finds no row and answers ROLLBACK.
 
+In store mode (``OUTBOX["ON_BROKER_DOWN"] = "store"``, ``outbox.stored``) a half message
+the broker did not take does not fail the call: at the end of the ``atomic`` block all the
+call's messages are written to ``outbox_stored_message`` and the transaction commits; no
+END follows, the relay (``manage.py outbox_relay``) hands them over. A message whose
+message group has stored messages waiting is held for the database the same way, so the
+group keeps its commit order.
+
 On an ``async def`` function (an async view or service) the wrapper is async too. Django's
 ORM and transactions are sync, so the transactional part (building and sending the half
 message, ``atomic``, the transaction_log insert, COMMIT or ROLLBACK) runs in a thread
