@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -23,7 +25,7 @@ from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 
-from broker_embedded import Message, TransactionState
+from broker_embedded import EmbeddedBroker, Message, TransactionState
 from broker_embedded.errors import UnknownTransactionError
 from outbox import BrokerUnavailableError
 from outbox.integrations.django.backlog import project_backlog, stored_backlog
@@ -37,10 +39,10 @@ from outbox.integrations.django.transactional import (
     transactional_message,
 )
 from outbox.retention import PurgeOptions
-from outbox.schema import STORED_MESSAGE
-from outbox.stored import decode
+from outbox.schema import STORED_MESSAGE, TRANSACTION_LOG
+from outbox.stored import decode, encode
 from tests.django.shop.models import Account
-from tests.django.support import PENDING_URL, admin_client
+from tests.django.support import PENDING_URL, admin_client, eventually
 from tests.server.conftest import ServerProcess, free_port
 
 STORED_URL = "/admin/halfmoon_outbox/storedmessage/"
@@ -283,3 +285,47 @@ def test_a_process_that_starts_while_the_broker_is_down_takes_calls(tmp_path: Pa
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["alice", "1", "COMMITTED"]
+
+
+@pytest.mark.slow
+def test_outbox_relay_hands_the_stored_messages_to_the_broker_in_order_and_stops_on_sigterm(tmp_path: Path) -> None:
+    pytest.importorskip("outbox.relay", reason="outbox.relay (the relay core) is not on this branch yet")
+    env = {**os.environ, "HALFMOON_DJANGO_TEST_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "tests.django.settings"}
+    env.pop("HALFMOON_DJANGO_PG_NAME", None)
+    manage, database = [sys.executable, "-m", "django"], tmp_path / "default.sqlite3"
+    subprocess.run([*manage, "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
+    messages = [Message(TOPIC, f"order {n}".encode(), message_group="alice") for n in range(3)]
+    with sqlite3.connect(database) as db:  # what three calls stored while the broker was down
+        for n, message in enumerate(messages):
+            db.execute(f"INSERT INTO {TRANSACTION_LOG} (transaction_id, producer_group, state, created_at) "
+                       "VALUES (?, 'shop', 'COMMITTED', '2026-01-01 00:00:00.000000')", (f"tx-{n}",))
+            db.execute(f"INSERT INTO {STORED_MESSAGE} (message_id, transaction_id, producer_group, topic, "
+                       "message_group, message, created_at) VALUES (?, ?, 'shop', ?, 'alice', ?, "
+                       "'2026-01-01 00:00:00.000000')", (message.message_id, f"tx-{n}", TOPIC, encode(message)))
+
+    def waiting() -> int:
+        with sqlite3.connect(database) as db:
+            return int(db.execute(f"SELECT count(*) FROM {STORED_MESSAGE} WHERE relayed_at IS NULL").fetchone()[0])
+
+    relay = subprocess.Popen([*manage, "outbox_relay"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        eventually(lambda: waiting() == 0 or relay.poll() is not None, timeout_s=60)
+        assert waiting() == 0, relay.communicate(timeout=10) if relay.poll() is not None else "still waiting"
+        relay.send_signal(signal.SIGTERM)
+        out, err = relay.communicate(timeout=60)
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+    assert relay.returncode == 0, err
+    assert "stopped relaying from default" in out
+    broker, bodies = EmbeddedBroker(tmp_path / "broker"), []
+    try:
+        while batch := broker.receive("relayed", TOPIC, max_messages=10, wait_s=1.0):  # one group: one at a time
+            for received in batch:
+                bodies.append(received.message.body)
+                broker.ack("relayed", received.receipt_handle)
+    finally:
+        broker.close()
+    assert bodies == [b"order 0", b"order 1", b"order 2"]
