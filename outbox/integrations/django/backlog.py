@@ -36,6 +36,5 @@ def stored_backlog(using: str) -> list[StoredBacklog]:
 def project_backlog() -> list[StoredBacklog]:
     """``stored_backlog`` of every alias holding an owned group's tables, of the owned groups."""
     conf = outbox_settings()
-    aliases = sorted({conf.database_for(group) for group in conf.owned_groups})
-    return [backlog for alias in aliases for backlog in stored_backlog(alias)
+    return [backlog for alias in conf.owned_aliases for backlog in stored_backlog(alias)
             if backlog.producer_group in conf.owned_groups]

@@ -52,9 +52,8 @@ def check_migrations(app_configs: Sequence[AppConfig] | None, databases: Iterabl
     from django.db.migrations.executor import MigrationExecutor
 
     conf = outbox_settings()
-    owned_aliases = {conf.database_for(group) for group in conf.owned_groups}
     found: list[CheckMessage] = []
-    for alias in sorted(set(databases) & owned_aliases):
+    for alias in sorted(set(databases) & set(conf.owned_aliases)):
         executor = MigrationExecutor(connections[alias])
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP_LABEL]
         unapplied = [migration.name for migration, _ in executor.migration_plan(targets)]
@@ -98,7 +97,7 @@ def check_sqlite_transaction_mode(app_configs: Sequence[AppConfig] | None, **kwa
 
     conf = outbox_settings()
     found: list[CheckMessage] = []
-    for alias in sorted({conf.database_for(group) for group in conf.owned_groups}):
+    for alias in conf.owned_aliases:
         database = connections[alias].settings_dict
         mode = str((database.get("OPTIONS") or {}).get("transaction_mode") or "DEFERRED").upper()
         if database["ENGINE"].endswith("sqlite3") and mode not in LOCKING_MODES:

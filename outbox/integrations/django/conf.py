@@ -96,6 +96,11 @@ class DjangoOutboxSettings:
         """The producer groups whose transaction_log lives in this project's databases."""
         return frozenset(self.group_databases)
 
+    @property
+    def owned_aliases(self) -> list[str]:
+        """The ``DATABASES`` aliases holding an owned group's tables, sorted."""
+        return sorted({self.database_for(group) for group in self.owned_groups})
+
     def database_for(self, producer_group: str) -> str:
         """The alias holding ``producer_group``'s transaction_log; ``ForeignGroupError``
         for a group this project does not own."""

@@ -83,7 +83,7 @@ class _Call(LocalTransaction):
             sender.start_half(message, self.transaction_id)  # awaited before the call's commit
         self.messages.append(message)
 
-    def await_or_store(self, taken: bool = True) -> None:
+    def await_or_store(self, taken: bool) -> None:
         """Just before the commit, in the transaction: wait for the half messages; in store
         mode, if one was not taken (or ``taken`` is False: an earlier wait said so), write
         all the call's messages into ``outbox_stored_message`` (no END follows the commit)."""

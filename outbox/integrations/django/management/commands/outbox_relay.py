@@ -33,8 +33,7 @@ class Command(BaseCommand):
                 self.stdout.write(str(group))
             self.stdout.write(f"{sum(group.waiting for group in backlog)} stored messages waiting")
             return
-        conf = outbox_settings()
-        aliases = options["database"] or sorted({conf.database_for(group) for group in conf.owned_groups})
+        aliases = options["database"] or outbox_settings().owned_aliases
         stop = threading.Event()
         stop_on_signals(stop)
         failures: list[BaseException] = []
