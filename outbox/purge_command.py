@@ -18,10 +18,11 @@ from .retention import (
     TablePurge,
     parse_duration,
 )
-from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
+from .schema import CONSUMED_MESSAGE, STORED_MESSAGE, TRANSACTION_LOG
 
 #: ``--table`` names.
-TABLE_NAMES = {"transaction_log": TRANSACTION_LOG, "consumed_message": CONSUMED_MESSAGE}
+TABLE_NAMES = {"transaction_log": TRANSACTION_LOG, "consumed_message": CONSUMED_MESSAGE,
+               "stored_message": STORED_MESSAGE}
 #: The least time between two progress lines of one table.
 PROGRESS_EVERY_S = 1.0
 
@@ -36,7 +37,7 @@ def _duration(text: str) -> float:
 def add_purge_arguments(parser: argparse.ArgumentParser) -> None:
     """``--table``, ``--batch-size``, ``--pause``, ``--dry-run`` and the age overrides."""
     parser.add_argument("--table", action="append", choices=sorted(TABLE_NAMES),
-                        help="only this table (repeatable; default: both)")
+                        help="only this table (repeatable; default: all)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                         help=f"rows per batch, each its own transaction (default {DEFAULT_BATCH_SIZE})")
     parser.add_argument("--pause", type=float, default=DEFAULT_PAUSE_S,
@@ -44,7 +45,7 @@ def add_purge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
     parser.add_argument("--transaction-log-older-than", type=_duration, metavar="AGE",
                         help="instead of the broker's check horizon plus margin (e.g. 30d; open transactions stay; "
-                             "never below the broker's horizon)")
+                             "never below the broker's horizon); also how long relayed stored messages stay")
     parser.add_argument("--consumed-older-than", type=_duration, metavar="AGE",
                         help="instead of the dedup window (e.g. 7d, 12h)")
 

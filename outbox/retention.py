@@ -11,6 +11,11 @@ small batches, each its own short transaction.
 * ``outbox_consumed_message``: a row is what makes a redelivery a no-op. It may go once it
   is older than the dedup window (7 days by default): a redelivery older than that would
   run its handler a second time.
+* ``outbox_stored_message`` (store mode, ``outbox.stored``): a row the relay has not
+  handed to the broker (``relayed_at`` NULL) is a committed message still to deliver and
+  is never deleted, whatever its age. A relayed row may go once it was relayed longer ago
+  than transaction_log rows live (the same age and override): the reconciliation reads it
+  beside its transaction's row. Like transaction_log, only the purged producer groups' rows.
 
 No application host's clock takes part. Rows are stamped by the database's clock
 (``OutboxSQL.now`` in the producer's, the checker's and the consumer's inserts), and the
@@ -64,7 +69,7 @@ from broker_embedded import BrokerConfig, BrokerError
 
 from . import instrumentation
 from .errors import ConfigurationError
-from .schema import CONSUMED_MESSAGE, TRANSACTION_LOG
+from .schema import CONSUMED_MESSAGE, STORED_MESSAGE, TRANSACTION_LOG
 from .sql import Execute, OutboxSQL
 
 log = logging.getLogger(__name__)
@@ -78,7 +83,7 @@ DEFAULT_BATCH_SIZE = 1000
 #: The most rows one batch deletes (SQLite allows 32766 parameters in a statement).
 MAX_BATCH_SIZE = 10_000
 DEFAULT_PAUSE_S = 0.05
-TABLES = (TRANSACTION_LOG, CONSUMED_MESSAGE)
+TABLES = (TRANSACTION_LOG, CONSUMED_MESSAGE, STORED_MESSAGE)
 #: Open transaction ids per statement when counting the rows they keep.
 _ID_CHUNK = 500
 
@@ -139,7 +144,7 @@ class PurgeOptions:
     dry_run: bool = False
     transaction_log_older_than_s: float | None = None
     consumed_message_older_than_s: float | None = None
-    #: Only these producer groups' transaction_log rows (None: every row of the table).
+    #: Only these producer groups' transaction_log and stored_message rows (None: every row).
     producer_groups: Collection[str] | None = None
 
     def __post_init__(self) -> None:
@@ -261,6 +266,18 @@ class PurgeSQL:
         """Rows before a moment; parameter: the moment."""
         return f"SELECT count(*) FROM {CONSUMED_MESSAGE} WHERE consumed_at < {self.sql.placeholder}"
 
+    def delete_relayed(self, groups: Sequence[str]) -> str:
+        """Delete the stored messages relayed longest ago, before a moment (an unrelayed
+        one never: NULL is before nothing); parameters: the moment, *groups, the limit."""
+        p = self.sql.placeholder
+        return (f"DELETE FROM {STORED_MESSAGE} WHERE seq IN (SELECT seq FROM {STORED_MESSAGE} "
+                f"WHERE relayed_at < {p}{self._groups(groups)} ORDER BY relayed_at LIMIT {p}) RETURNING seq")
+
+    def count_relayed(self, groups: Sequence[str]) -> str:
+        """Stored messages relayed before a moment; parameters: the moment, *groups."""
+        return (f"SELECT count(*) FROM {STORED_MESSAGE} WHERE relayed_at < {self.sql.placeholder}"
+                f"{self._groups(groups)}")
+
 
 def open_transaction_ids(list_open: Callable[[str | None], Collection[str]],
                          producer_groups: Collection[str] | None) -> frozenset[str]:
@@ -359,23 +376,41 @@ def purge_transaction_log(transaction: Transaction, sql: OutboxSQL, before: date
                                    skipped=f"the broker cannot say which transactions are open: {exc}")
 
 
-def purge_consumed_messages(transaction: Transaction, sql: OutboxSQL, before: datetime, options: PurgeOptions,
-                            progress: Progress | None = None) -> TablePurge:
-    """Delete the consumed_message rows consumed before ``before`` (the database's clock),
-    in batches (with ``dry_run``: count them)."""
-    statements, moment = PurgeSQL(sql), sql.timestamp(before)
+def _purge_oldest(transaction: Transaction, table: str, delete: str, count: str, params: Sequence[object],
+                  options: PurgeOptions, progress: Progress | None) -> TablePurge:
+    """Run ``delete`` (parameters: ``params``, then the batch size; it returns a row per
+    row deleted) in batches until one deletes fewer than a batch (``dry_run``: ``count``)."""
     if options.dry_run:
-        return TablePurge(CONSUMED_MESSAGE, _count(transaction, statements.count_consumed, [moment]))
-    batches = _Batches(CONSUMED_MESSAGE, options.pause_s, progress)
+        return TablePurge(table, _count(transaction, count, params))
+    batches = _Batches(table, options.pause_s, progress)
     while True:
         with transaction() as execute:
-            deleted = len(execute(statements.delete_consumed, [moment, options.batch_size]))
+            deleted = len(execute(delete, [*params, options.batch_size]))
         if deleted == 0:
             return batches.outcome()
         batches.done(deleted)
         if deleted < options.batch_size:
             return batches.outcome()
         batches.pause()
+
+
+def purge_consumed_messages(transaction: Transaction, sql: OutboxSQL, before: datetime, options: PurgeOptions,
+                            progress: Progress | None = None) -> TablePurge:
+    """Delete the consumed_message rows consumed before ``before`` (the database's clock),
+    in batches (with ``dry_run``: count them)."""
+    statements = PurgeSQL(sql)
+    return _purge_oldest(transaction, CONSUMED_MESSAGE, statements.delete_consumed, statements.count_consumed,
+                         [sql.timestamp(before)], options, progress)
+
+
+def purge_stored_messages(transaction: Transaction, sql: OutboxSQL, before: datetime, options: PurgeOptions,
+                          progress: Progress | None = None) -> TablePurge:
+    """Delete the stored messages relayed before ``before`` (the database's clock), of
+    ``options.producer_groups`` if given, in batches (with ``dry_run``: count them);
+    unrelayed ones stay."""
+    statements, groups = PurgeSQL(sql), sorted(options.producer_groups or ())
+    return _purge_oldest(transaction, STORED_MESSAGE, statements.delete_relayed(groups),
+                         statements.count_relayed(groups), [sql.timestamp(before), *groups], options, progress)
 
 
 def transaction_log_age_s(policy: RetentionPolicy, options: PurgeOptions) -> float:
@@ -399,13 +434,14 @@ def purge(database: str, transaction: Transaction, sql: OutboxSQL, policy: Reten
     """Purge the framework tables of one database (named ``database`` in the report) by
     ``policy``; ``list_open`` is the broker's ``open_transactions``. Ages count from the
     database's clock, read when the purge begins. A ``BrokerError`` from ``list_open``
-    stops transaction_log (reported in ``skipped``); consumed_message is purged anyway.
+    stops transaction_log (reported in ``skipped``); the other tables are purged anyway.
     ``ConfigurationError`` for a transaction_log age below the broker's horizon."""
     options = options or PurgeOptions()
-    log_age_s = transaction_log_age_s(policy, options) if TRANSACTION_LOG in options.tables else None
+    aged_like_the_log = {TRANSACTION_LOG, STORED_MESSAGE} & set(options.tables)
+    log_age_s = transaction_log_age_s(policy, options) if aged_like_the_log else 0.0
     now = database_now(transaction, sql)
     outcomes: list[TablePurge] = []
-    if log_age_s is not None:
+    if TRANSACTION_LOG in options.tables:
         outcome = purge_transaction_log(transaction, sql, now - timedelta(seconds=log_age_s), list_open, options,
                                         progress)
         if outcome.skipped is not None:
@@ -415,6 +451,9 @@ def purge(database: str, transaction: Transaction, sql: OutboxSQL, policy: Reten
         age_s = options.consumed_message_older_than_s
         before = now - timedelta(seconds=policy.dedup_window_s if age_s is None else age_s)
         outcomes.append(purge_consumed_messages(transaction, sql, before, options, progress))
+    if STORED_MESSAGE in options.tables:
+        outcomes.append(purge_stored_messages(transaction, sql, now - timedelta(seconds=log_age_s), options,
+                                              progress))
     report = PurgeReport(database, options.dry_run, tuple(outcomes))
     log.info("%s", report)
     return report

@@ -53,6 +53,7 @@ def _no_broker_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"RETENTION": {"CHECK_MAX": "15"}}, "halfmoon_outbox.E008"),
     ({"ANSWER_CHECK_BACKS": "yes"}, "halfmoon_outbox.E009"),
     ({"ONEWAY_END": 0}, "halfmoon_outbox.E010"),
+    ({"ON_BROKER_DOWN": "queue"}, "halfmoon_outbox.E011"),
 ])
 def test_each_wrong_setting_is_an_error_of_manage_py_check(outbox: dict[str, object], check_id: str) -> None:
     with override_settings(OUTBOX=outbox):

@@ -85,7 +85,8 @@ def test_outbox_purge_keeps_open_transactions(rows: dict[str, str], alias: str) 
     retention = {"TRANSACTION_TIMEOUT_S": 0, "CHECK_INTERVAL_S": 0, "MARGIN_S": 0, "DEDUP_WINDOW_S": 0}
     with override_settings(OUTBOX={**settings.OUTBOX, "RETENTION": retention}):
         summary = purge_summary(purge_project(PurgeOptions(pause_s=0)))
-    assert summary["rows"][f"database {alias!r}"] == {"outbox_transaction_log": 1, "outbox_consumed_message": 1}
+    assert summary["rows"][f"database {alias!r}"] == {"outbox_transaction_log": 1, "outbox_consumed_message": 1,
+                                                          "outbox_stored_message": 0}
     assert _left(alias) == ({rows["parked"], rows["pending"]}, set())
 
 

@@ -25,7 +25,7 @@ from outbox.errors import ConfigurationError
 from outbox.integrations.sqlalchemy.retention import purge_engine
 from outbox.integrations.sqlalchemy.tables import consumed_message, transaction_log
 from outbox.retention import PurgeOptions, RetentionPolicy, TablePurge, parse_duration
-from outbox.schema import COMMITTED, CONSUMED_MESSAGE, ROLLED_BACK, TRANSACTION_LOG
+from outbox.schema import COMMITTED, CONSUMED_MESSAGE, ROLLED_BACK, STORED_MESSAGE, TRANSACTION_LOG
 from outbox.settings import OutboxSettings
 
 from ..server.conftest import free_port
@@ -96,14 +96,14 @@ def test_old_resolved_rows_go_pending_parked_and_young_ones_stay(engine: Engine,
               ("young", COMMITTED, timedelta(days=6)))
 
     dry = purge_engine(engine, POLICY, broker.open_transactions, PurgeOptions(dry_run=True))
-    assert dry.dry_run and dry.rows() == {TRANSACTION_LOG: 3, CONSUMED_MESSAGE: 0}
+    assert dry.dry_run and dry.rows() == {TRANSACTION_LOG: 3, CONSUMED_MESSAGE: 0, STORED_MESSAGE: 0}
     assert dry.tables[0].kept_open == 2 and len(_ids(engine)) == 6
 
     seen: list[TablePurge] = []
     report = purge_engine(engine, POLICY, broker.open_transactions, PurgeOptions(batch_size=1, pause_s=0),
                           seen.append)
     assert _ids(engine) == {"parked", "pending", "young"}
-    assert report.rows() == {TRANSACTION_LOG: 3, CONSUMED_MESSAGE: 0} and report.skipped == {}
+    assert report.rows() == {TRANSACTION_LOG: 3, CONSUMED_MESSAGE: 0, STORED_MESSAGE: 0} and report.skipped == {}
     assert report.tables[0].batches == 3 and report.tables[0].kept_open == 2
     assert [(p.rows, p.batches) for p in seen] == [(1, 1), (2, 2), (3, 3)]
     assert "3 rows deleted in 3 batches" in str(report) and "2 kept (open at the broker)" in str(report)
@@ -204,7 +204,7 @@ def test_a_broker_that_cannot_be_asked_keeps_every_transaction_log_row(engine: E
     with BrokerClient(f"tcp://127.0.0.1:{free_port()}", timeout_s=2, connect_timeout_s=2) as nobody:
         report = purge_engine(engine, POLICY, nobody.open_transactions, FAST)
     assert set(report.skipped) == {TRANSACTION_LOG} and "cannot say which transactions are open" in str(report)
-    assert report.rows() == {CONSUMED_MESSAGE: 1}
+    assert report.rows() == {CONSUMED_MESSAGE: 1, STORED_MESSAGE: 0}
     assert _ids(engine) == {"old"} and _message_ids(engine) == set()
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(transaction_log)).scalar_one() == 1

@@ -1,8 +1,10 @@
-"""Alembic and Django create the same framework tables, column for column.
+"""Alembic, SQLAlchemy's tables and Django create the same framework tables, column for
+column.
 
 Each side creates the tables in a database (SQLite) or schema (PostgreSQL) of its own:
-Alembic fresh to head, Alembic at 0001 with rows then upgraded, and Django ``migrate``;
-SQLAlchemy's inspector then describes each table the same way for all of them.
+Alembic fresh to head, Alembic at 0001 with rows then upgraded, SQLAlchemy's
+``metadata.create_all``, and Django ``migrate``; SQLAlchemy's inspector then describes
+each table the same way for all of them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from sqlalchemy import Engine, create_engine, inspect, make_url, text
 from sqlalchemy.exc import IntegrityError
 
 from outbox.integrations import alembic as outbox_alembic
-from outbox.schema import CONSUMED_MESSAGE, TRANSACTION_LOG
+from outbox.integrations.sqlalchemy.tables import metadata
+from outbox.schema import CONSUMED_MESSAGE, STORED_MESSAGE, TRANSACTION_LOG
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = (TRANSACTION_LOG, CONSUMED_MESSAGE)
@@ -56,8 +59,9 @@ def _postgres_side(url: str, schema: str) -> Side:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def sides(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Side]]:
-    """Three empty places: for Alembic to head, for Alembic 0001 then head, for Django."""
-    names = ("alembic", "upgraded", "django")
+    """Empty places: for Alembic to head, for Alembic 0001 then head, for SQLAlchemy's
+    tables, for Django."""
+    names = ("alembic", "upgraded", "sqlalchemy", "django")
     if request.param == "sqlite":
         yield {name: _sqlite_side(tmp_path / f"{name}.sqlite3") for name in names}
     else:
@@ -98,10 +102,10 @@ def describe(engine: Engine, table: str, schema: str | None) -> dict[str, Any]:
     return description
 
 
-def describe_all(side: Side) -> dict[str, dict[str, Any]]:
+def describe_all(side: Side, tables: tuple[str, ...] = TABLES) -> dict[str, dict[str, Any]]:
     engine = create_engine(side.url)
     try:
-        return {table: describe(engine, table, side.schema) for table in TABLES}
+        return {table: describe(engine, table, side.schema) for table in tables}
     finally:
         engine.dispose()
 
@@ -145,6 +149,22 @@ def test_alembic_and_django_create_the_same_tables(sides: dict[str, Side]) -> No
         conn.execute(INSERT_CONSUMED, {**CONSUMED_ROWS[0], "message_id": "m3"})
         assert conn.execute(text(f"SELECT max(id) FROM {CONSUMED_MESSAGE}")).scalar_one() > max(r.id for r in rows)
     engine.dispose()
+
+
+def test_sqlalchemy_tables_and_django_create_the_same_tables(sides: dict[str, Side]) -> None:
+    engine = create_engine(sides["sqlalchemy"].url)
+    metadata.create_all(engine)
+    engine.dispose()
+    django_migrate(sides["django"])
+
+    every = (*TABLES, STORED_MESSAGE)
+    django = describe_all(sides["django"], every)
+    assert describe_all(sides["sqlalchemy"], every) == django
+    assert set(django[STORED_MESSAGE]["columns"]) == {
+        "seq", "message_id", "transaction_id", "producer_group", "topic", "message_group", "message",
+        "created_at", "relayed_at"}
+    assert {"outbox_stored_relayed_idx", "outbox_stored_group_idx"} <= {
+        name for name, _, _ in django[STORED_MESSAGE]["indexes"]}
 
 
 def test_downgrade_restores_the_composite_key_and_keeps_the_rows(tmp_path: Path) -> None:

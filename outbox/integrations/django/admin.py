@@ -1,6 +1,7 @@
-"""Admin pages: the transaction log, consumed messages, and the broker's pending/parked view.
+"""Admin pages: the transaction log, consumed messages, the stored messages waiting for the
+relay, and the broker's pending/parked view (with the stored backlog).
 
-The framework writes every row, so all three are read-only (no add, change or delete, no
+The framework writes every row, so all four are read-only (no add, change or delete, no
 bulk delete). A transaction log entry's page shows what the broker holds of it (read when
 the page is opened) and links to the messages consumed from it."""
 
@@ -18,8 +19,9 @@ from django.utils.html import format_html, format_html_join
 
 from broker_embedded import BrokerError
 
+from .backlog import project_backlog
 from .conf import ForeignGroupError, outbox_settings, producer
-from .models import ConsumedMessage, PendingTransaction, TransactionLog
+from .models import ConsumedMessage, PendingTransaction, StoredMessage, TransactionLog
 from .resolve import broker_transaction, resolve_parked
 
 
@@ -75,6 +77,19 @@ class ConsumedMessageAdmin(ReadOnlyAdmin):
     search_fields = ["message_id", "transaction_id"]
 
 
+@admin.register(StoredMessage)
+class StoredMessageAdmin(ReadOnlyAdmin):
+    """The stored messages the relay has not handed to the broker yet (store mode)."""
+
+    list_display = ["seq", "message_id", "transaction_id", "producer_group", "topic", "message_group", "created_at"]
+    list_filter = ["producer_group", "topic"]
+    search_fields = ["message_id", "transaction_id"]
+    exclude = ["message"]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).filter(relayed_at__isnull=True)
+
+
 @admin.register(PendingTransaction)
 class PendingTransactionAdmin(ReadOnlyAdmin):
     """Not a table: the broker's live view, with a button to resolve a parked transaction
@@ -108,6 +123,7 @@ class PendingTransactionAdmin(ReadOnlyAdmin):
             "owned_groups": sorted(owned),
             "unanswered": [(group, seconds, group in owned) for group, seconds in sorted(unanswered.items())],
             "error": error,
+            "stored_backlog": project_backlog(),
         }
         return TemplateResponse(request, "admin/halfmoon_outbox/pending.html", context)
 

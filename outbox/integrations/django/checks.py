@@ -1,9 +1,9 @@
 """Django system checks (``manage.py check``), registered by the app's ``ready()``.
 
-* ``halfmoon_outbox.E001`` .. ``E010``: a wrong ``OUTBOX`` setting (unknown key, broker URL
+* ``halfmoon_outbox.E001`` .. ``E011``: a wrong ``OUTBOX`` setting (unknown key, broker URL
   that is not ``tcp://`` or ``embedded://``, conflicting broker URL variables, group,
   ``PRODUCER_GROUPS`` shape or alias, lock timeout, ``RETENTION``, ``ANSWER_CHECK_BACKS``,
-  ``ONEWAY_END``); see ``conf``.
+  ``ONEWAY_END``, ``ON_BROKER_DOWN``); see ``conf``.
 * ``halfmoon_outbox.W001`` (``check --database ALIAS``): the app's migrations are not all
   applied on an alias holding an owned group's transaction_log. A warning, as Django's own
   notice is, so ``migrate`` (which runs the database checks first) still runs.
@@ -52,9 +52,8 @@ def check_migrations(app_configs: Sequence[AppConfig] | None, databases: Iterabl
     from django.db.migrations.executor import MigrationExecutor
 
     conf = outbox_settings()
-    owned_aliases = {conf.database_for(group) for group in conf.owned_groups}
     found: list[CheckMessage] = []
-    for alias in sorted(set(databases) & owned_aliases):
+    for alias in sorted(set(databases) & set(conf.owned_aliases)):
         executor = MigrationExecutor(connections[alias])
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP_LABEL]
         unapplied = [migration.name for migration, _ in executor.migration_plan(targets)]
@@ -98,7 +97,7 @@ def check_sqlite_transaction_mode(app_configs: Sequence[AppConfig] | None, **kwa
 
     conf = outbox_settings()
     found: list[CheckMessage] = []
-    for alias in sorted({conf.database_for(group) for group in conf.owned_groups}):
+    for alias in conf.owned_aliases:
         database = connections[alias].settings_dict
         mode = str((database.get("OPTIONS") or {}).get("transaction_mode") or "DEFERRED").upper()
         if database["ENGINE"].endswith("sqlite3") and mode not in LOCKING_MODES:

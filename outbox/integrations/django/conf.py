@@ -8,6 +8,7 @@
         "RETENTION": {"DEDUP_WINDOW_S": 7 * 86400},   # manage.py outbox_purge, docs/retention.md
         "ANSWER_CHECK_BACKS": True,   # this project's producer answers its group's check-backs
         "ONEWAY_END": True,   # END_TRANSACTION after the commit is not waited for (False: it is)
+        "ON_BROKER_DOWN": "raise",   # or "store": calls commit with their messages in the database
     }
 
 The broker URL: ``OUTBOX["BROKER_URL"]`` if given, else ``HALFMOON_BROKER_URL``, else
@@ -47,9 +48,10 @@ from ...settings import (
     broker_url_from_env,
     validated_broker_url,
 )
+from ...stored import ON_BROKER_DOWN_CHOICES, OnBrokerDown, checked_mode
 
 KEYS = frozenset({"BROKER_URL", "PRODUCER_GROUP", "PRODUCER_GROUPS", "CHECK_LOCK_TIMEOUT_MS", "RETENTION",
-                  "ANSWER_CHECK_BACKS", "ONEWAY_END"})
+                  "ANSWER_CHECK_BACKS", "ONEWAY_END", "ON_BROKER_DOWN"})
 #: ``OUTBOX["RETENTION"]`` keys -> ``RetentionPolicy`` fields.
 RETENTION_KEYS = {
     "TRANSACTION_TIMEOUT_S": "transaction_timeout_s",
@@ -86,11 +88,18 @@ class DjangoOutboxSettings:
     answer_check_backs: bool = True
     #: whether the producer's END_TRANSACTION after a commit is written without waiting (``Producer.oneway_end``)
     oneway_end: bool = True
+    #: what a call does when the broker cannot take its half message (``Producer.on_broker_down``)
+    on_broker_down: OnBrokerDown = "raise"
 
     @property
     def owned_groups(self) -> frozenset[str]:
         """The producer groups whose transaction_log lives in this project's databases."""
         return frozenset(self.group_databases)
+
+    @property
+    def owned_aliases(self) -> list[str]:
+        """The ``DATABASES`` aliases holding an owned group's tables, sorted."""
+        return sorted({self.database_for(group) for group in self.owned_groups})
 
     def database_for(self, producer_group: str) -> str:
         """The alias holding ``producer_group``'s transaction_log; ``ForeignGroupError``
@@ -176,6 +185,15 @@ def _flag(key: str, check_id: str) -> Callable[[Mapping[str, Any]], bool]:
     return read
 
 
+def _on_broker_down(raw: Mapping[str, Any]) -> OnBrokerDown:
+    value = raw.get("ON_BROKER_DOWN", "raise")
+    try:
+        return checked_mode(value)
+    except ConfigurationError:
+        raise OutboxSettingError("E011", f"OUTBOX['ON_BROKER_DOWN'] must be one of {ON_BROKER_DOWN_CHOICES}, "
+                                         f"not {value!r}") from None
+
+
 _READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "broker_url": _broker_url,
     "producer_group": _producer_group,
@@ -184,6 +202,7 @@ _READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "retention": _retention,
     "answer_check_backs": _flag("ANSWER_CHECK_BACKS", "E009"),
     "oneway_end": _flag("ONEWAY_END", "E010"),
+    "on_broker_down": _on_broker_down,
 }
 
 
@@ -219,7 +238,8 @@ def outbox_settings() -> DjangoOutboxSettings:
     owned = {**values["group_databases"]}
     owned.setdefault(values["producer_group"], None)
     return DjangoOutboxSettings(values["broker_url"], values["producer_group"], values["check_lock_timeout_ms"],
-                                owned, values["retention"], values["answer_check_backs"], values["oneway_end"])
+                                owned, values["retention"], values["answer_check_backs"], values["oneway_end"],
+                                values["on_broker_down"])
 
 
 log = logging.getLogger(__name__)
@@ -230,7 +250,8 @@ _building = threading.Lock()
 @functools.cache
 def _producer() -> Producer:
     conf = outbox_settings()
-    built = Producer(conf.broker_url, conf.producer_group, oneway_end=conf.oneway_end)
+    built = Producer(conf.broker_url, conf.producer_group, oneway_end=conf.oneway_end,
+                     on_broker_down=conf.on_broker_down)
     if conf.answer_check_backs:
         from django.db import DatabaseError
 

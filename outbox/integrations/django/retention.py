@@ -1,9 +1,9 @@
 """Retention from Django (the rules: ``outbox.retention``): each batch is a transaction of
 its own (``transaction.atomic``) on the alias's connection, running the core's statements.
 
-A project purges transaction_log on the alias of each owned producer group, only those
-groups' rows (another service's rows in a shared database are that service's to purge),
-and consumed_message on every alias it purges (``default`` included, where
+A project purges transaction_log and stored_message on the alias of each owned producer
+group, only those groups' rows (another service's rows in a shared database are that
+service's to purge), and consumed_message on every alias it purges (``default`` included, where
 ``idempotent_consumer`` writes unless told otherwise).
 """
 
@@ -16,10 +16,13 @@ from contextlib import contextmanager
 from django.db import connections, transaction
 
 from ...retention import Progress, PurgeOptions, PurgeReport, RetentionPolicy, purge
-from ...schema import TRANSACTION_LOG
+from ...schema import STORED_MESSAGE, TRANSACTION_LOG
 from ...sql import Execute
 from .conf import outbox_settings, producer
 from .recorder import alias_sql, run
+
+#: The tables whose rows belong to a producer group: purged only where an owned group's are.
+PER_GROUP = (TRANSACTION_LOG, STORED_MESSAGE)
 
 
 def purge_alias(using: str, policy: RetentionPolicy, list_open: Callable[[str | None], Collection[str]],
@@ -56,7 +59,7 @@ def purge_project(options: PurgeOptions | None = None, progress: Progress | None
     reports = []
     for alias in sorted(set(aliases or ["default", *owned])):
         groups = owned.get(alias)
-        tables = [table for table in options.tables if groups or table != TRANSACTION_LOG]
+        tables = [table for table in options.tables if groups or table not in PER_GROUP]
         if not tables:
             continue
         alias_options = dataclasses.replace(options, tables=tables, producer_groups=groups)

@@ -16,6 +16,13 @@ waits for the broker only with ``OUTBOX["ONEWAY_END"] = False`` (``Producer``'s
 ``oneway_end``). Django has no hook for an outer rollback: such a transaction
 is resolved by check-back, where the fence finds no row and answers ROLLBACK.
 
+In store mode (``OUTBOX["ON_BROKER_DOWN"] = "store"``, ``outbox.stored``) a half message
+the broker did not take does not fail the call: at the end of the ``atomic`` block all the
+call's messages are written to ``outbox_stored_message`` and the transaction commits; no
+END follows, the relay (``manage.py outbox_relay``) hands them over. A message whose
+message group has stored messages waiting is held for the database the same way, so the
+group keeps its commit order.
+
 On an ``async def`` function (an async view or service) the wrapper is async too. Django's
 ORM and transactions are sync, so the transactional part (building and sending the half
 message, ``atomic``, the transaction_log insert, COMMIT or ROLLBACK) runs in a thread
@@ -31,6 +38,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, Unpack, cast
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -44,6 +52,7 @@ from ...context import LocalTransaction, running, running_transaction
 from ...context import current_transaction_id as current_transaction_id  # of the running call
 from ...errors import OutboxError
 from ...producer import Producer, new_transaction_id
+from ...stored import group_waiting, store_messages
 from ...template import MessageOptions, MessageTemplate
 from .conf import producer as default_producer
 from .recorder import RECORDER
@@ -51,13 +60,44 @@ from .recorder import RECORDER
 R = TypeVar("R")
 
 
+@dataclass
+class _Call(LocalTransaction):
+    """A running ``@transactional_message`` call and the alias its transaction is on."""
+
+    using: str = "default"
+
+    @property
+    def sender(self) -> Producer:
+        """Its producer (the decorator's: a sync ``Producer``)."""
+        return cast(Producer, self.producer)
+
+    def start(self, message: Message) -> None:
+        """Send ``message``'s half, or, in store mode, hold it for the database when its
+        message group's stored messages still wait for the relay (the broker then gets
+        the group's messages in the order they committed)."""
+        sender = self.sender
+        if sender.broker_down.stores and message.message_group is not None and group_waiting(
+                *RECORDER.statements(self.using), sender.producer_group, message.message_group):
+            sender.hold(message, self.transaction_id)
+        else:
+            sender.start_half(message, self.transaction_id)  # awaited before the call's commit
+        self.messages.append(message)
+
+    def await_or_store(self, taken: bool) -> None:
+        """Just before the commit, in the transaction: wait for the half messages; in store
+        mode, if one was not taken (or ``taken`` is False: an earlier wait said so), write
+        all the call's messages into ``outbox_stored_message`` (no END follows the commit)."""
+        if not self.sender.await_halves(self.transaction_id) or not taken:
+            execute, sql = RECORDER.statements(self.using)
+            store_messages(execute, sql, self.transaction_id, self.sender.producer_group, self.messages)
+
+
 def send(message: Message) -> str:
     """Add ``message`` to the running ``@transactional_message`` call's transaction."""
     current = running_transaction()
-    if current is None:
+    if not isinstance(current, _Call):
         raise OutboxError("outbox.integrations.django.send() is for use inside @transactional_message")
-    current.producer.start_half(message, current.transaction_id)  # awaited before the call's commit
-    current.messages.append(message)
+    current.start(message)
     return current.transaction_id
 
 
@@ -97,18 +137,17 @@ def transactional_message(
         def transactional_call(args: tuple[Any, ...], kwargs: dict[str, Any], body: Callable[[], Any]) -> Any:
             message = bound.message(*args, **kwargs)
             sender = producer or default_producer()
-            local = LocalTransaction(new_transaction_id(), sender, [message])
-            sender.start_half(message, local.transaction_id)
+            local = _Call(new_transaction_id(), sender, using=using)
+            local.start(message)
             operation = instrumentation.operation(instrumentation.LOCAL_TRANSACTION,
                                                   producer_group=sender.producer_group,
                                                   transaction_id=local.transaction_id)
             try:
-                if not overlap:
-                    sender.await_halves(local.transaction_id)
+                taken = overlap or sender.await_halves(local.transaction_id)
                 with running(local), transaction.atomic(using=using):
                     RECORDER.record_committed(using, local.transaction_id, sender.producer_group)
                     result = body()
-                    sender.await_halves(local.transaction_id)  # inside atomic: a failure rolls back
+                    local.await_or_store(taken)  # inside atomic: a failure rolls back
                     transaction.on_commit(lambda: sender.finish(local.transaction_id, Resolution.COMMIT), using=using)
             except BaseException as exc:
                 operation.end(exc, Resolution.ROLLBACK.value)
