@@ -166,8 +166,6 @@ def test_a_group_with_stored_messages_waiting_is_stored_until_they_are_relayed(s
     assert len(stored(store_alias)) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="core: Producer.await_halves takes a hold (group order) for a broker "
-                                       "failure and backs off, so the next call of any group is stored too")
 def test_other_groups_go_to_the_broker_while_one_group_waits(store_alias: str) -> None:
     with broker_down():
         make_pay(store_alias, "alice")("alice", 1)
