@@ -17,6 +17,10 @@ Scenarios (``--scenario`` picks some; all by default):
   fence answers ROLLBACK and nothing is delivered;
 * ``insufficient-balance``: orders beyond a balance fail and roll back (ROLLBACK sent);
 * ``broker-restart``: the broker is SIGKILLed mid-run and restarted;
+* ``broker-outage``: the broker is SIGKILLed and stays down while 50 orders are placed: the
+  account service is in store mode (``OUTBOX["ON_BROKER_DOWN"] = "store"``), so they all
+  succeed, their messages wait in the account database, and the relay process hands them
+  to the broker once it is back;
 * ``consumer-crash``: the member service dies in the middle of a handler;
 * ``duplicate-delivery``: already-delivered messages are delivered again.
 """
@@ -44,14 +48,14 @@ import httpx
 from broker_embedded import BrokerClient
 from outbox import BrokerError, Message
 
-from .ledger import LedgerReport, read_ledger
+from .ledger import LedgerReport, read_ledger, unrelayed
 from .processes import Supervisor, free_port, port_answers, python_module, wait_until
 
 log = logging.getLogger("example_shop.demo")
 
 SCENARIOS = (
     "crash-after-commit", "crash-before-commit", "insufficient-balance",
-    "broker-restart", "consumer-crash", "duplicate-delivery",
+    "broker-restart", "broker-outage", "consumer-crash", "duplicate-delivery",
 )
 PRODUCER_GROUP = "account-service"
 MEMBER_GROUP = "member-service"
@@ -102,6 +106,7 @@ class ShopDemo:
         self.tally = Tally()
         self._account_restart = threading.Lock()
         self._stopping = threading.Event()
+        self._broker_down = threading.Event()
 
     # -- set-up ---------------------------------------------------------------------------
     def _databases(self) -> tuple[str, str]:
@@ -157,6 +162,8 @@ class ShopDemo:
         supervisor.add("account", python_module("example_shop.account", "serve", "--port", str(account_port)),
                        env, ready=lambda: port_answers(account_port)).start()
         _say(f"  account       http://127.0.0.1:{account_port}/ (Django, {account_db.split(':')[0]})")
+        supervisor.add("relay", python_module("example_shop.account", "relay"), env).start()
+        _say("  relay         hands the messages stored while the broker is down to it (manage.py outbox_relay)")
         supervisor.add("member", python_module("example_shop.member", "--port", str(member_port)),
                        env, ready=lambda: port_answers(member_port)).start()
         _say(f"  member        http://127.0.0.1:{member_port}/points (SQLAlchemy consumer)")
@@ -199,7 +206,8 @@ class ShopDemo:
             if response.status_code == 503:  # broker restarting: the order was not taken
                 time.sleep(0.5)
                 continue
-            self.tally.count({201: "paid", 409: "rejected: insufficient balance"}.get(
+            paid = "paid while the broker was down" if self._broker_down.is_set() else "paid"
+            self.tally.count({201: paid, 409: "rejected: insufficient balance"}.get(
                 response.status_code, f"HTTP {response.status_code}"))
             return
         self.tally.count("gave up: broker unavailable")
@@ -208,13 +216,24 @@ class ShopDemo:
         total = self.options.orders
         plan = [(i, self.random.choice(customers), self.random.randint(20, 400)) for i in range(total)]
         restart_at = total // 2 if "broker-restart" in self.options.scenarios else -1
+        outage_at = total // 4 if "broker-outage" in self.options.scenarios else -1
         # No keep-alive: a connection pooled before an account crash would fail uncertainly.
         limits = httpx.Limits(max_keepalive_connections=0)
         with httpx.Client(base_url=urls["account"], timeout=60, limits=limits) as client, \
                 ThreadPoolExecutor(self.options.concurrency) as pool:
             for start in range(0, total, 50):
                 chunk = plan[start:start + 50]
+                outage = start <= outage_at < start + 50
+                if outage:
+                    _say("  fault: SIGKILL the broker; it stays down while the next orders are placed")
+                    supervisor["broker"].kill()
+                    self._broker_down.set()
+                    self.tally.faults["broker outages"] += 1
                 list(pool.map(lambda order: self._place(supervisor, client, *order), chunk))
+                if outage:
+                    self._broker_down.clear()
+                    _say("  the broker is back; the relay hands over what the orders stored meanwhile")
+                    supervisor["broker"].start()
                 self._ensure_account(supervisor)
                 _say(f"  orders {start + len(chunk):4d}/{total}  {dict(self.tally.outcomes)}")
                 if start <= restart_at < start + 50:
@@ -231,13 +250,13 @@ class ShopDemo:
                 self.tally.faults["consumer restarts"] += 1
                 member.start()
 
-    def _settled(self, client: BrokerClient) -> bool:
+    def _settled(self, client: BrokerClient, account_db: str) -> bool:
         try:
             stats = client.stats()
         except BrokerError:
             return False
         lag = stats.consumer_lag.get(MEMBER_GROUP, {}).get("order.paid", 1)
-        return stats.pending_half == 0 and lag == 0
+        return stats.pending_half == 0 and lag == 0 and unrelayed(account_db) == 0
 
     def _duplicate_deliveries(self, client: BrokerClient, count: int = 3) -> int:
         delivered = [m for q in range(4) for m in client.read("order.paid", q, 0, 5)][:count]
@@ -265,12 +284,14 @@ class ShopDemo:
                 self._place_orders(supervisor, urls, customers)
                 with BrokerClient(urls["broker"], timeout_s=10) as client:
                     _say("  waiting for check-backs and consumers to settle ...")
-                    wait_until(lambda: self._settled(client), options.settle_timeout_s, "the shop to settle", 1.0)
+                    wait_until(lambda: self._settled(client, account_db), options.settle_timeout_s,
+                               "the shop to settle", 1.0)
                     if "duplicate-delivery" in options.scenarios:
                         injected = self._duplicate_deliveries(client)
                         self.tally.faults["duplicate deliveries"] += injected
                         _say(f"  fault: delivered {injected} already-consumed messages again")
-                        wait_until(lambda: self._settled(client), options.settle_timeout_s, "duplicates", 1.0)
+                        wait_until(lambda: self._settled(client, account_db), options.settle_timeout_s,
+                                   "duplicates", 1.0)
                     report = read_ledger(account_db, member_db, options.customers * options.balance)
                     export_dir = self.work / "broker-export"
                     client.export(str(export_dir))

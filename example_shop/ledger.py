@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import create_engine, text
 
+from outbox.schema import STORED_MESSAGE
+
 
 @dataclass(frozen=True)
 class LedgerReport:
@@ -114,3 +116,14 @@ def read_ledger(account_url: str, member_url: str, initial_total: int) -> Ledger
         duplicate_effects=sum(n - 1 for n in awards_per_order.values() if n > 1),
         points_mismatched_customers=mismatched,
     )
+
+
+def unrelayed(account_url: str) -> int:
+    """How many messages the account service stored while the broker was down still wait for its relay."""
+    account = create_engine(account_url)
+    try:
+        with account.connect() as conn:
+            return int(conn.execute(text(
+                f"SELECT count(*) FROM {STORED_MESSAGE} WHERE relayed_at IS NULL")).scalar_one())
+    finally:
+        account.dispose()

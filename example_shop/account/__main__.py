@@ -1,4 +1,5 @@
-"""``python -m example_shop.account migrate|serve --port N``: the account service."""
+"""``python -m example_shop.account migrate|serve --port N|relay``: the account service (``relay``:
+its store-mode relay, ``manage.py outbox_relay``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="example_shop.account")
-    parser.add_argument("command", choices=["migrate", "serve"])
+    parser.add_argument("command", choices=["migrate", "serve", "relay"])
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_shop.account.settings")
@@ -19,6 +20,9 @@ def main() -> int:
     django.setup()
     if args.command == "migrate":
         call_command("migrate", verbosity=0)
+        return 0
+    if args.command == "relay":
+        call_command("outbox_relay")
         return 0
     from django.core.handlers.wsgi import WSGIHandler
     from django.core.servers.basehttp import run

@@ -59,6 +59,9 @@ STATIC_URL = "/static/"
 OUTBOX = {
     "BROKER_URL": os.environ.get("OUTBOX_BROKER_URL", f"embedded://{WORK_DIR / 'broker'}"),
     "PRODUCER_GROUP": os.environ.get("SHOP_PRODUCER_GROUP", "account-service"),
+    # Orders keep succeeding while the broker is down: their messages wait in this database
+    # until the relay (``python -m example_shop.account relay``) hands them over.
+    "ON_BROKER_DOWN": os.environ.get("SHOP_ON_BROKER_DOWN", "store"),
 }
 
 LOGGING = {

@@ -288,3 +288,19 @@ def test_a_relay_cut_at_any_byte_is_completed_by_its_retry_exactly_once(tmp_path
     positions = cut.positions([*(bytes(m.body) for m in messages), *(i.encode() for i in ids)], 64)
     violations = run_cuts(cut, positions, tmp_path, check)
     assert not violations, report(violations, len(positions), "a relay")
+
+
+def test_a_relayed_transaction_counts_once_as_committed(broker_factory) -> None:
+    """The metrics' transactions_ended{commit}: a relay of a transaction never held open is one
+    committed transaction; its repeats, a further message and a restart add none."""
+    broker = broker_factory()
+    before = broker.book.committed
+    tx = _tx()
+    first = Message("orders", b"a")
+    broker.relay_committed([first], producer_group=PG, transaction_id=tx)
+    broker.relay_committed([first], producer_group=PG, transaction_id=tx)
+    broker.relay_committed([first, Message("orders", b"b")], producer_group=PG, transaction_id=tx)
+    assert broker.book.committed == before + 1
+    broker.close()
+    broker = broker_factory()
+    assert broker.book.committed == before + 1

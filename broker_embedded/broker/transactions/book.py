@@ -208,6 +208,8 @@ class TransactionBook:
             self.op_applied = queue_offset + 1
             tx = self.by_id.get(op.transaction_id)
             if tx is None:
+                if op.relayed:  # committed by a relay without ever being open here
+                    self.committed += 1
                 return
             if op.kind in FINAL_STATES:
                 del self.by_id[op.transaction_id]

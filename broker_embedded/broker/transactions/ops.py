@@ -1,11 +1,12 @@
 """Op records: everything that happens to a transaction after its half messages.
 
 An op record sits in ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` with a msgpack body
-``{"tx", "op", "n", "ts", "g", "h", "m"}``: the transaction id, what happened
+``{"tx", "op", "n", "ts", "g", "h", "m", "r"}``: the transaction id, what happened
 (commit | rollback | check | park | recheck), the check count, when, and for the
 operations that write further records (commit, park) the producer group, the half
 messages' commit log offsets and their message ids, so that recovery can redo those
-records from the op alone. Commit and rollback ops carry the transaction id as their
+records from the op alone; ``r`` marks the commit a relay wrote for a transaction the
+broker never held open. Commit and rollback ops carry the transaction id as their
 ``KEYS``: the index finds a resolution on disk after the transaction has left memory.
 """
 
@@ -37,6 +38,9 @@ class Op(msgspec.Struct, omit_defaults=True):
     producer_group: str = msgspec.field(default="", name="g")
     half_offsets: list[int] = msgspec.field(default_factory=list, name="h")
     message_ids: list[str] = msgspec.field(default_factory=list, name="m")
+    #: The first commit of a transaction this broker never held open: a relay's
+    #: (``relay_committed``), counted as a committed transaction.
+    relayed: bool = msgspec.field(default=False, name="r")
 
 
 encode_op = msgspec.msgpack.Encoder().encode

@@ -370,7 +370,7 @@ class TransactionService:
             )
         named = set(ended.message_ids) if ended is not None else set()
         results: list[int | SendResult] = []
-        op = Op(transaction_id, OP_COMMIT, 0, now_ms(), call.producer_group)
+        op = Op(transaction_id, OP_COMMIT, 0, now_ms(), call.producer_group, relayed=ended is None)
         copies: list[StoredRecord] = []
         for message, queue_id in zip(call.messages, queue_ids, strict=True):
             stored = self._copy_of(message.message_id, transaction_id) if message.message_id in named else None
