@@ -15,7 +15,14 @@ from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import Message
-from outbox import BrokerUnavailable, Producer, json_message, message_json, send, transactional_message
+from outbox import (
+    BrokerUnavailable,
+    Producer,
+    json_message,
+    message_json,
+    send,
+    transactional_message,
+)
 from outbox.integrations.sqlalchemy.tables import stored_message, transaction_log
 from outbox.stored import decode
 
