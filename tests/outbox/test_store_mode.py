@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker_embedded import Message
 from outbox import (
+    AsyncProducer,
     BrokerUnavailable,
     Producer,
+    asend,
     json_message,
     message_json,
     send,
@@ -27,6 +30,7 @@ from outbox.integrations.sqlalchemy.tables import stored_message, transaction_lo
 from outbox.stored import decode
 
 from ..server.conftest import ServerProcess, free_port
+from .async_support import run_with_sessions
 
 GROUP = "shop"
 TOPIC = "order.paid"
@@ -142,3 +146,31 @@ def test_a_message_group_with_stored_messages_waiting_stores_its_new_ones(
     assert [message_json(message)["order_id"] for _, message in stored_rows(factory)] == ["o1", "g2"]
     assert len(committed(factory)) == 3
     producer.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_async_decorator_and_asend_store_while_the_broker_is_down(
+        factory: sessionmaker[Session], db_url: str, down_url: str, overlap: bool) -> None:
+    async def main(sessions: async_sessionmaker[AsyncSession]) -> list[str]:
+        producer = AsyncProducer(down_url, GROUP, on_broker_down="store")
+
+        @transactional_message(producer, sessions, topic=TOPIC, overlap=overlap)
+        async def pay(session: AsyncSession, order_id: str, fails: bool = False) -> str:
+            await session.execute(orders.insert().values(id=order_id, amount=1))
+            await asend(session, json_message(TOPIC, {"order_id": order_id, "extra": 0}))
+            if fails:
+                raise ValueError("failed order")
+            return order_id
+
+        paid = [await pay("o1"), await pay("o2")]
+        with pytest.raises(ValueError, match="failed order"):
+            await pay("o3", fails=True)
+        await producer.aclose()
+        return paid
+
+    assert run_with_sessions(db_url, main) == ["o1", "o2"]
+    rows = stored_rows(factory)
+    assert [message_json(message) for _, message in rows] == [
+        {"order_id": "o1", "fails": False}, {"order_id": "o1", "extra": 0},
+        {"order_id": "o2", "fails": False}, {"order_id": "o2", "extra": 0}]
+    assert committed(factory) == dict.fromkeys(dict.fromkeys(tx for tx, _ in rows), "COMMITTED")
