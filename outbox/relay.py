@@ -20,7 +20,8 @@ doubles nothing (the broker recognises the repeat). A transaction the broker ref
 logged and left, with the rows behind it in its message groups, for a later pass; a broker
 that cannot be reached ends the pass (what was relayed before is committed) and raises
 ``BrokerUnavailableError``. ``run`` loops until stopped, backing off while the broker is
-down (``outbox.outage``); ``relay_task`` runs it as an asyncio task.
+down (``outbox.outage``); ``relay_task`` runs it as an asyncio task. ``stored_backlog``
+says what waits (``outbox status``).
 
 The core knows no ORM: an integration gives its recorder (``checker_transaction``) and a
 database (``outbox.integrations.sqlalchemy.relay``).
@@ -32,6 +33,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from broker_embedded import BrokerAPI, BrokerError
@@ -168,6 +170,23 @@ def relay_thread(relays: Sequence[Relay[Any]], idle_s: float = DEFAULT_IDLE_S) -
         thread.join()
 
     return stopped
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """A producer group's stored messages not relayed yet, and the oldest one's age."""
+
+    producer_group: str
+    unrelayed: int
+    oldest_age_s: float
+
+
+def stored_backlog(execute: Execute, sql: OutboxSQL) -> list[Backlog]:
+    """Per producer group with stored messages waiting: how many, and how long the oldest
+    has waited (by the database's clock)."""
+    now = sql.database_time(execute(sql.read_now, ())[0][0])
+    return [Backlog(str(group), int(count), (now - sql.database_time(oldest)).total_seconds())
+            for group, count, oldest in execute(sql.stored_backlog, ())]
 
 
 def _group(row: StoredMessage) -> _Group | None:
