@@ -202,10 +202,14 @@ def relay(args: argparse.Namespace, settings: OutboxSettings) -> int:
 
     stop = threading.Event()
     stop_on_signals(stop)
-    broker = connect(args.broker_url or settings.broker_url)
+    urls = args.database_url or settings.databases
+    broker_url = args.broker_url or settings.broker_url
+    broker = connect(broker_url)
     try:
-        run_relays(relays(args.database_url or settings.databases, broker, batch_size=args.batch_size,
-                          connect_timeout_s=settings.check_connect_timeout_s), stop, idle_s=args.idle_s)
+        relaying = relays(urls, broker, batch_size=args.batch_size, connect_timeout_s=settings.check_connect_timeout_s)
+        logging.getLogger(__name__).info("outbox relay: relaying the stored messages of %s to %s until SIGTERM/SIGINT",
+                                         ", ".join(_shown(url) for url in urls), broker_url)
+        run_relays(relaying, stop, idle_s=args.idle_s)
     finally:
         broker.close()
     return 0
