@@ -8,6 +8,7 @@ once (PostgreSQL); ``outbox relay`` SIGKILLed at random points, then run again.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -28,7 +29,7 @@ from outbox import Producer, json_message, message_json, transactional_message
 from outbox.integrations.sqlalchemy.recorder import RECORDER
 from outbox.integrations.sqlalchemy.relay import backlog, relay
 from outbox.integrations.sqlalchemy.tables import stored_message
-from outbox.relay import run_relays
+from outbox.relay import relay_task, run_relays
 from outbox.stored import store_messages
 
 from ..server.conftest import ServerProcess, free_port
@@ -186,6 +187,24 @@ def test_two_relays_at_once_hand_over_each_message_once_in_group_order(
         for client in clients:
             client.close()
     assert_exactly_once_in_group_order(server.url, range(60))
+
+
+def test_relay_task_relays_on_an_event_loop_until_cancelled(
+        engine: Engine, factory: sessionmaker[Session], server: ServerProcess) -> None:
+    store_while_down(factory, range(5))
+    server.start()
+
+    async def main() -> None:
+        with BrokerClient(server.url) as client:
+            task = asyncio.create_task(relay_task([relay(engine, client)], idle_s=0.05))
+            while await asyncio.to_thread(backlog, engine):
+                await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    assert_exactly_once_in_group_order(server.url, range(5))
 
 
 def unrelayed(engine: Engine) -> int:

@@ -21,6 +21,7 @@ from outbox import (
     BrokerUnavailable,
     Producer,
     asend,
+    cli,
     json_message,
     message_json,
     send,
@@ -174,3 +175,17 @@ def test_async_decorator_and_asend_store_while_the_broker_is_down(
         {"order_id": "o1", "fails": False}, {"order_id": "o1", "extra": 0},
         {"order_id": "o2", "fails": False}, {"order_id": "o2", "extra": 0}]
     assert committed(factory) == dict.fromkeys(dict.fromkeys(tx for tx, _ in rows), "COMMITTED")
+
+
+def test_outbox_status_shows_what_waits_for_the_relay(factory: sessionmaker[Session], db_url: str, down_url: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "--database-url", db_url]) == 0
+    assert capsys.readouterr().out.endswith(": no stored messages wait for the relay\n")
+    producer = Producer(down_url, GROUP, on_broker_down="store")
+    paying(producer, factory)("o1", 1, extra=2)
+    producer.close()
+
+    assert cli.main(["status", "--database-url", db_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("  producer group shop: 3 stored message(s) not relayed, oldest ")
+    assert 0 <= float(lines[1].rpartition(" oldest ")[2].removesuffix("s ago")) < 60
