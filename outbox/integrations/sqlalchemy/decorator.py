@@ -25,7 +25,10 @@ the acknowledgment is awaited just before the commit (a broker failure then roll
 transaction back and raises ``BrokerUnavailableError``: the function ran, but nothing it
 wrote is committed). ``overlap=False`` waits for it before the function runs. The
 producer's ``oneway_end`` decides whether the call also waits for the END after the
-commit (``outbox.producer.Producer``).
+commit (``outbox.producer.Producer``). With a producer made with
+``on_broker_down="store"`` a broker that cannot take the half fails nothing: the function
+runs and the commit stores the transaction's messages for the relay (the session hook,
+``outbox.stored``).
 
 On an ``async def`` (with an ``AsyncProducer`` and an ``async_sessionmaker``) the wrapper
 is a coroutine function with the same steps, awaiting each (the half message as a task

@@ -17,6 +17,13 @@ rolled back through those events (``session.close()`` with a transaction open). 
 failed flush deactivated has already rolled back on the database and fired
 ``after_rollback``.
 
+Store mode (a producer made with ``on_broker_down="store"``, ``outbox.stored``): a half
+the broker did not take makes ``before_commit`` write all of the transaction's messages
+into ``outbox_stored_message`` in the same transaction instead of failing the commit; a
+message whose message group has stored messages waiting is held out of the broker
+(``start_half``), so the whole transaction stores behind them. No END follows the commit;
+the relay (``outbox.relay``) hands the messages over.
+
 Savepoints: messages belong to the outermost transaction, whose one transaction id they
 share, and the broker resolves a transaction as a whole. So:
 
