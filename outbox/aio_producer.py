@@ -4,7 +4,7 @@ The same sends, errors and instrumentation events as ``outbox.producer.Producer`
 drive ``outbox.producer_protocol``), with coroutines. Two things are its own:
 
 * ``start_half`` sends a half message as a task, so the local transaction can run while
-  the broker stores it (the caller awaits the task before its DB commit);
+  the broker stores it (the caller awaits ``await_halves`` before its DB commit);
 * ``finish`` starts END_TRANSACTION as a task that first waits for the transaction's
   half message, so a ROLLBACK can never overtake its half. Awaiting it waits for the
   broker; with ``oneway_end=True`` the decorator and ``send_message_in_transaction`` do
@@ -12,6 +12,10 @@ drive ``outbox.producer_protocol``), with coroutines. Two things are its own:
 
 End results never raise for a broker failure: the database already decided, and the
 check-back will settle a transaction whose END did not arrive.
+
+``on_broker_down`` is ``Producer``'s (``outbox.stored.BrokerDown``): in store mode a half
+the broker cannot take makes ``await_halves`` return False instead of raising, and the
+caller stores the transaction's messages in its DB transaction.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from broker_embedded import (
 )
 
 from .check_back import Answer, checking, fenced_resolution
+from .errors import BrokerUnavailableError
 from .instrumentation import carried_context
 from .producer_protocol import (
     answered,
@@ -41,6 +46,7 @@ from .producer_protocol import (
     sending,
     sending_half,
 )
+from .stored import BrokerDown, MessageHeld, OnBrokerDown
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +64,18 @@ class AsyncProducer:
 
     Use it on one event loop; ``async with AsyncProducer(...) as producer`` closes it.
     ``answer_check_backs(answer)`` makes it answer its group's check-backs, as
-    ``Producer.answer_check_backs`` does (``@transactional_message`` calls it)."""
+    ``Producer.answer_check_backs`` does (``@transactional_message`` calls it).
+    ``on_broker_down``: ``"raise"`` (the default) or ``"store"``, as for ``Producer``."""
 
-    def __init__(self, broker: AsyncBrokerClient | str, producer_group: str, *, oneway_end: bool = False) -> None:
+    def __init__(self, broker: AsyncBrokerClient | str, producer_group: str, *, oneway_end: bool = False,
+                 on_broker_down: OnBrokerDown = "raise") -> None:
         self.broker = AsyncBrokerClient(broker) if isinstance(broker, str) else broker
         self.producer_group = producer_group
         self.oneway_end = oneway_end
-        self._halves: dict[str, asyncio.Task[SendResult]] = {}
+        #: ``on_broker_down``, the outage a store-mode producer is in, and the transactions
+        #: whose messages were stored.
+        self.broker_down = BrokerDown(on_broker_down, producer_group)
+        self._halves: dict[str, list[asyncio.Future[SendResult]]] = {}
         self._ends: dict[str, asyncio.Task[bool]] = {}
         self._on_check: Any = None  # the check-back callback, once answer_check_backs was called
         self._offered = False  # whether the broker was given it
@@ -86,12 +97,39 @@ class AsyncProducer:
             return await self.broker.send_half(stamped, producer_group=self.producer_group,
                                                transaction_id=transaction_id)
 
-    def start_half(self, message: Message, transaction_id: str) -> asyncio.Task[SendResult]:
+    def start_half(self, message: Message, transaction_id: str) -> asyncio.Future[SendResult]:
         """``send_half`` as a task of the running loop, remembered until the transaction's
-        END is sent after it. Await the task before the DB commit."""
-        half = asyncio.create_task(self.send_half(message, transaction_id))
-        self._halves[transaction_id] = half
+        END is sent after it; ``await_halves(transaction_id)`` before the DB commit. In store
+        mode, while the producer backs off after an outage, the message is held instead."""
+        if self.broker_down.skipping():
+            return self.hold(message, transaction_id)
+        half = asyncio.ensure_future(self.send_half(message, transaction_id))
+        self._halves.setdefault(transaction_id, []).append(half)
         return half
+
+    def hold(self, message: Message, transaction_id: str) -> asyncio.Future[SendResult]:
+        """Store mode: keep ``message`` out of the broker (``Producer.hold``)."""
+        held: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        held.set_exception(MessageHeld(message, transaction_id))
+        self._halves.setdefault(transaction_id, []).append(held)
+        return held
+
+    async def await_halves(self, transaction_id: str) -> bool:
+        """Wait for the half messages of ``transaction_id`` that ``start_half`` sent; True
+        when the broker holds them all. One that was not stored: ``BrokerUnavailableError``
+        (the local transaction must roll back), or in store mode False: the caller stores
+        the transaction's messages in its transaction and commits; no END follows."""
+        halves = self._halves.pop(transaction_id, [])
+        outcomes = await asyncio.gather(*halves, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BrokerUnavailableError):
+                self.broker_down.not_taken(outcome, transaction_id)
+                return False
+            if isinstance(outcome, BaseException):
+                raise outcome
+        if halves:
+            self.broker_down.answered()
+        return True
 
     async def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False) -> bool:
         """Tell the broker how the transaction ended; False (and a warning) if it could not."""
@@ -111,11 +149,11 @@ class AsyncProducer:
         return task
 
     async def _end_after_half(self, transaction_id: str, resolution: Resolution) -> bool:
-        half = self._halves.pop(transaction_id, None)
-        if half is not None:
-            try:
-                await half
-            except Exception:
+        halves = self._halves.pop(transaction_id, [])
+        if not self.broker_down.ends(transaction_id, resolution):
+            return False  # its messages are in the database: the relay hands them over
+        for outcome in await asyncio.gather(*halves, return_exceptions=True):
+            if isinstance(outcome, BaseException):
                 return False  # announced by SEND_HALF, raised to whoever awaited the half
         return await self.end_transaction(transaction_id, resolution)
 

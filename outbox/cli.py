@@ -5,6 +5,8 @@
     outbox check TRANSACTION_ID --group G [--database-url URL] [--broker-url URL] [--send]
     outbox migrate [--database-url URL]
     outbox purge [--database-url URL ...] [--broker-url URL] [--table T ...] [--dry-run] ...
+    outbox relay [--database-url URL ...] [--broker-url URL] [--batch-size N] [--idle-s S]
+    outbox status [--database-url URL ...]
     outbox reconcile ...          (the PySpark reconciliation job; see its --help)
 
 ``--handler`` names either a plain ``handler(session, received)``, which ``consume`` makes
@@ -20,6 +22,11 @@ messages it passes over are consumed for the group.
 ``purge`` deletes what retention allows (docs/retention.md) from every database of the
 settings (``OUTBOX_DATABASE_URL`` and ``OUTBOX_GROUP_DATABASES``) unless ``--database-url``
 names them; it prints its progress and a report per database.
+
+``relay`` hands the messages store mode kept in the databases (``on_broker_down="store"``)
+to the broker (``outbox.relay``) until SIGTERM or SIGINT, then exits 0; ``status`` prints,
+per database and producer group, how many stored messages wait for it and the oldest's age.
+Both default to every database of the settings, as ``purge`` does.
 
 The exit statuses are in ``EXIT_STATUS``.
 """
@@ -39,6 +46,7 @@ from broker_embedded.cli_tools import (
     SpecImportError,
     hidden_alias,
     load_attribute,
+    non_negative_float,
     positive_int,
     quiet_on_broken_pipe,
 )
@@ -188,6 +196,42 @@ def purge(args: argparse.Namespace, settings: OutboxSettings) -> int:
     return 1 if any(report.skipped for report in reports) else 0
 
 
+def relay(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    from .integrations.sqlalchemy.relay import relays
+    from .relay import run_relays
+
+    stop = threading.Event()
+    stop_on_signals(stop)
+    urls = args.database_url or settings.databases
+    broker_url = args.broker_url or settings.broker_url
+    broker = connect(broker_url)
+    try:
+        relaying = relays(urls, broker, batch_size=args.batch_size, connect_timeout_s=settings.check_connect_timeout_s)
+        logging.getLogger(__name__).info("outbox relay: relaying the stored messages of %s to %s until SIGTERM/SIGINT",
+                                         ", ".join(_shown(url) for url in urls), broker_url)
+        run_relays(relaying, stop, idle_s=args.idle_s)
+    finally:
+        broker.close()
+    return 0
+
+
+def status(args: argparse.Namespace, settings: OutboxSettings) -> int:
+    from .integrations.sqlalchemy.engine import checker_engine
+    from .integrations.sqlalchemy.relay import backlog
+
+    for url in args.database_url or settings.databases:
+        engine = checker_engine(url, settings.check_connect_timeout_s)
+        try:
+            waiting = backlog(engine)
+        finally:
+            engine.dispose()
+        print(f"{_shown(url)}:" if waiting else f"{_shown(url)}: no stored messages wait for the relay")
+        for group in waiting:
+            print(f"  producer group {group.producer_group}: {group.unrelayed} stored message(s) not relayed, "
+                  f"oldest {group.oldest_age_s:.1f}s ago")
+    return 0
+
+
 #: What the commands need beyond the core (the ``sqlalchemy`` extra); imported when they run.
 _SQLALCHEMY_MODULES = frozenset({"sqlalchemy", "alembic"})
 
@@ -226,6 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", action="append", help="only this producer group's transaction_log rows "
                    "(repeatable; default: every group)")
     add_purge_arguments(p)
+    r = sub.add_parser("relay", help="hand the messages store mode kept in the databases to the broker, until "
+                       "SIGTERM/SIGINT")
+    r.add_argument("--database-url", action="append", type=database_url,
+                   help="a database with outbox_stored_message (repeatable; default: every database of the settings)")
+    _broker_url_option(r)
+    r.add_argument("--batch-size", type=positive_int, default=100, help="stored messages claimed per transaction")
+    r.add_argument("--idle-s", type=non_negative_float, default=1.0,
+                   help="seconds to wait after a pass that found nothing to relay")
+    st = sub.add_parser("status", help="the stored messages waiting for the relay, per producer group")
+    st.add_argument("--database-url", action="append", type=database_url,
+                    help="a database to report on (repeatable; default: every database of the settings)")
     sub.add_parser("reconcile", help="the PySpark reconciliation report (outbox reconcile --help)", add_help=False)
     return parser
 
@@ -249,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handled: tuple[type[Exception], ...] = (OutboxError, BrokerError, SpecImportError, *_database_errors())
     try:
         settings = OutboxSettings.from_env()
-        commands = {"consume": consume, "check": check, "migrate": migrate, "purge": purge}
+        commands = {"consume": consume, "check": check, "migrate": migrate, "purge": purge, "relay": relay,
+                    "status": status}
         return commands[args.command](args, settings)
     except handled as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # SQLAlchemy's add SQL, a link

@@ -54,7 +54,7 @@ from .producer_protocol import (
     sending,
     sending_half,
 )
-from .stored import BrokerDown, OnBrokerDown
+from .stored import BrokerDown, MessageHeld, OnBrokerDown
 
 log = logging.getLogger(__name__)
 S = TypeVar("S")
@@ -97,10 +97,9 @@ class Producer:
         self.broker: BrokerAPI = connect(broker) if isinstance(broker, str) else broker
         self.producer_group = producer_group
         self.oneway_end = oneway_end
-        #: ``on_broker_down`` and the outage a store-mode producer is in.
+        #: ``on_broker_down``, the outage a store-mode producer is in, and the transactions
+        #: whose messages were stored.
         self.broker_down = BrokerDown(on_broker_down, producer_group)
-        #: Transactions whose messages were stored (store mode): no END after their commit.
-        self._stored: set[str] = set()
         #: The broker when it is a ``BrokerClient``: requests go on the wire without waiting.
         self._client = self.broker if isinstance(self.broker, BrokerClient) else None
         self._halves: dict[str, list[Future[SendResult]]] = {}
@@ -160,8 +159,7 @@ class Producer:
         or its message group's stored messages wait for the relay); ``await_halves`` then
         tells the caller to store the transaction's messages."""
         held: Future[SendResult] = Future()
-        held.set_exception(_Held(
-            f"message {message.message_id} of transaction {transaction_id} held for the database (store mode)"))
+        held.set_exception(MessageHeld(message, transaction_id))
         with self._lock:
             self._halves.setdefault(transaction_id, []).append(held)
         return held
@@ -180,19 +178,12 @@ class Producer:
                 try:
                     half.result(self._answer_timeout_s)
                 except FutureTimeout:
-                    error = BrokerUnavailableError(f"a half message of transaction {transaction_id} was not "
-                                                   f"acknowledged within {self._answer_timeout_s:.1f}s")
-                except BrokerUnavailableError as exc:
-                    error = exc
-                else:
-                    continue
-                if not self.broker_down.stores:
-                    raise error
-                if not isinstance(error, _Held):  # a held message says nothing about the broker
-                    self.broker_down.failed(error)
-                with self._lock:
-                    self._stored.add(transaction_id)
-                return False  # the rest need not be waited for: all are stored
+                    raise BrokerUnavailableError(
+                        f"a half message of transaction {transaction_id} was not acknowledged within "
+                        f"{self._answer_timeout_s:.1f}s") from None
+        except BrokerUnavailableError as exc:
+            self.broker_down.not_taken(exc, transaction_id)
+            return False
         finally:
             if unanswered := [half for half in halves if not half.done()]:
                 with self._lock:  # the ROLLBACK that follows waits for them (finish)
@@ -219,9 +210,7 @@ class Producer:
         waited for otherwise. Never raises for a broker failure."""
         with self._lock:
             unanswered = self._halves.pop(transaction_id, [])
-            stored = transaction_id in self._stored
-            self._stored.discard(transaction_id)
-        if stored and resolution is Resolution.COMMIT:
+        if not self.broker_down.ends(transaction_id, resolution):
             return  # its messages are in the database: the relay hands them over
         if unanswered:  # a local transaction that failed before awaiting them
             wait(unanswered, self._answer_timeout_s)
@@ -381,10 +370,6 @@ class Producer:
         self.flush()
         _flushed_at_exit.discard(self)
         self.broker.close()
-
-
-class _Held(BrokerUnavailableError):
-    """A message ``hold`` kept out of the broker (store mode): the broker may well be up."""
 
 
 class _Settled(Future[S]):

@@ -16,6 +16,7 @@
 | ``OUTBOX_BROKER_CHECK_MAX`` | ``15`` | the broker's ``--check-max`` (retention's horizon) |
 | ``OUTBOX_RETENTION_MARGIN_S`` | ``604800`` | transaction_log rows are kept this long past the broker's horizon |
 | ``OUTBOX_DEDUP_WINDOW_S`` | ``604800`` | consumed_message rows are kept this long (docs/retention.md) |
+| ``OUTBOX_RELAY`` | ``1`` if ``OUTBOX_DATABASE_URL`` is set, else ``0`` | whether the Celery check-back worker runs the relay |
 
 ``DATA_HOME`` is ``$XDG_DATA_HOME/halfmoon``, or ``~/.local/share/halfmoon`` (``data_home()``):
 one folder per user, whatever the working directory, so a producer, a broker's Celery checker
@@ -130,6 +131,19 @@ def _number(env: Mapping[str, str], variable: str, kind: type, default: float, z
     return value  # type: ignore[no-any-return]
 
 
+def _flag(env: Mapping[str, str], variable: str, default: bool) -> bool:
+    """``variable`` as a yes/no (``1``/``0``, ``true``/``false``, ``yes``/``no``; unset:
+    ``default``); ``ConfigurationError`` naming it otherwise."""
+    text = env.get(variable, "").strip().lower()
+    if not text:
+        return default
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"bad outbox setting {variable}={env[variable]!r}: must be 1 or 0")
+
+
 def _group_databases(env: Mapping[str, str]) -> dict[str, str]:
     text = env.get("OUTBOX_GROUP_DATABASES", "{}")
     try:
@@ -156,6 +170,8 @@ class OutboxSettings:
     check_statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
     #: How long ``outbox purge`` keeps the framework tables' rows.
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    #: Whether the standalone Celery worker relays stored messages (``outbox.relay``).
+    relay: bool = False
 
     def __post_init__(self) -> None:
         if self.check_connect_timeout_s <= 0 or self.check_statement_timeout_ms <= 0:
@@ -178,6 +194,7 @@ class OutboxSettings:
             celery_broker_url=env.get("OUTBOX_CELERY_BROKER_URL", cls.celery_broker_url),
             celery_data_dir=Path(data_dir) if data_dir else data_home(env) / "celery",
             retention=retention,
+            relay=_flag(env, "OUTBOX_RELAY", default=bool(env.get("OUTBOX_DATABASE_URL"))),
             **checks,  # type: ignore[arg-type]
         )
         return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]

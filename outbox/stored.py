@@ -30,10 +30,10 @@ from typing import Literal, get_args
 
 import msgspec
 
-from broker_embedded import Message
+from broker_embedded import Message, Resolution
 
 from . import instrumentation
-from .errors import ConfigurationError
+from .errors import BrokerUnavailableError, ConfigurationError
 from .outage import BrokerOutage
 from .sql import Execute, OutboxSQL
 
@@ -51,6 +51,15 @@ def checked_mode(value: str) -> OnBrokerDown:
     return value  # type: ignore[return-value]
 
 
+class MessageHeld(BrokerUnavailableError):
+    """Store mode kept a message out of the broker (``hold``): its transaction stores its
+    messages. Not a failure of the broker: it starts no back-off."""
+
+    def __init__(self, message: Message, transaction_id: str) -> None:
+        super().__init__(f"message {message.message_id} of transaction {transaction_id} held for the database "
+                         "(store mode)")
+
+
 class BrokerDown:
     """A producer's ``on_broker_down`` mode and, in store mode, the outage it is in."""
 
@@ -58,6 +67,8 @@ class BrokerDown:
         self.mode = checked_mode(mode)
         self._outage = BrokerOutage(log, f"producer group {producer_group} (store mode)")
         self._retry_at = 0.0
+        #: Transactions whose messages are stored: no END_TRANSACTION after their commit.
+        self._stored: set[str] = set()
 
     @property
     def stores(self) -> bool:
@@ -74,6 +85,23 @@ class BrokerDown:
         if self.stores:
             self._retry_at = time.monotonic() + self._outage.failed(error if isinstance(error, Exception)
                                                                     else Exception(str(error)))
+
+    def not_taken(self, error: BrokerUnavailableError, transaction_id: str) -> None:
+        """A half message of ``transaction_id`` was not taken: ``error`` is raised in raise
+        mode; in store mode the back-off starts and the transaction stores its messages
+        (``ends`` then says no END follows its commit)."""
+        if not self.stores:
+            raise error
+        if not isinstance(error, MessageHeld):
+            self.failed(error)
+        self._stored.add(transaction_id)
+
+    def ends(self, transaction_id: str, resolution: Resolution) -> bool:
+        """Whether END_TRANSACTION follows ``transaction_id``'s end with ``resolution``: not
+        after the commit of a transaction that stored its messages (the relay hands them over)."""
+        stored = transaction_id in self._stored
+        self._stored.discard(transaction_id)
+        return not (stored and resolution is Resolution.COMMIT)
 
     def answered(self) -> None:
         """The broker took a half message: the outage, if any, is over."""

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, inspect, text
 
-from outbox.schema import CONSUMED_MESSAGE, TRANSACTION_LOG
+from outbox.schema import CONSUMED_MESSAGE, STORED_MESSAGE, TRANSACTION_LOG
 from tests.outbox.alembic_user_project import APP_REVISION_ID, write_user_project
 
 ROOT = Path(__file__).resolve().parents[2]
-FRAMEWORK_TABLES = {TRANSACTION_LOG, CONSUMED_MESSAGE}
+FRAMEWORK_TABLES = {TRANSACTION_LOG, CONSUMED_MESSAGE, STORED_MESSAGE}
 
 
 def _alembic(ini: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -52,7 +52,7 @@ def test_our_branch_in_the_apps_own_history(tmp_path: Path) -> None:
     ini = write_user_project(tmp_path / "project", url)
     heads = _alembic(ini, url, "heads")
     assert heads.returncode == 0, heads.stderr
-    assert "0003 (halfmoon) (head)" in heads.stdout and f"{APP_REVISION_ID} (app) (head)" in heads.stdout
+    assert "0004 (halfmoon) (head)" in heads.stdout and f"{APP_REVISION_ID} (app) (head)" in heads.stdout
 
     ours = _alembic(ini, url, "upgrade", "halfmoon@head")  # our branch alone
     assert ours.returncode == 0, ours.stderr
@@ -64,6 +64,6 @@ def test_our_branch_in_the_apps_own_history(tmp_path: Path) -> None:
     assert "outbox_alembic_version" not in _tables(url)  # one history: the app's
     with create_engine(url).connect() as conn:
         assert set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars()) == {
-            "0003", APP_REVISION_ID}
+            "0004", APP_REVISION_ID}
     checked = _alembic(ini, url, "check")
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -1,7 +1,8 @@
 """Check-backs and retention as Celery tasks, ORM-free: the tasks' names, queues and
 bodies (``check_back``, ``purge``), the broker's side (``checker.make_checker``) and the
 standalone app (``worker``). Each integration registers them with its own fence and error
-family: ``register(app)`` and ``register_purge(app)`` are the SQLAlchemy flavour's
+family: ``register(app)``, ``register_purge(app)`` and ``register_relay(app)`` are the
+SQLAlchemy flavour's
 (``outbox.integrations.sqlalchemy.tasks``, loaded on first use, so that importing this
 package imports no ORM); a Django project's Celery app autodiscovers
 ``outbox.integrations.django.tasks``."""
@@ -15,7 +16,7 @@ from .check_back import CHECK_TASK, check_queue
 from .purge import PURGE_TASK
 
 #: The SQLAlchemy flavour's registrations, loaded on first use.
-_SQLALCHEMY_NAMES = frozenset({"register", "register_purge"})
+_SQLALCHEMY_NAMES = frozenset({"register", "register_purge", "register_relay"})
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +27,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["CHECK_TASK", "PURGE_TASK", "check_queue", "register", "register_purge"]
+__all__ = ["CHECK_TASK", "PURGE_TASK", "check_queue", "register", "register_purge", "register_relay"]

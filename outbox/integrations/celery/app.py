@@ -13,6 +13,10 @@ server-less ``filesystem://`` under ``OUTBOX_CELERY_DATA_DIR`` (through
 ``OUTBOX_CELERY_BROKER_URL=redis://...`` in production. The module-level ``app`` (and
 ``settings``, ``check_transaction_task``) is built on first use: importing this module reads
 no environment and makes no folder.
+
+The worker also relays the messages store mode kept in the databases
+(``register_relay``) when ``OUTBOX_RELAY`` is 1, its default once ``OUTBOX_DATABASE_URL``
+is set; ``OUTBOX_RELAY=0`` switches that off (run ``outbox relay`` instead, or nothing).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 from celery import Celery
 
 from ...settings import OutboxSettings
-from ..sqlalchemy.tasks import register
+from ..sqlalchemy.tasks import register, register_relay
 from .transport import TRANSPORT
 
 
@@ -58,6 +62,8 @@ def make_app(settings: OutboxSettings) -> Celery:
 def _standalone() -> dict[str, Any]:
     settings = OutboxSettings.from_env()
     app = make_app(settings)
+    if settings.relay:
+        register_relay(app, settings=settings)
     return {"settings": settings, "app": app, "check_transaction_task": register(app, settings=settings)}
 
 

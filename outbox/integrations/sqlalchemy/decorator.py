@@ -25,7 +25,10 @@ the acknowledgment is awaited just before the commit (a broker failure then roll
 transaction back and raises ``BrokerUnavailableError``: the function ran, but nothing it
 wrote is committed). ``overlap=False`` waits for it before the function runs. The
 producer's ``oneway_end`` decides whether the call also waits for the END after the
-commit (``outbox.producer.Producer``).
+commit (``outbox.producer.Producer``). With a producer made with
+``on_broker_down="store"`` a broker that cannot take the half fails nothing: the function
+runs and the commit stores the transaction's messages for the relay (the session hook,
+``outbox.stored``).
 
 On an ``async def`` (with an ``AsyncProducer`` and an ``async_sessionmaker``) the wrapper
 is a coroutine function with the same steps, awaiting each (the half message as a task
@@ -65,6 +68,8 @@ from .check_back import answer_own_check_backs
 from .session import (
     Database,
     PendingTransaction,
+    acknowledged,
+    awaited,
     database,
     install,
     installed_producer,
@@ -74,6 +79,7 @@ from .session import (
     poisons,
     record_message,
     send,
+    start_half,
     transaction_elsewhere,
 )
 
@@ -125,30 +131,27 @@ def transactional_message(
             raise ConfigurationError("an AsyncProducer needs an async def")
         sessions = cast(Callable[[], Session], session_factory)
 
-        def acknowledged(transaction_id: str) -> None:
-            """Without ``overlap``, the half's acknowledgment before the function runs (with
-            it, the session hook awaits it before the commit)."""
-            if not overlap:
-                producer.await_halves(transaction_id)
-
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> R:
             given, args, kwargs = calls.session_argument(args, kwargs, asynchronous=False)
             message = bound.message(*args, **kwargs)
             if given is not None and given.in_transaction():
                 pending = calls.join(given)
-                producer.start_half(message, pending.transaction_id)
+                start_half(given, pending, message)
                 with poisons(pending, calls.name):
                     record_message(given, pending, message)
-                    acknowledged(pending.transaction_id)
+                    if not overlap:  # with it, the session hook awaits the half before the commit
+                        acknowledged(pending)
                     with running(pending):
                         return function(given, *args, **kwargs)
             with nullcontext(given) if given is not None else sessions() as session:
                 calls.own(session)
                 with session.begin():
-                    transaction_id = send(session, message)
-                    acknowledged(transaction_id)
-                    with running(local_transaction(session)):
+                    send(session, message)
+                    pending = local_transaction(session)
+                    if not overlap:
+                        acknowledged(pending)
+                    with running(pending):
                         return function(session, *args, **kwargs)
 
         return wrapper
@@ -258,7 +261,8 @@ def _asynchronous(function: Callable[..., Any], bound: BoundTemplate, calls: _Ca
         message = bound.message(*args, **kwargs)
         if given is not None and given.in_transaction():
             pending = calls.join(given)
-            await producer.send_half(message, pending.transaction_id)
+            await given.run_sync(start_half, pending, message)
+            await awaited(pending)
             with poisons(pending, calls.name):
                 await given.run_sync(record_message, pending, message)
                 with running(pending):
@@ -268,15 +272,14 @@ def _asynchronous(function: Callable[..., Any], bound: BoundTemplate, calls: _Ca
             pending = pending_transaction(session.sync_session)
             try:
                 async with session.begin():
-                    if overlap:
-                        half = producer.start_half(message, pending.transaction_id)
-                    else:
-                        await producer.send_half(message, pending.transaction_id)
+                    await session.run_sync(start_half, pending, message)
+                    if not overlap:
+                        await awaited(pending)
                     await session.run_sync(record_message, pending, message)
                     with running(pending):
                         result = await function(session, *args, **kwargs)
-                    if overlap:
-                        await half  # before the commit: a crash before it leaves nothing committed
+                    if overlap:  # before the commit: a crash before it leaves nothing committed
+                        await awaited(pending)
             finally:
                 if not producer.oneway_end:
                     await producer.ended(pending.transaction_id)

@@ -17,6 +17,13 @@ rolled back through those events (``session.close()`` with a transaction open). 
 failed flush deactivated has already rolled back on the database and fired
 ``after_rollback``.
 
+Store mode (a producer made with ``on_broker_down="store"``, ``outbox.stored``): a half
+the broker did not take makes ``before_commit`` write all of the transaction's messages
+into ``outbox_stored_message`` in the same transaction instead of failing the commit; a
+message whose message group has stored messages waiting is held out of the broker
+(``start_half``), so the whole transaction stores behind them. No END follows the commit;
+the relay (``outbox.relay``) hands the messages over.
+
 Savepoints: messages belong to the outermost transaction, whose one transaction id they
 share, and the broker resolves a transaction as a whole. So:
 
@@ -45,7 +52,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, event
 from sqlalchemy.engine import URL
@@ -60,8 +67,9 @@ from ...context import current_transaction_id as current_transaction_id  # the s
 from ...errors import ConfigurationError, NestedTransactionError, OutboxError, SavepointError
 from ...producer import Producer, new_transaction_id
 from ...producer_protocol import local_transaction as local_operation
+from ...stored import group_waiting, store_messages
 from .check_back import answer_own_check_backs
-from .recorder import record_committed
+from .recorder import RECORDER, record_committed
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -81,6 +89,8 @@ class PendingTransaction(LocalTransaction):
     poisoned: OutboxError | None = None
     #: The ``LOCAL_TRANSACTION`` operation, from the first message to the end.
     operation: instrumentation.Operation | None = None
+    #: Store mode: a half message was not taken (or held), so the commit stores all its messages.
+    stores: bool = False
 
     def end(self, resolution: Resolution) -> None:
         """The local transaction ended with ``resolution``: END_TRANSACTION."""
@@ -188,7 +198,7 @@ def send(session: Session, message: Message) -> str:
     pending = pending_transaction(session)
     if not isinstance(pending.producer, Producer):
         raise ConfigurationError("this session's producer is an AsyncProducer: await outbox.asend(session, message)")
-    pending.producer.start_half(message, pending.transaction_id)
+    start_half(session, pending, message)
     record_message(session, pending, message)
     return pending.transaction_id
 
@@ -199,9 +209,43 @@ async def asend(session: AsyncSession, message: Message) -> str:
     pending = pending_transaction(session.sync_session)
     if not isinstance(pending.producer, AsyncProducer):
         raise ConfigurationError("asend() needs an AsyncProducer installed; a Producer sends with outbox.send")
-    await pending.producer.send_half(message, pending.transaction_id)
+    await session.run_sync(start_half, pending, message)
+    await awaited(pending)
     await session.run_sync(record_message, pending, message)
     return pending.transaction_id
+
+
+def start_half(session: Session, pending: PendingTransaction, message: Message) -> None:
+    """``message``'s half message on its way (``start_half`` of either producer), or in
+    store mode held out of the broker (``hold``) when the transaction already stores its
+    messages or the message's group has stored messages waiting for the relay (it must
+    reach the broker after them)."""
+    producer = pending.producer
+    if producer.broker_down.stores and (pending.stores or _group_waits(session, producer.producer_group, message)):
+        pending.stores = True
+        producer.hold(message, pending.transaction_id)
+    else:
+        producer.start_half(message, pending.transaction_id)
+
+
+def _group_waits(session: Session, producer_group: str, message: Message) -> bool:
+    if message.message_group is None:
+        return False
+    execute, sql = RECORDER.statements(session)
+    return group_waiting(execute, sql, producer_group, message.message_group)
+
+
+def acknowledged(pending: PendingTransaction) -> None:
+    """Wait for the acknowledgments of the transaction's half messages (``Producer``); in
+    store mode one that was not taken makes the commit store its messages."""
+    if not cast(Producer, pending.producer).await_halves(pending.transaction_id):
+        pending.stores = True
+
+
+async def awaited(pending: PendingTransaction) -> None:
+    """``acknowledged`` for an ``AsyncProducer``, before the commit: the halves under way."""
+    if not await cast(AsyncProducer, pending.producer).await_halves(pending.transaction_id):
+        pending.stores = True
 
 
 def pending_transaction(session: Session) -> PendingTransaction:
@@ -258,7 +302,10 @@ def _before_commit(session: Session) -> None:
         raise pending.poisoned
     if isinstance(pending.producer, Producer):
         session.flush()  # the business writes travel while the halves' acknowledgments are awaited
-        pending.producer.await_halves(pending.transaction_id)
+        acknowledged(pending)
+    if pending.stores:  # all of the transaction's messages, or (rolled back with it) none
+        execute, sql = RECORDER.statements(session)
+        store_messages(execute, sql, pending.transaction_id, pending.producer.producer_group, pending.messages)
 
 
 def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None:

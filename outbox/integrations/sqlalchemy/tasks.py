@@ -1,23 +1,28 @@
 """The Celery tasks of the SQLAlchemy flavour: ``register(app)`` (check-backs answered by
-the fence on each group's database) and ``register_purge(app)`` (retention on every
-database of the settings). The tasks' names, queues and bodies are ORM-free
+the fence on each group's database), ``register_purge(app)`` (retention on every
+database of the settings) and ``register_relay(app)`` (the relay of stored messages in a
+thread of each worker). The tasks' names, queues and bodies are ORM-free
 (``outbox.integrations.celery``); this module passes SQLAlchemy's fence and error family.
 Both are also importable from ``outbox.integrations.celery``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
 
 from ...check_back import Answer
+from ...relay import relay_thread
 from ...retention import DEFAULT_BATCH_SIZE, DEFAULT_PAUSE_S, PurgeOptions
 from ...settings import OutboxSettings
 from ..celery.check_back import broker_client, register_check_task
 from ..celery.purge import PURGE_TASK_OPTIONS, purge_summary
 from .check_back import fence_answer
 from .recorder import RECORDER
+from .relay import relays
 from .retention import purge_databases
 
 
@@ -49,3 +54,26 @@ def register_purge(app: Celery, *, settings: OutboxSettings | None = None) -> An
         return purge_summary(purge_databases(settings.databases, settings.retention, list_open, options))
 
     return app.task(**PURGE_TASK_OPTIONS, shared=False)(purge_task)
+
+
+def register_relay(app: Celery, *, settings: OutboxSettings | None = None) -> None:
+    """Run the relay (``outbox.relay``) in a thread of each worker of ``app``, from the
+    worker's start (``worker_ready``) to its shutdown, on every database of ``settings``
+    (default: ``OutboxSettings.from_env()``) to its broker. The standalone worker
+    (``outbox.integrations.celery.worker``) does when ``settings.relay``."""
+    settings = settings or OutboxSettings.from_env()
+    running: list[Callable[[], None]] = []
+
+    def start(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app and not running:
+            broker = broker_client(settings.broker_url)
+            running.append(relay_thread(relays(settings.databases, broker,
+                                               connect_timeout_s=settings.check_connect_timeout_s)))
+
+    def stop(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            while running:
+                running.pop()()
+
+    worker_ready.connect(start, weak=False)
+    worker_shutdown.connect(stop, weak=False)
