@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, select
 from outbox.integrations.sqlalchemy.tables import consumed_message, stored_message, transaction_log
 from outbox.reconcile import ReconcileInputs, ReconcileOptions, reconcile
 from outbox.reconcile.classify import ANOMALIES
+from outbox.reconcile.cli import _thresholds, build_parser
 from outbox.reconcile.session import has_postgres_driver, postgres_jdbc_jar
 from outbox.reconcile.synthetic import (
     DELIVERIES_SCHEMA,
@@ -286,6 +287,13 @@ def test_options_reject_unknown_or_negative_thresholds(tmp_path: Path) -> None:
         ReconcileOptions(str(tmp_path), max_unrelayed_s=-1)
     assert ReconcileOptions(str(tmp_path)).thresholds["unrelayed_stale"] == 0  # fails the run by default
     assert ReconcileOptions(str(tmp_path), thresholds={"parked": 5}).thresholds == {"parked": 5}
+
+
+def test_the_cli_gates_stale_stored_messages_by_default_and_max_unrelayed_allows_some() -> None:
+    base = ["--producer-db", "sqlite://", "--broker-export", "x", "--out", "y"]
+    args = build_parser().parse_args(base)
+    assert _thresholds(args)["unrelayed_stale"] == 0 and args.max_unrelayed_seconds == 3600
+    assert _thresholds(build_parser().parse_args([*base, "--max-unrelayed", "3"]))["unrelayed_stale"] == 3
 
 
 @pytest.mark.spark
