@@ -289,6 +289,37 @@ def test_options_reject_unknown_or_negative_thresholds(tmp_path: Path) -> None:
     assert ReconcileOptions(str(tmp_path), thresholds={"parked": 5}).thresholds == {"parked": 5}
 
 
+@pytest.mark.spark
+def test_a_relay_after_the_windows_reads_is_not_lost(spark, tmp_path: Path) -> None:
+    """A transaction of a window three hours ago whose stored message was relayed ten minutes
+    ago: the window's read of the broker messages stops an hour after the window, so an
+    export from before deliveries named their transaction (joined through the messages)
+    shows no delivery; it is not judged lost on that."""
+    data = generate(0, 0, NOW)
+    committed_ms, relayed_ms = NOW - 10_740_000, NOW - 600_000
+    committed_at = datetime.fromtimestamp(committed_ms / 1000, UTC)
+    data.transaction_log.append({"transaction_id": "tx-late", "producer_group": "shop", "state": "COMMITTED",
+                                 "created_at": committed_at})
+    data.stored.append({"message_id": "m-late", "transaction_id": "tx-late", "producer_group": "shop",
+                        "topic": "topic0", "message_group": None, "message": b"", "created_at": committed_at,
+                        "relayed_at": datetime.fromtimestamp(relayed_ms / 1000, UTC)})
+    data.messages.append({"message_id": "m-late", "transaction_id": "tx-late", "producer_group": "shop",
+                          "topic": "topic0", "queue_id": 0, "keys": "", "tag": "", "state": "committed",
+                          "born_ms": relayed_ms, "store_ms": relayed_ms, "commit_ms": relayed_ms + 1, "copies": 1})
+    data.deliveries.append({"message_id": "m-late", "consumer_group": "points", "topic": "topic0",
+                            "delivery_attempts": 1, "first_delivered_ms": relayed_ms + 5, "acked_ms": relayed_ms + 6,
+                            "dead_lettered": False, "transaction_id": None})
+    producer, consumer = f"sqlite:///{tmp_path / 'p.sqlite3'}", f"sqlite:///{tmp_path / 'c.sqlite3'}"
+    write_sqlite(data, producer, consumer)
+    write_export(data, tmp_path / "export", with_delivery_transaction_ids=False)
+    result = reconcile(spark, ReconcileInputs([producer], [], str(tmp_path / "export")),
+                       ReconcileOptions(str(tmp_path / "out"), now_ms=NOW, since_ms=committed_ms - 60_000,
+                                        until_ms=committed_ms + 60_000))
+    counts = result.summary["counts"]
+    assert counts["transactions"] == counts["committed"] == counts["stored"] == 1
+    assert counts["deliveries"] == 0 and counts["lost"] == 0 and result.passed
+
+
 def test_the_cli_gates_stale_stored_messages_by_default_and_max_unrelayed_allows_some() -> None:
     base = ["--producer-db", "sqlite://", "--broker-export", "x", "--out", "y"]
     args = build_parser().parse_args(base)
