@@ -256,10 +256,10 @@ def classify(transactions: DataFrame, now_ms: int, grace_ms: int, has_consumers:
     """The flags and latencies of each transaction (see the module docstring) from
     ``per_transaction``; topics stay codes (``topic_code``), states become names.
 
-    A transaction is judged lost only once it was handed to the broker (its local commit,
-    or its last relay) before the grace period, both before ``now_ms`` and before
-    ``messages_until_ms``, where the broker messages read stop (a windowed run): a relay
-    after that is not in what was read."""
+    A transaction is judged lost only when it was handed to the broker (its local commit,
+    or its last relay) a grace period before ``now_ms`` and before ``messages_until_ms``,
+    where a windowed run stops reading the broker's messages: a relay after that is not in
+    what was read."""
     zero = ["delivered", "consumed", "max_per_group", "max_attempts", "max_copies", "local_rows",
             "consumed_duplicate_keys", "stored"]
     frame = transactions.fillna(0, zero)
