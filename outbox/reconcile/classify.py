@@ -9,7 +9,14 @@ Flags:
   consumed_message rows there are;
 * ``phantom``: committed at the broker or consumed, but not committed locally;
 * ``lost``: committed locally before the grace period, and never delivered by the broker
-  to any group, or (when consumer databases are given) never consumed;
+  to any group, or (when consumer databases are given) never consumed; for a transaction
+  whose messages went through store mode, relayed before the grace period, and never while
+  a stored message still waits for the relay (it waits in the producer's database);
+* ``stored`` / ``stored_unrelayed``: how many of the transaction's messages were stored in
+  the producer's ``outbox_stored_message`` (store mode), and whether one has not been
+  relayed to the broker yet;
+* ``unrelayed_stale``: a stored message has waited for the relay longer than
+  ``--max-unrelayed-seconds`` (no relay runs, or the broker does not take them);
 * ``duplicate_delivery``: the broker wrote the message more than once, or a group received
   it more than once;
 * ``duplicate_effect``: a consumer group recorded more consumptions of the transaction
@@ -23,9 +30,13 @@ A transaction with any COMMITTED row counts as committed (so a conflict whose me
 never arrived is also ``lost``).
 
 Latencies (ms): local commit (transaction_log.created_at) -> broker commit (commit_ms)
--> consumed (first consumed_at).
+-> consumed (first consumed_at); for a stored-then-relayed transaction also local commit ->
+relayed (its last stored message's relayed_at).
 
-How (one pass): the four inputs are projected to one row shape (``events``: numbers
+A stored-then-relayed transaction is an ordinary one at the broker (the relay commits its
+messages under its transaction id), so it is delivered, never phantom.
+
+How (one pass): the five inputs are projected to one row shape (``events``: numbers
 only, besides the transaction id), shuffled once on the transaction id, and aggregated
 in three hash aggregations that need no further shuffle (per consumed message, per
 consumer group, per transaction). States, topics, consumer groups and databases travel
@@ -43,8 +54,8 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-ANOMALIES = ("conflict", "phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked",
-             "clock_skew")
+ANOMALIES = ("conflict", "phantom", "lost", "unrelayed_stale", "duplicate_delivery", "duplicate_effect",
+             "half_pending", "parked", "clock_skew")
 #: Producer database states by code; "COMMITTED" has the lowest, so the minimum over a
 #: transaction's rows says committed when any row does.
 LOCAL_STATES = {"COMMITTED": 1, "ROLLED_BACK": 2}
@@ -57,7 +68,7 @@ KNOWN_BROKER_STATES = tuple(BROKER_STATES)
 MAX_DATABASES = 63
 HOUR_MS = 3_600_000
 
-_LOCAL, _MESSAGE, _DELIVERY, _CONSUMED = 0, 1, 2, 3
+_LOCAL, _MESSAGE, _DELIVERY, _CONSUMED, _STORED = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -67,6 +78,7 @@ class Observed:
     transaction_log: Observation
     messages: Observation
     consumed: Observation
+    stored: Observation
 
     def sanity(self) -> dict[str, int]:
         """The input sanity counts; call after the first action over the events."""
@@ -80,8 +92,9 @@ class Observed:
         }
 
     def topics(self) -> dict[int, str]:
-        """Topic names by code, from the messages and the consumed rows."""
-        pairs = [*(_metrics(self.messages).get("topics") or []), *(_metrics(self.consumed).get("topics") or [])]
+        """Topic names by code, from the messages, the consumed rows and the stored messages."""
+        pairs = [topic for observation in (self.messages, self.consumed, self.stored)
+                 for topic in _metrics(observation).get("topics") or []]
         return {int(row["code"]): str(row["topic"]) for row in pairs}
 
 
@@ -120,7 +133,9 @@ def _topic_dictionary(topic: str) -> Column:
 
 
 def _row(kind: int, **columns: Column) -> list[Column]:
-    """One input row in the shape shared by all four inputs (absent measures are null)."""
+    """One input row in the shape shared by all five inputs (absent measures are null). A
+    stored message reuses two: ``time_ms`` is its created_at while it waits for the relay
+    (null once relayed), ``commit_ms`` its relayed_at."""
     shape = ("local_code", "broker_code", "time_ms", "commit_ms", "topic_code", "copies", "attempts",
              "group_code", "message_code", "database_bit")
     return [F.col("transaction_id"), F.lit(kind).cast("byte").alias("kind"),
@@ -128,12 +143,14 @@ def _row(kind: int, **columns: Column) -> list[Column]:
 
 
 def events(transaction_log: DataFrame, messages: DataFrame, deliveries: DataFrame, consumed: DataFrame,
-           producer_labels: list[str], consumer_labels: list[str],
+           stored: DataFrame, producer_labels: list[str], consumer_labels: list[str],
            delivery_ids_known: bool) -> tuple[DataFrame, Observed]:
-    """The four inputs as rows of one shape, transactional rows only, and what their scan
+    """The five inputs as rows of one shape, transactional rows only, and what their scan
     observes. ``delivery_ids_known``: the deliveries carry their transaction id (exports
-    since it was added); otherwise it is found by joining the messages on message_id."""
-    observed = Observed(Observation("transaction_log"), Observation("messages"), Observation("consumed"))
+    since it was added); otherwise it is found by joining the messages on message_id.
+    ``stored``: the producers' stored messages (transaction_id, topic, created_at, relayed_at)."""
+    observed = Observed(Observation("transaction_log"), Observation("messages"), Observation("consumed"),
+                        Observation("stored"))
     local = transaction_log.observe(
         observed.transaction_log,
         F.count_if(F.col("transaction_id").isNull()).alias("null_ids"),
@@ -150,6 +167,7 @@ def events(transaction_log: DataFrame, messages: DataFrame, deliveries: DataFram
         F.count_if(F.col("transaction_id").isNull()).alias("null_ids"),
         _topic_dictionary("topic"),
     )
+    waiting = stored.observe(observed.stored, _topic_dictionary("topic"))
     if not delivery_ids_known:
         deliveries = deliveries.drop("transaction_id").join(
             messages.select("message_id", "transaction_id").where(F.col("transaction_id").isNotNull()),
@@ -166,6 +184,9 @@ def events(transaction_log: DataFrame, messages: DataFrame, deliveries: DataFram
                                   group_code=F.xxhash64("consumer_group"),
                                   message_code=F.xxhash64("message_id"),
                                   database_bit=_database_bit(consumer_labels))),
+        waiting.select(*_row(_STORED, time_ms=F.when(F.col("relayed_at").isNull(), _millis("created_at")),
+                             commit_ms=_millis("relayed_at"), topic_code=F.xxhash64("topic"),
+                             database_bit=_database_bit(producer_labels))),
     ]
     union = rows[0]
     for frame in rows[1:]:
@@ -208,7 +229,7 @@ def per_transaction(events_frame: DataFrame) -> DataFrame:
         (F.min(_when(_LOCAL, "local_min")) != F.max(_when(_LOCAL, "local_max"))).alias("conflicting_local_states"),
         F.max(_when(_LOCAL, "rolled_back_rows")).alias("rolled_back_somewhere"),
         F.min(_when(_LOCAL, "time_ms")).alias("local_ms"),
-        F.bit_or(_when(_LOCAL, "database_bits")).alias("producer_bits"),
+        F.bit_or(F.when(F.col("kind").isin(_LOCAL, _STORED), F.col("database_bits"))).alias("producer_bits"),
         F.min(_when(_MESSAGE, "broker_code")).alias("broker_code"),
         F.sum(_when(_MESSAGE, "n")).alias("message_count"),
         F.min(_when(_MESSAGE, "time_ms")).alias("store_ms"),
@@ -223,30 +244,44 @@ def per_transaction(events_frame: DataFrame) -> DataFrame:
         F.min(_when(_CONSUMED, "time_ms")).alias("consumed_ms"),
         F.max(_when(_CONSUMED, "topic_code")).alias("consumed_topic"),
         F.bit_or(_when(_CONSUMED, "database_bits")).alias("consumer_bits"),
+        F.sum(_when(_STORED, "n")).alias("stored"),
+        F.max(_when(_STORED, "topic_code")).alias("stored_topic"),
+        F.min(_when(_STORED, "time_ms")).alias("oldest_unrelayed_ms"),
+        F.max(_when(_STORED, "commit_ms")).alias("relayed_ms"),
     )
 
 
-def classify(transactions: DataFrame, now_ms: int, grace_ms: int, has_consumers: bool) -> DataFrame:
+def classify(transactions: DataFrame, now_ms: int, grace_ms: int, has_consumers: bool,
+             max_unrelayed_ms: int, messages_until_ms: int | None = None) -> DataFrame:
     """The flags and latencies of each transaction (see the module docstring) from
-    ``per_transaction``; topics stay codes (``topic_code``), states become names."""
+    ``per_transaction``; topics stay codes (``topic_code``), states become names.
+
+    A transaction is judged lost only when it was handed to the broker (its local commit,
+    or its last relay) a grace period before ``now_ms`` and before ``messages_until_ms``,
+    where a windowed run stops reading the broker's messages: a relay after that is not in
+    what was read."""
     zero = ["delivered", "consumed", "max_per_group", "max_attempts", "max_copies", "local_rows",
-            "consumed_duplicate_keys"]
+            "consumed_duplicate_keys", "stored"]
     frame = transactions.fillna(0, zero)
     local_code, broker_code = F.col("local_code"), F.col("broker_code")
     committed = F.coalesce(local_code == LOCAL_STATES["COMMITTED"], F.lit(False))
     broker_committed = F.coalesce(broker_code == BROKER_STATES["committed"], F.lit(False))
-    settled_before = F.coalesce(F.col("local_ms"), F.col("store_ms")) < F.lit(now_ms - grace_ms)
+    unrelayed = F.col("oldest_unrelayed_ms").isNotNull()
+    relayed_ms = F.when(~unrelayed, F.col("relayed_ms"))
+    seen_until_ms = now_ms if messages_until_ms is None else min(now_ms, messages_until_ms)
+    settled_before = F.coalesce(relayed_ms, F.col("local_ms"), F.col("store_ms")) < F.lit(seen_until_ms - grace_ms)
     unreached = (F.col("delivered") == 0) | ((F.col("consumed") == 0) if has_consumers else F.lit(False))
     commit_latency = F.col("commit_ms") - F.col("local_ms")
     consume_latency = F.col("consumed_ms") - F.col("commit_ms")
-    event_ms = F.coalesce(F.col("local_ms"), F.col("store_ms"), F.col("commit_ms"))
+    event_ms = F.coalesce(F.col("local_ms"), F.col("oldest_unrelayed_ms"), F.col("store_ms"), F.col("commit_ms"))
     rolled_back_somewhere = F.coalesce(F.col("rolled_back_somewhere") == 1, F.lit(False))
     return frame.select(
         "transaction_id",
-        F.coalesce("message_topic", "consumed_topic", F.lit(0)).alias("topic_code"),
+        F.coalesce("message_topic", "consumed_topic", "stored_topic", F.lit(0)).alias("topic_code"),
         _name(local_code, LOCAL_STATES).alias("local_state"),
         _name(broker_code, BROKER_STATES).alias("broker_state"),
         "local_rows", "message_count", "local_ms", "store_ms", "commit_ms", "consumed_ms",
+        "oldest_unrelayed_ms", "relayed_ms",
         "producer_bits", "consumer_bits", "consumed_duplicate_keys",
         F.coalesce(F.col("conflicting_local_states"), F.lit(False)).alias("conflicting_local_states"),
         (F.floor(event_ms / HOUR_MS) * HOUR_MS).alias("hour_ms"),
@@ -260,7 +295,11 @@ def classify(transactions: DataFrame, now_ms: int, grace_ms: int, has_consumers:
         F.col("delivered").cast("int").alias("delivered"),
         F.col("consumed").cast("int").alias("consumed"),
         ((broker_committed | (F.col("consumed") > 0)) & ~committed).alias("phantom"),
-        (committed & F.coalesce(settled_before, F.lit(False)) & unreached).alias("lost"),
+        (committed & ~unrelayed & F.coalesce(settled_before, F.lit(False)) & unreached).alias("lost"),
+        F.col("stored").cast("int").alias("stored"),
+        unrelayed.alias("stored_unrelayed"),
+        F.coalesce(F.col("oldest_unrelayed_ms") < F.lit(now_ms - max_unrelayed_ms), F.lit(False))
+        .alias("unrelayed_stale"),
         ((F.col("max_copies") > 1) | (F.col("max_attempts") > 1)).alias("duplicate_delivery"),
         (F.col("max_per_group") > F.coalesce(F.col("message_count"), F.lit(1))).alias("duplicate_effect"),
         (F.coalesce(F.col("conflicting_local_states"), F.lit(False))
@@ -268,6 +307,7 @@ def classify(transactions: DataFrame, now_ms: int, grace_ms: int, has_consumers:
         commit_latency.alias("commit_latency_ms"),
         consume_latency.alias("consume_latency_ms"),
         (F.col("consumed_ms") - F.col("local_ms")).alias("end_to_end_ms"),
+        (relayed_ms - F.col("local_ms")).alias("relay_latency_ms"),
         (F.coalesce(commit_latency < 0, F.lit(False)) | F.coalesce(consume_latency < 0, F.lit(False)))
         .alias("clock_skew"),
     )

@@ -2,8 +2,9 @@
 
     outbox reconcile --producer-db URL [--producer-db URL ...] --consumer-db URL ...
                      --broker-export DIR --out DIR [--since ISO] [--until ISO]
-                     [--grace-seconds 60] [--max-lost 0] [--max-phantom 0]
-                     [--max-duplicate-effect 0] [--max-conflict 0] [--threshold NAME=N ...]
+                     [--grace-seconds 60] [--max-unrelayed-seconds 3600] [--max-lost 0]
+                     [--max-phantom 0] [--max-duplicate-effect 0] [--max-conflict 0]
+                     [--max-unrelayed 0] [--threshold NAME=N ...]
                      [--master URL] [--conf key=value ...]
                      [--postgres-read auto|jdbc|sqlalchemy]
 
@@ -55,7 +56,7 @@ def _pairs(items: list[str], option: str) -> dict[str, str]:
 
 def _thresholds(args: argparse.Namespace) -> dict[str, int]:
     thresholds = {"lost": args.max_lost, "phantom": args.max_phantom, "duplicate_effect": args.max_duplicate_effect,
-                  "conflict": args.max_conflict}
+                  "conflict": args.max_conflict, "unrelayed_stale": args.max_unrelayed}
     for name, value in _pairs(args.threshold, "--threshold").items():
         if name not in GATES:
             raise ValueError(f"unknown threshold {name!r}; known: {', '.join(GATES)}")
@@ -78,11 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--until", help="ISO time: only transactions before then")
     parser.add_argument("--grace-seconds", type=float, default=60.0, help="seconds: work this recent is in "
                         "flight, not lost")
+    parser.add_argument("--max-unrelayed-seconds", type=float, default=3600.0, help="seconds: a message stored "
+                        "in a producer database (store mode) waiting longer for the relay is unrelayed_stale")
     parser.add_argument("--max-lost", type=int, default=0, help="transactions committed but never delivered")
     parser.add_argument("--max-phantom", type=int, default=0, help="transactions rolled back or unknown, delivered")
     parser.add_argument("--max-duplicate-effect", type=int, default=0, help="messages consumed with effect twice")
     parser.add_argument("--max-conflict", type=int, default=0,
                         help="transactions the producer databases disagree on, or rolled back yet delivered")
+    parser.add_argument("--max-unrelayed", type=int, default=0,
+                        help="transactions whose stored messages waited longer than --max-unrelayed-seconds")
     parser.add_argument("--threshold", action="append", default=[], metavar="NAME=N",
                         help=f"fail when more than N transactions are NAME ({', '.join(GATES)})")
     parser.add_argument("--master", help="the Spark master (default: spark-submit's --master, else spark.master "
@@ -127,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ReconcileInputs(args.producer_db, args.consumer_db, args.broker_export),
             ReconcileOptions(
                 out_dir=args.out, since_ms=since_ms, until_ms=until_ms, grace_s=args.grace_seconds,
+                max_unrelayed_s=args.max_unrelayed_seconds,
                 jdbc_partitions=args.jdbc_partitions, thresholds=thresholds, postgres_read=args.postgres_read,
             ),
         )

@@ -1,6 +1,9 @@
 """Reading the three inputs into DataFrames.
 
-Databases are given as SQLAlchemy URLs (or ``parquet:///path`` for a table already exported).
+Databases are given as SQLAlchemy URLs (or ``parquet:///path`` for a table already exported;
+a producer's ``outbox_stored_message`` is then the file beside it whose name says
+``stored_message`` where the transaction_log's says ``transaction_log``, see ``stored_path``).
+A producer database's ``outbox_stored_message`` is read only when it has one (``has_table``).
 PostgreSQL is read through JDBC when the session has the driver (see ``session``),
 partitioned over a numeric column (``partitionColumn`` with bounds from a min/max query,
 ``numPartitions``, ``fetchsize``); without the driver, through SQLAlchemy in parallel
@@ -26,26 +29,29 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from sqlalchemy import BigInteger, Column, String, create_engine, func, literal, select
+from sqlalchemy import BigInteger, Column, String, create_engine, func, inspect, literal, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 from sqlalchemy.sql import Select
 
 from ..errors import ConfigurationError
-from ..integrations.sqlalchemy.tables import consumed_message, transaction_log
-from .preflight import CONSUMED_MESSAGE, TRANSACTION_LOG, export_files
+from ..integrations.sqlalchemy.tables import consumed_message, stored_message, transaction_log
+from .preflight import CONSUMED_MESSAGE, STORED_MESSAGE, TRANSACTION_LOG, export_files
 from .session import HOW_TO_ADD_JDBC_DRIVER, has_postgres_driver, python_workers_here
 
 log = logging.getLogger(__name__)
 
 #: The timestamp column a window applies to, per table and per export file.
-TIME_COLUMNS = {TRANSACTION_LOG: "created_at", CONSUMED_MESSAGE: "consumed_at"}
+TIME_COLUMNS = {TRANSACTION_LOG: "created_at", CONSUMED_MESSAGE: "consumed_at", STORED_MESSAGE: "created_at"}
 EXPORT_TIME_COLUMNS = {"messages": "store_ms", "deliveries": "first_delivered_ms"}
 
 TRANSACTION_LOG_SCHEMA = "transaction_id string, producer_group string, state string, created_at timestamp"
 CONSUMED_SCHEMA = ("consumer_group string, message_id string, topic string, transaction_id string, "
                    "consumed_at timestamp")
+#: Of a stored message, only what the classification needs (not its bytes).
+STORED_SCHEMA = "transaction_id string, topic string, created_at timestamp, relayed_at timestamp"
+SCHEMAS = {TRANSACTION_LOG: TRANSACTION_LOG_SCHEMA, CONSUMED_MESSAGE: CONSUMED_SCHEMA, STORED_MESSAGE: STORED_SCHEMA}
 #: The broker export contract. Both formats are read with it, so Spark starts no job to
 #: infer a schema; a column an older export lacks (deliveries' ``transaction_id``) reads as null.
 EXPORT_SCHEMAS = {
@@ -115,7 +121,8 @@ def _sqlite_bound(ms: int) -> Any:
 
 def _time_column(table: str) -> Column[Any]:
     """The SQLAlchemy column a window applies to in ``table``."""
-    source = {TRANSACTION_LOG: transaction_log, CONSUMED_MESSAGE: consumed_message}[table]
+    source = {TRANSACTION_LOG: transaction_log, CONSUMED_MESSAGE: consumed_message,
+              STORED_MESSAGE: stored_message}[table]
     return source.c[TIME_COLUMNS[table]]
 
 
@@ -253,14 +260,48 @@ def _read_postgres_ranges(spark: SparkSession, url: str, table: str, schema: str
     return spark.range(len(ranges), numPartitions=len(ranges)).mapInArrow(read, schema)
 
 
+def stored_path(transaction_log_path: str) -> Path | None:
+    """Where a producer's stored messages are beside its transaction_log exported to Parquet:
+    ``.../shop_transaction_log.parquet`` -> ``.../shop_stored_message.parquet``; None when the
+    name does not say ``transaction_log``."""
+    path = Path(transaction_log_path)
+    if "transaction_log" not in path.name:
+        return None
+    return path.with_name(path.name.replace("transaction_log", "stored_message"))
+
+
+def _parquet_path(url: str, table: str) -> Path | None:
+    """The Parquet file or folder of ``table`` for a ``parquet://`` input (for
+    ``STORED_MESSAGE``, the producer's transaction_log URL: see ``stored_path``)."""
+    path = url[len("parquet://"):]
+    return stored_path(path) if table == STORED_MESSAGE else Path(path)
+
+
+def has_table(url: str, table: str) -> bool:
+    """Whether the database (or, for ``parquet://``, the folder) has ``table``: the stored
+    messages are read only where there are some, since older databases lack the table."""
+    if url.startswith("parquet://"):
+        path = _parquet_path(url, table)
+        return path is not None and path.exists()
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return inspect(conn).has_table(table)
+    finally:
+        engine.dispose()
+
+
 def read_table(spark: SparkSession, url: str, table: str, partitions: int = 4,
                jdbc: bool = True, window: TimeWindow | None = None) -> DataFrame:
     """One framework table from a database URL, tagged with its source, only the rows whose
     timestamp column is in ``window``; PostgreSQL through JDBC when ``jdbc`` (see
     ``use_jdbc``), else through SQLAlchemy in up to ``partitions`` parallel range reads."""
-    schema = TRANSACTION_LOG_SCHEMA if table == TRANSACTION_LOG else CONSUMED_SCHEMA
+    schema = SCHEMAS[table]
     if url.startswith("parquet://"):  # a table exported to Parquet (large runs, benchmarks)
-        frame = spark.read.schema(schema).parquet(url[len("parquet://"):])  # a schema: no inference job
+        path = _parquet_path(url, table)
+        if path is None:
+            raise ConfigurationError(f"{url}: no {table} beside a Parquet file not named *transaction_log*")
+        frame = spark.read.schema(schema).parquet(str(path))  # a schema: no inference job
         return _where(frame, TIME_COLUMNS[table], window, timestamp=True).withColumn("source_db", F.lit(url))
     if jdbc and _is_postgres(url):
         frame = _read_postgres(spark, url, table, schema, partitions, window)
@@ -273,11 +314,13 @@ def read_table(spark: SparkSession, url: str, table: str, partitions: int = 4,
 
 def union_tables(spark: SparkSession, urls: list[str], table: str, partitions: int = 4,
                  jdbc: bool = True, window: TimeWindow | None = None) -> DataFrame:
-    """The same table from several databases, as one DataFrame (each read in ``window``)."""
-    schema = TRANSACTION_LOG_SCHEMA if table == TRANSACTION_LOG else CONSUMED_SCHEMA
+    """The same table from several databases, as one DataFrame (each read in ``window``);
+    the stored messages only of the databases that have the table (``has_table``)."""
+    if table == STORED_MESSAGE:
+        urls = [url for url in urls if has_table(url, table)]
     frames = [read_table(spark, url, table, partitions, jdbc, window) for url in urls]
     if not frames:
-        return spark.createDataFrame([], schema + ", source_db string")
+        return spark.createDataFrame([], SCHEMAS[table] + ", source_db string")
     result = frames[0]
     for frame in frames[1:]:
         result = result.unionByName(frame)

@@ -27,7 +27,14 @@ from sqlalchemy.engine import make_url
 
 from .classify import ANOMALIES, classify, events, per_transaction
 from .inputs import TimeWindow, read_export, union_tables, use_jdbc
-from .preflight import CONSUMED_MESSAGE, GATES, POSTGRES_READS, TRANSACTION_LOG, export_files
+from .preflight import (
+    CONSUMED_MESSAGE,
+    GATES,
+    POSTGRES_READS,
+    STORED_MESSAGE,
+    TRANSACTION_LOG,
+    export_files,
+)
 from .report import write_html
 from .summary import aggregate, summarise
 
@@ -35,7 +42,9 @@ from .summary import aggregate, summarise
 JOB_GROUP = "halfmoon-reconcile"
 #: Anomalous transactions listed per category in the summary and the report.
 SAMPLES = 100
-DEFAULT_THRESHOLDS = {"lost": 0, "phantom": 0, "duplicate_effect": 0, "conflict": 0}
+DEFAULT_THRESHOLDS = {"lost": 0, "phantom": 0, "duplicate_effect": 0, "conflict": 0, "unrelayed_stale": 0}
+#: How long a stored message may wait for the relay before it is ``unrelayed_stale`` (s).
+DEFAULT_MAX_UNRELAYED_S = 3600.0
 
 
 @dataclass
@@ -49,14 +58,15 @@ class ReconcileInputs:
 
 @dataclass
 class ReconcileOptions:
-    """Output directory, time window (epoch ms), grace period, pass/fail thresholds, and how
-    PostgreSQL is read (``postgres_read``: ``auto``, ``jdbc`` or ``sqlalchemy``; see
-    ``inputs.use_jdbc``)."""
+    """Output directory, time window (epoch ms), grace period, how long a stored message may
+    wait for the relay (``max_unrelayed_s``), pass/fail thresholds, and how PostgreSQL is
+    read (``postgres_read``: ``auto``, ``jdbc`` or ``sqlalchemy``; see ``inputs.use_jdbc``)."""
 
     out_dir: str
     since_ms: int | None = None
     until_ms: int | None = None
     grace_s: float = 60.0
+    max_unrelayed_s: float = DEFAULT_MAX_UNRELAYED_S
     now_ms: int | None = None
     thresholds: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
     jdbc_partitions: int = 4
@@ -69,8 +79,8 @@ class ReconcileOptions:
         unknown = sorted(set(self.thresholds) - set(GATES))
         if unknown:
             raise ValueError(f"unknown thresholds {unknown}; known: {', '.join(GATES)}")
-        if self.grace_s < 0 or any(limit < 0 for limit in self.thresholds.values()):
-            raise ValueError("grace period and thresholds must not be negative")
+        if self.grace_s < 0 or self.max_unrelayed_s < 0 or any(limit < 0 for limit in self.thresholds.values()):
+            raise ValueError("grace period, max unrelayed seconds and thresholds must not be negative")
 
 
 @dataclass
@@ -145,7 +155,8 @@ def _samples(folder: Path) -> dict[str, list[dict[str, Any]]]:
     if "category" not in dataset.schema.names:
         return {}
     columns = ["transaction_id", "topic", "local_state", "broker_state", "local_ms", "commit_ms",
-               "consumed_ms", "producer_databases", "consumer_databases", "delivered", "consumed"]
+               "consumed_ms", "producer_databases", "consumer_databases", "delivered", "consumed", "stored",
+               "oldest_unrelayed_ms"]
     samples = {}
     for category in ANOMALIES:
         rows = dataset.to_table(columns=columns, filter=ds.field("category") == category).slice(0, SAMPLES)
@@ -154,7 +165,8 @@ def _samples(folder: Path) -> dict[str, list[dict[str, Any]]]:
              "broker_state": r["broker_state"], "local_time": _iso(r["local_ms"]), "commit_time": _iso(r["commit_ms"]),
              "consumed_time": _iso(r["consumed_ms"]), "producer_databases": r["producer_databases"] or [],
              "consumer_databases": r["consumer_databases"] or [], "delivered": r["delivered"] or 0,
-             "consumed": r["consumed"] or 0}
+             "consumed": r["consumed"] or 0, "stored": r["stored"] or 0,
+             "oldest_unrelayed_time": _iso(r["oldest_unrelayed_ms"])}
             for r in sorted(rows.to_pylist(), key=lambda r: r["transaction_id"])
         ]
     return samples
@@ -216,17 +228,19 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
     around, onwards = _windows(options)
     transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions,
                                    jdbc, around)
+    stored = union_tables(spark, inputs.producer_databases, STORED_MESSAGE, options.jdbc_partitions, jdbc, around)
     consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions, jdbc,
                             onwards)
     messages, deliveries = read_export(spark, inputs.broker_export, onwards)
     if around is not None and around.high_ms is not None:  # a filter Spark pushes into the scan
         messages = messages.where(F.col("store_ms") < around.high_ms)
     producers, consumers = _labels(inputs.producer_databases), _labels(inputs.consumer_databases)
-    rows, observed = events(transaction_log, messages, deliveries, consumed, producers, consumers,
+    rows, observed = events(transaction_log, messages, deliveries, consumed, stored, producers, consumers,
                             _delivery_ids_known(inputs.broker_export))
     # Kept for the two actions below: the narrow per-transaction table, not the classified one
     transactions = per_transaction(rows).persist(StorageLevel.DISK_ONLY)
-    classified = classify(transactions, now_ms, int(options.grace_s * 1000), bool(inputs.consumer_databases))
+    classified = classify(transactions, now_ms, int(options.grace_s * 1000), bool(inputs.consumer_databases),
+                          int(options.max_unrelayed_s * 1000), around.high_ms if around is not None else None)
     if options.since_ms is not None:
         classified = classified.where(F.col("event_ms") >= options.since_ms)
     if options.until_ms is not None:
@@ -244,7 +258,8 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
     summary: dict[str, Any] = {
         "generated_at_ms": now_ms,
         "inputs": asdict(inputs),
-        "window": {"since_ms": options.since_ms, "until_ms": options.until_ms, "grace_s": options.grace_s},
+        "window": {"since_ms": options.since_ms, "until_ms": options.until_ms, "grace_s": options.grace_s,
+                   "max_unrelayed_s": options.max_unrelayed_s},
         "counts": counts,
         "rates": {flag: counts[flag] / total for flag in GATES},
         "anomalies": {category: counts[category] for category in ANOMALIES},

@@ -12,13 +12,14 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import schema
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
 FLAGS = ("committed", "rolled_back", "half_pending", "parked", "phantom", "lost",
-         "duplicate_delivery", "duplicate_effect", "conflict")
+         "duplicate_delivery", "duplicate_effect", "conflict", "stored_unrelayed", "unrelayed_stale")
 #: What a threshold can gate on (a count of transactions with that flag).
 GATES = (*FLAGS, "clock_skew")
 #: How PostgreSQL inputs are read: JDBC when the driver is there (else SQLAlchemy, with a
@@ -28,6 +29,8 @@ POSTGRES_READS = ("auto", "jdbc", "sqlalchemy")
 CONNECT_TIMEOUT_S = 10
 TRANSACTION_LOG = "outbox_transaction_log"
 CONSUMED_MESSAGE = "outbox_consumed_message"
+#: Read when a producer database has it (store mode); never required.
+STORED_MESSAGE = schema.STORED_MESSAGE
 
 
 class InputError(ConfigurationError):

@@ -24,7 +24,7 @@ CHART_LABEL_CHARS = 40
 LABEL_ANGLE = 40
 #: The latency hops, as the summary names them and as the report says them.
 HOPS = {"commit_latency_ms": "commit (producer → broker)", "consume_latency_ms": "consume (broker → consumer)",
-        "end_to_end_ms": "end to end"}
+        "end_to_end_ms": "end to end", "relay_latency_ms": "relay (local commit → relayed, store mode)"}
 
 
 class Category(NamedTuple):
@@ -48,6 +48,11 @@ CATEGORIES = {
         "committed in the producer database but never delivered or consumed after the grace period",
         "check the broker's check-back and the producer's transaction_log for these ids; "
         "halfmoon-broker tx state ID"),
+    "unrelayed_stale": Category(
+        "committed while the broker was down, its messages stored in the producer database (store mode), "
+        "and still waiting there for the relay after the limit (--max-unrelayed-seconds): not lost, not delivered",
+        "start a relay for that producer database (outbox relay, or the check-back worker) and check that the "
+        "broker answers it; the messages wait in outbox_stored_message"),
     "duplicate_delivery": Category(
         "the broker stored the message more than once, or delivered it more than once to a group",
         "redelivery is allowed; make sure duplicate_effect stays 0 (consumers are idempotent)"),
@@ -272,9 +277,15 @@ def _sanity_table(summary: dict[str, Any]) -> str:
 
 
 def _producer_side(row: dict[str, Any]) -> str:
-    """What the producer databases say about one transaction."""
+    """What the producer databases say about one transaction (and, in store mode, how many
+    of its messages they hold and since when one waits for the relay)."""
+    stored = ""
+    if row.get("stored"):
+        waiting = row.get("oldest_unrelayed_time")
+        stored = f"stored {_esc(row['stored'])}×" + (f", waiting since {html.escape(_time(waiting))}"
+                                                     if waiting else ", relayed")
     return _lines(_esc(row.get("local_state")) if row.get("local_state") else "",
-                  html.escape(_time(row["local_time"])) if row.get("local_time") else "",
+                  html.escape(_time(row["local_time"])) if row.get("local_time") else "", stored,
                   "<br>".join(_esc(db) for db in row.get("producer_databases") or []))
 
 
@@ -349,6 +360,8 @@ def _run_table(summary: dict[str, Any]) -> str:
         ("generated", _epoch(summary.get("generated_at_ms"))),
         ("window", _window(window.get("since_ms"), window.get("until_ms"))),
         ("grace", None if window.get("grace_s") is None else f"{_fmt(window['grace_s'])} s"),
+        ("max unrelayed", None if window.get("max_unrelayed_s") is None
+         else f"{_fmt(window['max_unrelayed_s'])} s"),
         ("producer databases", inputs.get("producer_databases")),
         ("consumer databases", inputs.get("consumer_databases")),
         ("broker export", inputs.get("broker_export")),

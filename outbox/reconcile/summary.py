@@ -1,6 +1,6 @@
 """The summary's numbers from the classified table in one small aggregation.
 
-Each transaction becomes at most four rows: one carrying its flags, and one per latency
+Each transaction becomes at most five rows: one carrying its flags, and one per latency
 hop carrying the hop's value rounded to a *fine bucket* (exact below one second, three
 significant digits above: at most 0.1 % off). They are grouped by topic, hour, hop and
 bucket, which leaves a few thousand rows whatever the number of transactions; the driver
@@ -22,14 +22,14 @@ from pyspark.sql import functions as F
 from .classify import ANOMALIES
 from .preflight import GATES
 
-HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
+HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms", "relay_latency_ms")
 #: Latency histogram bucket edges (ms), roughly logarithmic.
 BUCKETS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 #: The ``hop`` of the row that carries a transaction's flags.
 FLAGS_ROW = -1
 #: Sums taken over the flag rows, besides the flags themselves.
-TOTALS = ("deliveries", "consumptions", "transaction_ids_in_several_producer_rows",
+TOTALS = ("deliveries", "consumptions", "stored", "stored_messages", "transaction_ids_in_several_producer_rows",
           "transaction_ids_with_conflicting_local_states", "consumed_duplicate_keys")
 DERIVED_SANITY = ("transaction_ids_in_several_producer_rows", "transaction_ids_with_conflicting_local_states",
                   "clock_skew", "consumed_duplicate_keys")
@@ -64,6 +64,8 @@ def aggregate(classified: DataFrame) -> DataFrame:
         *[total(F.col(flag)).alias(flag) for flag in GATES],
         F.sum(F.when(is_flags, F.col("delivered"))).alias("deliveries"),
         F.sum(F.when(is_flags, F.col("consumed"))).alias("consumptions"),
+        total(F.col("stored") > 0).alias("stored"),
+        F.sum(F.when(is_flags, F.col("stored"))).alias("stored_messages"),
         total(F.col("local_rows") > 1).alias("transaction_ids_in_several_producer_rows"),
         total(F.col("conflicting_local_states")).alias("transaction_ids_with_conflicting_local_states"),
         F.sum(F.when(is_flags, F.col("consumed_duplicate_keys"))).alias("consumed_duplicate_keys"),
@@ -144,7 +146,8 @@ def summarise(rows: list[Row], topics: dict[int, str]) -> dict[str, Any]:
     sums = overall.sums
     return {
         "counts": {"transactions": sums["transactions"], **{flag: sums[flag] for flag in GATES},
-                   "deliveries": sums["deliveries"], "consumptions": sums["consumptions"]},
+                   "deliveries": sums["deliveries"], "consumptions": sums["consumptions"],
+                   "stored": sums["stored"], "stored_messages": sums["stored_messages"]},
         "latency_ms": overall.latency(),
         "per_topic": [{"topic": name, **group.latency()} for name, group in by_topic if group.sums["committed_n"]],
         "per_hour": [{"hour": _hour(hour), **group.latency()} for hour, group in by_hour

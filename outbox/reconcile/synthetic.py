@@ -1,8 +1,9 @@
 """Synthetic inputs with known anomalies of every kind, for tests and the benchmark.
 
 ``generate(n, each)`` makes ``n`` clean transactions plus ``each`` of every anomaly kind
-and returns the four tables and the counts the job must find. Writers put them in SQLite
-databases (through SQLAlchemy) or Parquet, next to the broker export files.
+(and of every store-mode case: relayed, relayed after the export, waiting, waiting too
+long) and returns the five tables and the counts the job must find. Writers put them in
+SQLite databases (through SQLAlchemy) or Parquet, next to the broker export files.
 """
 
 from __future__ import annotations
@@ -17,11 +18,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import create_engine
 
-from ..integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
+from ..integrations.sqlalchemy.tables import (
+    consumed_message,
+    metadata,
+    stored_message,
+    transaction_log,
+)
 
 KINDS = ("rolled_back", "phantom", "lost", "half_pending", "parked", "duplicate_delivery",
-         "duplicate_effect", "in_flight", "clock_skew")
+         "duplicate_effect", "in_flight", "clock_skew", *("relayed", "relayed_after_export", "unrelayed",
+                                                          "unrelayed_stale"))
+#: The kinds whose messages went through store mode (``outbox_stored_message`` rows).
+STORED_KINDS = ("relayed", "relayed_after_export", "unrelayed", "unrelayed_stale")
 GROUP = "points"
+#: How long the synthetic relays took after the local commit (an outage of half a minute).
+RELAY_DELAY_MS = 30_000
 
 
 @dataclass
@@ -32,6 +43,7 @@ class Synthetic:
     messages: list[dict[str, Any]] = field(default_factory=list)
     deliveries: list[dict[str, Any]] = field(default_factory=list)
     consumed: list[dict[str, Any]] = field(default_factory=list)
+    stored: list[dict[str, Any]] = field(default_factory=list)
     expected: dict[str, int] = field(default_factory=dict)
 
 
@@ -39,17 +51,35 @@ def _ts(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
-def generate(n: int, each: int, now_ms: int, grace_ms: int = 60_000, topics: int = 3) -> Synthetic:
-    """``n`` clean transactions and ``each`` of every kind in ``KINDS``."""
+def _local_ms(kind: str, i: int, now_ms: int, grace_ms: int, max_unrelayed_ms: int) -> int:
+    """When a transaction of ``kind`` committed locally: long settled, except the in-flight
+    ones, and the unrelayed ones on either side of ``max_unrelayed_ms``."""
+    if kind == "in_flight":
+        return now_ms - 1000
+    if kind == "unrelayed":
+        return now_ms - max_unrelayed_ms // 2 - i % 7
+    if kind == "unrelayed_stale":
+        return now_ms - 2 * max_unrelayed_ms - i % 7
+    return now_ms - 10 * grace_ms - (i % 3600) * 1000
+
+
+def generate(n: int, each: int, now_ms: int, grace_ms: int = 60_000, topics: int = 3,
+             max_unrelayed_ms: int = 3_600_000) -> Synthetic:
+    """``n`` clean transactions and ``each`` of every kind in ``KINDS``. Store mode: a
+    ``relayed`` transaction's message reached the broker ``RELAY_DELAY_MS`` after its local
+    commit; a ``relayed_after_export`` one was relayed a second before ``now_ms`` and is not
+    in the export yet; an ``unrelayed`` one waits (younger than ``max_unrelayed_ms``), an
+    ``unrelayed_stale`` one has waited longer, with two messages."""
     data = Synthetic()
-    old = now_ms - 10 * grace_ms
 
     def add(i: int, kind: str) -> None:
         tx = f"tx{i:09d}"
         mid = f"m{i:09d}"
         topic = f"topic{i % topics}"
-        local_ms = old - (i % 3600) * 1000 if kind != "in_flight" else now_ms - 1000
-        commit_ms = local_ms + 3 + i % 7 if kind != "clock_skew" else local_ms - 50
+        local_ms = _local_ms(kind, i, now_ms, grace_ms, max_unrelayed_ms)
+        relayed_ms = {"relayed": local_ms + RELAY_DELAY_MS + i % 7, "relayed_after_export": now_ms - 1000}.get(kind)
+        handed_ms = relayed_ms or local_ms
+        commit_ms = handed_ms + 3 + i % 7 if kind != "clock_skew" else local_ms - 50
         consumed_ms = commit_ms + 5 + i % 11
         local_state: str | None = "COMMITTED"
         broker_state = "committed"
@@ -67,16 +97,24 @@ def generate(n: int, each: int, now_ms: int, grace_ms: int = 60_000, topics: int
             copies = 2
         elif kind == "duplicate_effect":
             consumptions = 2
-        elif kind == "in_flight":
+        elif kind in ("in_flight", "relayed_after_export", "unrelayed", "unrelayed_stale"):
             attempts, consumptions = 0, 0
         if local_state:
             data.transaction_log.append({"transaction_id": tx, "producer_group": "shop", "state": local_state,
                                          "created_at": _ts(local_ms)})
-        data.messages.append({
-            "message_id": mid, "transaction_id": tx, "producer_group": "shop", "topic": topic, "queue_id": i % 4,
-            "keys": "", "tag": "", "state": broker_state, "born_ms": local_ms - 2, "store_ms": local_ms - 1,
-            "commit_ms": commit_ms if broker_state == "committed" else None, "copies": copies,
-        })
+        if kind in STORED_KINDS:
+            data.stored.extend(
+                {"message_id": f"{mid}-{k}", "transaction_id": tx, "producer_group": "shop", "topic": topic,
+                 "message_group": None, "message": b"", "created_at": _ts(local_ms),
+                 "relayed_at": None if relayed_ms is None else _ts(relayed_ms)}
+                for k in range(2 if kind == "unrelayed_stale" else 1))
+        if kind not in ("relayed_after_export", "unrelayed", "unrelayed_stale"):  # none in the broker's export
+            data.messages.append({
+                "message_id": mid, "transaction_id": tx, "producer_group": "shop", "topic": topic,
+                "queue_id": i % 4, "keys": "", "tag": "", "state": broker_state, "born_ms": handed_ms - 2,
+                "store_ms": handed_ms - 1, "commit_ms": commit_ms if broker_state == "committed" else None,
+                "copies": copies,
+            })
         if attempts:
             data.deliveries.append({"message_id": mid, "consumer_group": GROUP, "topic": topic,
                                     "delivery_attempts": attempts, "first_delivered_ms": consumed_ms - 1,
@@ -96,6 +134,10 @@ def generate(n: int, each: int, now_ms: int, grace_ms: int = 60_000, topics: int
     data.expected = {
         "transactions": n + each * len(KINDS),
         "committed": n + each * (len(KINDS) - 4),  # all but rolled_back, phantom, half, parked
+        "stored": each * len(STORED_KINDS),
+        "stored_messages": each * (len(STORED_KINDS) + 1),  # the stale ones have two messages
+        "stored_unrelayed": each * 2,
+        "unrelayed_stale": each,
         "rolled_back": each,
         "phantom": each,
         "lost": each,
@@ -110,13 +152,14 @@ def generate(n: int, each: int, now_ms: int, grace_ms: int = 60_000, topics: int
 
 def write_sqlite(data: Synthetic, producer_url: str, consumer_url: str) -> None:
     """The framework tables in two databases."""
-    for url, table, rows in ((producer_url, transaction_log, data.transaction_log),
-                             (consumer_url, consumed_message, data.consumed)):
+    for url, tables in ((producer_url, ((transaction_log, data.transaction_log), (stored_message, data.stored))),
+                        (consumer_url, ((consumed_message, data.consumed),))):
         engine = create_engine(url)
         metadata.create_all(engine)
         with engine.begin() as conn:
-            if rows:
-                conn.execute(table.insert(), rows)
+            for table, rows in tables:
+                if rows:
+                    conn.execute(table.insert(), rows)
         engine.dispose()
 
 
@@ -152,10 +195,19 @@ def write_export(data: Synthetic, export_dir: Path, fmt: str = "parquet",
             raise ValueError(f"unknown export format {fmt!r} (parquet or jsonl)")
 
 
+STORED_SCHEMA = pa.schema([
+    ("transaction_id", pa.string()), ("topic", pa.string()), ("created_at", pa.timestamp("us", tz="UTC")),
+    ("relayed_at", pa.timestamp("us", tz="UTC")),
+])
+
+
 def write_parquet_tables(data: Synthetic, folder: Path) -> tuple[str, str]:
-    """The framework tables as Parquet; returns ``parquet://`` URLs for the job."""
+    """The framework tables as Parquet; returns ``parquet://`` URLs for the job (the stored
+    messages beside the transaction_log, where the job looks for them)."""
     folder.mkdir(parents=True, exist_ok=True)
     producer, consumer = folder / "transaction_log.parquet", folder / "consumed_message.parquet"
     pq.write_table(pa.Table.from_pylist(data.transaction_log), producer)
     pq.write_table(pa.Table.from_pylist(data.consumed), consumer)
+    stored = [{name: row[name] for name in STORED_SCHEMA.names} for row in data.stored]
+    pq.write_table(pa.Table.from_pylist(stored, STORED_SCHEMA), folder / "stored_message.parquet")
     return f"parquet://{producer}", f"parquet://{consumer}"

@@ -16,7 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import Table, create_engine, make_url
 
-from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
+from outbox.integrations.sqlalchemy.tables import (
+    consumed_message,
+    metadata,
+    stored_message,
+    transaction_log,
+)
 from outbox.reconcile import ReconcileInputs, ReconcileOptions, reconcile
 from outbox.reconcile.cli import _thresholds, build_parser
 from outbox.reconcile.session import has_postgres_driver
@@ -91,6 +96,7 @@ def test_django_and_sqlalchemy_consumer_tables_on_postgresql_and_sqlite_are_read
     data = generate(90, 2, now)
     producer = f"sqlite:///{tmp_path / 'producer.sqlite3'}"
     _insert(producer, transaction_log, data.transaction_log)
+    _insert(producer, stored_message, data.stored)
     parsed = make_url(postgres_url)
     django_sqlite = tmp_path / "django.sqlite3"
     _django_migrate({"ENGINE": "django.db.backends.postgresql", "NAME": parsed.database,

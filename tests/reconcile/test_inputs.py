@@ -13,10 +13,22 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from sqlalchemy import create_engine, text
 
-from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
+from outbox.integrations.sqlalchemy.tables import (
+    consumed_message,
+    metadata,
+    stored_message,
+    transaction_log,
+)
 from outbox.reconcile import inputs
-from outbox.reconcile.inputs import TimeWindow, read_export, read_table, union_tables
-from outbox.reconcile.preflight import CONSUMED_MESSAGE, TRANSACTION_LOG
+from outbox.reconcile.inputs import (
+    TIME_COLUMNS,
+    TimeWindow,
+    has_table,
+    read_export,
+    read_table,
+    union_tables,
+)
+from outbox.reconcile.preflight import CONSUMED_MESSAGE, STORED_MESSAGE, TRANSACTION_LOG
 from outbox.reconcile.session import has_postgres_driver
 from outbox.reconcile.synthetic import DELIVERIES_SCHEMA, MESSAGES_SCHEMA
 from tests.conftest import unavailable
@@ -38,7 +50,8 @@ def _in(window: TimeWindow, ms: int) -> bool:
 
 
 def _tables(n: int = ROWS) -> dict[str, list[dict[str, Any]]]:
-    """Both framework tables, ``n`` rows each; every third consumption without a transaction id."""
+    """The framework tables' columns the job reads, ``n`` rows each; every third consumption
+    without a transaction id, every other stored message not relayed yet."""
     at = [START + timedelta(milliseconds=_ms(i) - START_MS) for i in range(n)]
     return {
         TRANSACTION_LOG: [{"transaction_id": f"tx{i:03d}", "producer_group": "shop", "state": "COMMITTED",
@@ -46,13 +59,16 @@ def _tables(n: int = ROWS) -> dict[str, list[dict[str, Any]]]:
         CONSUMED_MESSAGE: [{"consumer_group": "points", "message_id": f"m{i:03d}", "topic": "t",
                             "transaction_id": None if i % 3 == 0 else f"tx{i:03d}", "consumed_at": at[i]}
                            for i in range(n)],
+        STORED_MESSAGE: [{"transaction_id": f"tx{i:03d}", "topic": "t", "created_at": at[i],
+                          "relayed_at": at[i] + timedelta(seconds=1) if i % 2 else None} for i in range(n)],
     }
 
 
 def _expected(table: str, window: TimeWindow | None = WINDOW, n: int = ROWS) -> list[tuple[Any, ...]]:
     """The table's rows in the window (timestamps aware, in UTC)."""
-    rows = [(*row.values(),) for row in _tables(n)[table]]
-    return sorted(row for row in rows if window is None or _in(window, int(row[-1].timestamp() * 1000)))
+    rows = _tables(n)[table]
+    return sorted((*row.values(),) for row in rows
+                  if window is None or _in(window, int(row[TIME_COLUMNS[table]].timestamp() * 1000)))
 
 
 def _rows(frame: DataFrame) -> list[tuple[Any, ...]]:
@@ -68,6 +84,9 @@ def _write(url: str, n: int = ROWS) -> None:
     with engine.begin() as conn:
         conn.execute(transaction_log.insert(), _tables(n)[TRANSACTION_LOG])
         conn.execute(consumed_message.insert(), _tables(n)[CONSUMED_MESSAGE])
+        conn.execute(stored_message.insert(), [
+            {**row, "message_id": f"m{i:03d}", "producer_group": "shop", "message": b""}
+            for i, row in enumerate(_tables(n)[STORED_MESSAGE])])
     engine.dispose()
 
 
@@ -90,6 +109,20 @@ def test_a_window_filters_sqlite_tables_including_rows_stored_without_a_fraction
     open_ended = TimeWindow(low_ms=WINDOW.high_ms)
     consumed = union_tables(spark, [sqlite_url], CONSUMED_MESSAGE, window=open_ended)
     assert _rows(consumed) == _expected(CONSUMED_MESSAGE, open_ended)
+    assert _rows(read_table(spark, sqlite_url, STORED_MESSAGE, window=WINDOW)) == _expected(STORED_MESSAGE)
+
+
+@pytest.mark.spark
+def test_databases_without_the_stored_message_table_add_no_stored_rows(spark, tmp_path: Path) -> None:
+    with_table, without = f"sqlite:///{tmp_path / 'new.sqlite3'}", f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    _write(with_table)
+    engine = create_engine(without)
+    transaction_log.create(engine)  # a database from before store mode
+    engine.dispose()
+    assert has_table(with_table, STORED_MESSAGE) and not has_table(without, STORED_MESSAGE)
+    frame = union_tables(spark, [without, with_table], STORED_MESSAGE, window=WINDOW)
+    assert _rows(frame) == _expected(STORED_MESSAGE)
+    assert union_tables(spark, [without], STORED_MESSAGE).count() == 0
 
 
 def _postgres_with_poison(postgres_url: str) -> None:
@@ -105,6 +138,9 @@ def _postgres_with_poison(postgres_url: str) -> None:
             conn.execute(text("INSERT INTO outbox_consumed_message (consumer_group, message_id, topic, "
                               "transaction_id, consumed_at) VALUES ('points', :id, 't', :id, :at)"),
                          {"id": name, "at": at})
+            conn.execute(text("INSERT INTO outbox_stored_message (message_id, transaction_id, producer_group, "
+                              "topic, message, created_at) VALUES (:id, :id, 'shop', 't', '', :at)"),
+                         {"id": name, "at": at})
     engine.dispose()
 
 
@@ -117,18 +153,20 @@ def test_a_window_is_applied_in_postgresql(spark, postgres_url: str, jdbc: bool)
     _postgres_with_poison(postgres_url)
     with pytest.raises(Exception, match="infinity|out of range|too large"):
         read_table(spark, postgres_url, TRANSACTION_LOG, partitions=3, jdbc=jdbc).collect()
-    for table in (TRANSACTION_LOG, CONSUMED_MESSAGE):
+    for table in (TRANSACTION_LOG, CONSUMED_MESSAGE, STORED_MESSAGE):
         assert _rows(read_table(spark, postgres_url, table, partitions=3, jdbc=jdbc, window=WINDOW)) == \
             _expected(table), table
 
 
 def _parquet_tables(folder: Path) -> dict[str, str]:
-    """Both tables as Parquet files, by ``parquet://`` URL."""
+    """The tables as Parquet files, by the ``parquet://`` URL they are read from: the stored
+    messages through the transaction_log's URL (they are found beside it)."""
     urls = {}
     for table, rows in _tables().items():
         path = folder / f"{table}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), path)
         urls[table] = f"parquet://{path}"
+    urls[STORED_MESSAGE] = urls[TRANSACTION_LOG]
     return urls
 
 
@@ -138,7 +176,7 @@ def test_a_window_is_pushed_into_parquet_tables(spark, tmp_path: Path) -> None:
         frame = read_table(spark, url, table, window=WINDOW)
         assert _rows(frame) == _expected(table), table
         plan = frame._jdf.queryExecution().executedPlan().toString()
-        assert "PushedFilters: [" in plan and f"GreaterThanOrEqual({'created_at' if table == TRANSACTION_LOG else 'consumed_at'}" in plan
+        assert "PushedFilters: [" in plan and f"GreaterThanOrEqual({TIME_COLUMNS[table]}" in plan
 
 
 def _export_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

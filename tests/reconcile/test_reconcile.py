@@ -15,13 +15,16 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import create_engine, select
 
-from outbox.integrations.sqlalchemy.tables import consumed_message, metadata, transaction_log
+from outbox.integrations.sqlalchemy.tables import consumed_message, stored_message, transaction_log
 from outbox.reconcile import ReconcileInputs, ReconcileOptions, reconcile
 from outbox.reconcile.classify import ANOMALIES
+from outbox.reconcile.cli import _thresholds, build_parser
 from outbox.reconcile.session import has_postgres_driver, postgres_jdbc_jar
 from outbox.reconcile.synthetic import (
     DELIVERIES_SCHEMA,
     MESSAGES_SCHEMA,
+    RELAY_DELAY_MS,
+    Synthetic,
     generate,
     write_export,
     write_sqlite,
@@ -44,10 +47,11 @@ def _dataset(tmp_path: Path, n: int = 200, each: int = 3, producer_url: str | No
 @pytest.mark.spark
 def test_every_anomaly_kind_is_counted_exactly(spark, tmp_path: Path) -> None:
     data, inputs = _dataset(tmp_path)
-    # A second producer database repeats one transaction id and holds a state nobody writes.
+    # A second producer database repeats one transaction id and holds a state nobody writes;
+    # it predates store mode: it has no outbox_stored_message table.
     extra = f"sqlite:///{tmp_path / 'producer2.sqlite3'}"
     engine = create_engine(extra)
-    metadata.create_all(engine)
+    transaction_log.create(engine)
     with engine.begin() as conn:
         conn.execute(transaction_log.insert(), [
             {**data.transaction_log[0]},
@@ -62,7 +66,7 @@ def test_every_anomaly_kind_is_counted_exactly(spark, tmp_path: Path) -> None:
     for name, value in expected.items():
         assert counts[name] == value, name
     assert not result.passed
-    assert set(result.summary["breached"]) == {"lost", "phantom", "duplicate_effect"}
+    assert set(result.summary["breached"]) == {"lost", "phantom", "duplicate_effect", "unrelayed_stale"}
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["counts"] == counts
     for category in ("phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked"):
@@ -70,6 +74,7 @@ def test_every_anomaly_kind_is_counted_exactly(spark, tmp_path: Path) -> None:
         assert len(rows) == 3 and all(row[category] for row in rows), category
     phantoms = pq.read_table(tmp_path / "out" / "anomalies" / "category=phantom").to_pylist()
     assert all(not row["committed"] for row in phantoms)
+    _assert_store_mode_classified(data, tmp_path / "out", inputs.producer_databases[0])
     checks = summary["sanity"]
     assert checks["clock_skew"] == 3
     assert checks["transaction_ids_in_several_producer_rows"] == 1
@@ -79,8 +84,33 @@ def test_every_anomaly_kind_is_counted_exactly(spark, tmp_path: Path) -> None:
     assert latency["p50"] is not None and latency["max"] >= latency["p99"] >= latency["p50"]
     assert {t["topic"] for t in summary["per_topic"]} == {"topic0", "topic1", "topic2"}
     assert sum(t["transactions"] for t in summary["timeline"]) == counts["transactions"]
-    # Every committed transaction lands in one commit-latency bucket, except the skewed ones.
-    assert sum(summary["histograms"]["commit_latency_ms"]) == counts["committed"] - counts["clock_skew"]
+    # Every committed transaction lands in one commit-latency bucket, except the skewed ones
+    # and those whose stored messages the broker does not hold yet.
+    assert sum(summary["histograms"]["commit_latency_ms"]) == \
+        counts["committed"] - counts["clock_skew"] - counts["stored_unrelayed"] - 3
+    # The relay hop: local commit -> relayed, for the relayed stored transactions only (three
+    # relayed after half a minute, three just before the run, minutes after their commit).
+    relay = summary["latency_ms"]["relay_latency_ms"]
+    assert sum(summary["histograms"]["relay_latency_ms"]) == 6
+    assert RELAY_DELAY_MS <= relay["p50"] < RELAY_DELAY_MS + 1000 < 600_000 < relay["max"]
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "unrelayed_stale" in page and "start a relay" in page
+
+
+def _assert_store_mode_classified(data: Synthetic, out: Path, producer: str) -> None:
+    """Stored-then-relayed transactions are neither lost nor phantom; unrelayed ones are
+    never lost; only those waiting past --max-unrelayed-seconds are unrelayed_stale, listed
+    with the database they wait in."""
+    stored = {row["transaction_id"] for row in data.stored}
+    for category in ("lost", "phantom"):
+        rows = pq.read_table(out / "anomalies" / f"category={category}").to_pylist()
+        assert not stored & {row["transaction_id"] for row in rows}, category
+    stale = pq.read_table(out / "anomalies" / "category=unrelayed_stale").to_pylist()
+    assert {row["transaction_id"] for row in stale} == {
+        row["transaction_id"] for row in data.stored if row["relayed_at"] is None
+        and row["created_at"].timestamp() * 1000 < NOW - 3_600_000}
+    assert len(stale) == 3 and all(row["stored"] == 2 and row["stored_unrelayed"] for row in stale)
+    assert all(row["committed"] and row["producer_databases"] == [producer] for row in stale)
 
 
 @pytest.mark.spark
@@ -142,17 +172,32 @@ def _tamper(export: Path, consumer_url: str) -> None:
     engine.dispose()
 
 
+def _stored_waiting(producer_url: str, minutes: int) -> None:
+    """A transaction committed ``minutes`` ago in store mode whose message no relay handed over."""
+    at = datetime.fromtimestamp(NOW / 1000 - minutes * 60, UTC)
+    engine = create_engine(producer_url)
+    with engine.begin() as conn:
+        conn.execute(transaction_log.insert(), {"transaction_id": "tx-waiting", "producer_group": "shop",
+                                                "state": "COMMITTED", "created_at": at})
+        conn.execute(stored_message.insert(), {"message_id": "m-waiting", "transaction_id": "tx-waiting",
+                                               "producer_group": "shop", "topic": "topic0", "message": b"",
+                                               "created_at": at})
+    engine.dispose()
+
+
 @pytest.mark.spark
 def test_cli_catches_a_tampered_copy_and_the_report_renders(spark, tmp_path: Path) -> None:
     _, inputs = _dataset(tmp_path, n=60, each=0)
     clean = reconcile(spark, inputs, ReconcileOptions(str(tmp_path / "clean"), now_ms=NOW))
     assert clean.passed
     _tamper(Path(inputs.broker_export), inputs.consumer_databases[0])
+    _stored_waiting(inputs.producer_databases[0], minutes=50)  # stale only by the limit given below
     out = tmp_path / "cli-out"
     run = subprocess.run(
         [sys.executable, "-m", "outbox.reconcile", "--producer-db", inputs.producer_databases[0],
          "--consumer-db", inputs.consumer_databases[0], "--broker-export", inputs.broker_export,
-         "--out", str(out), "--master", "local[1]", "--threshold", "duplicate_delivery=0"],
+         "--out", str(out), "--master", "local[1]", "--threshold", "duplicate_delivery=0",
+         "--max-unrelayed-seconds", "1800"],
         capture_output=True, text=True, timeout=600,
     )
     assert run.returncode == 1, run.stderr[-2000:]
@@ -163,8 +208,9 @@ def test_cli_catches_a_tampered_copy_and_the_report_renders(spark, tmp_path: Pat
              if not line.startswith(("[reconcile", "WARNING: Using incubator modules"))]
     assert noise == [], run.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["breached"] == {"lost": 1, "phantom": 1, "duplicate_effect": 1, "duplicate_delivery": 1}
-    assert summary["counts"]["transactions"] == 61
+    assert summary["breached"] == {"lost": 1, "phantom": 1, "duplicate_effect": 1, "duplicate_delivery": 1,
+                                   "unrelayed_stale": 1}
+    assert summary["counts"]["transactions"] == 62 and summary["window"]["max_unrelayed_s"] == 1800
     report = out / "report.html"
     page = report.read_text()
     assert "<svg" in page
@@ -237,7 +283,48 @@ def test_options_reject_unknown_or_negative_thresholds(tmp_path: Path) -> None:
         ReconcileOptions(str(tmp_path), thresholds={"lots": 0})
     with pytest.raises(ValueError, match="negative"):
         ReconcileOptions(str(tmp_path), thresholds={"lost": -1})
+    with pytest.raises(ValueError, match="negative"):
+        ReconcileOptions(str(tmp_path), max_unrelayed_s=-1)
+    assert ReconcileOptions(str(tmp_path)).thresholds["unrelayed_stale"] == 0  # fails the run by default
     assert ReconcileOptions(str(tmp_path), thresholds={"parked": 5}).thresholds == {"parked": 5}
+
+
+@pytest.mark.spark
+def test_a_relay_after_the_windows_reads_is_not_lost(spark, tmp_path: Path) -> None:
+    """A transaction of a window three hours ago whose stored message was relayed ten minutes
+    ago: the window's read of the broker messages stops an hour after the window, so an
+    export from before deliveries named their transaction (joined through the messages)
+    shows no delivery; it is not judged lost on that."""
+    data = generate(0, 0, NOW)
+    committed_ms, relayed_ms = NOW - 10_740_000, NOW - 600_000
+    committed_at = datetime.fromtimestamp(committed_ms / 1000, UTC)
+    data.transaction_log.append({"transaction_id": "tx-late", "producer_group": "shop", "state": "COMMITTED",
+                                 "created_at": committed_at})
+    data.stored.append({"message_id": "m-late", "transaction_id": "tx-late", "producer_group": "shop",
+                        "topic": "topic0", "message_group": None, "message": b"", "created_at": committed_at,
+                        "relayed_at": datetime.fromtimestamp(relayed_ms / 1000, UTC)})
+    data.messages.append({"message_id": "m-late", "transaction_id": "tx-late", "producer_group": "shop",
+                          "topic": "topic0", "queue_id": 0, "keys": "", "tag": "", "state": "committed",
+                          "born_ms": relayed_ms, "store_ms": relayed_ms, "commit_ms": relayed_ms + 1, "copies": 1})
+    data.deliveries.append({"message_id": "m-late", "consumer_group": "points", "topic": "topic0",
+                            "delivery_attempts": 1, "first_delivered_ms": relayed_ms + 5, "acked_ms": relayed_ms + 6,
+                            "dead_lettered": False, "transaction_id": None})
+    producer, consumer = f"sqlite:///{tmp_path / 'p.sqlite3'}", f"sqlite:///{tmp_path / 'c.sqlite3'}"
+    write_sqlite(data, producer, consumer)
+    write_export(data, tmp_path / "export", with_delivery_transaction_ids=False)
+    result = reconcile(spark, ReconcileInputs([producer], [], str(tmp_path / "export")),
+                       ReconcileOptions(str(tmp_path / "out"), now_ms=NOW, since_ms=committed_ms - 60_000,
+                                        until_ms=committed_ms + 60_000))
+    counts = result.summary["counts"]
+    assert counts["transactions"] == counts["committed"] == counts["stored"] == 1
+    assert counts["deliveries"] == 0 and counts["lost"] == 0 and result.passed
+
+
+def test_the_cli_gates_stale_stored_messages_by_default_and_max_unrelayed_allows_some() -> None:
+    base = ["--producer-db", "sqlite://", "--broker-export", "x", "--out", "y"]
+    args = build_parser().parse_args(base)
+    assert _thresholds(args)["unrelayed_stale"] == 0 and args.max_unrelayed_seconds == 3600
+    assert _thresholds(build_parser().parse_args([*base, "--max-unrelayed", "3"]))["unrelayed_stale"] == 3
 
 
 @pytest.mark.spark

@@ -20,8 +20,8 @@ LONG_TOPIC = "orders.payment-settled.v2"
 HOSTILE = "<script>alert(1)</script>"
 PRODUCER_DB = "postgresql+psycopg://app@db1.internal.example:5432/shop_production_orders_and_payments"
 CONSUMER_DB = "sqlite:////var/lib/points/consumer-with-a-rather-long-path/points.sqlite3"
-CATEGORIES = ("conflict", "phantom", "lost", "duplicate_delivery", "duplicate_effect", "half_pending", "parked",
-              "clock_skew")
+CATEGORIES = ("conflict", "phantom", "lost", "unrelayed_stale", "duplicate_delivery", "duplicate_effect",
+              "half_pending", "parked", "clock_skew")
 HOPS = ("commit_latency_ms", "consume_latency_ms", "end_to_end_ms")
 EDGES = [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000]
 
@@ -55,7 +55,7 @@ def _summary(breached: dict[str, int] | None = None, topics: tuple[str, ...] = (
         "rates": {name: count / total for name, count in anomalies.items()},
         "anomalies": anomalies,
         "anomaly_samples": {name: [] for name in CATEGORIES} if samples is None else samples,
-        "thresholds": {"lost": 0, "phantom": 0, "duplicate_effect": 0, "conflict": 0},
+        "thresholds": {"lost": 0, "phantom": 0, "duplicate_effect": 0, "conflict": 0, "unrelayed_stale": 0},
         "breached": breached,
         "passed": not breached,
         "latency_ms": {"transactions": total, **{hop: _percentiles(12) for hop in HOPS}},
@@ -150,6 +150,20 @@ def test_anomalous_transactions_are_listed_with_topic_times_and_databases(tmp_pa
     assert "category=conflict/" not in text  # none of them: no empty list
 
 
+def test_messages_waiting_for_the_relay_say_where_since_when_and_what_to_do(tmp_path: Path) -> None:
+    summary = _summary({"unrelayed_stale": 4})
+    summary["window"]["max_unrelayed_s"] = 3600.0
+    summary["anomaly_samples"]["unrelayed_stale"] = [
+        _sample(0, stored=2, oldest_unrelayed_time="2026-11-24T06:59:58.000+00:00")]
+    page = _page(summary, tmp_path)
+    [waiting] = _sample_rows(page, "unrelayed_stale")
+    assert waiting == (f"tx-00000 {LONG_TOPIC} COMMITTED 2026-11-24 08:00:01.123 stored 2×, waiting since "
+                       f"2026-11-24 06:59:58.000 {PRODUCER_DB} — —")
+    text = _text(page)
+    assert "FAIL: unrelayed_stale 4 > 0" in text and "max unrelayed 3,600 s" in text
+    assert "waiting there for the relay after the limit" in text and "Next: start a relay" in text
+
+
 def test_a_summary_without_samples_still_renders_without_them(tmp_path: Path) -> None:
     summary = _failing()
     del summary["anomaly_samples"]
@@ -203,7 +217,8 @@ def test_the_page_opens_offline(tmp_path: Path) -> None:
 
 def test_a_pass_says_so_plainly(tmp_path: Path) -> None:
     text = _text(_page(_summary(), tmp_path))
-    assert "PASS every gate holds (lost ≤ 0, phantom ≤ 0, duplicate_effect ≤ 0, conflict ≤ 0). Nothing to do." in text
+    assert ("PASS every gate holds (lost ≤ 0, phantom ≤ 0, duplicate_effect ≤ 0, conflict ≤ 0, unrelayed_stale ≤ 0). "
+            "Nothing to do.") in text
     assert "FAIL" not in text and "Next:" not in text
     assert "Anomalous transactions No anomalous transactions." in text
 
