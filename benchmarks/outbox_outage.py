@@ -122,7 +122,7 @@ def throughput(calls: Calls, args: argparse.Namespace) -> None:
             durations = [d for _, every in results for d in every]
             share = statistics.median(ratios(rates[name], rates[BARE]))
             print(f"  {label:<10} {name:<26} {statistics.median(rates[name]):>9,.0f}/s  {share:>6.0%} of bare  "
-                  f"p50 {percentile(durations, 50) * 1000:.2f} ms  p99 {percentile(durations, 99) * 1000:.2f} ms")
+                  f"p50 {percentile(durations, 0.5) * 1000:.2f} ms  p99 {percentile(durations, 0.99) * 1000:.2f} ms")
 
 
 def store(calls: Calls, count: int) -> float:
@@ -157,7 +157,8 @@ def drain(url: str, work: Path, port: int, count: int, relays: int) -> None:
     try:
         with halfmoon_process(work / "broker", port=port) as _:
             started = time.perf_counter()
-            processes = [subprocess.Popen(relay_cmd, env=env, stdout=subprocess.DEVNULL) for _ in range(relays)]
+            processes = [subprocess.Popen(relay_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         for _ in range(relays)]
             relayed_s = received_s = None
             with BrokerClient(f"tcp://127.0.0.1:{port}") as client:
                 deadline = started + max(600.0, count / 50)

@@ -35,10 +35,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from broker_embedded import BrokerAPI, BrokerError
+from broker_embedded import BrokerAPI, BrokerClient, BrokerError, SendResult
 from broker_embedded.errors import BrokerUnavailableError
 
 from . import instrumentation
@@ -91,25 +93,25 @@ class Relay(Generic[Database]):
             claimed = [stored_message(row) for row in execute(sql.claim_stored(self.batch_size), ())]
             ready = _at_group_heads(execute, sql, claimed)
             waiting: set[_Group] = set()  # groups whose rows wait behind one not relayed
+            eligible: list[list[StoredMessage]] = []
             for rows in _transactions(claimed, full=len(claimed) == self.batch_size):
                 groups = {group for row in rows if (group := _group(row)) is not None}
                 if groups & waiting or any(_group(row) is not None and row.seq not in ready for row in rows):
                     waiting |= groups
                     continue
-                try:
-                    self.broker.relay_committed(
-                        [row.message for row in rows], producer_group=rows[0].producer_group,
-                        transaction_id=rows[0].transaction_id)
-                except BrokerUnavailableError as exc:
-                    unreachable = exc
-                    break
-                except BrokerError as exc:
-                    log.warning("%s: transaction %s (producer group %s) not relayed, left for a later pass: %s",
-                                self.name, rows[0].transaction_id, rows[0].producer_group, exc)
-                    waiting |= groups
-                    continue
-                relayed.extend(row.seq for row in rows)
-                per_group[rows[0].producer_group] += len(rows)
+                eligible.append(rows)
+            while eligible and unreachable is None:
+                wave, eligible = _wave(eligible, waiting)
+                for rows, outcome in zip(wave, self._hand_over(wave), strict=True):
+                    if isinstance(outcome, BrokerUnavailableError):
+                        unreachable = outcome
+                    elif isinstance(outcome, BrokerError):
+                        log.warning("%s: transaction %s (producer group %s) not relayed, left for a later pass: %s",
+                                    self.name, rows[0].transaction_id, rows[0].producer_group, outcome)
+                        waiting |= {group for row in rows if (group := _group(row)) is not None}
+                    else:
+                        relayed.extend(row.seq for row in rows)
+                        per_group[rows[0].producer_group] += len(rows)
             if relayed:
                 execute(sql.mark_relayed(len(relayed)), relayed)
         if relayed:
@@ -119,6 +121,42 @@ class Relay(Generic[Database]):
         if unreachable is not None:
             raise unreachable
         return len(relayed)
+
+    def _hand_over(self, transactions: list[list[StoredMessage]]) -> list[BrokerError | None]:
+        """``relay_committed`` for each transaction; per transaction None or the broker's
+        error. Over a ``BrokerClient`` all are on the wire before the first answer is awaited
+        (the server stores them in one group commit); other brokers take them one by one."""
+        def request(rows: list[StoredMessage]) -> dict[str, Any]:
+            return {"producer_group": rows[0].producer_group, "transaction_id": rows[0].transaction_id}
+
+        outcomes: list[BrokerError | None] = []
+        if isinstance(self.broker, BrokerClient):
+            client = self.broker
+            futures: list[Future[list[SendResult]] | BrokerError] = []
+            for rows in transactions:
+                try:
+                    futures.append(client.start_relay_committed([row.message for row in rows], **request(rows)))
+                except BrokerError as exc:
+                    futures.append(exc)
+            for future in futures:
+                if isinstance(future, BrokerError):
+                    outcomes.append(future)
+                    continue
+                try:
+                    future.result(client.timeout_s)
+                    outcomes.append(None)
+                except FutureTimeout:
+                    outcomes.append(BrokerUnavailableError(f"no answer to a relay within {client.timeout_s:.1f}s"))
+                except BrokerError as exc:
+                    outcomes.append(exc)
+            return outcomes
+        for rows in transactions:
+            try:
+                self.broker.relay_committed([row.message for row in rows], **request(rows))
+                outcomes.append(None)
+            except BrokerError as exc:
+                outcomes.append(exc)
+        return outcomes
 
     def report_backlog(self) -> list[Backlog]:
         """What waits in this database (``stored_backlog``), announced per producer group as
@@ -235,6 +273,23 @@ def _transactions(claimed: list[StoredMessage], full: bool) -> list[list[StoredM
     if full and len(transactions) > 1:
         transactions.pop()
     return transactions
+
+
+def _wave(transactions: list[list[StoredMessage]],
+          waiting: set[_Group]) -> tuple[list[list[StoredMessage]], list[list[StoredMessage]]]:
+    """The transactions that can go to the broker together (at most one per message group,
+    none of a group that waits), and the rest, in order: a group's next transaction goes
+    only once the one before it was stored."""
+    wave: list[list[StoredMessage]] = []
+    rest: list[list[StoredMessage]] = []
+    taken: set[_Group] = set()
+    for rows in transactions:
+        groups = {group for row in rows if (group := _group(row)) is not None}
+        if groups & waiting:
+            continue
+        (rest if groups & taken else wave).append(rows)
+        taken |= groups
+    return wave, rest
 
 
 def _at_group_heads(execute: Execute, sql: OutboxSQL, claimed: list[StoredMessage]) -> set[int]:

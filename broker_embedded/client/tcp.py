@@ -209,6 +209,13 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
         return self._do(self._session.relay_committed(messages, producer_group=producer_group,
                                                       transaction_id=transaction_id))
 
+    def start_relay_committed(self, messages: list[Message], *, producer_group: str,
+                              transaction_id: str) -> Future[list[SendResult]]:
+        """``relay_committed`` without waiting, as ``start_send_half``: a relay puts many
+        transactions on the wire and the server stores them in one group commit."""
+        call = self._session.relay_committed(messages, producer_group=producer_group, transaction_id=transaction_id)
+        return self._submit(self._connection(), call)[1]
+
     def start_send_half(self, message: Message, *, producer_group: str, transaction_id: str,
                         future: Future[SendResult] | None = None) -> Future[SendResult]:
         """``send_half`` without waiting: the request is on the wire when this returns, and
