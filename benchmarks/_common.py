@@ -200,6 +200,22 @@ def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None, prof
         server.wait(timeout=60)
 
 
+@contextmanager
+def scratch_postgres(admin_url: str) -> Iterator[str]:
+    """A new PostgreSQL database next to ``admin_url``'s for one run, as a SQLAlchemy psycopg
+    URL; dropped (connections forced out) at the end."""
+    import psycopg
+
+    database = f"hm_bench_{os.urandom(4).hex()}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    try:
+        yield admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + database
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
 def print_profile(path: Path, title: str, operations: int, top: int = 10) -> None:
     """The ``top`` functions of a profile (``PROFILED_BROKER``'s, or one of this process
     timed by ``time.thread_time``) by self time, in µs per operation (``operations`` done

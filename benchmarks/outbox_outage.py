@@ -35,7 +35,6 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
 from _common import (
     alternating_rounds,
     free_port,
@@ -43,6 +42,7 @@ from _common import (
     machine_load,
     percentile,
     ratios,
+    scratch_postgres,
 )
 from outbox_overhead import app, orders, relay_outbox
 from sqlalchemy import create_engine, func, select
@@ -202,31 +202,27 @@ def main() -> None:
     if args.quick:
         args.seconds, args.rounds, args.stored = 1.0, 2, min(args.stored, 2_000)
     print(machine_load("at start"), flush=True)
-    database = f"hm_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.postgres, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
-    url = args.postgres.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + database
     work = Path(tempfile.mkdtemp(prefix="hm-outage-bench-"))
     port = free_port()  # nothing listens here until the drain starts the broker on it
     try:
-        engine = create_engine(url)
-        app.create_all(engine)
-        outbox_metadata.create_all(engine)
-        engine.dispose()
-        calls = Calls(url, f"tcp://127.0.0.1:{port}")
-        try:
-            throughput(calls, args)
-            with calls.engine.begin() as connection:  # the drain counts only its own messages
-                connection.execute(stored_message.delete())
-            seconds = store(calls, args.stored)
-            print(f"stored {args.stored:,} messages in {seconds:.1f} s ({args.stored / seconds:,.0f}/s, 8 threads)")
-        finally:
-            calls.close()
-        drain(url, work, port, args.stored, args.relays)
+        with scratch_postgres(args.postgres) as url:
+            engine = create_engine(url)
+            app.create_all(engine)
+            outbox_metadata.create_all(engine)
+            engine.dispose()
+            calls = Calls(url, f"tcp://127.0.0.1:{port}")
+            try:
+                throughput(calls, args)
+                with calls.engine.begin() as connection:  # the drain counts only its own messages
+                    connection.execute(stored_message.delete())
+                seconds = store(calls, args.stored)
+                print(f"stored {args.stored:,} messages in {seconds:.1f} s ({args.stored / seconds:,.0f}/s, "
+                      "8 threads)")
+            finally:
+                calls.close()
+            drain(url, work, port, args.stored, args.relays)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        with psycopg.connect(args.postgres, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     print(machine_load("at end"))
 
 

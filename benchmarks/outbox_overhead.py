@@ -45,7 +45,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from _common import (
     alternating_rounds,
     halfmoon_process,
@@ -54,6 +53,7 @@ from _common import (
     print_profile,
     ratios,
     repeat,
+    scratch_postgres,
     summary,
     timed,
 )
@@ -458,13 +458,9 @@ def main() -> None:
     if args.quick:
         args.seconds, args.rounds, args.latency_samples = 1.0, 2, min(args.latency_samples, 50)
     print(machine_load("at start"), flush=True)
-    database = f"hm_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.postgres, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
-    url = args.postgres.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + database
     work = Path(tempfile.mkdtemp(prefix="hm-outbox-bench-"))
     try:
-        with halfmoon_process(work / "b") as (_, port):
+        with scratch_postgres(args.postgres) as url, halfmoon_process(work / "b") as (_, port):
             broker_url = f"tcp://127.0.0.1:{port}"
             engine = create_engine(url, pool_size=20)
             app.create_all(engine)
@@ -479,8 +475,6 @@ def main() -> None:
                 async_overhead(url, broker_url, args.seconds, args.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        with psycopg.connect(args.postgres, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     print(machine_load("at end"))
 
 

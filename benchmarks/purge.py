@@ -23,8 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
-import psycopg
-from _common import percentile
+from _common import percentile, scratch_postgres
 from sqlalchemy import Engine, text
 
 from outbox.integrations.sqlalchemy.engine import create_engine
@@ -100,12 +99,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
-    database = f"hm_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.postgres, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
-    url = args.postgres.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + database
     old = args.rows // 10
-    try:
+    with scratch_postgres(args.postgres) as url:
         engine = create_engine(url, pool_size=args.producers + 2)
         metadata.create_all(engine)
         fill(engine, 1, args.rows, old)
@@ -135,9 +130,6 @@ def main() -> None:
         took = time.perf_counter() - start
         show("during one DELETE per table (peer)", took, during_peer, f"{2 * old:,} rows at {2 * old / took:,.0f}/s")
         engine.dispose()
-    finally:
-        with psycopg.connect(args.postgres, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 if __name__ == "__main__":
