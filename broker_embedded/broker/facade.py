@@ -307,6 +307,11 @@ class EmbeddedBroker:
         self._check_open()
         return list(self.consumers.ack_many(group, receipt_handles))
 
+    def dead_letter(self, group: str, receipt_handle: str) -> None:
+        self._check_open()
+        validate_group(group)
+        self.consumers.dead_letter(group, receipt_handle)
+
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         self._check_open()
         return self.consumers.change_invisible_duration(
