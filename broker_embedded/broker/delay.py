@@ -19,11 +19,11 @@ it is never delivered, and a restart that re-reads it finds the recall by its me
 from __future__ import annotations
 
 import base64
-import dataclasses
 import binascii
+import dataclasses
 import hashlib
-import hmac
 import heapq
+import hmac
 import json
 import logging
 import secrets

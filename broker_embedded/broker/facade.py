@@ -269,9 +269,6 @@ class EmbeddedBroker:
         return self._one(RelayCall(messages, producer_group, transaction_id))  # type: ignore[no-any-return]
 
     def recall(self, topic: str, recall_handle: str) -> str:
-        """Take back a delayed message before it is due (its send's ``recall_handle``): it is
-        never delivered; its message id. ``InvalidMessageError`` for a handle this broker
-        did not issue for ``topic``, or a message delivered already."""
         self._check_open()
         validate_user_topic(topic)
         return self.delays.recall(topic, recall_handle)
