@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,7 +18,7 @@ from broker_embedded.server.grpc._proto import definition_pb2 as pb
 from broker_embedded.server.grpc._proto import service_pb2 as spb
 from broker_embedded.server.grpc.service import SERVICE_NAME
 
-from .conftest import InProcess, eventually, rocketmq
+from .conftest import InProcess, eventually, rocketmq, start_grpc_broker
 
 ATTEMPTS = 3
 
@@ -91,3 +92,21 @@ def test_the_rpc_and_hostile_receipts(in_process: Callable[..., InProcess]) -> N
     assert _forward(served.endpoint, group, topic, handle) == pb.OK  # repeated: harmless (the clients retry)
     assert [d.message.message_id for d in served.broker.list_dlq(group)] == [sent.message_id]
     assert served.broker.receive(group, topic, wait_s=0.3) == []
+
+
+def test_serve_names_the_fifo_groups(tmp_path: Path) -> None:
+    """``serve --grpc-fifo-groups``: those groups' push consumers consume as FIFO, others do not."""
+    fifo, other, topic = _name("fifo"), _name("other"), _name("topic")
+    broker = start_grpc_broker(tmp_path / "broker", "--grpc-fifo-groups", f"{fifo}, unused")
+    consumers = [rocketmq.PushConsumer(broker.config(), group, FailingListener(), {topic: rocketmq.FilterExpression()})
+                 for group in (fifo, other)]
+    try:
+        for consumer in consumers:
+            consumer.startup()
+        # each has its settings (its consumption is set up from them)
+        assert eventually(lambda: all(c._PushConsumer__consumption is not None for c in consumers))
+        assert [consumer.fifo for consumer in consumers] == [True, False]
+    finally:
+        for consumer in consumers:
+            consumer.shutdown()
+        broker.process.stop()
