@@ -276,10 +276,13 @@ class MessagingService:
         return settings
 
     def _subscription_settings(self, settings: pb.Settings) -> None:
-        """What a push consumer follows (a simple consumer ignores it): concurrent consumption,
-        a short long poll, and the broker's retry schedule as the back-off of a
-        failed message, in whole seconds (the Python client reads only the seconds), with the
-        broker's ``max_delivery_attempts`` (the DLQ after them is the broker's)."""
+        """What a push consumer follows (a simple consumer ignores it): concurrent consumption
+        (FIFO for ``fifo_groups``), a short long poll, and the broker's retry schedule as the
+        back-off of a failed message, in whole seconds (the Python client reads only the
+        seconds), with the broker's ``max_delivery_attempts``. The Node client reads only an
+        exponential back-off: a Node consumer of a FIFO group, which retries by that policy
+        itself, gets one from the first to the last of the schedule (without it, it would
+        forward a failed message to the DLQ at once)."""
         subscription = settings.subscription
         subscription.fifo = subscription.group.name in self.fifo_groups
         subscription.receive_batch_size = PUSH_BATCH_SIZE
@@ -287,8 +290,14 @@ class MessagingService:
         subscription.long_polling_timeout.FromMilliseconds(int(long_poll_s * 1000))
         policy = settings.backoff_policy
         policy.max_attempts = self.config.max_delivery_attempts
-        for delay_s in self.config.retry_backoff_s:
-            policy.customized_backoff.next.add().FromSeconds(max(1, math.ceil(delay_s)))
+        delays_s = [max(1, math.ceil(delay_s)) for delay_s in self.config.retry_backoff_s] or [1]
+        if subscription.fifo and settings.user_agent.language == pb.NODE_JS:
+            policy.exponential_backoff.initial.FromSeconds(delays_s[0])
+            policy.exponential_backoff.max.FromSeconds(delays_s[-1])
+            policy.exponential_backoff.multiplier = 2.0
+            return
+        for delay_s in delays_s:
+            policy.customized_backoff.next.add().FromSeconds(delay_s)
 
     # -- consuming ------------------------------------------------------------------------
     async def ReceiveMessage(self, request: spb.ReceiveMessageRequest,
