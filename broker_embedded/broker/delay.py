@@ -55,6 +55,9 @@ DUE_AT = "DUE_AT"
 #: A recall record's property: the commit log offset of the schedule record it takes back.
 RECALLED_OFFSET = "RECALLED_OFFSET"
 HANDLE_VERSION = "v1"
+#: Recalled entries the due-time heap may hold beyond twice the waiting ones before it is
+#: compacted (a recalled message's entry otherwise stays until its due time).
+HEAP_SLACK = 64
 INVALID_HANDLE = "recall handle is invalid"
 
 
@@ -195,6 +198,9 @@ class DelayService:
                                         {PROPERTY_MESSAGE_ID: message_id, RECALLED_OFFSET: str(offset)}))
             with self._lock:
                 self._waiting.pop(offset, None)
+                if len(self._heap) > 2 * len(self._waiting) + HEAP_SLACK:
+                    self._heap = [entry for entry in self._heap if entry[1] in self._waiting]
+                    heapq.heapify(self._heap)
         log.info("delayed message %s of topic %s recalled", message_id, topic)
         return message_id
 

@@ -65,3 +65,13 @@ def test_a_recall_survives_a_restart(broker_factory) -> None:
     assert [m.message.message_id for m in got] == [kept.message_id]
     assert again.receive("g", "orders", wait_s=0.5) == []
     assert again.recall("orders", recalled.recall_handle) == recalled.message_id
+
+
+def test_recalled_messages_leave_no_trace_in_memory(broker_factory) -> None:
+    """Recalled far-future messages are dropped from the due-time heap well before they are due."""
+    broker = broker_factory()
+    results = broker.send_batch([_delayed(f"m{n}".encode(), in_ms=3_600_000) for n in range(300)])
+    for result in results:
+        broker.recall("orders", result.recall_handle)
+    assert len(broker.delays) == 0
+    assert len(broker.delays._heap) < 100  # not 300: compacted as recalls go
