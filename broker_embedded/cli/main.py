@@ -209,8 +209,8 @@ def _check_grpc_options(args: argparse.Namespace) -> None:
                  args.grpc_client_utc_offsets, args.grpc_fifo_groups)
     if args.grpc_port is None:
         if any(option is not None for option in grpc_only):
-            raise ValueError("--grpc-host, --grpc-advertise, --grpc-tls-*, --grpc-client-utc-offsets and "
-                             "--grpc-fifo-groups need --grpc-port")
+            raise ValueError("--grpc-host, --grpc-advertise, --grpc-tls-* and the other gRPC options "
+                             "(--grpc-client-utc-offsets, --grpc-fifo-groups) need --grpc-port")
         return
     try:
         from ..server.grpc.front import parse_advertised
