@@ -174,7 +174,7 @@ class DelayService:
             version, handle_topic, offset, signature, message_id = (
                 base64.urlsafe_b64decode(handle.encode()).decode().split(" ", 4))
             valid = (version == HANDLE_VERSION and handle_topic == topic and hmac.compare_digest(
-                signature, self._sign(topic, int(offset), message_id)))
+                signature.encode(), self._sign(topic, int(offset), message_id).encode()))
         except (ValueError, binascii.Error, UnicodeError):
             valid = False
         if not valid:
@@ -185,7 +185,7 @@ class DelayService:
         """Take back the delayed message of ``handle`` (from ``with_recall_handle``) before it
         is due: it is never delivered. Returns its message id; again for a message recalled
         already. ``InvalidMessageError`` when the handle is not one this broker issued for
-        ``topic``, or the message was delivered (or is being delivered) already."""
+        ``topic``, or the message was delivered already."""
         offset, message_id = self._verify(topic, handle)
         with self._moving:
             with self._lock:

@@ -46,6 +46,9 @@ def test_too_late_unknown_forged_and_other_topics_are_refused(broker_factory) ->
     raw[1] = "orders"  # rebound to this topic, the signature no longer matches
     with pytest.raises(InvalidMessageError, match="recall handle is invalid"):
         broker.recall("orders", base64.urlsafe_b64encode(" ".join(raw).encode()).decode())
+    raw[3] = "é" * 32  # a signature that is not even hex
+    with pytest.raises(InvalidMessageError, match="recall handle is invalid"):
+        broker.recall("orders", base64.urlsafe_b64encode(" ".join(raw).encode()).decode())
     assert [m.message.body for m in broker.receive("g", "orders", wait_s=3)] == [b"mine"]
     with pytest.raises(InvalidMessageError, match="delivered"):
         broker.recall("orders", mine.recall_handle)
