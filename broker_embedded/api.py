@@ -207,6 +207,13 @@ class BrokerAPI(Protocol):
         """
         ...
 
+    def recall(self, topic: str, recall_handle: str) -> str:
+        """Take back a delayed message before it is due, by the ``recall_handle`` of its
+        ``SendResult`` (RocketMQ 5.3's RecallMessage): it is never delivered, across restarts.
+        Returns its message id (again for one recalled already). ``InvalidMessageError``
+        for a handle this broker did not issue for ``topic``, or a message delivered already."""
+        ...
+
     def transaction_state(self, transaction_id: str) -> TransactionState:
         """The broker's record of a transaction (raises ``UnknownTransactionError``)."""
         ...
@@ -261,6 +268,13 @@ class BrokerAPI(Protocol):
 
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         """Extend or shorten a receipt's invisibility; returns the new receipt handle."""
+        ...
+
+    def dead_letter(self, group: str, receipt_handle: str) -> None:
+        """Move a received message to ``%DLQ%<group>`` now, as ``max_delivery_attempts``
+        would (RocketMQ 5's ForwardMessageToDeadLetterQueue): never delivered to the group
+        again. Repeating it for a message in the group's DLQ does nothing more; any other
+        receipt not in flight raises ``UnknownReceiptError``."""
         ...
 
     # -- reading, admin -------------------------------------------------------------------

@@ -73,7 +73,8 @@ class TransactionState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """Where the broker stored a message. ``transaction_id`` is set for half messages."""
+    """Where the broker stored a message. ``transaction_id`` is set for half messages;
+    ``recall_handle`` for a delayed message (``recall`` takes it back before it is due)."""
 
     message_id: str
     topic: str
@@ -81,6 +82,7 @@ class SendResult:
     queue_offset: int
     commit_log_offset: int
     transaction_id: str | None = None
+    recall_handle: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

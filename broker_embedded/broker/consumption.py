@@ -561,6 +561,40 @@ class ConsumerGroups:
             self.notify()  # the next message of a FIFO group may be deliverable now
         return outcomes
 
+    def dead_letter(self, group: str, handle: str) -> None:
+        """Move a received message to the group's DLQ now (RocketMQ 5's
+        ForwardMessageToDeadLetterQueue), as the max-attempts path does: done for the group,
+        its copy in ``%DLQ%<group>`` with the attempts so far, durable before this returns.
+        Repeated with a receipt whose message is in the group's DLQ, nothing more happens;
+        ``UnknownReceiptError`` for any other receipt that is not in flight (unknown, stale,
+        expired, acked, another group's)."""
+        with self.lock:
+            try:
+                key, progress, delivery = self._lookup(group, handle)
+            except UnknownReceiptError:
+                if self._dead_lettered(group, handle):
+                    return
+                raise
+            progress.mark_done(delivery.record.queue_offset)
+            event = self._event(EVENT_DEAD, group, key[1], key, delivery)
+        copy = self._dead_letter_copy(group, self.store.get(delivery.record.commit_log_offset), delivery.attempt)
+        self._persist([event], [copy])
+        self.notify()  # the next message of its FIFO group may be deliverable now
+
+    def _dead_lettered(self, group: str, handle: str) -> bool:
+        """Whether the message a receipt of ``group`` names is in the group's DLQ (read from
+        the store's message id index: nothing about past receipts is kept in memory)."""
+        try:
+            topic, stored_topic, queue_id, offset, _ = handle.split("|")
+            if (group, topic, stored_topic, int(queue_id)) not in self.progress:
+                return False
+            records = self.store.read_queue(stored_topic, int(queue_id), int(offset), 1)
+        except (ValueError, KeyError):
+            return False
+        return any(record.queue_offset == int(offset) and self.store.stored_after(
+            record.properties.get(PROPERTY_MESSAGE_ID, ""), record.commit_log_offset, (dlq_topic(group),))
+            for record in records)
+
     def change_invisible_duration(self, group: str, handle: str, invisible_ms: int) -> str:
         """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle."""
         with self.lock:

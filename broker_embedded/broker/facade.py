@@ -94,7 +94,7 @@ class EmbeddedBroker:
                                     self.config.default_queues)
         self.transactions = TransactionService(self.store, self.config, lambda: self._checker, route_record,
                                                self.data_dir / "transactions.snapshot")
-        self.delays = DelayService(self.store, self.data_dir / "delay.snapshot")
+        self.delays = DelayService(self.store, self.data_dir / "delay.snapshot", self.data_dir / "recall.key")
         self.consumers = ConsumerGroups(
             self.store, self._queue_count, self.config.max_delivery_attempts,
             self.config.retry_backoff_s, self.config.max_inflight_per_queue, self.config.sync_consumer_progress,
@@ -232,7 +232,7 @@ class EmbeddedBroker:
             queue_id = self.topics.select_queue(message)
             record = route_record(message.topic, queue_id, codec.message_properties(message),
                                   bytes(message.body), now_ms())
-            return Staged([record], lambda stored: codec.send_result(stored[0]))
+            return Staged([record], lambda stored: self.delays.with_recall_handle(codec.send_result(stored[0])))
         if isinstance(call, HalfCall):
             return self.transactions.stage_half(call, self.topics.select_queue(call.message))
         if isinstance(call, EndCall):
@@ -267,6 +267,11 @@ class EmbeddedBroker:
     def relay_committed(self, messages: list[Message], *, producer_group: str,
                         transaction_id: str) -> list[SendResult]:
         return self._one(RelayCall(messages, producer_group, transaction_id))  # type: ignore[no-any-return]
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        self._check_open()
+        validate_user_topic(topic)
+        return self.delays.recall(topic, recall_handle)
 
     def transaction_state(self, transaction_id: str) -> TransactionState:
         return self.transactions.state(transaction_id)
@@ -306,6 +311,11 @@ class EmbeddedBroker:
     def ack_many(self, group: str, receipt_handles: list[str]) -> list[BrokerError | None]:
         self._check_open()
         return list(self.consumers.ack_many(group, receipt_handles))
+
+    def dead_letter(self, group: str, receipt_handle: str) -> None:
+        self._check_open()
+        validate_group(group)
+        self.consumers.dead_letter(group, receipt_handle)
 
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         self._check_open()

@@ -6,7 +6,8 @@
             [--max-connections 1024] [--idle-timeout 300] [--http-port P [--http-host 127.0.0.1]
             [--metrics-token T] [--http-trusted-proxy ADDR] [--http-insecure]]
             [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT[,HOST:PORT...]]
-             [--grpc-tls-cert PEM --grpc-tls-key PEM] [--grpc-client-utc-offsets +HH:MM[,...]]]
+             [--grpc-tls-cert PEM --grpc-tls-key PEM] [--grpc-client-utc-offsets +HH:MM[,...]]
+             [--grpc-fifo-groups GROUP[,GROUP...]]]
     topics  create NAME [--queues N] | list
     stats   [--json]
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
@@ -205,11 +206,11 @@ def _check_grpc_options(args: argparse.Namespace) -> None:
     """``ValueError`` before the broker opens if ``--grpc-port`` cannot be served: grpcio
     or protobuf missing, or a malformed ``--grpc-advertise``."""
     grpc_only = (args.grpc_advertise, args.grpc_host, args.grpc_tls_cert, args.grpc_tls_key,
-                 args.grpc_client_utc_offsets)
+                 args.grpc_client_utc_offsets, args.grpc_fifo_groups)
     if args.grpc_port is None:
         if any(option is not None for option in grpc_only):
-            raise ValueError("--grpc-host, --grpc-advertise, --grpc-tls-* and --grpc-client-utc-offsets "
-                             "need --grpc-port")
+            raise ValueError("--grpc-host, --grpc-advertise, --grpc-tls-* and the other gRPC options "
+                             "(--grpc-client-utc-offsets, --grpc-fifo-groups) need --grpc-port")
         return
     try:
         from ..server.grpc.front import parse_advertised
@@ -235,7 +236,8 @@ def _grpc_front(args: argparse.Namespace, broker: EmbeddedBroker) -> GrpcFront |
     offsets = parse_utc_offsets(args.grpc_client_utc_offsets) if args.grpc_client_utc_offsets else UTC_OFFSETS_MIN
     return GrpcFront(broker, args.grpc_host or args.host, args.grpc_port, advertise=advertise,
                      access_key=args.access_key, secret_key=args.secret_key, utc_offsets=offsets,
-                     tls_cert=args.grpc_tls_cert, tls_key=args.grpc_tls_key)
+                     tls_cert=args.grpc_tls_cert, tls_key=args.grpc_tls_key,
+                     fifo_groups=[group.strip() for group in (args.grpc_fifo_groups or "").split(",") if group.strip()])
 
 
 def _broker(args: argparse.Namespace) -> BrokerAPI:
@@ -426,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-client-utc-offsets", metavar="+HH:MM[,...]", help="the time zones the gRPC clients "
                    "run in (they sign their local time): a signature is then good only within 5 minutes of when "
                    "it was made (default: every zone in use, see docs/rocketmq.md)")
+    s.add_argument("--grpc-fifo-groups", metavar="GROUP[,GROUP...]", help="consumer groups whose push consumers "
+                   "consume as FIFO groups (RocketMQ's consumeMessageOrderly): the client retries a failed message "
+                   "itself, then forwards it to the DLQ")
     s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker "
                    "(e.g. outbox.integrations.celery.checker:make_checker); none: connected producers only")
     s.add_argument("--access-key", help="clients must sign with this key pair (docs/security.md); none: no keys")

@@ -177,6 +177,9 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
         return await self._do(self._session.relay_committed(messages, producer_group=producer_group,
                                                             transaction_id=transaction_id))
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        return await self._do(self._session.recall(topic, recall_handle))
+
     async def transaction_state(self, transaction_id: str) -> TransactionState:
         return await self._do(self._session.transaction_state(transaction_id))
 
@@ -193,6 +196,9 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
 
     async def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         return await self._do(self._session.change_invisible_duration(group, receipt_handle, invisible_duration_s))
+
+    async def dead_letter(self, group: str, receipt_handle: str) -> None:
+        await self._do(self._session.dead_letter(group, receipt_handle))
 
     async def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, max_bytes: int | None = None) -> list[StoredMessage]:
         return await self._do(self._session.read(topic, queue_id, offset, max_messages, max_bytes))

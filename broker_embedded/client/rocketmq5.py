@@ -220,13 +220,19 @@ class RocketMQ5Broker:
         """The client's receipt; it does not say the queue or the commit log offset (-1)."""
         return SendResult(message_id=receipt.message_id, topic=topic, queue_id=UNKNOWN_POSITION,
                           queue_offset=receipt.offset if receipt.offset is not None else UNKNOWN_POSITION,
-                          commit_log_offset=UNKNOWN_POSITION, transaction_id=transaction_id)
+                          commit_log_offset=UNKNOWN_POSITION, transaction_id=transaction_id,
+                          recall_handle=receipt.recall_handle or None)
 
     def send(self, message: Message) -> SendResult:
         """Send a normal, FIFO (``message_group``) or delayed message."""
         sent = self._client_message(message, {})
         with self._calling(f"send to {message.topic}"):
             return self._result(self._client_producer().send(sent), message.topic)
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        """Take a delayed message back before it is due (the proxy's RecallMessage)."""
+        with self._calling(f"recall from {topic}"):
+            return str(self._client_producer().recall_message(topic, recall_handle))
 
     def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
         """One broker transaction carrying ``transaction_id`` and ``producer_group`` in its
@@ -410,6 +416,9 @@ class RocketMQ5Broker:
 
     def list_topics(self) -> list[TopicInfo]:
         self._unsupported("listing topics")
+
+    def dead_letter(self, group: str, receipt_handle: str) -> None:
+        self._unsupported("forwarding a message to the DLQ")
 
     def transaction_state(self, transaction_id: str) -> TransactionState:
         self._unsupported("reading a transaction's state")

@@ -236,6 +236,9 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
                                              from_check=from_check)
         return self._submit(self._connection(), call, future)[1]
 
+    def recall(self, topic: str, recall_handle: str) -> str:
+        return self._do(self._session.recall(topic, recall_handle))
+
     def transaction_state(self, transaction_id: str) -> TransactionState:
         return self._do(self._session.transaction_state(transaction_id))
 
@@ -252,6 +255,9 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
 
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
         return self._do(self._session.change_invisible_duration(group, receipt_handle, invisible_duration_s))
+
+    def dead_letter(self, group: str, receipt_handle: str) -> None:
+        self._do(self._session.dead_letter(group, receipt_handle))
 
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, max_bytes: int | None = None) -> list[StoredMessage]:
         return self._do(self._session.read(topic, queue_id, offset, max_messages, max_bytes))

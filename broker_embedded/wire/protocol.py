@@ -72,6 +72,8 @@ class RequestCode(enum.IntEnum):
     EXPORT_MESSAGES = 900018
     LIST_OPEN_TRANSACTIONS = 900019
     RELAY_COMMITTED = 900020
+    RECALL_MESSAGE = 900021
+    DEAD_LETTER_MESSAGE = 900022
 
 
 #: Which ``BrokerAPI`` method each request code calls.
@@ -80,11 +82,13 @@ METHODS: dict[RequestCode, str] = {
     RequestCode.SEND_HALF_MESSAGE: "send_half",
     RequestCode.END_TRANSACTION: "end_transaction",
     RequestCode.RELAY_COMMITTED: "relay_committed",
+    RequestCode.RECALL_MESSAGE: "recall",
     RequestCode.GET_TRANSACTION_STATE: "transaction_state",
     RequestCode.POP_MESSAGE: "receive",
     RequestCode.ACK_MESSAGE: "ack",
     RequestCode.ACK_MESSAGE_BATCH: "ack_many",
     RequestCode.CHANGE_INVISIBLE_DURATION: "change_invisible_duration",
+    RequestCode.DEAD_LETTER_MESSAGE: "dead_letter",
     RequestCode.PULL_MESSAGE: "read",
     RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: "offset_for_timestamp",
     RequestCode.VIEW_MESSAGE_BY_ID: "query_by_id",

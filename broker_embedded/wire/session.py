@@ -269,6 +269,9 @@ class ClientSession(Generic[C]):
         return _method("end_transaction", transaction_id=transaction_id, resolution=resolution,
                        producer_group=producer_group, from_check=from_check)
 
+    def recall(self, topic: str, recall_handle: str) -> Call[str]:
+        return _method("recall", topic=topic, recall_handle=recall_handle)
+
     def transaction_state(self, transaction_id: str) -> Call[TransactionState]:
         return _method("transaction_state", transaction_id=transaction_id)
 
@@ -290,6 +293,9 @@ class ClientSession(Generic[C]):
     def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> Call[str]:
         return _method("change_invisible_duration", group=group, receipt_handle=receipt_handle,
                        invisible_duration_s=invisible_duration_s)
+
+    def dead_letter(self, group: str, receipt_handle: str) -> Call[None]:
+        return _method("dead_letter", group=group, receipt_handle=receipt_handle)
 
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
              max_bytes: int | None = None) -> Call[list[StoredMessage]]:

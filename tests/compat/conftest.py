@@ -90,14 +90,14 @@ def grpc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcBroker
 
 
 @contextmanager
-def in_process_grpc(data_dir: Path, config: BrokerConfig,
-                    push_invisible_s: float = 30.0) -> Iterator[tuple[EmbeddedBroker, str]]:
+def in_process_grpc(data_dir: Path, config: BrokerConfig, push_invisible_s: float = 30.0,
+                    fifo_groups: tuple[str, ...] = ()) -> Iterator[tuple[EmbeddedBroker, str]]:
     """An in-process broker with ``config`` serving gRPC on a free port, from its own event loop."""
     broker = EmbeddedBroker(data_dir, config)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="grpc-front-loop", daemon=True)
     thread.start()
-    front = GrpcFront(broker, port=0, push_invisible_s=push_invisible_s)
+    front = GrpcFront(broker, port=0, push_invisible_s=push_invisible_s, fifo_groups=fifo_groups)
     try:
         asyncio.run_coroutine_threadsafe(front.start(), loop).result(30)
         yield broker, f"127.0.0.1:{front.port}"
@@ -127,8 +127,9 @@ def in_process(tmp_path: Path) -> Iterator[Callable[..., InProcess]]:
     clients are shut down first (a push consumer shut down with an ack in flight to a stopped
     broker retries it forever)."""
     with ExitStack() as stack:
-        def start(config: BrokerConfig, push_invisible_s: float = 30.0) -> InProcess:
-            return InProcess(*stack.enter_context(in_process_grpc(tmp_path / "broker", config, push_invisible_s)))
+        def start(config: BrokerConfig, push_invisible_s: float = 30.0, fifo_groups: tuple[str, ...] = ()) -> InProcess:
+            return InProcess(*stack.enter_context(in_process_grpc(tmp_path / "broker", config, push_invisible_s,
+                                                                  fifo_groups)))
 
         yield start
 

@@ -421,3 +421,44 @@ def test_push_consumer_keeps_the_message_a_slow_listener_holds(in_process: Calla
                           and len(consumer.deliveries) == 1)
         time.sleep(2.0)  # unrenewed, it would be back by now
     assert [(d["body"], d["deliveryAttempt"]) for d in consumer.deliveries] == [("slow work", 1)]
+
+
+def test_recall_a_delayed_message(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    """ProducerRecallMessageExample's calls: a delayed message's receipt has a recall handle,
+    ``recallMessage`` takes it back (never delivered), a handle that is not one is refused."""
+    topic = _name("recall")
+    due_ms = int(time.time() * 1000) + 2000
+    records = node.run("recall", endpoint=grpc_broker.endpoint, topic=topic, recall=["recalled"],
+                       badHandles=["not-a-handle"],
+                       messages=[{"body": "recalled", "deliveryAtMs": due_ms}, {"body": "kept", "deliveryAtMs": due_ms}])
+    sent = {r["sent"]: r for r in records if "sent" in r}
+    assert sent["recalled"]["recallHandle"] and sent["kept"]["recallHandle"]
+    assert [r["messageId"] for r in records if "recalled" in r] == [sent["recalled"]["messageId"]]
+    [refusal] = [r["refused"] for r in records if "badHandle" in r]
+    assert refusal is not None and "recall handle is invalid" in refusal
+    got: list[bytes] = []
+    with grpc_broker.native() as native:
+        group = _name("group")
+        deadline = time.monotonic() + 10
+        while b"kept" not in got and time.monotonic() < deadline:
+            got += [bytes(m.message.body) for m in native.receive(group, topic, wait_s=1)]
+        time.sleep(0.3)  # the recalled one was due with it
+        got += [bytes(m.message.body) for m in native.receive(group, topic, wait_s=0)]
+    assert got == [b"kept"]
+
+
+def test_fifo_push_consumer_forwards_what_keeps_failing_to_the_dlq(in_process: Callable[..., InProcess],
+                                                                    node: NodeClient) -> None:
+    """A PushConsumer of a FIFO group (``fifo_groups``) retries a failed message itself, then
+    calls ForwardMessageToDeadLetterQueue: in the DLQ once, the next of its group delivered."""
+    topic, group = _name("forward"), _name("group")
+    served = in_process(BrokerConfig(max_delivery_attempts=3, retry_backoff_s=(0.5,)), fifo_groups=(group,))
+    failing = served.broker.send(Message(topic=topic, body=b"fail always", message_group="account-1"))
+    served.broker.send(Message(topic=topic, body=b"next", message_group="account-1"))
+    with push_consumer(node, served.endpoint, topic, group, failPrefix="fail", failTimes=100) as consumer:
+        assert eventually(lambda: [d.message.message_id for d in served.broker.list_dlq(group)]
+                          == [failing.message_id], 30)
+        assert eventually(lambda: consumer.of("next"))
+        assert eventually(lambda: sum(served.broker.stats().consumer_lag.get(group, {}).values()) == 0)
+    assert [d["deliveryAttempt"] for d in consumer.of("fail always")] == [1, 2, 3]  # the client's own retries
+    assert [d.message.message_id for d in served.broker.list_dlq(group)] == [failing.message_id]

@@ -343,10 +343,9 @@ def test_assignment_is_every_broker_of_the_route(grpc_broker: GrpcBroker) -> Non
 
 def test_unimplemented_rpcs_say_so(grpc_broker: GrpcBroker) -> None:
     with pytest.raises(grpc.RpcError) as refused:
-        _call(grpc_broker.endpoint, "ForwardMessageToDeadLetterQueue", spb.ForwardMessageToDeadLetterQueueRequest(),
-              spb.ForwardMessageToDeadLetterQueueResponse)
+        _call(grpc_broker.endpoint, "GetOffset", spb.GetOffsetRequest(), spb.GetOffsetResponse)
     assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "ForwardMessageToDeadLetterQueue is not implemented" in refused.value.details()
+    assert "GetOffset is not implemented" in refused.value.details()
 
 
 @pytest.fixture

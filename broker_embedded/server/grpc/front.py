@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,13 +33,15 @@ class GrpcFront:
     call must be signed with them (``MQv2-HMAC-SHA1``) at a time that is now in one of
     ``utc_offsets`` (minutes; default: every zone in use). With ``tls_cert`` and ``tls_key``
     (PEM files) the port speaks TLS only. A message a push consumer receives is invisible for
-    ``push_invisible_s``, renewed until the consumer acks it (RocketMQ's ``auto_renew``)."""
+    ``push_invisible_s``, renewed until the consumer acks it (RocketMQ's ``auto_renew``). Push
+    consumers of ``fifo_groups`` are told their group is FIFO (RocketMQ's
+    ``consumeMessageOrderly``): they retry a failed message themselves, then forward it to the DLQ."""
 
     def __init__(self, broker: BrokerAPI, host: str = "127.0.0.1", port: int = 8081, *,
                  advertise: Sequence[str] = (), access_key: str | None = None, secret_key: str | None = None,
                  utc_offsets: Sequence[int] = UTC_OFFSETS_MIN, tls_cert: Path | None = None,
                  tls_key: Path | None = None, max_workers: int = 64,
-                 push_invisible_s: float = DEFAULT_INVISIBLE_S) -> None:
+                 push_invisible_s: float = DEFAULT_INVISIBLE_S, fifo_groups: Collection[str] = ()) -> None:
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key, or neither")
         if (tls_cert is None) != (tls_key is None):
@@ -58,7 +60,8 @@ class GrpcFront:
                                                 thread_name_prefix="broker-grpc-poll")
         self.interceptors = [SignatureFirst(SignatureVerifier(access_key, secret_key, utc_offsets=utc_offsets))] \
             if access_key is not None and secret_key is not None else []
-        self.service = MessagingService(broker, self.executor, self.poll_executor, advertise, push_invisible_s)
+        self.service = MessagingService(broker, self.executor, self.poll_executor, advertise, push_invisible_s,
+                                        fifo_groups)
         self._server: grpc.aio.Server | None = None
         self._renewing: asyncio.Task[None] | None = None
 

@@ -6,14 +6,19 @@ front's executor threads, as the native server's do, and writes in flight togeth
 append and one fsync through the native server's batcher. Producer RPCs (normal, FIFO, delay and
 transactional sends, EndTransaction, check-backs over Telemetry), SimpleConsumer RPCs
 (ReceiveMessage, AckMessage, ChangeInvisibleDuration) and PushConsumer RPCs (QueryAssignment,
-the subscription settings over Telemetry) are served; the others answer UNIMPLEMENTED.
+the subscription settings over Telemetry, ForwardMessageToDeadLetterQueue) are served, and
+RecallMessage (a delayed message's SendResultEntry carries its ``recall_handle``); the others
+answer UNIMPLEMENTED.
 
-Push consumers are told their group is not FIFO (``Subscription.fifo`` false), so they consume
-concurrently and answer a failed message with ChangeInvisibleDuration (the back-off of the
-settings); order within a message group is the broker's own, which delivers one message of a
-group at a time, the next once the previous is acked or dead-lettered. Retries and the DLQ are
-the broker's (``max_delivery_attempts``), so no client calls ForwardMessageToDeadLetterQueue.
-The messages they receive stay invisible until settled (``auto_renew``, see ``renewal``).
+Push consumers are told their group is not FIFO (``Subscription.fifo`` false), unless it is
+one of ``fifo_groups`` (RocketMQ's ``consumeMessageOrderly`` group setting). A concurrent one
+answers a failed message with ChangeInvisibleDuration (the back-off of the settings), and
+retries and the DLQ are the broker's (``max_delivery_attempts``). A FIFO one retries a failed
+message itself, in place, with that back-off and attempts, then forwards it to the DLQ
+(ForwardMessageToDeadLetterQueue: the broker's ``dead_letter``). Either way order within a
+message group is the broker's own, which delivers one message of a group at a time, the next
+once the previous is acked or dead-lettered. The messages they receive stay invisible until
+settled (``auto_renew``, see ``renewal``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import asyncio
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
@@ -78,11 +83,15 @@ class MessagingService:
     of a static route (each serving its own store, the same list given to each); without it a
     route names the address the client used. Signatures are checked before the service is
     reached (``signature.SignatureFirst``). A message a push consumer receives is invisible for
-    ``push_invisible_s``, renewed while the consumer holds it (``renewals``)."""
+    ``push_invisible_s``, renewed while the consumer holds it (``renewals``). Push consumers of
+    ``fifo_groups`` consume as FIFO groups (one message of a message group at a time, failures
+    retried by the client, then forwarded to the DLQ)."""
 
     def __init__(self, broker: BrokerAPI, executor: ThreadPoolExecutor, poll_executor: Executor,
-                 advertise: Sequence[str] = (), push_invisible_s: float = DEFAULT_INVISIBLE_S) -> None:
+                 advertise: Sequence[str] = (), push_invisible_s: float = DEFAULT_INVISIBLE_S,
+                 fifo_groups: Collection[str] = ()) -> None:
         self.broker = broker
+        self.fifo_groups = frozenset(fifo_groups)
         self.executor = executor
         self.poll_executor = poll_executor
         self.advertise = tuple(advertise)
@@ -194,7 +203,17 @@ class MessagingService:
         except Exception as exc:
             return spb.SendResultEntry(status=status_of(exc))
         return spb.SendResultEntry(status=ok(), message_id=result.message_id, offset=result.queue_offset,
-                                   transaction_id=result.transaction_id or "")
+                                   transaction_id=result.transaction_id or "",
+                                   recall_handle=result.recall_handle or "")
+
+    async def RecallMessage(self, request: spb.RecallMessageRequest, context: Any) -> spb.RecallMessageResponse:
+        """Take a delayed message back before it is due (the broker's ``recall``): BAD_REQUEST
+        for a handle the broker did not issue for the topic, or a message delivered already."""
+        try:
+            message_id = await self._call(self.broker.recall, request.topic.name, request.recall_handle)
+        except Exception as exc:
+            return spb.RecallMessageResponse(status=status_of(exc))
+        return spb.RecallMessageResponse(status=ok(), message_id=message_id)
 
     async def EndTransaction(self, request: spb.EndTransactionRequest, context: Any) -> spb.EndTransactionResponse:
         transaction_id = request.transaction_id or request.message_id
@@ -257,19 +276,28 @@ class MessagingService:
         return settings
 
     def _subscription_settings(self, settings: pb.Settings) -> None:
-        """What a push consumer follows (a simple consumer ignores it): concurrent consumption,
-        a short long poll, and the broker's retry schedule as the back-off of a
-        failed message, in whole seconds (the Python client reads only the seconds), with the
-        broker's ``max_delivery_attempts`` (the DLQ after them is the broker's)."""
+        """What a push consumer follows (a simple consumer ignores it): concurrent consumption
+        (FIFO for ``fifo_groups``), a short long poll, and the broker's retry schedule as the
+        back-off of a failed message, in whole seconds (the Python client reads only the
+        seconds), with the broker's ``max_delivery_attempts``. The Node client reads only an
+        exponential back-off: a Node consumer of a FIFO group, which retries by that policy
+        itself, gets one from the first to the last of the schedule (without it, it would
+        forward a failed message to the DLQ at once)."""
         subscription = settings.subscription
-        subscription.fifo = False
+        subscription.fifo = subscription.group.name in self.fifo_groups
         subscription.receive_batch_size = PUSH_BATCH_SIZE
         long_poll_s = min(_seconds(subscription.long_polling_timeout), MAX_LONG_POLL_S) or PUSH_LONG_POLL_S
         subscription.long_polling_timeout.FromMilliseconds(int(long_poll_s * 1000))
         policy = settings.backoff_policy
         policy.max_attempts = self.config.max_delivery_attempts
-        for delay_s in self.config.retry_backoff_s:
-            policy.customized_backoff.next.add().FromSeconds(max(1, math.ceil(delay_s)))
+        delays_s = [max(1, math.ceil(delay_s)) for delay_s in self.config.retry_backoff_s] or [1]
+        if subscription.fifo and settings.user_agent.language == pb.NODE_JS:
+            policy.exponential_backoff.initial.FromSeconds(delays_s[0])
+            policy.exponential_backoff.max.FromSeconds(delays_s[-1])
+            policy.exponential_backoff.multiplier = 2.0
+            return
+        for delay_s in delays_s:
+            policy.customized_backoff.next.add().FromSeconds(delay_s)
 
     # -- consuming ------------------------------------------------------------------------
     async def ReceiveMessage(self, request: spb.ReceiveMessageRequest,
@@ -342,6 +370,18 @@ class MessagingService:
         except Exception as exc:
             return spb.ChangeInvisibleDurationResponse(status=status_of(exc))
         return spb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+
+    async def ForwardMessageToDeadLetterQueue(self, request: spb.ForwardMessageToDeadLetterQueueRequest,
+                                              context: Any) -> spb.ForwardMessageToDeadLetterQueueResponse:
+        """The message of a receipt to the group's DLQ now (the broker's ``dead_letter``):
+        OK again for one forwarded already (the clients retry until OK),
+        INVALID_RECEIPT_HANDLE for a receipt not in flight."""
+        try:
+            handle = await self.renewals.settle(request.group.name, request.receipt_handle)
+            await self._call(self.broker.dead_letter, request.group.name, handle)
+        except Exception as exc:
+            return spb.ForwardMessageToDeadLetterQueueResponse(status=status_of(exc))
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
     async def _change_invisible(self, group: str, receipt_handle: str, invisible_s: float) -> str:
         return str(await self._call(self.broker.change_invisible_duration, group, receipt_handle, invisible_s))
@@ -436,5 +476,5 @@ def _unimplemented(name: str) -> Callable[..., Any]:
     async def unimplemented(request: Any, context: Any) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                             f"{name} is not implemented by halfmoon's broker (Producer, SimpleConsumer and "
-                            "PushConsumer RPCs are)")
+                            "PushConsumer RPCs and RecallMessage are)")
     return unimplemented

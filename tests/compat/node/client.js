@@ -194,7 +194,37 @@ async function push() {
   }
 }
 
-const scenarios = { send, receive, push, 'change-invisible-duration': changeInvisibleDuration };
+// As ProducerRecallMessageExample: sends args.messages (delayed ones carry deliveryAtMs), each
+// receipt reported with its recall handle; then recalls those named in args.recall (by body),
+// and tries args.badHandles, reporting the recalled message ids and the refusals.
+async function recall() {
+  const producer = new Producer({ endpoints: args.endpoint, topic: args.topic, sessionCredentials });
+  await producer.startup();
+  try {
+    const handles = new Map();
+    for (const spec of args.messages) {
+      const receipt = await producer.send(messageOf(spec));
+      handles.set(spec.body, receipt.recallHandle);
+      emit({ sent: spec.body, messageId: receipt.messageId, recallHandle: receipt.recallHandle || null });
+    }
+    for (const body of args.recall) {
+      const receipt = await producer.recallMessage(args.topic, handles.get(body));
+      emit({ recalled: body, messageId: receipt.messageId });
+    }
+    for (const handle of args.badHandles || []) {
+      try {
+        await producer.recallMessage(args.topic, handle);
+        emit({ badHandle: handle, refused: null });
+      } catch (error) {
+        emit({ badHandle: handle, refused: error.message });
+      }
+    }
+  } finally {
+    await producer.shutdown();
+  }
+}
+
+const scenarios = { send, receive, push, recall, 'change-invisible-duration': changeInvisibleDuration };
 
 scenarios[scenario]().then(() => process.exit(0), error => {
   process.stderr.write(`${error.stack || error}\n`);
