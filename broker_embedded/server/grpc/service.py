@@ -2,8 +2,9 @@
 
 The handlers are registered by hand under the service's wire name (the protos are compiled
 under a private package, see ``_proto/README.md``). Every broker call runs on the
-front's executor threads, as the native server's do, and writes in flight together share one
-append and one fsync through the native server's batcher. Producer RPCs (normal, FIFO, delay and
+front's executor threads, as the native server's do: writes in flight together share one
+append and one fsync, and acks arriving together one hop and one ``ack_many`` per group,
+through the native server's batchers. Producer RPCs (normal, FIFO, delay and
 transactional sends, EndTransaction, check-backs over Telemetry), SimpleConsumer RPCs
 (ReceiveMessage, AckMessage, ChangeInvisibleDuration) and PushConsumer RPCs (QueryAssignment,
 the subscription settings over Telemetry) are served; the others answer UNIMPLEMENTED.
