@@ -6,6 +6,7 @@ the gRPC front."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -13,6 +14,7 @@ from typing import Any
 
 from ..api import BrokerAPI
 from ..broker.writes import EndCall, HalfCall, RelayCall, SendCall, WriteCall
+from ..errors import BrokerError
 from ..wire.protocol import READ_CHUNK
 
 #: The message bodies one write batch holds at most (or one message): another client's
@@ -188,3 +190,23 @@ def write_batcher(broker: BrokerAPI, executor: Executor,
     produce = getattr(broker, "produce", None)
     return Batcher(produce or write_one_by_one(broker), executor, track, max_batches=2, weigh=body_bytes,
                    max_batch_weight=MAX_WRITE_BATCH_BYTES)
+
+
+def ack_by_group(broker: BrokerAPI, items: list[dict[str, str]]) -> list[BrokerError | None]:
+    """A ``run_batch`` for acks (``{"group": ..., "receipt_handle": ...}`` each): one
+    ``ack_many`` per group (one lock and one consumer-state write for all), each ack's outcome
+    in its place."""
+    outcomes: list[BrokerError | None] = [None] * len(items)
+    by_group: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        by_group.setdefault(item["group"], []).append(index)
+    for group, indexes in by_group.items():
+        acked = broker.ack_many(group, [items[index]["receipt_handle"] for index in indexes])
+        for index, outcome in zip(indexes, acked, strict=True):
+            outcomes[index] = outcome
+    return outcomes
+
+
+def ack_batcher(broker: BrokerAPI, executor: Executor, track: Callable[[asyncio.Future[None]], None]) -> Batcher:
+    """The batcher of a front's acks: the acks that arrive together share one executor hop."""
+    return Batcher(functools.partial(ack_by_group, broker), executor, track)

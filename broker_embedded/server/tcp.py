@@ -59,7 +59,7 @@ from ..wire.protocol import (
     to_wire,
 )
 from ..wire.requests import Request, decode_request, request_arguments
-from .batching import Batcher, write_batcher
+from .batching import Batcher, ack_batcher, write_batcher
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ class BrokerServer:
         self._stopping = False
         #: Cheap calls that arrive together share one executor hop; writes share one fsync.
         writes = write_batcher(broker, self.executor, self._track)
-        acks = Batcher(functools.partial(_ack_by_group, broker), self.executor, self._track)
+        acks = ack_batcher(broker, self.executor, self._track)
         self._writes = writes
         self._batched: dict[int, tuple[str, Batcher]] = {
             int(CODES[method]): (method, writes) for method in _WRITE_CALLS
@@ -645,20 +645,6 @@ def _batch_item(method: str, request: Request) -> Any:
     arguments = request_arguments(request)
     write_call = _WRITE_CALLS.get(method)
     return arguments if write_call is None else write_call(**arguments)
-
-
-def _ack_by_group(broker: BrokerAPI, items: list[dict[str, str]]) -> list[BrokerError | None]:
-    """A ``run_batch`` for ACK_MESSAGE requests: one ``ack_many`` per group (one lock and one
-    consumer-state write for all), each request's outcome in its place."""
-    outcomes: list[BrokerError | None] = [None] * len(items)
-    by_group: dict[str, list[int]] = {}
-    for index, item in enumerate(items):
-        by_group.setdefault(item["group"], []).append(index)
-    for group, indexes in by_group.items():
-        acked = broker.ack_many(group, [items[index]["receipt_handle"] for index in indexes])
-        for index, outcome in zip(indexes, acked, strict=True):
-            outcomes[index] = outcome
-    return outcomes
 
 
 #: What a stored message adds to its body and properties: the record header, topic and the

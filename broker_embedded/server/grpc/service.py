@@ -2,8 +2,9 @@
 
 The handlers are registered by hand under the service's wire name (the protos are compiled
 under a private package, see ``_proto/README.md``). Every broker call runs on the
-front's executor threads, as the native server's do, and writes in flight together share one
-append and one fsync through the native server's batcher. Producer RPCs (normal, FIFO, delay and
+front's executor threads, as the native server's do: writes in flight together share one
+append and one fsync, and acks arriving together one hop and one ``ack_many`` per group,
+through the native server's batchers. Producer RPCs (normal, FIFO, delay and
 transactional sends, EndTransaction, check-backs over Telemetry), SimpleConsumer RPCs
 (ReceiveMessage, AckMessage, ChangeInvisibleDuration) and PushConsumer RPCs (QueryAssignment,
 the subscription settings over Telemetry, ForwardMessageToDeadLetterQueue) are served, and
@@ -42,7 +43,7 @@ from ...errors import InvalidMessageError, UnknownTopicError
 from ...filters import parse_tag_filter
 from ...message import Resolution
 from ...wire.auth import RateLimitedLog
-from ..batching import write_batcher
+from ..batching import Batcher, ack_batcher, write_batcher
 from ._proto import definition_pb2 as pb
 from ._proto import service_pb2 as spb
 from .convert import from_proto, received_to_proto
@@ -104,21 +105,28 @@ class MessagingService:
         #: Concurrent writes share one append and one fsync (group commit), as on the native port.
         self._tasks: set[asyncio.Future[None]] = set()
         self._writes = write_batcher(broker, executor, self._track)
+        #: Acks that arrive together (a push consumer's, or several consumers') share one hop.
+        self._acks = ack_batcher(broker, executor, self._track)
 
     def _track(self, task: asyncio.Future[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _write(self, call: WriteCall, client_id: str) -> Any:
-        """Run a write in the next batch; its result, or its error raised."""
+    def _submit(self, batcher: Batcher, item: Any, source: object) -> asyncio.Future[Any]:
+        """Queue ``item`` for ``batcher``'s next batch; its outcome (a result or an error),
+        on the loop."""
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         def on_done(outcome: Any) -> None:
             if not answer.done():  # the call may have been cancelled meanwhile
                 answer.set_result(outcome)
 
-        self._writes.submit(call, on_done, client_id)
-        outcome = await answer
+        batcher.submit(item, on_done, source)
+        return answer
+
+    async def _write(self, call: WriteCall, client_id: str) -> Any:
+        """Run a write in the next batch; its result, or its error raised."""
+        outcome = await self._submit(self._writes, call, client_id)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -349,15 +357,14 @@ class MessagingService:
                 return received, invisible_s
 
     async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
-        handles = [await self.renewals.settle(request.group.name, entry.receipt_handle) for entry in request.entries]
-        outcomes: list[Exception | None]
-        try:  # one ack_many for the request's entries: one lock and one consumer-state write
-            outcomes = list(await self._call(self.broker.ack_many, request.group.name, handles))
-        except Exception as exc:  # refused as a whole (e.g. a bad group name): every entry says why
-            outcomes = [exc] * len(handles)
+        group = request.group.name
+        handles = [await self.renewals.settle(group, entry.receipt_handle) for entry in request.entries]
+        # one batch for the request's entries (and the acks of other calls arriving with them):
+        # one ack_many per group, one lock and one consumer-state write
+        acked = [self._submit(self._acks, {"group": group, "receipt_handle": handle}, None) for handle in handles]
         entries = [spb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                                              status=ok() if outcome is None else status_of(outcome))
-                   for entry, outcome in zip(request.entries, outcomes, strict=True)]
+                   for entry, outcome in zip(request.entries, [await ack for ack in acked], strict=True)]
         failed = [entry.status for entry in entries if entry.status.code != pb.OK]
         return spb.AckMessageResponse(status=failed[0] if failed else ok(), entries=entries)
 
@@ -413,13 +420,11 @@ class MessagingService:
         implementation writes what it yields through the context."""
         malformed = self.malformed
 
-        async def decoded(raw: bytes, context: Any) -> Any:
-            try:
-                return request_class.FromString(raw)
-            except DecodeError as exc:
-                malformed.warning("a malformed %s request: %s", request_class.DESCRIPTOR.name, exc)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"the request is not a valid {request_class.DESCRIPTOR.name}")
+        async def refused(context: Any, error: DecodeError) -> None:
+            """Abort the call INVALID_ARGUMENT (``abort`` raises)."""
+            malformed.warning("a malformed %s request: %s", request_class.DESCRIPTOR.name, error)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the request is not a valid {request_class.DESCRIPTOR.name}")
 
         async def each_decoded(raws: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
             async for raw in raws:
@@ -431,8 +436,15 @@ class MessagingService:
                     context.set_details(f"a request is not a valid {request_class.DESCRIPTOR.name}")
                     return
 
+        def request_of(raw: Any, context: Any) -> Any:
+            """Decoded in the handler's own coroutine, not one of its own: a step less per call."""
+            return each_decoded(raw, context) if client_streaming else request_class.FromString(raw)
+
         async def stream(raw: Any, context: Any) -> None:
-            request = each_decoded(raw, context) if client_streaming else await decoded(raw, context)
+            try:
+                request = request_of(raw, context)
+            except DecodeError as exc:
+                await refused(context, exc)
             result = implementation(request, context)
             if hasattr(result, "__aiter__"):
                 async for item in result:
@@ -441,7 +453,10 @@ class MessagingService:
                 await result
 
         async def unary(raw: Any, context: Any) -> Any:
-            request = each_decoded(raw, context) if client_streaming else await decoded(raw, context)
+            try:
+                request = request_of(raw, context)
+            except DecodeError as exc:
+                await refused(context, exc)
             return await implementation(request, context)
 
         return stream if server_streaming else unary
@@ -469,7 +484,10 @@ def _refused_filter(expression: pb.FilterExpression) -> pb.Status | None:
 
 
 def _client_id(context: Any) -> str:
-    return str(dict(context.invocation_metadata() or ()).get("x-mq-client-id", ""))
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return str(value)
+    return ""
 
 
 def _unimplemented(name: str) -> Callable[..., Any]:
