@@ -5,7 +5,9 @@ Two tables (Parquet or JSON lines) in ``out_dir``:
 * ``messages``: message_id, transaction_id, producer_group, topic, queue_id, keys, tag,
   state (normal | half | committed | rolled_back | parked), born_ms, store_ms (the half
   message's for transactions), commit_ms (when COMMIT was applied), copies (how many times
-  the id was written to its real topic; more than one is a duplicate source);
+  the id was written to its real topic; more than one is a duplicate source). A message a
+  relay handed over (``relay_committed``: no half message) is committed, with its copy's
+  store time as store_ms and commit_ms;
 * ``deliveries``: one row per message and consumer group that received it:
   message_id, consumer_group, topic, delivery_attempts, first_delivered_ms, acked_ms,
   dead_lettered, transaction_id (of a transactional message, so that reconciliation
@@ -113,24 +115,33 @@ def collect(broker: EmbeddedBroker) -> tuple[list[dict[str, Any]], list[dict[str
     """The ``messages`` and ``deliveries`` rows of a broker."""
     rows: dict[str, dict[str, Any]] = {}
     copies: Counter[str] = Counter()
+    committed: dict[str, StoredRecord] = {}  # the first committed copy of each transactional message
+
+    def seen(record: StoredRecord) -> str:
+        message_id = record.properties.get(PROPERTY_MESSAGE_ID, "")
+        if codec.TRANSACTION_ID in record.properties:
+            committed.setdefault(message_id, record)
+        elif message_id not in rows:
+            rows[message_id] = _row(record, "normal", None, None, None)
+        return message_id
+
     for topic in broker.list_topics():
         for queue_id in range(topic.queues):
             for record in broker.iter_queue(topic.name, queue_id):
-                message_id = record.properties.get(PROPERTY_MESSAGE_ID, "")
-                copies[message_id] += 1
-                if codec.TRANSACTION_ID not in record.properties and message_id not in rows:
-                    rows[message_id] = _row(record, "normal", None, None, None)
+                copies[seen(record)] += 1
     for queue_id in range(broker.store.queues().get(SCHEDULE_TOPIC, 0)):
         for record in broker.iter_queue(SCHEDULE_TOPIC, queue_id):  # delayed, maybe not yet due
-            message_id = record.properties.get(PROPERTY_MESSAGE_ID, "")
-            if codec.TRANSACTION_ID not in record.properties and message_id not in rows:
-                rows[message_id] = _row(record, "normal", None, None, None)
+            seen(record)
     states = transaction_states(broker)
     for half in broker.iter_queue(HALF_TOPIC):
         transaction_id = read_half(half).transaction_id
         state, commit_ms = states[transaction_id]
         row = _row(half, _STATES[state], transaction_id, half.properties.get(codec.PRODUCER_GROUP), commit_ms)
         rows[row["message_id"]] = row
+    for message_id, record in committed.items():  # relayed: committed without a half message
+        if message_id not in rows:
+            rows[message_id] = _row(record, "committed", record.properties[codec.TRANSACTION_ID],
+                                    record.properties.get(codec.PRODUCER_GROUP), record.store_timestamp_ms)
     for message_id, row in rows.items():
         row["copies"] = copies.get(message_id, 0)
     deliveries = list(delivery_rows(broker))

@@ -156,8 +156,10 @@ def test_export_schema(broker_factory, tmp_path, fmt) -> None:
     for received in broker.receive("g", "orders", max_messages=10):
         if received.message.message_id == plain.message_id:
             broker.ack("g", received.receipt_handle)
+    relayed = broker.relay_committed([Message("orders", b"x"), Message("orders", b"y", delay_level=18)],
+                                     producer_group="pg", transaction_id="tx")  # no half message: store mode
     counts = export_messages(broker, tmp_path / "out", fmt)
-    assert counts == {"messages": 5, "deliveries": 2}
+    assert counts == {"messages": 7, "deliveries": 2}
     if fmt == "jsonl":
         messages = [json.loads(line) for line in (tmp_path / "out/messages.jsonl").read_text().splitlines()]
         deliveries = [json.loads(line) for line in (tmp_path / "out/deliveries.jsonl").read_text().splitlines()]
@@ -173,6 +175,12 @@ def test_export_schema(broker_factory, tmp_path, fmt) -> None:
     waiting = next(m for m in messages if m["message_id"] == delayed.message_id)
     assert waiting["state"] == "normal" and waiting["copies"] == 0 and waiting["topic"] == "orders"
     messages.remove(waiting)
+    # relayed: committed without a half message, the delayed one still waiting for its time
+    handed_over = {m["message_id"]: m for m in messages if m["transaction_id"] == "tx"}
+    assert set(handed_over) == {r.message_id for r in relayed}
+    assert all(m["state"] == "committed" and m["commit_ms"] is not None for m in handed_over.values())
+    assert sorted(m["copies"] for m in handed_over.values()) == [0, 1]
+    messages = [m for m in messages if m["transaction_id"] != "tx"]
     by_tx = {m["transaction_id"]: m for m in messages}
     assert by_tx[None]["state"] == "normal" and by_tx[None]["keys"] == "a b" and by_tx[None]["copies"] == 1
     assert by_tx["tc"]["state"] == "committed" and by_tx["tc"]["commit_ms"] >= by_tx["tc"]["store_ms"]
