@@ -190,12 +190,15 @@ class ShopDemo:
         order_id = f"o{index:05d}-{uuid.uuid4().hex[:6]}"
         fault = self._fault_for(index)
         headers = {"X-Shop-Fault": fault} if fault else {}
+        refused = "gave up: broker unavailable"
         for _attempt in range(30):
             try:
                 response = client.post("/orders", json={"order_id": order_id, "customer": customer,
                                                         "amount": amount}, headers=headers)
             except httpx.ConnectError:  # never reached the service: safe to send again
+                refused = "gave up: account service unreachable"
                 self._ensure_account(supervisor)
+                time.sleep(0.2)  # another thread may be starting it
                 continue
             except httpx.TransportError:  # reached it, outcome unknown: the books will tell
                 if fault:
@@ -204,13 +207,14 @@ class ShopDemo:
                 self._ensure_account(supervisor)
                 return
             if response.status_code == 503:  # broker restarting: the order was not taken
+                refused = "gave up: broker unavailable"
                 time.sleep(0.5)
                 continue
             paid = "paid while the broker was down" if self._broker_down.is_set() else "paid"
             self.tally.count({201: paid, 409: "rejected: insufficient balance"}.get(
                 response.status_code, f"HTTP {response.status_code}"))
             return
-        self.tally.count("gave up: broker unavailable")
+        self.tally.count(refused)
 
     def _place_orders(self, supervisor: Supervisor, urls: dict[str, str], customers: list[str]) -> None:
         total = self.options.orders

@@ -47,7 +47,7 @@ def assert_outage_taken(out: str) -> None:
     checked after the relay handed their messages over, still agree."""
     assert _row(out, "fault: broker outages") == "1"
     assert int(_row(out, "paid while the broker was down")) > 0
-    assert "gave up" not in out and "HTTP 503" not in out
+    assert "gave up: broker unavailable" not in out and "HTTP 503" not in out
 
 
 def assert_broker_metrics(out: str, work: Path) -> None:
