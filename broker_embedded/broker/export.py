@@ -139,7 +139,7 @@ def collect(broker: EmbeddedBroker) -> tuple[list[dict[str, Any]], list[dict[str
         row = _row(half, _STATES[state], transaction_id, half.properties.get(codec.PRODUCER_GROUP), commit_ms)
         rows[row["message_id"]] = row
     for message_id, record in committed.items():  # relayed: committed without a half message
-        if message_id not in rows:
+        if rows.get(message_id, {}).get("transaction_id") is None:  # none, or a plain send of the same id
             rows[message_id] = _row(record, "committed", record.properties[codec.TRANSACTION_ID],
                                     record.properties.get(codec.PRODUCER_GROUP), record.store_timestamp_ms)
     for message_id, row in rows.items():

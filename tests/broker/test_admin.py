@@ -158,6 +158,7 @@ def test_export_schema(broker_factory, tmp_path, fmt) -> None:
             broker.ack("g", received.receipt_handle)
     relayed = broker.relay_committed([Message("orders", b"x"), Message("orders", b"y", delay_level=18)],
                                      producer_group="pg", transaction_id="tx")  # no half message: store mode
+    broker.send(Message("orders", b"x", message_id=relayed[0].message_id))  # and sent again, plain
     counts = export_messages(broker, tmp_path / "out", fmt)
     assert counts == {"messages": 7, "deliveries": 2}
     if fmt == "jsonl":
@@ -179,7 +180,7 @@ def test_export_schema(broker_factory, tmp_path, fmt) -> None:
     handed_over = {m["message_id"]: m for m in messages if m["transaction_id"] == "tx"}
     assert set(handed_over) == {r.message_id for r in relayed}
     assert all(m["state"] == "committed" and m["commit_ms"] is not None for m in handed_over.values())
-    assert sorted(m["copies"] for m in handed_over.values()) == [0, 1]
+    assert sorted(m["copies"] for m in handed_over.values()) == [0, 2]
     messages = [m for m in messages if m["transaction_id"] != "tx"]
     by_tx = {m["transaction_id"]: m for m in messages}
     assert by_tx[None]["state"] == "normal" and by_tx[None]["keys"] == "a b" and by_tx[None]["copies"] == 1
