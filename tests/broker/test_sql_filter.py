@@ -149,27 +149,64 @@ def test_hostile_expressions_are_bounded() -> None:
     assert parse_sql92(long_chain).accepts({"a": "1499"})
 
 
-FRAGMENTS = ["a", "b", "TAGS", " ", "(", ")", "=", "<>", "<", "<=", ">", ">=", "AND", "OR", "NOT", "IS", "NULL",
+FRAGMENTS = ["a", "b", "TAGS", "(", ")", "=", "<>", "<", "<=", ">", ">=", "AND", "OR", "NOT", "IS", "NULL",
              "BETWEEN", "IN", "CONTAINS", "TRUE", "FALSE", "'x'", "'", "''", ",", "1", "-", "+", "1.5", "e3", ".",
              "0", "9" * 25, "L", "\u00e9", "\u0663", "\U0001f600", "\x00", "\t", "\u2028", "--", "/*", "$", "_"]
+CONDITIONS = ["a > 1", "a <= -2.5", "b = 'x'", "b <> 'it''s'", "TAGS IN ('t', 'u')", "a NOT BETWEEN 0 AND 2",
+              "a IS NULL", "b IS NOT NULL", "b CONTAINS 'x'", "TRUE", "FALSE", "a = b", "a >= 1e3", "b = TRUE"]
+
+
+def _expression(rng: random.Random, depth: int) -> str:
+    """A random well-formed expression of the subset."""
+    if depth <= 0 or rng.random() < 0.3:
+        return rng.choice(CONDITIONS)
+    if rng.random() < 0.2:
+        return f"NOT ({_expression(rng, depth - 1)})"
+    joined = f" {rng.choice(('AND', 'OR', 'and', 'Or'))} ".join(_expression(rng, depth - 1)
+                                                                 for _ in range(rng.randint(2, 3)))
+    return f"({joined})"
+
+
+def _mutated(rng: random.Random, text: str) -> str:
+    """``text`` with a few of its words dropped, repeated, swapped or replaced by fragments and
+    arbitrary characters."""
+    words = text.split(" ")
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(words))
+        change = rng.randrange(4)
+        if change == 0 and len(words) > 1:
+            del words[at]
+        elif change == 1:
+            words.insert(at, words[at])
+        elif change == 2:
+            other = rng.randrange(len(words))
+            words[at], words[other] = words[other], words[at]
+        else:
+            words[at] = rng.choice(FRAGMENTS) if rng.random() < 0.8 else chr(rng.randint(0, 0x10FFFF))
+    return " ".join(words)
 
 
 def test_arbitrary_text_parses_or_raises_the_typed_error_quickly() -> None:
-    """A seeded fuzz of grammar fragments and odd characters: parsing ends, fast, with a
-    filter or ``InvalidMessageError``; a filter evaluates without raising."""
+    """A seeded fuzz: random expressions of the subset parse and evaluate to a yes or no;
+    the same mangled (words dropped, repeated, swapped, replaced by odd characters) parse
+    or raise ``InvalidMessageError``, never anything else, and quickly."""
     rng = random.Random(26)
-    properties = {"a": "1", "b": "x", "TAGS": "t"}
+    messages = [{}, {"a": "1", "b": "x", "TAGS": "t"}, {"a": "abc", "b": "true"}, {"a": "5000.5"}]
     started = time.monotonic()
-    parsed = 0
-    for _ in range(3000):
-        text = "".join(rng.choice(FRAGMENTS) + rng.choice(("", " ")) for _ in range(rng.randint(0, 30)))
-        try:
-            subscription = parse_sql92(text)
-        except InvalidMessageError:
-            continue
-        parsed += 1
-        assert subscription.accepts(properties) in (True, False)
-    assert parsed > 0
+    outcomes = {"parsed": 0, "refused": 0}
+    for _ in range(2000):
+        text = _expression(rng, 4)
+        for candidate in (text, _mutated(rng, text)):
+            try:
+                subscription = parse_sql92(candidate)
+            except InvalidMessageError:
+                assert candidate != text, text
+                outcomes["refused"] += 1
+                continue
+            outcomes["parsed"] += 1
+            for properties in messages:
+                assert subscription.accepts(properties) in (True, False)
+    assert outcomes["refused"] > 200 and outcomes["parsed"] > 2000
     assert time.monotonic() - started < 10
 
 
