@@ -16,8 +16,8 @@ Keywords are case-insensitive; property names (``[A-Za-z_$][A-Za-z0-9_$]*``) are
 ``NOT`` binds tighter than a comparison, as in RocketMQ's grammar, so it takes a condition
 in parentheses (``NOT (a = 1)``) or ``TRUE``/``FALSE``; ``NOT a = 1`` is refused rather
 than read as RocketMQ would (``(NOT a) = 1``). Also refused: a property alone as a
-condition, ``NULL`` outside ``IS [NOT] NULL``, comments, and ``<``-style comparisons of
-strings literals.
+condition, ``NULL`` outside ``IS [NOT] NULL``, ``LIKE``, arithmetic, comments, and
+``<``-style comparisons with string literals.
 
 Evaluation is RocketMQ's three-valued logic: a missing property makes any comparison with
 it unknown, and a message matches only when the whole condition is true (``a <> 'x'``
@@ -34,9 +34,11 @@ and the caller's bound on the expression's length.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import InvalidMessageError
 
@@ -127,12 +129,8 @@ def _comparable(left: Literal, right: Literal, ordering: bool) -> tuple[Literal,
     return left, right
 
 
-_ORDERINGS: dict[str, Callable[[object, object], bool]] = {
-    "<": lambda a, b: a < b,  # type: ignore[operator]
-    "<=": lambda a, b: a <= b,  # type: ignore[operator]
-    ">": lambda a, b: a > b,  # type: ignore[operator]
-    ">=": lambda a, b: a >= b,  # type: ignore[operator]
-}
+_ORDERINGS: dict[str, Callable[[Any, Any], bool]] = {"<": operator.lt, "<=": operator.le, ">": operator.gt,
+                                                      ">=": operator.ge}
 
 
 def _comparison(operator: str, left: _Value, right: _Value) -> _Condition:
@@ -410,7 +408,7 @@ class _Parser:
 
     def number_or_property(self, node: _Value | _Condition, start: _Token) -> _Value:
         value = self.value(node, start)
-        if isinstance(value, _Constant) and (isinstance(value.literal, bool) or isinstance(value.literal, str)):
+        if isinstance(value, _Constant) and isinstance(value.literal, bool | str):
             raise self.error(f"{start.text!r} cannot be compared with < <= > >= or BETWEEN (numbers only)",
                              start.position)
         return value
@@ -422,7 +420,7 @@ class _Parser:
 
     def unary(self) -> _Value | _Condition:
         start = self.token
-        if start.kind == "NOT" or start.text in ("-", "+") and start.kind == "op":
+        if start.kind == "NOT" or (start.kind == "op" and start.text in ("-", "+")):
             self.nest(start)
             self.at += 1
             operand_start = self.token
@@ -441,7 +439,7 @@ class _Parser:
             if isinstance(number, int) and number < -_INT64:
                 raise self.error("integer out of range", start.position)
             return _Constant(number)
-        if isinstance(start.value, int) and not isinstance(start.value, bool) and start.value == _INT64:
+        if start.kind == "int" and start.value == _INT64:
             raise self.error("integer out of range", start.position)  # only -2**63 is an int64
         return self.primary()
 
