@@ -8,13 +8,14 @@ its invisible duration comes back, after a growing back-off, with ``delivery_att
 ``%DLQ%<group>``. Messages sharing a ``message_group`` are delivered one at a time in
 queue order (FIFO). A new group starts at the beginning of the topic.
 
-A receive's filter (``filters.Subscription``: tags or SQL92) decides which messages of the subscribed
-topic the group gets: the others are done for the group (RocketMQ's offset moves past
+A receive's filter (``filters.Subscription``: tags or SQL92) decides which messages of the
+subscribed topic the group gets: the others are done for the group (RocketMQ's offset moves past
 them), recorded as ranges (``EVENT_SKIPPED``). A message is judged by the filter of the
 receive that reaches it, so a changed subscription applies from the group's progress on;
 one delivered already keeps coming back until acked. Its consume queue entry's tag hash
 passes a message over without reading its record; a matching hash is confirmed against
-the stored tag. An SQL92 filter reads every record and evaluates its properties. The group's retry queue is not filtered (as RocketMQ subscribes it ``*``).
+the stored tag; an SQL92 filter reads every record to evaluate its properties. The group's
+retry queue is not filtered (as RocketMQ subscribes it ``*``).
 
 Durability: every delivery, ack and dead-lettering is an event record in
 ``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
@@ -357,7 +358,8 @@ class ConsumerGroups:
             for offset, delivery in list(progress.pending.items()):
                 if len(delivered) >= max_messages:
                     break
-                if filtered and not delivery.attempt and not subscription.accepts(codec.FilterProperties(delivery.record.properties)):
+                if filtered and not delivery.attempt and not subscription.accepts(
+                        codec.FilterProperties(delivery.record.properties)):
                     progress.mark_done(offset)  # read for an earlier subscription, never delivered
                     _add_skip(skipped, key, offset, offset + 1)
                     continue
