@@ -9,6 +9,7 @@ import time
 import pytest
 
 from broker_embedded import EmbeddedBroker, Message
+from broker_embedded.broker import codec
 from broker_embedded.errors import InvalidMessageError
 from broker_embedded.filters import MAX_EXPRESSION_LENGTH, SQL92, parse_filter
 from broker_embedded.sql_filter import MAX_DEPTH, MAX_IN_ITEMS, parse_sql92
@@ -246,3 +247,10 @@ def test_a_malformed_sql92_filter_or_unknown_type_changes_nothing(broker_factory
         broker.receive("g", "orders", filter_expression="a", filter_type="XPATH")
     assert broker.stats().consumer_lag == {}
     assert _take(broker, "g", "a = 1") == ["m"]
+
+
+def test_a_filter_sees_the_user_properties_by_name_and_the_tag_as_tags() -> None:
+    stored = codec.message_properties(Message("orders", b"", tag="real", keys=("k",),
+                                              properties={"amount": "5", "TAGS": "fake"}))
+    assert dict(codec.FilterProperties(stored)) == {"amount": "5", "TAGS": "real"}
+    assert "UNIQ_KEY" not in codec.FilterProperties(stored)
