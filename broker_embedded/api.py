@@ -237,13 +237,16 @@ class BrokerAPI(Protocol):
         wait_s: float = 0.0,
         max_bytes: int | None = None,
         filter_expression: str = "*",
+        filter_type: str = "TAG",
     ) -> list[ReceivedMessage]:
         """Receive up to ``max_messages`` for a consumer group, long-polling up to ``wait_s``.
 
-        ``filter_expression`` is the group's subscription to ``topic``, RocketMQ's TAG type:
-        ``"*"`` (every message), ``"TagA"`` or ``"TagA || TagB"``; the messages it passes
+        ``filter_expression`` is the group's subscription to ``topic``, of RocketMQ's
+        ``filter_type``: ``"TAG"``: ``"*"`` (every message), ``"TagA"`` or ``"TagA || TagB"``;
+        ``"SQL92"``: a condition over the message's properties, e.g. ``"amount > 5 AND
+        region IN ('eu', 'us')"`` (the subset in docs/broker.md). The messages it passes
         over are consumed for the group (never delivered to it), and a changed expression
-        applies from the group's progress on. A malformed one (or SQL92) raises
+        applies from the group's progress on. A malformed one raises
         ``InvalidMessageError`` and changes nothing.
 
         Received messages are invisible to the group for ``invisible_duration_s``; a message

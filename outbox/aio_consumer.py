@@ -55,11 +55,12 @@ async def arun_consumer(
     wait_s: float = 1.0,
     batch_acks: bool = True,
     filter_expression: str = "*",
+    filter_type: str = "TAG",
 ) -> int:
     """Receive, await ``handler`` and ack until ``stop`` is set (or the task is cancelled);
     returns how many messages were handled. ``handler`` must be a coroutine function
     (``ConfigurationError`` otherwise): a blocking handler would stall the event loop.
-    ``filter_expression``: the group's TAG subscription, as for ``run_consumer``."""
+    ``filter_expression`` and ``filter_type``: the group's subscription, as for ``run_consumer``."""
     if not inspect.iscoroutinefunction(handler):
         raise ConfigurationError(f"arun_consumer takes an async handler (async def), not {handler!r}; "
                                  "a sync handler runs with outbox.run_consumer")
@@ -70,7 +71,7 @@ async def arun_consumer(
             try:
                 batch = await broker.receive(group, topic, max_messages=batch_size,
                                              invisible_duration_s=invisible_duration_s, wait_s=wait_s,
-                                             filter_expression=filter_expression)
+                                             filter_expression=filter_expression, filter_type=filter_type)
             except BrokerUnavailableError as exc:
                 await _pause(stop, run.outage.failed(exc))
                 continue

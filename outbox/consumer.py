@@ -123,12 +123,14 @@ def run_consumer(
     log_interval_s: float = LOG_INTERVAL_S,
     batch_acks: bool = True,
     filter_expression: str = "*",
+    filter_type: str = "TAG",
 ) -> int:
     """Receive, handle and ack until ``stop`` is set; returns how many were handled.
 
     ``filter_expression`` is the group's subscription, a RocketMQ TAG expression (``"*"``,
-    ``"TagA"``, ``"TagA || TagB"``): the broker consumes the other messages for the group
-    without handing them to ``handler``.
+    ``"TagA"``, ``"TagA || TagB"``), or with ``filter_type="SQL92"`` a condition over the
+    message's properties (``"amount > 5"``): the broker consumes the other messages for the
+    group without handing them to ``handler``.
 
     The messages of a received batch that were handled are acked together, in one
     ``ack_many`` after the batch (``batch_acks=False``: each right after its handler; for
@@ -142,7 +144,7 @@ def run_consumer(
         run.log_interval()
         try:
             batch = broker.receive(group, topic, max_messages=batch_size, invisible_duration_s=invisible_duration_s,
-                                   wait_s=wait_s, filter_expression=filter_expression)
+                                   wait_s=wait_s, filter_expression=filter_expression, filter_type=filter_type)
         except BrokerUnavailableError as exc:
             stop.wait(run.outage.failed(exc))
             continue

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
+from ..filters import TAG_PROPERTY
 from ..message import DELAY_LEVELS_S, MAX_TRANSACTION_TIMEOUT_S, Message, SendResult, StoredMessage
 from ..store.record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from ..topics import SCHEDULE_TOPIC
@@ -109,6 +110,28 @@ def message_properties(message: Message) -> dict[str, str]:
     if message.transaction_timeout_s is not None:
         props[TRANSACTION_TIMEOUT] = repr(message.transaction_timeout_s)
     return props
+
+
+class FilterProperties(Mapping[str, str]):
+    """A record's properties as a filter sees them: its user properties by their names,
+    and its tag as ``TAGS`` (which no user property may shadow, as in RocketMQ)."""
+
+    __slots__ = ("_stored",)
+
+    def __init__(self, stored: Mapping[str, str]) -> None:
+        self._stored = stored
+
+    def __getitem__(self, name: str) -> str:
+        return self._stored[PROPERTY_TAG if name == TAG_PROPERTY else USER_PREFIX + name]
+
+    def __iter__(self) -> Iterator[str]:
+        shadowed = USER_PREFIX + TAG_PROPERTY
+        yield from (k[len(USER_PREFIX):] for k in self._stored if k.startswith(USER_PREFIX) and k != shadowed)
+        if PROPERTY_TAG in self._stored:
+            yield TAG_PROPERTY
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def message_of(record: StoredRecord, topic: str | None = None) -> Message:

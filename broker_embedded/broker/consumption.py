@@ -8,13 +8,14 @@ its invisible duration comes back, after a growing back-off, with ``delivery_att
 ``%DLQ%<group>``. Messages sharing a ``message_group`` are delivered one at a time in
 queue order (FIFO). A new group starts at the beginning of the topic.
 
-A receive's tag filter (``filters.TagFilter``) decides which messages of the subscribed
-topic the group gets: the others are done for the group (RocketMQ's offset moves past
+A receive's filter (``filters.Subscription``: tags or SQL92) decides which messages of the
+subscribed topic the group gets: the others are done for the group (RocketMQ's offset moves past
 them), recorded as ranges (``EVENT_SKIPPED``). A message is judged by the filter of the
 receive that reaches it, so a changed subscription applies from the group's progress on;
 one delivered already keeps coming back until acked. Its consume queue entry's tag hash
 passes a message over without reading its record; a matching hash is confirmed against
-the stored tag. The group's retry queue is not filtered (as RocketMQ subscribes it ``*``).
+the stored tag; an SQL92 filter reads every record to evaluate its properties. The group's
+retry queue is not filtered (as RocketMQ subscribes it ``*``).
 
 Durability: every delivery, ack and dead-lettering is an event record in
 ``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
@@ -41,11 +42,11 @@ import msgspec
 
 from ..api import ConsumerQueue
 from ..errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
-from ..filters import EVERY_MESSAGE, TagFilter
+from ..filters import EVERY_MESSAGE, Subscription
 from ..message import ReceivedMessage, now_ms
 from ..store.index import consecutive_runs
 from ..store.message_store import MessageStore, fitting
-from ..store.record import PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
+from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from ..topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic, validate_group
 from . import codec
 
@@ -298,7 +299,7 @@ class ConsumerGroups:
 
     def receive(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, wait_s: float,
-        max_bytes: int | None = None, subscription: TagFilter = EVERY_MESSAGE,
+        max_bytes: int | None = None, subscription: Subscription = EVERY_MESSAGE,
     ) -> list[ReceivedMessage]:
         """Up to ``max_messages`` deliverable messages that ``subscription`` matches,
         long-polling up to ``wait_s``; as many as fit in ``max_bytes`` of record size (at
@@ -336,7 +337,7 @@ class ConsumerGroups:
 
     def _collect(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, max_bytes: int | None,
-        subscription: TagFilter, skipped: Skipped,
+        subscription: Subscription, skipped: Skipped,
     ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]], bool]:
         """The deliveries and dead-letterings of one pass over the group's queues, and
         whether a filter left entries unscanned."""
@@ -357,8 +358,8 @@ class ConsumerGroups:
             for offset, delivery in list(progress.pending.items()):
                 if len(delivered) >= max_messages:
                     break
-                if filtered and not delivery.attempt and not subscription.matches(
-                        delivery.record.properties.get(PROPERTY_TAG, "")):
+                if filtered and not delivery.attempt and not subscription.accepts(
+                        codec.FilterProperties(delivery.record.properties)):
                     progress.mark_done(offset)  # read for an earlier subscription, never delivered
                     _add_skip(skipped, key, offset, offset + 1)
                     continue
@@ -416,7 +417,7 @@ class ConsumerGroups:
                     continue
                 progress.take(record)
 
-    def _top_up_filtered(self, key: ProgressKey, progress: QueueProgress, subscription: TagFilter,
+    def _top_up_filtered(self, key: ProgressKey, progress: QueueProgress, subscription: Subscription,
                          skipped: Skipped) -> bool:
         """``_top_up`` through ``subscription``: the consume queue's tag hashes pick the
         records to read (a message delivered before, whose attempts count, is read whatever
@@ -442,7 +443,7 @@ class ConsumerGroups:
                         break  # read past a damaged run: those come with their own run
                     if offset < progress.floor or offset in progress.done_above:
                         continue
-                    if offset in progress.attempts or subscription.matches(record.properties.get(PROPERTY_TAG, "")):
+                    if offset in progress.attempts or subscription.accepts(codec.FilterProperties(record.properties)):
                         progress.take(record)
                         taken.append(offset)
             progress.next_offset = scan_end = entries[-1][0] + 1

@@ -33,7 +33,7 @@ from ..api import (
 )
 from ..checkers import ProducerCallbackChecker, ProducersFirst
 from ..errors import BrokerClosedError, BrokerError, InvalidMessageError
-from ..filters import EVERY, parse_tag_filter
+from ..filters import EVERY, TAG, parse_filter
 from ..message import (
     EndTransactionResult,
     Message,
@@ -291,11 +291,11 @@ class EmbeddedBroker:
     def receive(
         self, group: str, topic: str, *, max_messages: int = 32,
         invisible_duration_s: float = 30.0, wait_s: float = 0.0, max_bytes: int | None = None,
-        filter_expression: str = EVERY,
+        filter_expression: str = EVERY, filter_type: str = TAG,
     ) -> list[ReceivedMessage]:
         self._check_open()
         validate_group(group)
-        subscription = parse_tag_filter(filter_expression)
+        subscription = parse_filter(filter_expression, filter_type)
         self.topics.ensure(topic)
         invisible_ms = validate_receive(max_messages, invisible_duration_s, wait_s)
         received = self.consumers.receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes, subscription)

@@ -53,7 +53,7 @@ from ..errors import (
     UnknownTransactionError,
     UnsupportedError,
 )
-from ..filters import EVERY, parse_tag_filter
+from ..filters import EVERY, SQL92, TAG, parse_filter
 from ..message import (
     DELAY_LEVELS_S,
     CheckRequest,
@@ -136,7 +136,7 @@ class RocketMQ5Broker:
         self._closed = False
         self._producer: Any = None
         self._consumers: dict[tuple[str, str], Any] = {}
-        self._subscribed: dict[tuple[str, str], str] = {}  # each consumer's filter expression
+        self._subscribed: dict[tuple[str, str], tuple[str, str]] = {}  # each consumer's filter and its type
         self._open: dict[str, list[tuple[Any, str]]] = {}  # outbox id -> (client transaction, message id)
         self._ended: OrderedDict[str, EndTransactionResult] = OrderedDict()
         self._received: dict[str, _Received] = {}
@@ -160,22 +160,26 @@ class RocketMQ5Broker:
                 self._producer = self._started(self._rocketmq.Producer(self._config, self._topics or None, checker))
             return self._producer
 
-    def _consumer(self, group: str, topic: str, filter_expression: str) -> Any:
+    def _consumer(self, group: str, topic: str, filter_expression: str, filter_type: str) -> Any:
         """The ``SimpleConsumer`` of ``group`` on ``topic``, subscribed with ``filter_expression``
-        (a TAG expression: ``InvalidMessageError`` when malformed)."""
-        parse_tag_filter(filter_expression)
+        of ``filter_type`` (``InvalidMessageError`` when malformed)."""
+        parse_filter(filter_expression, filter_type)
+        from rocketmq.grpc_protocol import FilterType
+
         with self._lock:
             if self._closed:
                 raise BrokerClosedError("the rocketmq5 broker connection is closed")
             key = (group, topic)
-            expression = self._rocketmq.FilterExpression(filter_expression)
+            subscription = (filter_expression, filter_type)
+            expression = self._rocketmq.FilterExpression(
+                filter_expression, FilterType.SQL if filter_type == SQL92 else FilterType.TAG)
             if key not in self._consumers:
                 validate_group(group)
                 self._consumers[key] = self._started(
                     self._rocketmq.SimpleConsumer(self._config, group, {topic: expression}))
-            elif self._subscribed[key] != filter_expression:
+            elif self._subscribed[key] != subscription:
                 self._consumers[key].subscribe(topic, expression)
-            self._subscribed[key] = filter_expression
+            self._subscribed[key] = subscription
             return self._consumers[key]
 
     @contextmanager
@@ -352,11 +356,11 @@ class RocketMQ5Broker:
 
     def receive(self, group: str, topic: str, *, max_messages: int = 32, invisible_duration_s: float = 30.0,
                 wait_s: float = 0.0, max_bytes: int | None = None,
-                filter_expression: str = EVERY) -> list[ReceivedMessage]:
+                filter_expression: str = EVERY, filter_type: str = TAG) -> list[ReceivedMessage]:
         """Receive through a ``SimpleConsumer`` of ``group`` subscribed to ``topic`` with
-        ``filter_expression`` (``max_bytes`` is not known to the proxy: ignored)."""
+        ``filter_expression`` of ``filter_type`` (``max_bytes`` is not known to the proxy: ignored)."""
         validate_receive(max_messages, invisible_duration_s, wait_s)
-        consumer = self._consumer(group, topic, filter_expression)
+        consumer = self._consumer(group, topic, filter_expression, filter_type)
         with self._calling(f"receive {topic} for {group}"):
             consumer.await_duration = max(1, round(wait_s))
             messages = consumer.receive(max_messages, max(1, round(invisible_duration_s)))

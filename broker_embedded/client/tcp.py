@@ -242,8 +242,8 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
     def transaction_state(self, transaction_id: str) -> TransactionState:
         return self._do(self._session.transaction_state(transaction_id))
 
-    def receive(self, group: str, topic: str, *, max_messages: int = 32, invisible_duration_s: float = 30.0, wait_s: float = 0.0, max_bytes: int | None = None, filter_expression: str = "*") -> list[ReceivedMessage]:
-        return self._do(self._session.receive(group, topic, max_messages=max_messages, invisible_duration_s=invisible_duration_s, wait_s=wait_s, max_bytes=max_bytes, filter_expression=filter_expression))
+    def receive(self, group: str, topic: str, *, max_messages: int = 32, invisible_duration_s: float = 30.0, wait_s: float = 0.0, max_bytes: int | None = None, filter_expression: str = "*", filter_type: str = "TAG") -> list[ReceivedMessage]:
+        return self._do(self._session.receive(group, topic, max_messages=max_messages, invisible_duration_s=invisible_duration_s, wait_s=wait_s, max_bytes=max_bytes, filter_expression=filter_expression, filter_type=filter_type))
 
     def ack(self, group: str, receipt_handle: str) -> None:
         return self._do(self._session.ack(group, receipt_handle))

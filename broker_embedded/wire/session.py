@@ -277,9 +277,11 @@ class ClientSession(Generic[C]):
 
     def receive(self, group: str, topic: str, *, max_messages: int = 32, invisible_duration_s: float = 30.0,
                 wait_s: float = 0.0, max_bytes: int | None = None,
-                filter_expression: str = "*") -> Call[list[ReceivedMessage]]:
-        # sent only when it filters: a broker from before filters takes the request as it was
-        filtering = {} if filter_expression == "*" else {"filter_expression": filter_expression}
+                filter_expression: str = "*", filter_type: str = "TAG") -> Call[list[ReceivedMessage]]:
+        # each sent only when it is not the default: a broker from before filters (or before
+        # SQL92) takes the request as it was
+        filtering = {name: value for name, value, default in (("filter_expression", filter_expression, "*"),
+                                                             ("filter_type", filter_type, "TAG")) if value != default}
         return _method("receive", wait_s, group=group, topic=topic, max_messages=max_messages,
                        invisible_duration_s=invisible_duration_s, wait_s=wait_s, max_bytes=max_bytes, **filtering)
 

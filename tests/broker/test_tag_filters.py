@@ -98,8 +98,8 @@ def test_a_malformed_expression_is_refused_and_stores_nothing(broker_factory, ex
     assert _take(broker, "g", "a") == ["a-0"]
 
 
-def test_sql92_is_refused_with_a_reason() -> None:
-    with pytest.raises(InvalidMessageError, match="SQL92 filters are not supported"):
+def test_an_sql92_expression_as_a_tag_filter_is_refused_naming_the_type() -> None:
+    with pytest.raises(InvalidMessageError, match="an SQL92 filter has the type SQL92"):
         parse_tag_filter("amount > 100 AND region = 'eu'")
 
 

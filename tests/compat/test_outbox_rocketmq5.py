@@ -202,6 +202,23 @@ def test_receive_with_a_tag_filter_and_a_changed_one(grpc_broker: GrpcBroker) ->
         broker.close()
 
 
+def test_receive_with_an_sql92_filter(grpc_broker: GrpcBroker) -> None:
+    """``filter_type="SQL92"`` subscribes the client's SimpleConsumer with an SQL filter;
+    a malformed one is refused before any call."""
+    topic = f"sql-{uuid.uuid4().hex[:10]}"
+    broker = RocketMQ5Broker(f"rocketmq5://{grpc_broker.endpoint}")
+    try:
+        for amount in (3, 12):
+            broker.send(Message(topic, f"{amount}".encode(), properties={"amount": str(amount)}))
+        got = eventually(lambda: broker.receive("big", topic, wait_s=1, filter_expression="amount > 5",
+                                                filter_type="SQL92"))
+        assert [r.message.body for r in got] == [b"12"]
+        with pytest.raises(InvalidMessageError, match="not a condition at position 0"):
+            broker.receive("big", topic, filter_expression="amount", filter_type="SQL92")
+    finally:
+        broker.close()
+
+
 def test_what_a_proxy_cannot_give_raises_unsupported(grpc_broker: GrpcBroker) -> None:
     broker = RocketMQ5Broker(f"rocketmq5://{grpc_broker.endpoint}")
     try:

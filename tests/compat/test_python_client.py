@@ -454,10 +454,33 @@ def test_simple_consumer_with_a_tag_filter(grpc_broker: GrpcBroker, clients: Cal
     assert len(everything) == 4
 
 
-def test_sql92_and_malformed_filters_are_refused(grpc_broker: GrpcBroker) -> None:
+def test_simple_consumer_with_an_sql92_filter(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """The client's ``FilterExpression("...", FilterType.SQL)``: a group gets the messages
+    whose properties match; the others are consumed for it."""
+    from rocketmq.grpc_protocol import FilterType
+
+    topic = _name("orders")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    for n, (amount, region) in enumerate([(3, "eu"), (12, "eu"), (40, "us"), (7, "")]):
+        message = _message(topic, f"{amount} {region}".encode(), tag="paid" if n % 2 else "created")
+        message.add_property("amount", str(amount))
+        if region:
+            message.add_property("region", region)
+        producer.send(message)
+    expression = rocketmq.FilterExpression("amount > 5 AND (region = 'eu' OR region IS NULL) AND TAGS = 'paid'",
+                                           FilterType.SQL)
+    consumer = clients(rocketmq.SimpleConsumer(grpc_broker.config(), _name("group"), {topic: expression},
+                                               await_duration=1))
+    got = _receive_all(consumer, 2)
+    assert sorted(m.body for m in got) == [b"12 eu", b"7 "]
+    assert consumer.receive(32, 20) == []
+
+
+def test_malformed_filters_are_refused(grpc_broker: GrpcBroker) -> None:
     """ILLEGAL_FILTER_EXPRESSION with the reason, before anything is received."""
     topic = _name("orders")
-    for expression, kind, reason in (("amount > 5", pb.SQL, "SQL92 filters are not supported"),
+    for expression, kind, reason in (("amount >", pb.SQL, "found the end at position 8"),
+                                     ("amount > 'x'", pb.SQL, "numbers only"),
                                      ("paid ||", pb.TAG, "not a TAG expression")):
         request = spb.ReceiveMessageRequest(
             group=pb.Resource(name=_name("group")), message_queue=pb.MessageQueue(topic=pb.Resource(name=topic)),

@@ -118,6 +118,26 @@ def test_a_tag_filter(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) ->
     assert sorted(listener.bodies()) == ["paid 0", "paid 4", "refunded 2"]
 
 
+def test_an_sql92_filter(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """``FilterExpression("amount >= 10", FilterType.SQL)``: the listener gets the messages
+    whose property matches; the others are consumed for the group."""
+    from rocketmq.grpc_protocol import FilterType
+
+    topic, group = _name("orders"), _name("group")
+    listener = RecordingListener()
+    clients(rocketmq.PushConsumer(grpc_broker.config(), group, listener,
+                                  {topic: rocketmq.FilterExpression("amount >= 10", FilterType.SQL)}))
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
+    for amount in (5, 10, 20, 1):
+        message = _message(topic, f"amount {amount}")
+        message.add_property("amount", str(amount))
+        producer.send(message)
+    assert eventually(lambda: sorted(listener.bodies()) == ["amount 10", "amount 20"])
+    with grpc_broker.native() as native:
+        assert eventually(lambda: sum(native.stats().consumer_lag.get(group, {}).values()) == 0)
+    assert sorted(listener.bodies()) == ["amount 10", "amount 20"]
+
+
 def test_every_broker_of_a_static_route(two_brokers: list[GrpcBroker], clients: Callable[[Any], Any]) -> None:
     """Two brokers behind one static route: the consumer is assigned both and gets the
     messages the producer spread over them."""

@@ -40,7 +40,7 @@ from ...api import MAX_DURATION_S, BrokerAPI
 from ...broker.config import BrokerConfig
 from ...broker.writes import EndCall, HalfCall, SendCall, WriteCall
 from ...errors import InvalidMessageError, UnknownTopicError
-from ...filters import parse_tag_filter
+from ...filters import SQL92, TAG, parse_filter
 from ...message import Resolution
 from ...wire.auth import RateLimitedLog
 from ..batching import Batcher, ack_batcher, write_batcher
@@ -348,7 +348,8 @@ class MessagingService:
         receive = functools.partial(self.broker.receive, request.group.name, request.message_queue.topic.name,
                                     max_messages=max(1, min(request.batch_size or 32, 1024)),
                                     invisible_duration_s=invisible_s,
-                                    filter_expression=request.filter_expression.expression)
+                                    filter_expression=request.filter_expression.expression,
+                                    filter_type=_filter_type(request.filter_expression))
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             left = deadline - asyncio.get_running_loop().time()
@@ -469,15 +470,19 @@ def _endpoints(address: str) -> pb.Endpoints:
     return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host.strip("[]"), port=int(port))])
 
 
+def _filter_type(expression: pb.FilterExpression) -> str:
+    """The broker's filter type of a gRPC one (TAG when unspecified)."""
+    return SQL92 if expression.type == pb.SQL else TAG
+
+
 def _refused_filter(expression: pb.FilterExpression) -> pb.Status | None:
-    """ILLEGAL_FILTER_EXPRESSION for a filter the broker does not take (SQL92, a malformed
-    TAG expression), before anything is received; None for a TAG expression."""
-    if expression.type not in (pb.TAG, pb.FILTER_TYPE_UNSPECIFIED):
+    """ILLEGAL_FILTER_EXPRESSION for a filter the broker does not take (a malformed TAG or
+    SQL92 expression, another type), before anything is received; None for a good one."""
+    if expression.type not in (pb.TAG, pb.SQL, pb.FILTER_TYPE_UNSPECIFIED):
         return pb.Status(code=pb.ILLEGAL_FILTER_EXPRESSION,
-                         message=f"filter {expression.expression!r}: SQL92 filters are not supported "
-                                 "(TAG expressions are: '*', 'TagA' or 'TagA || TagB')")
+                         message=f"filter type {expression.type}: only TAG and SQL92 filters are supported")
     try:
-        parse_tag_filter(expression.expression)
+        parse_filter(expression.expression, _filter_type(expression))
     except InvalidMessageError as exc:
         return pb.Status(code=pb.ILLEGAL_FILTER_EXPRESSION, message=f"{type(exc).__name__}: {exc}")
     return None
