@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CorruptLogError, StoreFullError
 from . import codec
-from .files import fsync_directory
+from .filesystem import REAL, FileSystem
 from .record import StoredRecord
 
 log = logging.getLogger(__name__)
@@ -38,34 +37,36 @@ log = logging.getLogger(__name__)
 class Segment:
     """One segment file, opened for reading and, if it is the last, for appending."""
 
-    def __init__(self, path: Path, base_offset: int, size: int) -> None:
+    def __init__(self, path: Path, base_offset: int, size: int, fs: FileSystem = REAL) -> None:
         self.path = path
         self.base_offset = base_offset
         self.size = size
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fs = fs
+        self.fd = fs.open(path, create=True)
 
     @property
     def end_offset(self) -> int:
         return self.base_offset + self.size
 
     def pread(self, position: int, length: int) -> bytes:
-        return os.pread(self.fd, length, position)
+        return self.fs.pread(self.fd, length, position)
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.fs.close(self.fd)
 
 
 class CommitLog:
     """Segmented append-only log; ``write_offset`` is where the next record goes."""
 
-    def __init__(self, directory: Path, segment_size: int) -> None:
+    def __init__(self, directory: Path, segment_size: int, fs: FileSystem = REAL) -> None:
         self.directory = directory
         self.segment_size = segment_size
-        directory.mkdir(parents=True, exist_ok=True)
+        self.fs = fs
+        fs.mkdir(directory, parents=True, exist_ok=True)
         self.segments: list[Segment] = [
-            Segment(path, int(path.name), segment_size)
-            for path in sorted(directory.iterdir())
-            if path.name.isdigit()
+            Segment(directory / name, int(name), segment_size, fs)
+            for name in sorted(fs.listdir(directory))
+            if name.isdigit()
         ]
         self.write_offset = self.segments[0].base_offset if self.segments else 0
         self._dirty: set[Segment] = set()
@@ -79,11 +80,11 @@ class CommitLog:
         a closed segment (shorter than ``segment_size``), or the log ends before
         ``verified_offset``. One ``fstat`` per segment."""
         gaps = layout_gaps(
-            [(segment.base_offset, os.fstat(segment.fd).st_size) for segment in self.segments],
+            [(segment.base_offset, self.fs.fsize(segment.fd)) for segment in self.segments],
             self.segment_size, verified_offset,
         )
         if gaps:
-            raise LogDamageError(self.directory, gaps[0])
+            raise LogDamageError(self.directory, gaps[0], fs=self.fs)
 
     def recover(self, verified_offset: int) -> Iterator[StoredRecord]:
         """Verify records from ``verified_offset`` on (after ``check_layout``), truncate a
@@ -107,9 +108,9 @@ class CommitLog:
                     yield item
                     continue
                 if index < len(self.segments) - 1:
-                    raise LogDamageError(self.directory, item, "a closed segment")
+                    raise LogDamageError(self.directory, item, "a closed segment", self.fs)
                 if item.end < end:
-                    raise LogDamageError(self.directory, item, "followed by intact records")
+                    raise LogDamageError(self.directory, item, "followed by intact records", self.fs)
                 log.warning("truncating a torn tail at commit log offset %d (%s, %d bytes)",
                             item.start, item.detail, item.end - item.start)
                 self.truncated = (item.start, data[item.start - segment.base_offset:])
@@ -118,8 +119,8 @@ class CommitLog:
             offset = self.write_offset = end
 
     def _zero_from(self, segment: Segment, position: int) -> None:
-        os.ftruncate(segment.fd, position)
-        os.fsync(segment.fd)
+        self.fs.ftruncate(segment.fd, position)
+        self.fs.fsync(segment.fd)
 
     # -- appending ------------------------------------------------------------------------
     def append_many(self, records: list[bytes]) -> list[int]:
@@ -156,12 +157,12 @@ class CommitLog:
         """Undo appends back to ``offset``: drop segments created since, cut the last one."""
         for segment in self.segments[segment_count:]:
             segment.close()
-            segment.path.unlink()
+            self.fs.unlink(segment.path)
             self._dirty.discard(segment)
         del self.segments[segment_count:]
         if self.segments and offset < self.segments[-1].end_offset:
             last = self.segments[-1]
-            os.ftruncate(last.fd, offset - last.base_offset)
+            self.fs.ftruncate(last.fd, offset - last.base_offset)
         self.write_offset = offset
 
     def _segment_for_append(self, length: int) -> Segment:
@@ -180,18 +181,18 @@ class CommitLog:
     def _new_segment(self, base_offset: int) -> Segment:
         path = self.directory / f"{base_offset:020d}"
         try:
-            segment = Segment(path, base_offset, self.segment_size)
+            segment = Segment(path, base_offset, self.segment_size, self.fs)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFullError(f"disk full while creating {path}") from exc
             raise
         self.segments.append(segment)
-        fsync_directory(self.directory)
+        self.fs.fsync_directory(self.directory)
         return segment
 
     def _write_all(self, segment: Segment, position: int, data: bytes) -> None:
         try:
-            written = os.pwrite(segment.fd, data, position)
+            written = self.fs.pwrite(segment.fd, data, position)
             if written != len(data):
                 raise OSError(errno.ENOSPC, "short write")
         except OSError as exc:
@@ -208,7 +209,7 @@ class CommitLog:
     def flush(self) -> None:
         """fdatasync every segment written since the last flush."""
         for segment in list(self._dirty):
-            os.fdatasync(segment.fd)
+            self.fs.fdatasync(segment.fd)
             self._dirty.discard(segment)
 
     # -- reading --------------------------------------------------------------------------
@@ -258,7 +259,7 @@ class CommitLog:
                     if item.commit_log_offset >= from_offset:
                         yield item
                 elif gaps is None:
-                    raise LogDamageError(self.directory, item)
+                    raise LogDamageError(self.directory, item, fs=self.fs)
                 else:
                     gaps.append(item)
 
@@ -280,10 +281,10 @@ class CommitLog:
             segment = self.segments[0]
             if segment.end_offset > offset:
                 break
-            if os.stat(segment.path).st_mtime * 1000 >= older_than_ms:
+            if self.fs.mtime_ms(segment.path) >= older_than_ms:
                 break
             segment.close()
-            segment.path.unlink()
+            self.fs.unlink(segment.path)
             self.segments.pop(0)
             deleted += 1
         return deleted
@@ -311,9 +312,9 @@ class LogDamageError(CorruptLogError):
     """The commit log lost or damaged records that may have been acknowledged: the store
     refuses to open (it would drop them, and append over them)."""
 
-    def __init__(self, directory: Path, gap: Gap, context: str = "") -> None:
+    def __init__(self, directory: Path, gap: Gap, context: str = "", fs: FileSystem = REAL) -> None:
         self.gap = gap
-        self.segment = directory / f"{segment_base(gap.start, directory):020d}"
+        self.segment = directory / f"{segment_base(gap.start, directory, fs):020d}"
         data_dir = directory.parent
         where = f"segment {self.segment.name}" + (f", {context}" if context else "")
         super().__init__(
@@ -324,10 +325,10 @@ class LogDamageError(CorruptLogError):
         )
 
 
-def segment_base(offset: int, directory: Path) -> int:
+def segment_base(offset: int, directory: Path, fs: FileSystem = REAL) -> int:
     """The start offset of the segment file in ``directory`` holding ``offset`` (that of
     the first segment if it lies before all of them)."""
-    bases = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    bases = sorted(int(name) for name in fs.listdir(directory) if name.isdigit())
     return max((base for base in bases if base <= offset), default=bases[0] if bases else 0)
 
 

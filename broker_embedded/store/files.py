@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from .filesystem import REAL, FileSystem
 
-def fsync_directory(directory: Path) -> None:
+
+def fsync_directory(directory: Path, fs: FileSystem = REAL) -> None:
     """Make the entries of ``directory`` (files created, renamed or removed) durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fs.fsync_directory(directory)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, fs: FileSystem = REAL) -> None:
     """Replace ``path`` with ``data``: written, fsync'd, renamed, directory fsync'd; a crash
     leaves either the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
+    fd = fs.open(tmp, create=True, truncate=True)
+    try:
+        written = 0
+        while written < len(data):
+            written += fs.pwrite(fd, data[written:], written)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.replace(tmp, path)
+    fs.fsync_directory(path.parent)
