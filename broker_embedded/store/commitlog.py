@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..errors import CorruptLogError, StoreFullError
 from . import codec
+from .files import make_directories
 from .filesystem import REAL, FileSystem
 from .record import StoredRecord
 
@@ -62,7 +63,7 @@ class CommitLog:
         self.directory = directory
         self.segment_size = segment_size
         self.fs = fs
-        fs.mkdir(directory, parents=True, exist_ok=True)
+        make_directories(directory, fs)
         self.segments: list[Segment] = [
             Segment(directory / name, int(name), segment_size, fs)
             for name in sorted(fs.listdir(directory))
@@ -125,8 +126,9 @@ class CommitLog:
     # -- appending ------------------------------------------------------------------------
     def append_many(self, records: list[bytes]) -> list[int]:
         """Write encoded records in order, one ``pwrite`` per segment touched; returns their
-        commit log offsets. All or nothing: on ``StoreFullError`` everything this call wrote
-        is removed again. Not thread-safe (the caller holds the store's write lock)."""
+        commit log offsets. All or nothing: on ``StoreFullError`` or an ``OSError`` (EIO)
+        everything this call wrote is removed again, so that the next append does not leave
+        a hole behind it. Not thread-safe (the caller holds the store's write lock)."""
         start_offset, start_segments = self.write_offset, len(self.segments)
         offsets: list[int] = []
         chunk: list[bytes] = []
@@ -148,13 +150,14 @@ class CommitLog:
                 self.write_offset += len(data)
             if segment is not None and chunk:
                 self._write_all(segment, position, b"".join(chunk))
-        except StoreFullError:
+        except (StoreFullError, OSError):
             self._roll_back(start_offset, start_segments)
             raise
         return offsets
 
     def _roll_back(self, offset: int, segment_count: int) -> None:
         """Undo appends back to ``offset``: drop segments created since, cut the last one."""
+        self.write_offset = offset  # even if a cut fails: the next append writes over it
         for segment in self.segments[segment_count:]:
             segment.close()
             self.fs.unlink(segment.path)
@@ -163,7 +166,6 @@ class CommitLog:
         if self.segments and offset < self.segments[-1].end_offset:
             last = self.segments[-1]
             self.fs.ftruncate(last.fd, offset - last.base_offset)
-        self.write_offset = offset
 
     def _segment_for_append(self, length: int) -> Segment:
         if not self.segments:
@@ -174,7 +176,11 @@ class CommitLog:
             return segment
         if remaining > 0:
             self._write_all(segment, segment.size - remaining, codec.encode_blank(remaining))
-            self._dirty.add(segment)  # fsynced with the records that made it roll over
+        # The closed segment is whole on disk before the next one exists: else a crash could
+        # leave it short (or torn) behind a newer segment, which recovery must take for
+        # damage to acknowledged records, not for a torn tail.
+        self.fs.fdatasync(segment.fd)
+        self._dirty.discard(segment)
         self.write_offset = segment.end_offset
         return self._new_segment(self.write_offset)
 

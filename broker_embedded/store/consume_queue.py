@@ -39,6 +39,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from ..filters import tag_hash
+from .files import make_directories
 from .filesystem import REAL, FileSystem
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,6 @@ class _File:
 
     def __del__(self) -> None:
         self.fs.close(self.fd)
-
-
-def _make_directory(directory: Path, fs: FileSystem) -> None:
-    """Create ``directory`` and missing parents, each made durable in its parent (a queue
-    whose directory a crash took would pass for one whose head retention deleted)."""
-    if fs.is_dir(directory):
-        return
-    _make_directory(directory.parent, fs)
-    fs.mkdir(directory, exist_ok=True)
-    fs.fsync_directory(directory.parent)
 
 
 class ConsumeQueue:
@@ -182,7 +173,7 @@ class ConsumeQueue:
                 path = self.directory / file_name(number * per_file)
                 is_new = not self.fs.exists(path)
                 if is_new:
-                    _make_directory(self.directory, self.fs)
+                    make_directories(self.directory, self.fs)  # else it would pass for a queue whose head retention deleted
                 file = self._file(number, create=True)
                 written.append((file, self.fs.fsize(file.fd), path if is_new else None))
                 chunk = data[pos : pos + (per_file - index) * ENTRY_SIZE]

@@ -12,6 +12,16 @@ def fsync_directory(directory: Path, fs: FileSystem = REAL) -> None:
     fs.fsync_directory(directory)
 
 
+def make_directories(directory: Path, fs: FileSystem = REAL) -> None:
+    """Create ``directory`` and missing parents, each made durable in its parent (a
+    directory a crash took takes every file in it along, however well they were synced)."""
+    if fs.is_dir(directory):
+        return
+    make_directories(directory.parent, fs)
+    fs.mkdir(directory, exist_ok=True)
+    fs.fsync_directory(directory.parent)
+
+
 def write_atomically(path: Path, data: bytes, fs: FileSystem = REAL) -> None:
     """Replace ``path`` with ``data``: written, fsync'd, renamed, directory fsync'd; a crash
     leaves either the old file or the new one."""

@@ -45,6 +45,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from .files import make_directories
 from .filesystem import REAL, FileSystem
 
 log = logging.getLogger(__name__)
@@ -313,7 +314,7 @@ class MessageIndex:
         self.slots = slots
         self.capacity = entries
         self.fs = fs
-        fs.mkdir(directory, parents=True, exist_ok=True)
+        make_directories(directory, fs)
         self._lock = threading.Lock()  # lookups against deleting and closing files
         self._stale_headers: set[IndexFile] = set()
         self.files = self._open_files()

@@ -80,7 +80,7 @@ from . import codec
 from .commitlog import CommitLog, Gap
 from .config import StoreConfig
 from .consume_queue import ConsumeQueue
-from .files import write_atomically
+from .files import make_directories, write_atomically
 from .filesystem import REAL, FileSystem
 from .index import IndexedRecord, MessageIndex
 from .losses import LossLedger
@@ -160,7 +160,7 @@ class MessageStore:
         config = config or StoreConfig()
         #: The file layer every file of the store goes through (``StoreConfig.filesystem``).
         self.fs = config.filesystem
-        self.fs.mkdir(self.data_dir, parents=True, exist_ok=True)
+        make_directories(self.data_dir, self.fs)
         self._lock_file = lock_directory(self.data_dir, fs=self.fs)
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -391,12 +391,17 @@ class MessageStore:
         for key, queue in self._queues.items():
             had = queue.max_offset
             good = queue.intact_end()
+            expected = None if counts is None else counts.get(key[0], {}).get(str(key[1]), 0)
+            if expected is not None:
+                # Entries past the checkpoint's count were not fsync'd when a crash came:
+                # they may be torn or zeros (which read as holes). Their records lie past
+                # ``verified``, where the replay dispatches them again.
+                good = min(good, max(expected, queue.min_offset))
             queue.truncate_to(good)
             start = self._after_last_entry(key, queue, verified)
             if start is None:
                 queue.reset()
                 start = self.commitlog.min_offset
-            expected = None if counts is None else counts.get(key[0], {}).get(str(key[1]), 0)
             if expected is None or good < max(expected, had) or queue.max_offset < good:
                 rebuild[key] = (start, had)
         return rebuild
