@@ -95,10 +95,21 @@ class CommitLog:
         tail (an append the crash interrupted, never acknowledged): it and everything after
         are truncated. A bad record in a closed segment, or one followed by an intact record,
         is damage to acknowledged data: ``LogDamageError``, and nothing is truncated.
+
+        First the segments past ``verified_offset`` and the directory are synced: after a
+        crash of the process alone, what it wrote and never synced is still in the page
+        cache, readable but not on disk. Recovery takes for durable what it reads (it
+        dispatches it, the next checkpoint counts it, later appends follow it), so it makes
+        it so; a power loss after the restart would otherwise take records from under a
+        checkpoint, or leave a hole before intact records.
         """
         if not self.segments:
             return
         offset = self.write_offset = max(verified_offset, self.segments[0].base_offset)
+        for segment in self.segments:
+            if segment.end_offset > offset:
+                self.fs.fdatasync(segment.fd)
+        self.fs.fsync_directory(self.directory)
         for index, segment in enumerate(self.segments):
             if segment.end_offset <= offset:
                 continue
