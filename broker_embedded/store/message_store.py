@@ -227,6 +227,8 @@ class MessageStore:
         verified = int(checkpoint.get("verified", 0))
         self.commitlog.check_layout(verified)
         counts: dict[str, dict[str, int]] | None = checkpoint.get("queues")
+        if not checkpoint:
+            counts = {}  # no checkpoint was ever made: no queue entry on disk was ever synced
         queue_dir = self.data_dir / "consumequeue"
         for topic in sorted(self.fs.listdir(queue_dir)) if self.fs.exists(queue_dir) else []:
             for queue_name in sorted(self.fs.listdir(queue_dir / topic)):
