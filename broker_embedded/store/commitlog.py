@@ -173,6 +173,10 @@ class CommitLog:
             segment.close()
             self.fs.unlink(segment.path)
             self._dirty.discard(segment)
+        if len(self.segments) > segment_count:
+            # gone for good before the segment before them is cut: else a crash could leave
+            # that one short, a closed segment with a hole, behind them
+            self.fs.fsync_directory(self.directory)
         del self.segments[segment_count:]
         if self.segments and offset < self.segments[-1].end_offset:
             last = self.segments[-1]

@@ -371,10 +371,18 @@ class ConsumeQueue:
 
     def _delete_files(self, first: int, end: int) -> None:
         """Delete files ``first`` to ``end - 1`` (under ``_lock``); a reader holding one
-        keeps reading it until done."""
+        keeps reading it until done. The deletions are made durable at once: a file of the
+        same name created later (a queue rebuilt) must not be the one a crash takes back,
+        leaving the newer files behind a gap that reads as retention's."""
+        deleted = False
         for number in range(first, end):
             self._forget(number)
-            self.fs.unlink(self.directory / file_name(number * self.entries_per_file), missing_ok=True)
+            path = self.directory / file_name(number * self.entries_per_file)
+            if self.fs.exists(path):
+                self.fs.unlink(path)
+                deleted = True
+        if deleted:
+            self.fs.fsync_directory(self.directory)
 
     def _convert_single_file(self, converting: Path) -> None:
         """Rewrite today's single file as per-offset files in ``converting``, then put
