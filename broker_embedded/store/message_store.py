@@ -392,13 +392,16 @@ class MessageStore:
         rebuild: dict[tuple[str, int], tuple[int, int]] = {}
         for key, queue in self._queues.items():
             had = queue.max_offset
-            good = queue.intact_end()
             expected = None if counts is None else counts.get(key[0], {}).get(str(key[1]), 0)
+            # Entries past the checkpoint's count were not fsync'd when a crash came: they
+            # may be torn or zeros (which read as holes). Their records lie past
+            # ``verified``, where the replay dispatches them again. A queue whose files all
+            # start past that count (its first file lost) is made again from the start.
+            if expected is not None and expected < queue.min_offset:
+                queue.reset()
+            good = queue.intact_end()
             if expected is not None:
-                # Entries past the checkpoint's count were not fsync'd when a crash came:
-                # they may be torn or zeros (which read as holes). Their records lie past
-                # ``verified``, where the replay dispatches them again.
-                good = min(good, max(expected, queue.min_offset))
+                good = min(good, expected)
             queue.truncate_to(good)
             start = self._after_last_entry(key, queue, verified)
             if start is None:
