@@ -419,6 +419,11 @@ class MessageStore:
         queue_offset = queue.max_offset - 1
         try:
             offset, size = queue.entry(queue_offset)
+            if not size and not offset:
+                # zeros: a hole (of a queue whose head retention took: rebuilt at little
+                # cost), or a rewritten file (a rebuilt queue) a crash took before its
+                # data reached the disk, under a checkpoint that counted the old file
+                return None
             if not size or offset >= verified:  # a hole, or an entry recovery checks later
                 return offset
             head = self.commitlog.read_head(offset)

@@ -9,7 +9,10 @@ crash-test VFS and RocksDB's fault-injection env do:
 
 * each unsynced write is kept, dropped, torn (a prefix of it, cut at any byte), or left as
   zeros over its range (the size reached the disk, the data did not); each truncate kept
-  or dropped; the survivors are sometimes applied out of order;
+  or dropped. Each is decided on its own, so any later write may be on the disk while an
+  earlier one is not: the writes reach the disk in any order. Where two overlap, the newer
+  bytes win when both survive (the page cache holds only the newest version of a page, so
+  older bytes never land over newer ones);
 * each directory keeps a prefix of its unsynced changes (a journal commits in order):
   a file whose entry is lost is gone, whatever was synced into it;
 * every descriptor and lock of the old process is gone.
@@ -144,8 +147,6 @@ class SimulatedDisk:
                 elif kind == "write" and fate < 0.6:
                     op = (kind, position, bytes(len(data)))  # the size made it, the data did not
                 survivors.append(op)
-            if len(survivors) > 1 and rng.random() < 0.3:
-                rng.shuffle(survivors)
             for op in survivors:
                 _apply(inode.durable, op)
             if inode.unsynced:

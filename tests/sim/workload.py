@@ -68,7 +68,7 @@ class Result:
     disk_events: list[str] = field(default_factory=list)
 
     def replay_command(self) -> str:
-        return f"PYTHONPATH=. python benchmarks/simulate.py --seed {self.seed} --profile {self.profile}"
+        return f"python benchmarks/simulate.py --seed {self.seed} --profile {self.profile}"
 
     def report(self) -> str:
         """The failure, the last steps and disk events, and the command that replays it."""
