@@ -55,7 +55,7 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("recovery not syncing the log tail it trusts", "broker_embedded/store/commitlog.py",
      "        for segment in self.segments:\n            if segment.end_offset > offset:\n"
      "                self.fs.fdatasync(segment.fd)\n        self.fs.fsync_directory(self.directory)\n", ""),
-    ("no checkpoint taken for one that trusts every queue entry", "broker_embedded/store/message_store.py",
+    ("no checkpoint, yet every queue entry trusted", "broker_embedded/store/message_store.py",
      "        if not checkpoint:\n            counts = {}", "        if False:\n            counts = {}"),
     ("rolled-back segments unlinked without a directory fsync", "broker_embedded/store/commitlog.py",
      "        if len(self.segments) > segment_count:\n", "        if False:\n"),

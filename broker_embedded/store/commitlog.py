@@ -222,14 +222,15 @@ class CommitLog:
             raise
 
     def take_dirty(self) -> list[Segment]:
-        """The segments written since the last flush; the caller fdatasyncs them."""
-        dirty = list(self._dirty)
+        """The segments written since the last flush, oldest first (a deterministic order of
+        calls, which the simulated disk's replay needs); the caller fdatasyncs them."""
+        dirty = sorted(self._dirty, key=lambda segment: segment.base_offset)
         self._dirty.clear()
         return dirty
 
     def flush(self) -> None:
         """fdatasync every segment written since the last flush."""
-        for segment in list(self._dirty):
+        for segment in sorted(self._dirty, key=lambda segment: segment.base_offset):
             self.fs.fdatasync(segment.fd)
             self._dirty.discard(segment)
 

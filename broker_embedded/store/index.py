@@ -457,7 +457,7 @@ class MessageIndex:
         if newest.indexed_through != self.max_indexed:
             stale.add(newest)  # the newest file carries ``max_indexed``
         unpersisted: Unpersisted = []
-        for file in stale:
+        for file in sorted(stale, key=lambda file: file.path):  # a deterministic order
             pages, file.dirty_pages = file.dirty_pages, set()
             unpersisted.append((file, pages))
         return unpersisted

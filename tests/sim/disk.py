@@ -129,26 +129,25 @@ class SimulatedDisk:
         for directory in sorted(self._dir_log):
             ops = self._dir_log[directory]
             kept = rng.randint(0, len(ops))
-            for op in ops[:kept]:
-                self._apply_dir_op(op)
+            for change in ops[:kept]:
+                self._apply_dir_op(change)
             if kept < len(ops):
                 self.events.append(f"power loss: {directory} kept {kept} of {len(ops)} entry changes")
         self._dir_log.clear()
         for number in sorted(self._inodes):
             inode = self._inodes[number]
             survivors: list[tuple[str, int, bytes]] = []
-            for op in inode.unsynced:
-                kind, position, data = op
+            for kind, position, data in inode.unsynced:
                 fate = rng.random()
                 if fate < 0.3:
                     continue  # dropped
                 if kind == "write" and fate < 0.5:
-                    op = (kind, position, data[: rng.randrange(len(data) + 1)])  # torn
+                    data = data[: rng.randrange(len(data) + 1)]  # torn
                 elif kind == "write" and fate < 0.6:
-                    op = (kind, position, bytes(len(data)))  # the size made it, the data did not
-                survivors.append(op)
-            for op in survivors:
-                _apply(inode.durable, op)
+                    data = bytes(len(data))  # the size made it, the data did not
+                survivors.append((kind, position, data))
+            for survivor in survivors:
+                _apply(inode.durable, survivor)
             if inode.unsynced:
                 self.events.append(f"power loss: inode {number} kept {len(survivors)} of "
                                    f"{len(inode.unsynced)} unsynced writes")

@@ -26,6 +26,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from broker_embedded.errors import BrokerError
 from broker_embedded.store.config import StoreConfig
@@ -100,7 +101,7 @@ class _Run:
     def step(self, text: str) -> None:
         self.result.steps.append(text)
 
-    def fail(self, text: str) -> None:
+    def fail(self, text: str) -> NoReturn:
         raise SimulationFailure(text)
 
     # -- the schedule ---------------------------------------------------------------------
