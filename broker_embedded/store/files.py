@@ -7,11 +7,6 @@ from pathlib import Path
 from .filesystem import REAL, FileSystem
 
 
-def fsync_directory(directory: Path, fs: FileSystem = REAL) -> None:
-    """Make the entries of ``directory`` (files created, renamed or removed) durable."""
-    fs.fsync_directory(directory)
-
-
 def make_directories(directory: Path, fs: FileSystem = REAL) -> None:
     """Create ``directory`` and missing parents, each made durable in its parent (a
     directory a crash took takes every file in it along, however well they were synced)."""
