@@ -231,7 +231,7 @@ class DelayService:
 
     def _load_marks(self) -> dict[int, int]:
         try:
-            return {int(q): int(o) for q, o in json.loads(self._snapshot_path.read_bytes()).items()}
+            return {int(q): int(o) for q, o in json.loads(self.store.fs.read_bytes(self._snapshot_path)).items()}
         except FileNotFoundError:
             return {}
         except (ValueError, AttributeError):

@@ -91,7 +91,7 @@ class EmbeddedBroker:
         if checker is not None:
             self.set_checker(checker)
         self.topics = TopicRegistry(self.data_dir / "topics.json", self.config.auto_create_topics,
-                                    self.config.default_queues)
+                                    self.config.default_queues, self.store.fs)
         self.transactions = TransactionService(self.store, self.config, lambda: self._checker, route_record,
                                                self.data_dir / "transactions.snapshot")
         self.delays = DelayService(self.store, self.data_dir / "delay.snapshot", self.data_dir / "recall.key")
@@ -139,10 +139,10 @@ class EmbeddedBroker:
 
     def _restore_consumer_snapshot(self) -> int:
         """Load the consumer snapshot if there is one; the event offset to replay from."""
-        if not self._consumer_snapshot_path.exists():
+        if not self.store.fs.exists(self._consumer_snapshot_path):
             return 0
         try:
-            return self.consumers.restore(self._consumer_snapshot_path.read_bytes())
+            return self.consumers.restore(self.store.fs.read_bytes(self._consumer_snapshot_path))
         except (msgspec.DecodeError, msgspec.ValidationError):
             log.warning("unreadable %s: replaying every consumer event", self._consumer_snapshot_path)
             self.consumers.progress.clear()
@@ -152,9 +152,9 @@ class EmbeddedBroker:
         """Save open transactions, delay marks and every group's progress (each fsync'd and
         renamed into place), so the next start replays only the records stored after them."""
         self.transactions.write_snapshot()
-        self.delays.write_snapshot(write_atomically)
+        self.delays.write_snapshot(lambda path, data: write_atomically(path, data, self.store.fs))
         consumers = self.consumers.snapshot(lambda: self.store.queue_max_offset(CONSUMER_STATE_TOPIC, 0))
-        write_atomically(self._consumer_snapshot_path, consumers)
+        write_atomically(self._consumer_snapshot_path, consumers, self.store.fs)
 
     # -- topics ---------------------------------------------------------------------------
     def create_topic(self, topic: str, queues: int = 4) -> TopicInfo:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import InvalidMessageError, UnknownTopicError
 from ..message import Message, validate_topic_once
 from ..store.files import write_atomically
+from ..store.filesystem import REAL, FileSystem
 from ..topics import MAX_QUEUES, validate_user_topic
 
 log = logging.getLogger(__name__)
@@ -23,14 +24,15 @@ log = logging.getLogger(__name__)
 class TopicRegistry:
     """User topics by name; thread-safe."""
 
-    def __init__(self, path: Path, auto_create: bool, default_queues: int) -> None:
+    def __init__(self, path: Path, auto_create: bool, default_queues: int, fs: FileSystem = REAL) -> None:
         self.path = path
+        self.fs = fs
         self.auto_create = auto_create
         self.default_queues = default_queues
         self._lock = threading.Lock()
         self._round_robin = itertools.count()
         self.queues: dict[str, int] = (
-            {str(k): int(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+            {str(k): int(v) for k, v in json.loads(fs.read_bytes(path)).items()} if fs.exists(path) else {}
         )
 
     def __contains__(self, topic: str) -> bool:
@@ -74,4 +76,4 @@ class TopicRegistry:
         return next(self._round_robin) % queues
 
     def _save(self) -> None:
-        write_atomically(self.path, json.dumps(self.queues, sort_keys=True).encode())
+        write_atomically(self.path, json.dumps(self.queues, sort_keys=True).encode(), self.fs)

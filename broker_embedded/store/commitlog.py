@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CorruptLogError, StoreFullError
 from . import codec
-from .files import fsync_directory
+from .files import make_directories
+from .filesystem import REAL, FileSystem
 from .record import StoredRecord
 
 log = logging.getLogger(__name__)
@@ -38,34 +38,36 @@ log = logging.getLogger(__name__)
 class Segment:
     """One segment file, opened for reading and, if it is the last, for appending."""
 
-    def __init__(self, path: Path, base_offset: int, size: int) -> None:
+    def __init__(self, path: Path, base_offset: int, size: int, fs: FileSystem = REAL) -> None:
         self.path = path
         self.base_offset = base_offset
         self.size = size
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fs = fs
+        self.fd = fs.open(path, create=True)
 
     @property
     def end_offset(self) -> int:
         return self.base_offset + self.size
 
     def pread(self, position: int, length: int) -> bytes:
-        return os.pread(self.fd, length, position)
+        return self.fs.pread(self.fd, length, position)
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.fs.close(self.fd)
 
 
 class CommitLog:
     """Segmented append-only log; ``write_offset`` is where the next record goes."""
 
-    def __init__(self, directory: Path, segment_size: int) -> None:
+    def __init__(self, directory: Path, segment_size: int, fs: FileSystem = REAL) -> None:
         self.directory = directory
         self.segment_size = segment_size
-        directory.mkdir(parents=True, exist_ok=True)
+        self.fs = fs
+        make_directories(directory, fs)
         self.segments: list[Segment] = [
-            Segment(path, int(path.name), segment_size)
-            for path in sorted(directory.iterdir())
-            if path.name.isdigit()
+            Segment(directory / name, int(name), segment_size, fs)
+            for name in sorted(fs.listdir(directory))
+            if name.isdigit()
         ]
         self.write_offset = self.segments[0].base_offset if self.segments else 0
         self._dirty: set[Segment] = set()
@@ -79,11 +81,11 @@ class CommitLog:
         a closed segment (shorter than ``segment_size``), or the log ends before
         ``verified_offset``. One ``fstat`` per segment."""
         gaps = layout_gaps(
-            [(segment.base_offset, os.fstat(segment.fd).st_size) for segment in self.segments],
+            [(segment.base_offset, self.fs.fsize(segment.fd)) for segment in self.segments],
             self.segment_size, verified_offset,
         )
         if gaps:
-            raise LogDamageError(self.directory, gaps[0])
+            raise LogDamageError(self.directory, gaps[0], fs=self.fs)
 
     def recover(self, verified_offset: int) -> Iterator[StoredRecord]:
         """Verify records from ``verified_offset`` on (after ``check_layout``), truncate a
@@ -93,10 +95,21 @@ class CommitLog:
         tail (an append the crash interrupted, never acknowledged): it and everything after
         are truncated. A bad record in a closed segment, or one followed by an intact record,
         is damage to acknowledged data: ``LogDamageError``, and nothing is truncated.
+
+        First the segments past ``verified_offset`` and the directory are synced: after a
+        crash of the process alone, what it wrote and never synced is still in the page
+        cache, readable but not on disk. Recovery takes for durable what it reads (it
+        dispatches it, the next checkpoint counts it, later appends follow it), so it makes
+        it so; a power loss after the restart would otherwise take records from under a
+        checkpoint, or leave a hole before intact records.
         """
         if not self.segments:
             return
         offset = self.write_offset = max(verified_offset, self.segments[0].base_offset)
+        for segment in self.segments:
+            if segment.end_offset > offset:
+                self.fs.fdatasync(segment.fd)
+        self.fs.fsync_directory(self.directory)
         for index, segment in enumerate(self.segments):
             if segment.end_offset <= offset:
                 continue
@@ -107,9 +120,9 @@ class CommitLog:
                     yield item
                     continue
                 if index < len(self.segments) - 1:
-                    raise LogDamageError(self.directory, item, "a closed segment")
+                    raise LogDamageError(self.directory, item, "a closed segment", self.fs)
                 if item.end < end:
-                    raise LogDamageError(self.directory, item, "followed by intact records")
+                    raise LogDamageError(self.directory, item, "followed by intact records", self.fs)
                 log.warning("truncating a torn tail at commit log offset %d (%s, %d bytes)",
                             item.start, item.detail, item.end - item.start)
                 self.truncated = (item.start, data[item.start - segment.base_offset:])
@@ -118,14 +131,15 @@ class CommitLog:
             offset = self.write_offset = end
 
     def _zero_from(self, segment: Segment, position: int) -> None:
-        os.ftruncate(segment.fd, position)
-        os.fsync(segment.fd)
+        self.fs.ftruncate(segment.fd, position)
+        self.fs.fsync(segment.fd)
 
     # -- appending ------------------------------------------------------------------------
     def append_many(self, records: list[bytes]) -> list[int]:
         """Write encoded records in order, one ``pwrite`` per segment touched; returns their
-        commit log offsets. All or nothing: on ``StoreFullError`` everything this call wrote
-        is removed again. Not thread-safe (the caller holds the store's write lock)."""
+        commit log offsets. All or nothing: on ``StoreFullError`` or an ``OSError`` (EIO)
+        everything this call wrote is removed again, so that the next append does not leave
+        a hole behind it. Not thread-safe (the caller holds the store's write lock)."""
         start_offset, start_segments = self.write_offset, len(self.segments)
         offsets: list[int] = []
         chunk: list[bytes] = []
@@ -147,22 +161,26 @@ class CommitLog:
                 self.write_offset += len(data)
             if segment is not None and chunk:
                 self._write_all(segment, position, b"".join(chunk))
-        except StoreFullError:
+        except (StoreFullError, OSError):
             self._roll_back(start_offset, start_segments)
             raise
         return offsets
 
     def _roll_back(self, offset: int, segment_count: int) -> None:
         """Undo appends back to ``offset``: drop segments created since, cut the last one."""
+        self.write_offset = offset  # even if a cut fails: the next append writes over it
         for segment in self.segments[segment_count:]:
             segment.close()
-            segment.path.unlink()
+            self.fs.unlink(segment.path)
             self._dirty.discard(segment)
+        if len(self.segments) > segment_count:
+            # gone for good before the segment before them is cut: else a crash could leave
+            # that one short, a closed segment with a hole, behind them
+            self.fs.fsync_directory(self.directory)
         del self.segments[segment_count:]
         if self.segments and offset < self.segments[-1].end_offset:
             last = self.segments[-1]
-            os.ftruncate(last.fd, offset - last.base_offset)
-        self.write_offset = offset
+            self.fs.ftruncate(last.fd, offset - last.base_offset)
 
     def _segment_for_append(self, length: int) -> Segment:
         if not self.segments:
@@ -173,25 +191,29 @@ class CommitLog:
             return segment
         if remaining > 0:
             self._write_all(segment, segment.size - remaining, codec.encode_blank(remaining))
-            self._dirty.add(segment)  # fsynced with the records that made it roll over
+        # The closed segment is whole on disk before the next one exists: else a crash could
+        # leave it short (or torn) behind a newer segment, which recovery must take for
+        # damage to acknowledged records, not for a torn tail.
+        self.fs.fdatasync(segment.fd)
+        self._dirty.discard(segment)
         self.write_offset = segment.end_offset
         return self._new_segment(self.write_offset)
 
     def _new_segment(self, base_offset: int) -> Segment:
         path = self.directory / f"{base_offset:020d}"
         try:
-            segment = Segment(path, base_offset, self.segment_size)
+            segment = Segment(path, base_offset, self.segment_size, self.fs)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFullError(f"disk full while creating {path}") from exc
             raise
         self.segments.append(segment)
-        fsync_directory(self.directory)
+        self.fs.fsync_directory(self.directory)
         return segment
 
     def _write_all(self, segment: Segment, position: int, data: bytes) -> None:
         try:
-            written = os.pwrite(segment.fd, data, position)
+            written = self.fs.pwrite(segment.fd, data, position)
             if written != len(data):
                 raise OSError(errno.ENOSPC, "short write")
         except OSError as exc:
@@ -200,15 +222,16 @@ class CommitLog:
             raise
 
     def take_dirty(self) -> list[Segment]:
-        """The segments written since the last flush; the caller fdatasyncs them."""
-        dirty = list(self._dirty)
+        """The segments written since the last flush, oldest first (a deterministic order of
+        calls, which the simulated disk's replay needs); the caller fdatasyncs them."""
+        dirty = sorted(self._dirty, key=lambda segment: segment.base_offset)
         self._dirty.clear()
         return dirty
 
     def flush(self) -> None:
         """fdatasync every segment written since the last flush."""
-        for segment in list(self._dirty):
-            os.fdatasync(segment.fd)
+        for segment in sorted(self._dirty, key=lambda segment: segment.base_offset):
+            self.fs.fdatasync(segment.fd)
             self._dirty.discard(segment)
 
     # -- reading --------------------------------------------------------------------------
@@ -258,7 +281,7 @@ class CommitLog:
                     if item.commit_log_offset >= from_offset:
                         yield item
                 elif gaps is None:
-                    raise LogDamageError(self.directory, item)
+                    raise LogDamageError(self.directory, item, fs=self.fs)
                 else:
                     gaps.append(item)
 
@@ -280,10 +303,10 @@ class CommitLog:
             segment = self.segments[0]
             if segment.end_offset > offset:
                 break
-            if os.stat(segment.path).st_mtime * 1000 >= older_than_ms:
+            if self.fs.mtime_ms(segment.path) >= older_than_ms:
                 break
             segment.close()
-            segment.path.unlink()
+            self.fs.unlink(segment.path)
             self.segments.pop(0)
             deleted += 1
         return deleted
@@ -311,9 +334,9 @@ class LogDamageError(CorruptLogError):
     """The commit log lost or damaged records that may have been acknowledged: the store
     refuses to open (it would drop them, and append over them)."""
 
-    def __init__(self, directory: Path, gap: Gap, context: str = "") -> None:
+    def __init__(self, directory: Path, gap: Gap, context: str = "", fs: FileSystem = REAL) -> None:
         self.gap = gap
-        self.segment = directory / f"{segment_base(gap.start, directory):020d}"
+        self.segment = directory / f"{segment_base(gap.start, directory, fs):020d}"
         data_dir = directory.parent
         where = f"segment {self.segment.name}" + (f", {context}" if context else "")
         super().__init__(
@@ -324,10 +347,10 @@ class LogDamageError(CorruptLogError):
         )
 
 
-def segment_base(offset: int, directory: Path) -> int:
+def segment_base(offset: int, directory: Path, fs: FileSystem = REAL) -> int:
     """The start offset of the segment file in ``directory`` holding ``offset`` (that of
     the first segment if it lies before all of them)."""
-    bases = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    bases = sorted(int(name) for name in fs.listdir(directory) if name.isdigit())
     return max((base for base in bases if base <= offset), default=bases[0] if bases else 0)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from .filesystem import REAL, FileSystem
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,9 @@ class StoreConfig:
     record's CRC: a pass starts when the store opens and then every ``scrub_interval_s``,
     reading at most ``scrub_bytes_per_s`` (0: no scrub thread; damage is then found only by
     the readers that meet it).
+
+    ``filesystem`` is the file layer every file of the store goes through (``filesystem.py``):
+    the real one, or the deterministic simulator's in tests.
     """
 
     segment_size: int = 64 * 1024 * 1024
@@ -36,6 +41,7 @@ class StoreConfig:
     index_entries: int = 1 << 22
     scrub_bytes_per_s: int = 16 * 1024 * 1024
     scrub_interval_s: float = 24 * 3600.0
+    filesystem: FileSystem = field(default=REAL, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.scrub_bytes_per_s < 0:

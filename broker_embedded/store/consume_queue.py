@@ -33,15 +33,14 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-import shutil
 import struct
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
 from ..filters import tag_hash
-from .files import fsync_directory
+from .files import make_directories
+from .filesystem import REAL, FileSystem
 
 log = logging.getLogger(__name__)
 
@@ -60,53 +59,45 @@ class _File:
     """An open queue file, closed when the last reference goes (a reader may still hold it
     after retention or the cache dropped it)."""
 
-    __slots__ = ("fd",)
+    __slots__ = ("fd", "fs")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, fs: FileSystem) -> None:
         self.fd = fd
+        self.fs = fs
 
     def __del__(self) -> None:
-        os.close(self.fd)
-
-
-def _make_directory(directory: Path) -> None:
-    """Create ``directory`` and missing parents, each made durable in its parent (a queue
-    whose directory a crash took would pass for one whose head retention deleted)."""
-    if directory.is_dir():
-        return
-    _make_directory(directory.parent)
-    directory.mkdir(exist_ok=True)
-    fsync_directory(directory.parent)
+        self.fs.close(self.fd)
 
 
 class ConsumeQueue:
     """One queue's entries; ``min_offset`` rises when retention drops old segments."""
 
-    def __init__(self, directory: Path, entries_per_file: int) -> None:
+    def __init__(self, directory: Path, entries_per_file: int, fs: FileSystem = REAL) -> None:
         if entries_per_file < 1:
             raise ValueError("entries_per_file must be at least 1")
         self.directory = directory
+        self.fs = fs
         self.entries_per_file = entries_per_file
         self._lock = threading.Lock()  # guards _low/_persisted/_pending against readers
         self._files_lock = threading.Lock()  # guards _files (taken after _lock, never before)
         self._files: OrderedDict[int, _File] = OrderedDict()
         converting = directory.with_name(directory.name + _CONVERTING)
-        if converting.is_dir():
-            if directory.exists():  # the conversion did not finish: the old file is intact
-                shutil.rmtree(converting)
+        if fs.is_dir(converting):
+            if fs.exists(directory):  # the conversion did not finish: the old file is intact
+                fs.rmtree(converting)
             else:  # crashed between removing the old file and the rename
-                os.rename(converting, directory)
-                fsync_directory(directory.parent)
-        if directory.is_file():
+                fs.replace(converting, directory)
+                fs.fsync_directory(directory.parent)
+        if fs.is_file(directory):
             self._convert_single_file(converting)
         numbers = self._numbers()
         self._low = numbers[0] if numbers else 0  # first file number
         self._persisted = self._low * entries_per_file  # queue offset where the files end
         if numbers:
             last = self._file(numbers[-1])
-            size = os.fstat(last.fd).st_size
+            size = fs.fsize(last.fd)
             if size % ENTRY_SIZE:
-                os.ftruncate(last.fd, size - size % ENTRY_SIZE)
+                fs.ftruncate(last.fd, size - size % ENTRY_SIZE)
             self._persisted = numbers[-1] * entries_per_file + size // ENTRY_SIZE
         self._pending = bytearray()  # packed entries from _persisted on
         self.min_offset = self._low * entries_per_file
@@ -180,26 +171,26 @@ class ConsumeQueue:
             while pos < len(data):
                 number, index = divmod(offset, per_file)
                 path = self.directory / file_name(number * per_file)
-                is_new = not path.exists()
+                is_new = not self.fs.exists(path)
                 if is_new:
-                    _make_directory(self.directory)
+                    make_directories(self.directory, self.fs)  # else it would pass for a queue whose head retention deleted
                 file = self._file(number, create=True)
-                written.append((file, os.fstat(file.fd).st_size, path if is_new else None))
+                written.append((file, self.fs.fsize(file.fd), path if is_new else None))
                 chunk = data[pos : pos + (per_file - index) * ENTRY_SIZE]
-                if os.pwrite(file.fd, chunk, index * ENTRY_SIZE) != len(chunk):
+                if self.fs.pwrite(file.fd, chunk, index * ENTRY_SIZE) != len(chunk):
                     raise OSError(errno.ENOSPC, "short write")
                 pos += len(chunk)
                 offset += len(chunk) // ENTRY_SIZE
             for file, _, _ in written:
-                os.fsync(file.fd)
+                self.fs.fsync(file.fd)
             if any(created for _, _, created in written):
-                fsync_directory(self.directory)
+                self.fs.fsync_directory(self.directory)
         except OSError:
             for file, size, created in written:
-                os.ftruncate(file.fd, size)
+                self.fs.ftruncate(file.fd, size)
                 if created is not None:
                     self._forget(int(created.name) // per_file)
-                    created.unlink()
+                    self.fs.unlink(created)
             raise
         done = start + len(data) // ENTRY_SIZE
         with self._lock:
@@ -223,7 +214,7 @@ class ConsumeQueue:
             last = max(self._low, (self._persisted - 1) // per_file)
             kept = max(self._low, (keep - 1) // per_file)  # the lowest file stays, maybe empty
             self._delete_files(kept + 1, last + 1)
-            os.ftruncate(self._file(kept, create=True).fd, (keep - kept * per_file) * ENTRY_SIZE)
+            self.fs.ftruncate(self._file(kept, create=True).fd, (keep - kept * per_file) * ENTRY_SIZE)
             self._pending = bytearray()
             self._persisted = keep
             self.min_offset = min(self.min_offset, keep)
@@ -243,7 +234,7 @@ class ConsumeQueue:
         present = set(self._numbers())
         for number in range(self._low, (self._persisted - 1) // per_file):
             path = self.directory / file_name(number * per_file)
-            if number not in present or path.stat().st_size != per_file * ENTRY_SIZE:
+            if number not in present or self.fs.size(path) != per_file * ENTRY_SIZE:
                 return max(number * per_file, self.min_offset)
         return self.max_offset
 
@@ -328,7 +319,7 @@ class ConsumeQueue:
         while offset < min(end, persisted):
             number, index = divmod(offset, per_file)
             length = min(end, persisted, (number + 1) * per_file) - offset
-            part = os.pread(self._file(number).fd, length * ENTRY_SIZE, index * ENTRY_SIZE)
+            part = self.fs.pread(self._file(number).fd, length * ENTRY_SIZE, index * ENTRY_SIZE)
             parts.append(part[: len(part) - len(part) % ENTRY_SIZE])
             if len(part) < length * ENTRY_SIZE:  # cut short by a concurrent truncation
                 return b"".join(parts)
@@ -354,7 +345,7 @@ class ConsumeQueue:
     def _numbers(self) -> list[int]:
         """The numbers of the queue's files, ascending."""
         directory = self.directory
-        names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+        names = self.fs.listdir(directory) if self.fs.is_dir(directory) else []
         firsts = sorted(int(name) for name in names if name.isdigit())
         if any(first % self.entries_per_file for first in firsts):
             raise ValueError(f"{directory}: files not made with {self.entries_per_file} entries each")
@@ -366,7 +357,7 @@ class ConsumeQueue:
             file = self._files.get(number)
             if file is None:
                 path = self.directory / file_name(number * self.entries_per_file)
-                file = _File(os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644))
+                file = _File(self.fs.open(path, create=create), self.fs)
                 self._files[number] = file
                 while len(self._files) > _OPEN_FILES:
                     self._files.popitem(last=False)
@@ -380,29 +371,44 @@ class ConsumeQueue:
 
     def _delete_files(self, first: int, end: int) -> None:
         """Delete files ``first`` to ``end - 1`` (under ``_lock``); a reader holding one
-        keeps reading it until done."""
+        keeps reading it until done. The deletions are made durable at once: a file of the
+        same name created later (a queue rebuilt) must not be the one a crash takes back,
+        leaving the newer files behind a gap that reads as retention's."""
+        deleted = False
         for number in range(first, end):
             self._forget(number)
-            (self.directory / file_name(number * self.entries_per_file)).unlink(missing_ok=True)
+            path = self.directory / file_name(number * self.entries_per_file)
+            if self.fs.exists(path):
+                self.fs.unlink(path)
+                deleted = True
+        if deleted:
+            self.fs.fsync_directory(self.directory)
 
     def _convert_single_file(self, converting: Path) -> None:
         """Rewrite today's single file as per-offset files in ``converting``, then put
         them in its place (see the module docstring)."""
-        converting.mkdir()
+        fs = self.fs
+        fs.mkdir(converting)
         chunk = self.entries_per_file * ENTRY_SIZE
-        with self.directory.open("rb") as old:
+        old = fs.open(self.directory, read_only=True)
+        try:
             number = 0
-            while data := old.read(chunk):
+            while data := fs.pread(old, chunk, number * chunk):
                 data = data[: len(data) - len(data) % ENTRY_SIZE]
-                with (converting / file_name(number * self.entries_per_file)).open("wb") as new:
-                    new.write(data)
-                    new.flush()
-                    os.fsync(new.fileno())
+                new = fs.open(converting / file_name(number * self.entries_per_file), create=True, truncate=True)
+                try:
+                    if fs.pwrite(new, data, 0) != len(data):
+                        raise OSError(errno.ENOSPC, "short write")
+                    fs.fsync(new)
+                finally:
+                    fs.close(new)
                 number += 1
-        fsync_directory(converting)
-        self.directory.unlink()
-        os.rename(converting, self.directory)
-        fsync_directory(self.directory.parent)
+        finally:
+            fs.close(old)
+        fs.fsync_directory(converting)
+        fs.unlink(self.directory)
+        fs.replace(converting, self.directory)
+        fs.fsync_directory(self.directory.parent)
 
     def close(self) -> None:
         """Release the file descriptors."""

@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-
-def fsync_directory(directory: Path) -> None:
-    """Make the entries of ``directory`` (files created, renamed or removed) durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from .filesystem import REAL, FileSystem
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def make_directories(directory: Path, fs: FileSystem = REAL) -> None:
+    """Create ``directory`` and missing parents, each made durable in its parent (a
+    directory a crash took takes every file in it along, however well they were synced)."""
+    if fs.is_dir(directory):
+        return
+    make_directories(directory.parent, fs)
+    fs.mkdir(directory, exist_ok=True)
+    fs.fsync_directory(directory.parent)
+
+
+def write_atomically(path: Path, data: bytes, fs: FileSystem = REAL) -> None:
     """Replace ``path`` with ``data``: written, fsync'd, renamed, directory fsync'd; a crash
     leaves either the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
+    fd = fs.open(tmp, create=True, truncate=True)
+    try:
+        written = 0
+        while written < len(data):
+            written += fs.pwrite(fd, data[written:], written)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.replace(tmp, path)
+    fs.fsync_directory(path.parent)

@@ -40,13 +40,13 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
-import os
 import struct
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from .files import fsync_directory
+from .files import make_directories
+from .filesystem import REAL, FileSystem
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,18 @@ def key_hash(kind: str, topic: str, key: str) -> int:
     return int.from_bytes(digest, "big") or 1
 
 
-def _write(fd: int, data: bytes | memoryview, position: int) -> None:
-    if os.pwrite(fd, data, position) != len(data):
+def _write(fs: FileSystem, fd: int, data: bytes | memoryview, position: int) -> None:
+    if fs.pwrite(fd, data, position) != len(data):
         raise OSError(errno.ENOSPC, "short write")
 
 
 class IndexFile:
     """One file of the index: its header fields in memory, slots and entries on disk."""
 
-    def __init__(self, path: Path, fd: int, slots: int, capacity: int) -> None:
+    def __init__(self, path: Path, fd: int, slots: int, capacity: int, fs: FileSystem = REAL) -> None:
         self.path = path
         self.fd = fd
+        self.fs = fs
         self.slots = slots
         self.capacity = capacity
         self.count = 0
@@ -95,44 +96,45 @@ class IndexFile:
         self.dirty_pages: set[int] = set()
 
     @classmethod
-    def create(cls, path: Path, slots: int, capacity: int, indexed_through: int) -> IndexFile:
+    def create(cls, path: Path, slots: int, capacity: int, indexed_through: int,
+               fs: FileSystem = REAL) -> IndexFile:
         """A new, empty file (sparse), durable under its name before it is used."""
         tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = fs.open(tmp, create=True, truncate=True)
         try:
-            os.ftruncate(fd, HEADER_SIZE + 4 * slots + ENTRY_SIZE * capacity)
-            file = cls(path, fd, slots, capacity)
+            fs.ftruncate(fd, HEADER_SIZE + 4 * slots + ENTRY_SIZE * capacity)
+            file = cls(path, fd, slots, capacity, fs)
             file.indexed_through = indexed_through
             file._table = bytearray(4 * slots)  # the sparse file's slots: all zero
             file.write_header()
-            os.fsync(fd)
-            os.replace(tmp, path)
-            fsync_directory(path.parent)
+            fs.fsync(fd)
+            fs.replace(tmp, path)
+            fs.fsync_directory(path.parent)
         except OSError:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
+            fs.close(fd)
+            fs.unlink(tmp, missing_ok=True)
             raise
         return file
 
     @classmethod
-    def open(cls, path: Path) -> IndexFile:
+    def open(cls, path: Path, fs: FileSystem = REAL) -> IndexFile:
         """An existing file; ``IndexFileError`` if its header is not valid."""
-        fd = os.open(path, os.O_RDWR)
+        fd = fs.open(path)
         try:
-            raw = os.pread(fd, _HEADER.size, 0)
+            raw = fs.pread(fd, _HEADER.size, 0)
             if len(raw) < _HEADER.size:
                 raise IndexFileError("short header")
             magic, version, _, slots, capacity, count, low, high, through = _HEADER.unpack(raw)
             if magic != MAGIC or version != VERSION:
                 raise IndexFileError(f"bad magic {magic:#x} or version {version}")
             size = HEADER_SIZE + 4 * slots + ENTRY_SIZE * capacity
-            if not slots or not capacity or count > capacity or os.fstat(fd).st_size != size:
+            if not slots or not capacity or count > capacity or fs.fsize(fd) != size:
                 raise IndexFileError("sizes do not match the header")
-            file = cls(path, fd, slots, capacity)
+            file = cls(path, fd, slots, capacity, fs)
             file.count, file.low_offset, file.high_offset, file.indexed_through = count, low, high, through
             file._count_unheaded_entries()
         except BaseException:
-            os.close(fd)
+            fs.close(fd)
             raise
         return file
 
@@ -141,7 +143,7 @@ class IndexFile:
         link each into its slot, which may not have been written back."""
         while self.count < self.capacity:
             chunk = min(_COUNT_CHUNK, self.capacity - self.count)
-            raw = os.pread(self.fd, chunk * ENTRY_SIZE, self._entry_position(self.count + 1))
+            raw = self.fs.pread(self.fd, chunk * ENTRY_SIZE, self._entry_position(self.count + 1))
             for hash_, offset, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE]):
                 if not hash_:
                     return
@@ -162,14 +164,14 @@ class IndexFile:
         table = self._table
         if table is not None:
             return int(_SLOT.unpack_from(table, 4 * slot)[0])
-        raw = os.pread(self.fd, 4, HEADER_SIZE + 4 * slot)
+        raw = self.fs.pread(self.fd, 4, HEADER_SIZE + 4 * slot)
         return _SLOT.unpack(raw)[0] if len(raw) == 4 else 0
 
     def _loaded_table(self) -> bytearray:
         """The slot table in memory, read from the file the first time."""
         if self._table is None:
             table = bytearray(4 * self.slots)  # read in place: no 4 MiB copies to fragment the heap
-            os.preadv(self.fd, [table], HEADER_SIZE)
+            self.fs.preadinto(self.fd, table, HEADER_SIZE)
             self._table = table
         return self._table
 
@@ -192,7 +194,7 @@ class IndexFile:
                 previous = _SLOT.unpack_from(table, 4 * slot)[0]
             packed.append(_ENTRY.pack(hash_, offset, previous))
             heads[slot] = number
-        _write(self.fd, b"".join(packed), self._entry_position(first))
+        _write(self.fs, self.fd, b"".join(packed), self._entry_position(first))
         self.count += len(entries)  # before the slots: a slot never points past the count
         low = entries[0][1]
         self.low_offset = low if self.low_offset < 0 else min(self.low_offset, low)
@@ -210,7 +212,7 @@ class IndexFile:
         with memoryview(table) as view:  # written from the table itself, no copy
             for first, end in consecutive_runs(sorted(pages)):
                 start = first * _SLOT_PAGE
-                _write(self.fd, view[start : end * _SLOT_PAGE], HEADER_SIZE + start)
+                _write(self.fs, self.fd, view[start : end * _SLOT_PAGE], HEADER_SIZE + start)
 
     def release_table(self) -> None:
         """Forget the slot table once it is written back (the file takes no more entries)."""
@@ -223,7 +225,7 @@ class IndexFile:
         number = self._slot(hash_ % self.slots)
         while 0 < number <= self.count:
             entry_hash, offset, previous = _ENTRY.unpack(
-                os.pread(self.fd, ENTRY_SIZE, self._entry_position(number))
+                self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number))
             )
             if entry_hash == hash_:
                 found.append(offset)
@@ -239,7 +241,7 @@ class IndexFile:
         an earlier crash, is not among them)."""
         found = []
         for number in range(self.count, 0, -1):
-            hash_, offset, previous = _ENTRY.unpack(os.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))
+            hash_, offset, previous = _ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))
             if offset < start:
                 break
             found.append((number, hash_, offset, previous))
@@ -249,7 +251,7 @@ class IndexFile:
         """``(hash, commit log offset)`` of every entry, oldest first."""
         found: list[tuple[int, int]] = []
         for first in range(1, self.count + 1, _COUNT_CHUNK):
-            raw = os.pread(self.fd, min(_COUNT_CHUNK, self.count + 1 - first) * ENTRY_SIZE, self._entry_position(first))
+            raw = self.fs.pread(self.fd, min(_COUNT_CHUNK, self.count + 1 - first) * ENTRY_SIZE, self._entry_position(first))
             found += [(hash_, offset) for hash_, offset, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE])]
         return found
 
@@ -268,9 +270,9 @@ class IndexFile:
         pages, self.dirty_pages = self.dirty_pages, set()
         self.write_slots(pages)
         self.write_header()
-        os.fsync(self.fd)
-        _write(self.fd, bytes(ENTRY_SIZE * len(dropped)), self._entry_position(self.count + 1))
-        os.fsync(self.fd)
+        self.fs.fsync(self.fd)
+        _write(self.fs, self.fd, bytes(ENTRY_SIZE * len(dropped)), self._entry_position(self.count + 1))
+        self.fs.fsync(self.fd)
         return [(hash_, offset) for _, hash_, offset, _ in dropped]
 
     def write_header(self) -> None:
@@ -279,11 +281,11 @@ class IndexFile:
             MAGIC, VERSION, 0, self.slots, self.capacity, self.count,
             self.low_offset, self.high_offset, self.indexed_through,
         )
-        _write(self.fd, header.ljust(HEADER_SIZE, b"\0"), 0)
+        _write(self.fs, self.fd, header.ljust(HEADER_SIZE, b"\0"), 0)
 
     def close(self) -> None:
         """Close the file descriptor."""
-        os.close(self.fd)
+        self.fs.close(self.fd)
 
 
 def consecutive_runs(numbers: list[int]) -> list[tuple[int, int]]:
@@ -307,11 +309,12 @@ class MessageIndex:
     """Message id -> offsets and (topic, key) -> offsets, in index files under ``directory``;
     new files get ``slots`` hash slots and room for ``entries`` entries."""
 
-    def __init__(self, directory: Path, slots: int, entries: int) -> None:
+    def __init__(self, directory: Path, slots: int, entries: int, fs: FileSystem = REAL) -> None:
         self.directory = directory
         self.slots = slots
         self.capacity = entries
-        directory.mkdir(parents=True, exist_ok=True)
+        self.fs = fs
+        make_directories(directory, fs)
         self._lock = threading.Lock()  # lookups against deleting and closing files
         self._stale_headers: set[IndexFile] = set()
         self.files = self._open_files()
@@ -323,13 +326,14 @@ class MessageIndex:
             self.files.append(self._create(0))
 
     def _open_files(self) -> list[IndexFile]:
-        for leftover in [*self.directory.glob("*.tmp"), self.directory / "index.log"]:
-            leftover.unlink(missing_ok=True)  # an interrupted roll; the old line format
-        paths = sorted(path for path in self.directory.iterdir() if path.name.isdigit())
+        names = self.fs.listdir(self.directory)
+        for leftover in [*(name for name in names if name.endswith(".tmp")), "index.log"]:
+            self.fs.unlink(self.directory / leftover, missing_ok=True)  # an interrupted roll; the old line format
+        paths = sorted(self.directory / name for name in names if name.isdigit())
         files: list[IndexFile] = []
         try:
             for path in paths:
-                files.append(IndexFile.open(path))
+                files.append(IndexFile.open(path, self.fs))
                 if int(path.name) != int(paths[0].name) + len(files) - 1:
                     raise IndexFileError(f"the files before {path.name} are missing")
         except (OSError, IndexFileError) as exc:
@@ -341,9 +345,9 @@ class MessageIndex:
     def _delete(self, files: list[IndexFile]) -> None:
         for file in files:
             file.close()
-        for path in self.directory.iterdir():
-            if path.name.isdigit():
-                path.unlink()
+        for name in self.fs.listdir(self.directory):
+            if name.isdigit():
+                self.fs.unlink(self.directory / name)
 
     def clear(self) -> None:
         """Delete every file and start anew (the store then indexes the whole log again)."""
@@ -361,7 +365,7 @@ class MessageIndex:
     def _create(self, number: int, indexed_through: int | None = None) -> IndexFile:
         return IndexFile.create(
             self.directory / f"{number:010d}", self.slots, self.capacity,
-            self.max_indexed if indexed_through is None else indexed_through,
+            self.max_indexed if indexed_through is None else indexed_through, self.fs,
         )
 
     def rewind(self, offset: int) -> None:
@@ -440,7 +444,7 @@ class MessageIndex:
                 file = self.files.pop(0)
                 self._stale_headers.discard(file)
                 file.close()
-                file.path.unlink()
+                self.fs.unlink(file.path)
                 deleted += 1
         return deleted
 
@@ -453,7 +457,7 @@ class MessageIndex:
         if newest.indexed_through != self.max_indexed:
             stale.add(newest)  # the newest file carries ``max_indexed``
         unpersisted: Unpersisted = []
-        for file in stale:
+        for file in sorted(stale, key=lambda file: file.path):  # a deterministic order
             pages, file.dirty_pages = file.dirty_pages, set()
             unpersisted.append((file, pages))
         return unpersisted
@@ -463,12 +467,12 @@ class MessageIndex:
         fsync again (no slot or count on disk points at an entry that is not); a file that
         takes no more entries then forgets its slot table."""
         for file, pages in files:
-            os.fsync(file.fd)
+            self.fs.fsync(file.fd)
             file.write_slots(pages)
             if file is self.files[-1]:
                 file.indexed_through = self.max_indexed
             file.write_header()
-            os.fsync(file.fd)
+            self.fs.fsync(file.fd)
             if file is not self.files[-1]:
                 file.release_table()
 

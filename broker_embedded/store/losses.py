@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .files import write_atomically
+from .filesystem import REAL, FileSystem
 from .record import StoredRecord
 
 log = logging.getLogger(__name__)
@@ -89,14 +90,15 @@ class LossLedger:
     on every change. Thread-safe."""
 
     data_dir: Path
+    fs: FileSystem = field(default=REAL, compare=False, repr=False)
     _losses: list[Loss] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
         path = self.data_dir / LEDGER_FILE
-        if path.exists():
-            self._losses = [_loss_from_json(item) for item in json.loads(path.read_text())["losses"]]
+        if self.fs.exists(path):
+            self._losses = [_loss_from_json(item) for item in json.loads(self.fs.read_bytes(path))["losses"]]
 
     def record(
         self, found_by: FoundBy, start: int, end: int, message_ids: Iterable[str], unnamed: int,
@@ -140,7 +142,7 @@ class LossLedger:
 
     def _write(self) -> None:
         body = {"losses": [loss.to_json() for loss in self._losses]}
-        write_atomically(self.data_dir / LEDGER_FILE, json.dumps(body, indent=1).encode())
+        write_atomically(self.data_dir / LEDGER_FILE, json.dumps(body, indent=1).encode(), self.fs)
 
 
 def _acknowledged(loss: Loss) -> Loss:

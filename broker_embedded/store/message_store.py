@@ -61,10 +61,8 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -82,7 +80,8 @@ from . import codec
 from .commitlog import CommitLog, Gap
 from .config import StoreConfig
 from .consume_queue import ConsumeQueue
-from .files import write_atomically
+from .files import make_directories, write_atomically
+from .filesystem import REAL, FileSystem
 from .index import IndexedRecord, MessageIndex
 from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
@@ -119,23 +118,20 @@ def fitting(items: Iterable[T], size: Callable[[T], int], max_bytes: int | None)
     return kept
 
 
-def lock_directory(data_dir: Path, shared: bool = False) -> int:
+def lock_directory(data_dir: Path, shared: bool = False, fs: FileSystem = REAL) -> int:
     """Take the data directory's lock and return the descriptor that holds it (``shared``:
     for read-only tools, the lock file must exist). ``DataDirLockedError`` while another
     store holds it, also from another process."""
-    fd = os.open(data_dir / "lock", os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        return fs.lock(data_dir / "lock", shared)
     except BlockingIOError:
-        os.close(fd)
         raise DataDirLockedError(f"data directory {data_dir} is in use by another broker") from None
-    return fd
 
 
-def read_checkpoint(data_dir: Path) -> dict[str, Any]:
+def read_checkpoint(data_dir: Path, fs: FileSystem = REAL) -> dict[str, Any]:
     """The checkpoint's fields (see the module docstring); empty if there is none."""
     try:
-        fields = json.loads((data_dir / CHECKPOINT).read_text())
+        fields = json.loads(fs.read_bytes(data_dir / CHECKPOINT))
     except (FileNotFoundError, ValueError):
         return {}
     return fields if isinstance(fields, dict) else {}
@@ -145,7 +141,8 @@ def pinned_layout(data_dir: Path, config: StoreConfig) -> StoreConfig:
     """``config`` with the segment size and consume queue file entries that ``store.json``
     pins for ``data_dir`` (read only)."""
     meta = data_dir / "store.json"
-    pinned = json.loads(meta.read_text()) if meta.exists() else {}
+    fs = config.filesystem
+    pinned = json.loads(fs.read_bytes(meta)) if fs.exists(meta) else {}
     return dataclasses.replace(
         config,
         segment_size=int(pinned.get("segment_size", config.segment_size)),
@@ -160,8 +157,11 @@ class MessageStore:
 
     def __init__(self, data_dir: Path | str, config: StoreConfig | None = None) -> None:
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = lock_directory(self.data_dir)
+        config = config or StoreConfig()
+        #: The file layer every file of the store goes through (``StoreConfig.filesystem``).
+        self.fs = config.filesystem
+        make_directories(self.data_dir, self.fs)
+        self._lock_file = lock_directory(self.data_dir, fs=self.fs)
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending: list[StoredRecord] = []
@@ -174,19 +174,19 @@ class MessageStore:
         self._last_store_ms = 0
         started = time.monotonic()
         #: Every acknowledged record found destroyed (recovery, repair, the scrub).
-        self.losses = LossLedger(self.data_dir)
         try:
-            self.config = self._pin_layout(config or StoreConfig())
-            self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size)
+            self.losses = LossLedger(self.data_dir, self.fs)
+            self.config = self._pin_layout(config)
+            self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size, self.fs)
             self.index = MessageIndex(
-                self.data_dir / "index", self.config.index_slots, self.config.index_entries
+                self.data_dir / "index", self.config.index_slots, self.config.index_entries, self.fs
             )
             #: The background CRC scrub of the commit log (``scrub.py``); its ``stats`` for
             #: metrics. Made before recovery, which records the damaged ranges it passes with it.
             self.scrub = Scrub(self)
             self._recover()
         except BaseException:
-            os.close(self._lock_file)  # a failed open (e.g. CorruptLogError) frees the directory
+            self.fs.unlock(self._lock_file)  # a failed open (e.g. CorruptLogError) frees the directory
             raise
         self._flushed = self.commitlog.write_offset
         self._dispatched_end = self.commitlog.write_offset
@@ -214,8 +214,8 @@ class MessageStore:
         if pinned_config != config:
             log.info("using the data directory's layout %s", layout)
         meta = self.data_dir / "store.json"
-        if not meta.exists() or json.loads(meta.read_text()) != layout:
-            write_atomically(meta, json.dumps(layout).encode())
+        if not self.fs.exists(meta) or json.loads(self.fs.read_bytes(meta)) != layout:
+            write_atomically(meta, json.dumps(layout).encode(), self.fs)
         return pinned_config
 
     def _recover(self) -> None:
@@ -223,16 +223,18 @@ class MessageStore:
         checkpoint and the log (rebuilding what is missing or short), replay the records
         after the checkpoint (passing and recording damaged ranges below it), drop entries past
         the recovered end."""
-        checkpoint = read_checkpoint(self.data_dir)
+        checkpoint = read_checkpoint(self.data_dir, self.fs)
         verified = int(checkpoint.get("verified", 0))
         self.commitlog.check_layout(verified)
         counts: dict[str, dict[str, int]] | None = checkpoint.get("queues")
+        if not checkpoint:
+            counts = {}  # no checkpoint was ever made: no queue entry on disk was ever synced
         queue_dir = self.data_dir / "consumequeue"
-        for topic_dir in sorted(queue_dir.iterdir()) if queue_dir.exists() else []:
-            for queue_path in sorted(topic_dir.iterdir()):
-                name = queue_path.name.partition(".")[0]  # also "<id>.converting"
+        for topic in sorted(self.fs.listdir(queue_dir)) if self.fs.exists(queue_dir) else []:
+            for queue_name in sorted(self.fs.listdir(queue_dir / topic)):
+                name = queue_name.partition(".")[0]  # also "<id>.converting"
                 if name.isdigit():
-                    self._queue(topic_dir.name, int(name))
+                    self._queue(topic, int(name))
         for topic, by_id in (counts or {}).items():
             for name in by_id:
                 self._queue(topic, int(name))  # a deleted queue comes back empty
@@ -390,13 +392,21 @@ class MessageStore:
         rebuild: dict[tuple[str, int], tuple[int, int]] = {}
         for key, queue in self._queues.items():
             had = queue.max_offset
+            expected = None if counts is None else counts.get(key[0], {}).get(str(key[1]), 0)
+            # Entries past the checkpoint's count were not fsync'd when a crash came: they
+            # may be torn or zeros (which read as holes). Their records lie past
+            # ``verified``, where the replay dispatches them again. A queue whose files all
+            # start past that count (its first file lost) is made again from the start.
+            if expected is not None and expected < queue.min_offset:
+                queue.reset()
             good = queue.intact_end()
+            if expected is not None:
+                good = min(good, expected)
             queue.truncate_to(good)
             start = self._after_last_entry(key, queue, verified)
             if start is None:
                 queue.reset()
                 start = self.commitlog.min_offset
-            expected = None if counts is None else counts.get(key[0], {}).get(str(key[1]), 0)
             if expected is None or good < max(expected, had) or queue.max_offset < good:
                 rebuild[key] = (start, had)
         return rebuild
@@ -409,6 +419,11 @@ class MessageStore:
         queue_offset = queue.max_offset - 1
         try:
             offset, size = queue.entry(queue_offset)
+            if not size and not offset:
+                # zeros: a hole (of a queue whose head retention took: rebuilt at little
+                # cost), or a rewritten file (a rebuilt queue) a crash took before its
+                # data reached the disk, under a checkpoint that counted the old file
+                return None
             if not size or offset >= verified:  # a hole, or an entry recovery checks later
                 return offset
             head = self.commitlog.read_head(offset)
@@ -424,7 +439,7 @@ class MessageStore:
         if queue is None:
             queue = ConsumeQueue(
                 self.data_dir / "consumequeue" / topic / str(queue_id),
-                self.config.consume_queue_file_entries,
+                self.config.consume_queue_file_entries, self.fs,
             )
             self._queues[key] = queue
         return queue
@@ -502,8 +517,7 @@ class MessageStore:
     def _check_free_space(self) -> None:
         if self.config.min_free_disk_bytes <= 0:
             return
-        stats = os.statvfs(self.data_dir)
-        if stats.f_bavail * stats.f_frsize < self.config.min_free_disk_bytes:
+        if self.fs.free_bytes(self.data_dir) < self.config.min_free_disk_bytes:
             raise StoreFullError(
                 f"free disk space under {self.config.min_free_disk_bytes} bytes in {self.data_dir}"
             )
@@ -540,7 +554,7 @@ class MessageStore:
                 on_fsync = self.on_fsync
                 started = time.perf_counter() if on_fsync is not None else 0.0
                 for segment in dirty:
-                    os.fdatasync(segment.fd)
+                    self.fs.fdatasync(segment.fd)
                 if on_fsync is not None and dirty:
                     on_fsync(time.perf_counter() - started)
                 self._dispatch_all(pending)
@@ -644,7 +658,7 @@ class MessageStore:
 
     def _write_checkpoint_file(self, fields: dict[str, Any]) -> None:
         path = self.data_dir / CHECKPOINT
-        write_atomically(path, json.dumps(fields).encode())
+        write_atomically(path, json.dumps(fields).encode(), self.fs)
 
     def _run_background(self) -> None:
         last_checkpoint = time.monotonic()
@@ -825,8 +839,7 @@ class MessageStore:
             for queue in self._queues.values():
                 queue.close()
             self.index.close()
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            os.close(self._lock_file)
+            self.fs.unlock(self._lock_file)
 
     def __enter__(self) -> MessageStore:
         return self

@@ -17,8 +17,6 @@ that ``repair`` salvages again.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,8 @@ from typing import Any
 from . import codec
 from .commitlog import Gap
 from .config import StoreConfig
-from .files import fsync_directory
+from .files import write_atomically
+from .filesystem import REAL, FileSystem
 from .losses import Namer
 from .message_store import CHECKPOINT, MessageStore, pinned_layout
 from .verify import Report, inspect, locked, lost_lines
@@ -73,23 +72,25 @@ class RepairReport:
         return lines
 
 
-def repair(data_dir: Path, namer: Namer | None = None) -> RepairReport:
+def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -> RepairReport:
     """Salvage ``data_dir`` (see the module docstring); the store opens afterwards.
-    ``namer``: names the layers above the store keep, to name lost records by."""
-    with locked(data_dir, shared=False):
-        check = inspect(data_dir, namer)
-        config = pinned_layout(data_dir, StoreConfig())
+    ``namer``: names the layers above the store keep, to name lost records by; ``fs``: the
+    file layer."""
+    with locked(data_dir, shared=False, fs=fs):
+        check = inspect(data_dir, namer, fs)
+        config = pinned_layout(data_dir, StoreConfig(filesystem=fs))
         aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
-        moved_to = _move_aside(data_dir, config.segment_size, aside, check) if aside else None
+        moved_to = _move_aside(data_dir, config.segment_size, aside, check, fs) if aside else None
         for derived in ("consumequeue", "index"):
-            shutil.rmtree(data_dir / derived, ignore_errors=True)
-        (data_dir / CHECKPOINT).unlink(missing_ok=True)
-        fsync_directory(data_dir)
+            if fs.is_dir(data_dir / derived):
+                fs.rmtree(data_dir / derived)
+        fs.unlink(data_dir / CHECKPOINT, missing_ok=True)
+        fs.fsync_directory(data_dir)
         log_dir = data_dir / "commitlog"
-        last_base = max((int(p.name) for p in log_dir.iterdir() if p.name.isdigit()), default=0)
+        last_base = max((int(name) for name in fs.listdir(log_dir) if name.isdigit()), default=0)
         for gap in [*check.gaps, *([check.torn_tail] if check.torn_tail else [])]:
-            _fill(log_dir, config.segment_size, gap, last_base)
-        fsync_directory(log_dir)
+            _fill(log_dir, config.segment_size, gap, last_base, fs)
+        fs.fsync_directory(log_dir)
     raised: dict[tuple[str, int], int] = {}
     with MessageStore(data_dir, config) as store:
         if check.lost_count:
@@ -132,49 +133,44 @@ def _queue_ranges(check: Report) -> list[str]:
     return runs
 
 
-def _move_aside(data_dir: Path, segment_size: int, gaps: list[Gap], check: Report) -> Path:
+def _move_aside(data_dir: Path, segment_size: int, gaps: list[Gap], check: Report, fs: FileSystem) -> Path:
     """Copy the bytes of ``gaps`` and the report under ``damaged/``, durably."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     target = data_dir / "damaged" / stamp
     suffix = 0
-    while target.exists():
+    while fs.exists(target):
         suffix += 1
         target = data_dir / "damaged" / f"{stamp}-{suffix}"
-    target.mkdir(parents=True)
+    fs.mkdir(target, parents=True)
     for gap in gaps:
         segment = data_dir / "commitlog" / f"{gap.start - gap.start % segment_size:020d}"
-        with segment.open("rb") as source:
-            source.seek(gap.start % segment_size)
-            _write_durably(target / f"{gap.start:020d}", source.read(gap.end - gap.start))
-    _write_durably(target / "report.json", json.dumps(check.to_json(), indent=2).encode())
-    fsync_directory(target)
-    fsync_directory(target.parent)
-    fsync_directory(data_dir)
+        source = fs.open(segment, read_only=True)
+        try:
+            data = fs.pread(source, gap.end - gap.start, gap.start % segment_size)
+        finally:
+            fs.close(source)
+        write_atomically(target / f"{gap.start:020d}", data, fs)
+    write_atomically(target / "report.json", json.dumps(check.to_json(), indent=2).encode(), fs)
+    fs.fsync_directory(target.parent)
+    fs.fsync_directory(data_dir)
     return target
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fill(directory: Path, segment_size: int, gap: Gap, last_base: int) -> None:
+def _fill(directory: Path, segment_size: int, gap: Gap, last_base: int, fs: FileSystem) -> None:
     """Put a blank filler where ``gap`` was, or cut the log where it ends the last segment
     (``last_base``); nothing past the last segment (a log cut short ends there). fsync'd."""
     for base in range(gap.start - gap.start % segment_size, min(gap.end, last_base + 1), segment_size):
         start, end = max(gap.start, base) - base, min(gap.end, base + segment_size) - base
-        fd = os.open(directory / f"{base:020d}", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = fs.open(directory / f"{base:020d}", create=True)
         try:
-            size = os.fstat(fd).st_size
+            size = fs.fsize(fd)
             if base == last_base and end >= size:
-                os.ftruncate(fd, min(start, size))
+                fs.ftruncate(fd, min(start, size))
             else:
-                os.pwrite(fd, codec.encode_blank(end - start), start)
-            os.fsync(fd)
+                fs.pwrite(fd, codec.encode_blank(end - start), start)
+            fs.fsync(fd)
         finally:
-            os.close(fd)
+            fs.close(fd)
 
 
 def _offsets_in_use(check: Report) -> dict[tuple[str, int], int]:

@@ -29,7 +29,6 @@ below the checkpoint passes through ``record_gap`` too (``found_by="recovery"``)
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Collection, Iterator
@@ -85,13 +84,14 @@ class _SegmentReader:
         self.size = segment.size
         self.end = end
         self.throttle = throttle
-        self.fd = os.open(segment.path, os.O_RDONLY)
+        self.fs = segment.fs
+        self.fd = self.fs.open(segment.path, read_only=True)
         self.read_bytes = 0
         self._start = 0
         self._data = b""
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.fs.close(self.fd)
 
     def window(self, pos: int, length: int) -> tuple[bytes, int]:
         """The window and the index of ``pos`` in it, holding ``[pos, pos + length)`` (or up
@@ -100,7 +100,7 @@ class _SegmentReader:
         if not self._start <= pos or pos + length > self._start + len(self._data):
             want = min(max(length, CHUNK), self.end - pos)
             self.throttle.spend(want)
-            self._data = os.pread(self.fd, want, pos)
+            self._data = self.fs.pread(self.fd, want, pos)
             self._start = pos
             self.read_bytes += len(self._data)
             if len(self._data) < want:  # the file is shorter (cut since): it ends there

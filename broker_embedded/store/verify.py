@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from . import codec
 from .commitlog import Gap, layout_gaps, walk
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
+from .filesystem import REAL, FileSystem
 from .index import IndexFile, IndexFileError, key_hash
 from .losses import Loss, LossLedger, Name, Namer
 from .message_store import lock_directory, pinned_layout, read_checkpoint
@@ -124,21 +124,22 @@ def lost_lines(lost: list[LostMessage], count: int) -> list[str]:
 class _Files:
     """Read-only descriptors of a few files at a time (least recently used closed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fs: FileSystem) -> None:
+        self.fs = fs
         self._open: OrderedDict[Path, int] = OrderedDict()
 
     def pread(self, path: Path, length: int, position: int) -> bytes:
         fd = self._open.get(path)
         if fd is None:
-            fd = self._open[path] = os.open(path, os.O_RDONLY)
+            fd = self._open[path] = self.fs.open(path, read_only=True)
             while len(self._open) > _OPEN_FILES:
-                os.close(self._open.popitem(last=False)[1])
+                self.fs.close(self._open.popitem(last=False)[1])
         self._open.move_to_end(path)
-        return os.pread(fd, length, position)
+        return self.fs.pread(fd, length, position)
 
     def close(self) -> None:
         for fd in self._open.values():
-            os.close(fd)
+            self.fs.close(fd)
         self._open.clear()
 
 
@@ -156,12 +157,14 @@ class _Queue:
     wrong: int = 0  # entries pointing elsewhere than their record
     first_bad: int | None = None
     skipped: list[int] = field(default_factory=list)  # queue offsets with no intact record
+    fs: FileSystem = field(default=REAL, repr=False)
 
     def __post_init__(self) -> None:
-        firsts = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit()) \
-            if self.directory.is_dir() else []
+        fs = self.fs
+        firsts = sorted(int(name) for name in fs.listdir(self.directory) if name.isdigit()) \
+            if fs.is_dir(self.directory) else []
         if firsts:
-            size = (self.directory / file_name(firsts[-1])).stat().st_size
+            size = fs.size(self.directory / file_name(firsts[-1]))
             self.count = firsts[-1] + size // ENTRY_SIZE
             self.first = firsts[0]
 
@@ -188,17 +191,17 @@ class _Queue:
 
 
 @contextmanager
-def locked(data_dir: Path, shared: bool) -> Iterator[None]:
+def locked(data_dir: Path, shared: bool, fs: FileSystem = REAL) -> Iterator[None]:
     """Hold the data directory's lock (``DataDirLockedError`` while a store has it open);
     a shared lock needs no lock file where no store ever made one."""
-    if shared and not (data_dir / "lock").exists():
+    if shared and not fs.exists(data_dir / "lock"):
         yield
         return
-    fd = lock_directory(data_dir, shared)
+    fd = lock_directory(data_dir, shared, fs)
     try:
         yield
     finally:
-        os.close(fd)
+        fs.unlock(fd)
 
 
 @dataclass
@@ -228,43 +231,43 @@ class Ledger:
         return lines
 
 
-def list_losses(data_dir: Path) -> Ledger:
+def list_losses(data_dir: Path, fs: FileSystem = REAL) -> Ledger:
     """The ledger of a stopped store's directory (read only)."""
-    with locked(data_dir, shared=True):
-        return Ledger(data_dir, LossLedger(data_dir).all())
+    with locked(data_dir, shared=True, fs=fs):
+        return Ledger(data_dir, LossLedger(data_dir, fs).all())
 
 
-def acknowledge_losses(data_dir: Path, loss_ids: list[int] | None) -> list[Loss]:
+def acknowledge_losses(data_dir: Path, loss_ids: list[int] | None, fs: FileSystem = REAL) -> list[Loss]:
     """Mark losses of a stopped store's directory as dealt with (None: every open one);
     ``ValueError`` for an id the ledger does not have."""
-    with locked(data_dir, shared=False):
-        ledger = LossLedger(data_dir)
+    with locked(data_dir, shared=False, fs=fs):
+        ledger = LossLedger(data_dir, fs)
         unknown = set(loss_ids or ()) - {loss.loss_id for loss in ledger.all()}
         if unknown:
             raise ValueError(f"no loss {', '.join(map(str, sorted(unknown)))} in the ledger of {data_dir}")
         return ledger.acknowledge(loss_ids)
 
 
-def check(data_dir: Path, namer: Namer | None = None) -> Report:
+def check(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -> Report:
     """Check a stopped store's directory without changing anything (``namer``: names the
-    layers above the store keep, to name lost records by)."""
-    with locked(data_dir, shared=True):
-        return inspect(data_dir, namer)
+    layers above the store keep, to name lost records by; ``fs``: the file layer)."""
+    with locked(data_dir, shared=True, fs=fs):
+        return inspect(data_dir, namer, fs)
 
 
-def inspect(data_dir: Path, namer: Namer | None = None) -> Report:
+def inspect(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -> Report:
     """``check`` for a caller that holds the directory's lock."""
-    config = pinned_layout(data_dir, StoreConfig())
-    checkpoint = read_checkpoint(data_dir)
+    config = pinned_layout(data_dir, StoreConfig(filesystem=fs))
+    checkpoint = read_checkpoint(data_dir, fs)
     report = Report(data_dir, checkpoint=int(checkpoint.get("verified", 0)))
     for topic, by_id in (checkpoint.get("queues") or {}).items():
         report.queue_counts.update({(topic, int(queue_id)): count for queue_id, count in by_id.items()})
-    files = _Files()
+    files = _Files(fs)
     try:
         _Inspection(data_dir, config, report, files, namer).run()
     finally:
         files.close()
-    report.open_losses = LossLedger(data_dir).open_losses()
+    report.open_losses = LossLedger(data_dir, fs).open_losses()
     report.problems += [f"open {loss.describe()} (`halfmoon-broker losses --acknowledge {loss.loss_id}` "
                         "once dealt with)" for loss in report.open_losses]
     return report
@@ -276,6 +279,7 @@ class _Inspection:
     def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files,
                  namer: Namer | None) -> None:
         self.data_dir = data_dir
+        self.fs = config.filesystem
         self.namer = namer
         self.names: list[Name] = list(namer.from_files(data_dir)) if namer else []
         self.config = config
@@ -294,12 +298,14 @@ class _Inspection:
     def run(self) -> None:
         report = self.report
         directory = self.data_dir / "commitlog"
-        paths = sorted(p for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
-        layout = [(int(path.name), path.stat().st_size) for path in paths]
+        fs = self.fs
+        paths = sorted(directory / name for name in fs.listdir(directory) if name.isdigit()) \
+            if fs.is_dir(directory) else []
+        layout = [(int(path.name), fs.size(path)) for path in paths]
         report.segments = len(paths)
         gaps = layout_gaps(layout, self.config.segment_size, report.checkpoint)
         for number, (path, (base, _)) in enumerate(zip(paths, layout, strict=True)):
-            data = path.read_bytes()
+            data = fs.read_bytes(path)
             tail: StoredRecord | Gap | None = None
             for tail in walk(data, base, 0, self.config.segment_size):
                 if isinstance(tail, StoredRecord):
@@ -331,10 +337,11 @@ class _Inspection:
     # -- consume queues -------------------------------------------------------------------
     def _open_queues(self) -> None:
         root = self.data_dir / "consumequeue"
-        for topic_dir in sorted(root.iterdir()) if root.is_dir() else []:
-            for queue_dir in sorted(topic_dir.iterdir()):
+        fs = self.fs
+        for topic_dir in sorted(root / name for name in fs.listdir(root)) if fs.is_dir(root) else []:
+            for queue_dir in sorted(topic_dir / name for name in fs.listdir(topic_dir)):
                 if queue_dir.name.isdigit():
-                    if queue_dir.is_file():
+                    if fs.is_file(queue_dir):
                         self.report.notes.append(f"consume queue {topic_dir.name}/{queue_dir.name}: "
                                                  "the old single-file layout, converted on start")
                         continue
@@ -346,7 +353,8 @@ class _Inspection:
         queue = self.queues.get((topic, queue_id))
         if queue is None:
             directory = self.data_dir / "consumequeue" / topic / str(queue_id)
-            queue = self.queues[(topic, queue_id)] = _Queue(directory, self.config.consume_queue_file_entries)
+            queue = self.queues[(topic, queue_id)] = _Queue(directory, self.config.consume_queue_file_entries,
+                                                                   fs=self.fs)
         return queue
 
     def _record(self, record: StoredRecord) -> None:
@@ -439,7 +447,7 @@ class _Inspection:
         queue's first intact record only when the log still starts at 0 (nothing was ever
         deleted by retention)."""
         directory = self.data_dir / "commitlog"
-        from_zero = (directory / f"{0:020d}").exists()
+        from_zero = self.fs.exists(directory / f"{0:020d}")
         found = []
         for (topic, queue_id), queue in self.queues.items():
             if queue.first_seen is None and not from_zero:
@@ -496,11 +504,13 @@ class _Inspection:
     # -- the index --------------------------------------------------------------------------
     def _open_index(self) -> list[IndexFile]:
         directory = self.data_dir / "index"
-        paths = sorted(p for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+        fs = self.fs
+        paths = sorted(directory / name for name in fs.listdir(directory) if name.isdigit()) \
+            if fs.is_dir(directory) else []
         opened: list[IndexFile] = []
         for path in paths:
             try:
-                opened.append(IndexFile.open(path))
+                opened.append(IndexFile.open(path, fs))
             except (OSError, IndexFileError) as exc:
                 self.report.problems.append(f"index file {path.name} is unreadable ({exc})")
         numbers = [int(path.name) for path in paths]

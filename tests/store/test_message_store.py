@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import builtins
-import io
+import dataclasses
 import json
 import os
 import shutil
@@ -12,7 +11,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +22,7 @@ from broker_embedded.errors import (
     StoreFullError,
 )
 from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.filesystem import OsFileSystem
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
 from tests.store.load_writer import load_until_killed
@@ -379,30 +378,27 @@ class _TornWrite(OSError):
     """The simulated crash: half of a write reached the file, then the process died."""
 
 
-class _Tearing:
-    """A file whose ``write`` puts half the data on disk and then crashes."""
+class _TearingFileSystem(OsFileSystem):
+    """The real file system, except that a write to ``store.json`` (or its temporary file)
+    puts half the data on disk and then crashes."""
 
-    def __init__(self, file: Any) -> None:
-        self._file = file
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
 
-    def write(self, data: Any) -> int:
-        self._file.write(data[: len(data) // 2])
-        self._file.flush()
+    def open(self, path: Path, *, create: bool = False, truncate: bool = False,
+             read_only: bool = False) -> int:
+        fd = super().open(path, create=create, truncate=truncate, read_only=read_only)
+        self.names[fd] = path.name
+        return fd
+
+    def pwrite(self, fd: int, data: bytes | memoryview, position: int) -> int:
+        if not self.names.get(fd, "").startswith("store.json"):
+            return super().pwrite(fd, data, position)
+        super().pwrite(fd, data[: len(data) // 2], position)
         raise _TornWrite("crash in the middle of writing store.json")
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
 
-    def __enter__(self) -> _Tearing:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._file.close()
-
-
-def test_a_crash_while_store_json_is_rewritten_leaves_the_old_file_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_crash_while_store_json_is_rewritten_leaves_the_old_file_whole(tmp_path: Path) -> None:
     """store.json is rewritten when a directory from before consume queue files were split
     gets its count pinned; a crash mid-write must leave the old layout, never half a file
     (which the next open could not parse)."""
@@ -410,17 +406,8 @@ def test_a_crash_while_store_json_is_rewritten_leaves_the_old_file_whole(
         pass
     meta = tmp_path / "store.json"
     meta.write_text(json.dumps({"segment_size": SMALL.segment_size}))  # the older form
-    real_open = open
-
-    def tearing_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        opened = real_open(file, mode, *args, **kwargs)
-        return _Tearing(opened) if "w" in mode and Path(file).name.startswith("store.json") else opened
-
-    monkeypatch.setattr(builtins, "open", tearing_open)
-    monkeypatch.setattr(io, "open", tearing_open)  # pathlib's write_text opens through io
     with pytest.raises(_TornWrite):
-        MessageStore(tmp_path, SMALL)
-    monkeypatch.undo()
+        MessageStore(tmp_path, dataclasses.replace(SMALL, filesystem=_TearingFileSystem()))
     assert json.loads(meta.read_text()) == {"segment_size": SMALL.segment_size}
     with MessageStore(tmp_path, SMALL) as store:  # the failed open released the directory
         assert store.config.segment_size == SMALL.segment_size

@@ -552,13 +552,13 @@ class TransactionService:
     # -- snapshot -------------------------------------------------------------------------
     def write_snapshot(self) -> None:
         """Save the open transactions (O(pending)); the next start replays only what follows."""
-        write_atomically(self._snapshot_path, self.book.snapshot())
+        write_atomically(self._snapshot_path, self.book.snapshot(), self.store.fs)
 
     def _restore_snapshot(self) -> None:
-        if not self._snapshot_path.exists():
+        if not self.store.fs.exists(self._snapshot_path):
             return
         try:
-            self.book.restore(self._snapshot_path.read_bytes(), self.store.commitlog.write_offset)
+            self.book.restore(self.store.fs.read_bytes(self._snapshot_path), self.store.commitlog.write_offset)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
             log.warning("unreadable %s: replaying every half and op record", self._snapshot_path)
             self.book.clear()

@@ -1,0 +1,162 @@
+"""Search seeds of the store simulation (``tests/sim``) for failures, replay one, or check
+that the simulator finds known bugs put back into a copy of the code.
+
+    .venv/bin/python benchmarks/simulate.py --seconds 600 [--profile power|io|all]
+        [--first-seed N] [--out failing-seeds.txt]
+    .venv/bin/python benchmarks/simulate.py --seed 4711 --profile io      # replay one
+    .venv/bin/python benchmarks/simulate.py --mutations [--max-seeds 2000]
+
+A search runs seeds from ``--first-seed`` on, for every profile in turn, until the time is
+up; each failing seed is appended to ``--out`` as ``profile seed: failure`` and its report
+(steps, disk events, replay command) printed. A replay prints the schedule and the
+failure, if any, and exits 1 on a failure. ``--mutations`` copies the package, puts each
+bug of ``MUTATIONS`` back (a textual edit that must apply) and counts the seeds (per
+profile, from 0) until the simulator fails on it: the table in docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.sim.workload import PROFILES, run  # noqa: E402
+
+#: Known bugs, put back by a textual edit: (name, file, the text of the fix, the bug's text).
+MUTATIONS: list[tuple[str, str, str, str]] = [
+    ("a directory fsync skipped after a segment is created", "broker_embedded/store/commitlog.py",
+     "        self.segments.append(segment)\n        self.fs.fsync_directory(self.directory)\n",
+     "        self.segments.append(segment)\n"),
+    ("an fsync of the consume queues skipped before the checkpoint moves", "broker_embedded/store/consume_queue.py",
+     "            for file, _, _ in written:\n                self.fs.fsync(file.fd)\n", ""),
+    ("the commit log's fdatasync skipped before an acknowledgement", "broker_embedded/store/message_store.py",
+     "                for segment in dirty:\n                    self.fs.fdatasync(segment.fd)\n",
+     "                for segment in dirty:\n                    pass\n"),
+    ("recovery truncating at the first bad record without looking past it", "broker_embedded/store/commitlog.py",
+     "                if item.end < end:\n", "                if False:\n"),
+    ("new directories not made durable in their parents", "broker_embedded/store/files.py",
+     "    fs.mkdir(directory, exist_ok=True)\n    fs.fsync_directory(directory.parent)\n",
+     "    fs.mkdir(directory, exist_ok=True)\n"),
+    ("no fdatasync of a segment before the next is created", "broker_embedded/store/commitlog.py",
+     "        self.fs.fdatasync(segment.fd)\n        self._dirty.discard(segment)\n",
+     "        self._dirty.add(segment)\n"),
+    ("an append failing with EIO not rolled back", "broker_embedded/store/commitlog.py",
+     "        except (StoreFullError, OSError):\n", "        except StoreFullError:\n"),
+    ("queue entries past the checkpoint's count trusted", "broker_embedded/store/message_store.py",
+     "            if expected is not None:\n                good = min(good, expected)\n", ""),
+    ("recovery not syncing the log tail it trusts", "broker_embedded/store/commitlog.py",
+     "        for segment in self.segments:\n            if segment.end_offset > offset:\n"
+     "                self.fs.fdatasync(segment.fd)\n        self.fs.fsync_directory(self.directory)\n", ""),
+    ("no checkpoint, yet every queue entry trusted", "broker_embedded/store/message_store.py",
+     "        if not checkpoint:\n            counts = {}", "        if False:\n            counts = {}"),
+    ("rolled-back segments unlinked without a directory fsync", "broker_embedded/store/commitlog.py",
+     "        if len(self.segments) > segment_count:\n", "        if False:\n"),
+    ("queue file deletions not made durable", "broker_embedded/store/consume_queue.py",
+     "        if deleted:\n            self.fs.fsync_directory(self.directory)\n", ""),
+    ("a zero last queue entry trusted as a hole", "broker_embedded/store/message_store.py",
+     "            if not size and not offset:\n", "            if False:\n"),
+    ("a queue whose first file is lost taken for one retention cut", "broker_embedded/store/message_store.py",
+     "            if expected is not None and expected < queue.min_offset:\n                queue.reset()\n"
+     "            good = queue.intact_end()\n            if expected is not None:\n                good = min(good, expected)\n",
+     "            good = queue.intact_end()\n            if expected is not None:\n"
+     "                good = min(good, max(expected, queue.min_offset))\n"),
+]
+
+
+def search(seconds: float, profiles: list[str], first_seed: int, out: Path | None) -> int:
+    """Run seeds until ``seconds`` are up; the number of failures."""
+    deadline = time.monotonic() + seconds
+    seed, runs, failures = first_seed, 0, 0
+    while time.monotonic() < deadline:
+        for profile in profiles:
+            result = run(seed, profile)
+            runs += 1
+            if result.failure is not None:
+                failures += 1
+                print(result.report(), end="\n\n", flush=True)
+                if out is not None:
+                    with out.open("a") as f:
+                        f.write(f"{profile} {seed}: {result.failure.splitlines()[0]}\n")
+        seed += 1
+    print(f"{runs} runs (seeds {first_seed} to {seed - 1}), {failures} failing, in {seconds:.0f} s")
+    return failures
+
+
+def replay(seed: int, profile: str) -> int:
+    result = run(seed, profile)
+    print("\n".join(result.steps))
+    if result.failure is None:
+        print(f"seed {seed} ({profile}): every check held")
+        return 0
+    print(result.report())
+    return 1
+
+
+_FIND = """
+import logging, sys, time
+logging.disable(logging.CRITICAL)
+from tests.sim.workload import run
+started, max_seeds = time.monotonic(), int(sys.argv[1])
+for seed in range(max_seeds):
+    for profile in sys.argv[2:]:
+        result = run(seed, profile)
+        if result.failure:
+            print(f"{seed + 1}|{profile}|{time.monotonic() - started:.1f}|{result.failure.splitlines()[0][:90]}")
+            sys.exit(0)
+print(f"not found|-|{time.monotonic() - started:.1f}|")
+"""
+
+
+def mutations(max_seeds: int, profiles: list[str]) -> int:
+    """Put each known bug back into a copy and count the seeds until one fails."""
+    print("| bug put back | seeds until found | profile | seconds | failure |")
+    print("|---|---|---|---|---|")
+    missed = 0
+    for name, relative, fixed, bug in MUTATIONS:
+        with tempfile.TemporaryDirectory(prefix="halfmoon-mutant-") as tmp:
+            copy = Path(tmp)
+            shutil.copytree(ROOT / "broker_embedded", copy / "broker_embedded")
+            shutil.copytree(ROOT / "tests" / "sim", copy / "tests" / "sim")
+            (copy / "tests" / "__init__.py").write_text("")
+            target = copy / relative
+            text = target.read_text()
+            if text.count(fixed) != 1:
+                raise SystemExit(f"mutation {name!r} does not apply to {relative}")
+            target.write_text(text.replace(fixed, bug))
+            found = subprocess.run([sys.executable, "-c", _FIND, str(max_seeds), *profiles], cwd=copy,
+                                   capture_output=True, text=True, check=True).stdout.strip()
+        seeds, profile, seconds, failure = found.split("|", 3)
+        missed += seeds == "not found"
+        print(f"| {name} | {seeds} | {profile} | {seconds} | {failure} |", flush=True)
+    return missed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--profile", choices=[*PROFILES, "all"], default="all")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("failing-seeds.txt"))
+    parser.add_argument("--seed", type=int, help="replay this seed (with --profile)")
+    parser.add_argument("--mutations", action="store_true")
+    parser.add_argument("--max-seeds", type=int, default=2000)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.CRITICAL if args.seed is None else logging.WARNING)
+    profiles = list(PROFILES) if args.profile == "all" else [args.profile]
+    if args.seed is not None:
+        sys.exit(replay(args.seed, profiles[0]))
+    if args.mutations:
+        sys.exit(1 if mutations(args.max_seeds, profiles) else 0)
+    sys.exit(1 if search(args.seconds, profiles, args.first_seed, args.out) else 0)
+
+
+if __name__ == "__main__":
+    main()

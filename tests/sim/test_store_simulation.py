@@ -1,0 +1,125 @@
+"""The store on a simulated disk: seeded power losses, crashes inside calls, torn writes,
+lost directory entries, EIO and ENOSPC (``tests/sim``). A failing seed prints the command
+that replays it; ``benchmarks/simulate.py --seconds N`` searches further."""
+
+from __future__ import annotations
+
+import errno
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.sim.disk import Faults, SimulatedDisk
+from tests.sim.workload import PROFILES, run
+
+#: Seeds run on every test run, per profile (about 4 s each here).
+SEED_BUDGET = 100
+
+#: The first seed that found each bug the simulator found in the store (and that fails
+#: again when the bug is put back: ``benchmarks/simulate.py --mutations``).
+REGRESSIONS = {
+    "new directories not made durable in their parents": ("power", 1),
+    "no fdatasync of a segment before the next is created": ("power", 3),
+    "an append failing with EIO not rolled back": ("io", 0),
+    "queue entries past the checkpoint's count trusted": ("io", 43),
+    "recovery not syncing the log tail it trusts": ("io", 4),
+    "rolled-back segments unlinked without a directory fsync": ("io", 376),
+    "a zero last queue entry trusted as a hole": ("io", 293),
+    "a queue whose first file is lost taken for one retention cut": ("io", 144),
+    "no checkpoint, yet every queue entry trusted": ("io", 817),
+}
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_the_store_keeps_every_acknowledged_message_over_a_seed_budget(profile: str) -> None:
+    failures = [result.report() for seed in range(SEED_BUDGET) if (result := run(seed, profile)).failure]
+    assert not failures, "\n\n".join(failures[:3])
+
+
+@pytest.mark.parametrize("bug", sorted(REGRESSIONS))
+def test_a_seed_that_found_a_bug_passes(bug: str) -> None:
+    profile, seed = REGRESSIONS[bug]
+    result = run(seed, profile)
+    assert result.failure is None, result.report()
+
+
+def test_a_seed_replays_exactly() -> None:
+    first, second = run(7, "io"), run(7, "io")
+    assert first.steps == second.steps and first.disk_events == second.disk_events
+    assert any("power loss" in event for event in first.disk_events)
+
+
+# -- the simulated disk itself --------------------------------------------------------------
+def _disk(seed: int = 1, faults: Faults = Faults()) -> SimulatedDisk:
+    disk = SimulatedDisk(random.Random(seed), faults)
+    disk.mkdir(Path("/d"))
+    disk.fsync_directory(Path("/"))
+    return disk
+
+
+def test_synced_writes_survive_a_power_loss_and_unsynced_ones_may_not() -> None:
+    outcomes = set()
+    for seed in range(40):
+        disk = _disk(seed)
+        fd = disk.open(Path("/d/f"), create=True)
+        disk.pwrite(fd, b"synced", 0)
+        disk.fsync(fd)
+        disk.fsync_directory(Path("/d"))
+        disk.pwrite(fd, b"-unsynced", 6)
+        disk.power_loss()
+        data = disk.read_bytes(Path("/d/f"))
+        assert data[:6] == b"synced"
+        outcomes.add(data[6:])
+    assert b"" in outcomes and b"-unsynced" in outcomes  # dropped, kept
+    assert any(0 < len(tail) < 9 and b"-unsynced".startswith(tail) for tail in outcomes)  # torn
+    assert bytes(9) in outcomes  # the size made it, the data did not
+
+
+def test_a_file_whose_directory_entry_was_not_synced_may_vanish() -> None:
+    vanished = 0
+    for seed in range(20):
+        disk = _disk(seed)
+        fd = disk.open(Path("/d/f"), create=True)
+        disk.pwrite(fd, b"x", 0)
+        disk.fsync(fd)
+        disk.power_loss()
+        vanished += not disk.exists(Path("/d/f"))
+    assert 0 < vanished < 20
+
+
+def test_a_failed_fsync_loses_the_writes_it_covered_though_reads_still_see_them() -> None:
+    disk = _disk(faults=Faults(fsync_error=1.0))
+    fd = disk.open(Path("/d/f"), create=True)
+    disk.fsync_directory(Path("/d"))
+    disk.pwrite(fd, b"lost", 0)
+    with pytest.raises(OSError) as failed:
+        disk.fsync(fd)
+    assert failed.value.errno == errno.EIO
+    assert disk.pread(fd, 4, 0) == b"lost"
+    disk.fsync(fd)  # nothing left to sync: it succeeds, as Linux's does
+    disk.power_loss()
+    assert disk.read_bytes(Path("/d/f")) == b""
+
+
+def test_media_faults_damage_old_pages_of_the_commit_log() -> None:
+    disk = _disk(faults=Faults(bit_flip=1.0, read_error=1.0))
+    disk.mkdir(Path("/d/commitlog"))
+    disk.fsync_directory(Path("/d"))
+    fd = disk.open(Path("/d/commitlog/0"), create=True)
+    disk.fsync_directory(Path("/d/commitlog"))
+    disk.pwrite(fd, bytes(4 * 4096), 0)
+    disk.fsync(fd)
+    disk.power_loss()
+    fd = disk.open(Path("/d/commitlog/0"))
+    pages = []
+    for page in range(4):
+        try:
+            pages.append(disk.pread(fd, 4096, page * 4096))
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+    assert len(pages) == 3  # one latent sector error
+    assert [event.split(":")[0] for event in disk.events] == ["bit flip", "latent sector error"]
+    flipped = int(disk.events[0].split("byte ")[1].split()[0])
+    if flipped // 4096 not in {page for page in range(4) if f"page {page}" in disk.events[1]}:
+        assert b"".join(pages) != bytes(3 * 4096)

@@ -1,0 +1,284 @@
+"""A seeded workload against the ``MessageStore`` on a simulated disk, and its checker.
+
+One seed gives one schedule: batches of messages sent (bodies up to a few hundred KiB,
+across segment, consume queue file and index file boundaries: the store's files are made
+small), checkpoints, clean restarts, process crashes and power losses, each followed by a
+recovery, with the disk faults of the seed's profile. The workload keeps a model of what
+it was told: a message whose ``put_batch`` returned is *acknowledged*; one whose call
+failed, or was cut by a crash, *may* be there. After every recovery the checker reads
+every queue and holds the store to the model:
+
+* the store opens (after any crash a real disk can produce);
+* every acknowledged message is there exactly once, with its body, or is named by the
+  loss ledger (only media faults, bit flips and latent sector errors, may lose one);
+* a message that may be there is there at most once; nothing else is;
+* each queue holds its messages in the order they were sent.
+
+A message found after a recovery from a power loss is on the disk: from then on it counts
+as acknowledged. Everything is drawn from the seed, so ``run(seed, profile)`` replays a
+schedule exactly (the store's wall-clock timestamps differ, and no check reads them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from broker_embedded.errors import BrokerError
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from tests.sim.disk import Faults, PowerCut, SimulatedDisk
+
+#: The fault profiles a seed runs with.
+PROFILES: dict[str, Faults] = {
+    "power": Faults(),
+    "io": Faults(write_error=0.03, fsync_error=0.03),
+}
+DATA_DIR = Path("/sim/data")
+TOPICS = (("orders", 2), ("payments", 1))
+MAX_BODY = 300 * 1024
+CONFIG = StoreConfig(
+    segment_size=1024 * 1024,
+    consume_queue_file_entries=16,
+    index_slots=64,
+    index_entries=48,
+    scrub_bytes_per_s=0,  # no background reads: the schedule is the only actor
+    checkpoint_interval_s=1e9,  # checkpoints are steps of the schedule
+    async_flush_interval_s=1e9,
+)
+
+
+class SimulationFailure(AssertionError):
+    """The store broke a promise under a seed's schedule."""
+
+
+@dataclass
+class Result:
+    """What one seed did: its steps and, if the store broke a promise, how."""
+
+    seed: int
+    profile: str
+    steps: list[str] = field(default_factory=list)
+    failure: str | None = None
+    #: What the disk did (injected faults, power losses), for the report.
+    disk_events: list[str] = field(default_factory=list)
+
+    def replay_command(self) -> str:
+        return f"python benchmarks/simulate.py --seed {self.seed} --profile {self.profile}"
+
+    def report(self) -> str:
+        """The failure, the last steps and disk events, and the command that replays it."""
+        tail = "\n".join(f"  {step}" for step in self.steps[-15:])
+        events = "\n".join(f"  {event}" for event in self.disk_events[-15:])
+        return (f"seed {self.seed} ({self.profile}) failed at step {len(self.steps)}: {self.failure}\n"
+                f"last steps:\n{tail}\nlast disk events:\n{events}\nreplay: {self.replay_command()}")
+
+
+def body_of(number: int, size: int) -> bytes:
+    """Message ``number``'s body: recognisable at every byte, so that a torn or misplaced
+    body cannot pass."""
+    unit = f"<{number}>".encode()
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+class _Run:
+    def __init__(self, seed: int, profile: str) -> None:
+        self.result = Result(seed, profile)
+        self.rng = random.Random(seed)
+        self.disk = SimulatedDisk(random.Random(self.rng.getrandbits(64)), PROFILES[profile])
+        self.config = dataclasses.replace(CONFIG, filesystem=self.disk)
+        self.acked: dict[int, int] = {}  # message number -> body size
+        self.maybe: dict[int, int] = {}
+        self.queue_of: dict[int, tuple[str, int]] = {}
+        self.next_number = 0
+        self.store: MessageStore | None = None
+
+    def step(self, text: str) -> None:
+        self.result.steps.append(text)
+
+    def fail(self, text: str) -> NoReturn:
+        raise SimulationFailure(text)
+
+    # -- the schedule ---------------------------------------------------------------------
+    def run(self, steps: int) -> None:
+        self.open("open")
+        for _ in range(steps):
+            choice = self.rng.random()
+            if choice < 0.62:
+                self.send()
+            elif choice < 0.74:
+                self.checkpoint()
+            elif choice < 0.90:
+                self.crash(power=True)
+            elif choice < 0.96:
+                self.crash(power=False)
+            else:
+                self.restart()
+
+    def send(self) -> None:
+        assert self.store is not None
+        topic, queues = self.rng.choice(TOPICS)
+        queue_id = self.rng.randrange(queues)
+        records: list[StoredRecord] = []
+        sizes: dict[int, int] = {}
+        for _ in range(self.rng.choice((1, 1, 2, 3, 5))):
+            size = self.rng.randrange(MAX_BODY) if self.rng.random() < 0.15 else self.rng.randrange(4000)
+            number = self.next_number
+            self.next_number += 1
+            sizes[number] = size
+            self.queue_of[number] = (topic, queue_id)
+            records.append(StoredRecord(topic, queue_id, body_of(number, size),
+                                        {PROPERTY_MESSAGE_ID: f"m{number}"}))
+        self.maybe.update(sizes)  # until put_batch returns
+        what = f"send {sorted(sizes)} ({sum(sizes.values())} bytes) to {topic}/{queue_id}"
+        if not self.attempt(what, lambda: self.store.put_batch(records)):  # type: ignore[union-attr]
+            return
+        for number in sizes:
+            self.acked[number] = self.maybe.pop(number)
+        self.step(f"{what}: acknowledged")
+
+    def checkpoint(self) -> None:
+        if self.attempt("checkpoint", self.store.checkpoint):  # type: ignore[union-attr]
+            self.step("checkpoint")
+
+    def attempt(self, what: str, call: Callable[[], object]) -> bool:
+        """Run a call of the store, maybe with a crash armed somewhere inside it; False
+        when it failed (the store may go on, as a broker does, or be restarted) or the
+        crash fell."""
+        if self.rng.random() < 0.3:
+            self.disk.crash_after(self.rng.randint(1, 12))
+        try:
+            call()
+        except PowerCut as cut:
+            self.step(f"{what}: cut short before {cut}")
+            self.crash(power=self.rng.random() < 0.7, armed=True)
+            return False
+        except (OSError, BrokerError) as exc:
+            self.step(f"{what}: failed ({type(exc).__name__}: {exc})")
+            if self.rng.random() < 0.5:
+                self.crash(power=self.rng.random() < 0.5)
+            return False
+        finally:
+            self.disk.crash_after(None)
+        return True
+
+    def crash(self, power: bool, armed: bool = False) -> None:
+        """Kill the store (``armed``: it already stopped at a ``PowerCut``), lose power or
+        not, reopen."""
+        assert self.store is not None
+        if not armed and self.rng.random() < 0.3:
+            self.disk.crash_after(self.rng.randint(1, 6))  # a crash inside the close
+            try:
+                self.store.close()
+                self.step("close, then crash")
+            except (PowerCut, OSError, BrokerError) as exc:
+                self.step(f"close: cut short ({type(exc).__name__}: {exc})")
+            self.disk.crash_after(None)
+        _abandon(self.store)
+        self.store = None
+        if power:
+            self.disk.power_loss()
+        else:
+            self.disk.process_crash()
+        self.open("power loss" if power else "process crash", power)
+
+    def restart(self) -> None:
+        assert self.store is not None
+        try:
+            self.store.close()
+        except (OSError, BrokerError) as exc:
+            self.step(f"close: failed ({type(exc).__name__}: {exc})")
+            _abandon(self.store)
+            self.disk.process_crash()
+        self.store = None
+        self.open("clean restart")
+
+    # -- recovery and the check -----------------------------------------------------------
+    def open(self, cause: str, durable: bool = False) -> None:
+        self.disk.faults_on = False  # recovery itself runs on a healthy disk (for now)
+        try:
+            self.store = MessageStore(DATA_DIR, self.config)
+        except Exception as exc:
+            self.step(f"{cause}, reopen: the store refuses to open")
+            self.fail(f"the store does not reopen after a {cause}: {type(exc).__name__}: {exc}")
+        finally:
+            self.disk.faults_on = True
+        found = self.check(cause)
+        if durable:
+            for number in found:
+                if number in self.maybe:
+                    self.acked[number] = self.maybe.pop(number)
+        self.step(f"{cause}, reopen: {len(found)} messages, {len(self.acked)} acknowledged")
+
+    def check(self, cause: str) -> set[int]:
+        """Hold the reopened store to the model; the message numbers found."""
+        store = self.store
+        assert store is not None
+        named: set[str] = set()
+        unnamed = 0
+        for loss in store.losses.all():
+            named.update(loss.message_ids)
+            unnamed += loss.unnamed
+        if (named or unnamed) and not self.disk.faults.damages_media:
+            self.fail(f"after a {cause} the loss ledger names {sorted(named)} and {unnamed} unnamed, "
+                      f"with no media fault injected: {store.losses.all()}")
+        found: dict[int, int] = {}
+        for topic, queues in TOPICS:
+            for queue_id in range(queues):
+                last = -1
+                for record in _read_all(store, topic, queue_id):
+                    number = int(record.properties[PROPERTY_MESSAGE_ID][1:])
+                    size = self.acked.get(number, self.maybe.get(number))
+                    if size is None:
+                        self.fail(f"message m{number} in {topic}/{queue_id} was never sent")
+                    if self.queue_of[number] != (topic, queue_id):
+                        self.fail(f"message m{number} in {topic}/{queue_id}, sent to {self.queue_of[number]}")
+                    if record.body != body_of(number, size):
+                        self.fail(f"message m{number} has a damaged body")
+                    if number <= last:
+                        self.fail(f"{topic}/{queue_id}: m{number} after m{last} (out of order or twice)")
+                    last = number
+                    found[number] = found.get(number, 0) + 1
+        missing = sorted(number for number in self.acked
+                         if number not in found and f"m{number}" not in named)
+        if len(missing) > unnamed:
+            self.fail(f"after a {cause} acknowledged messages are silently missing: "
+                      f"{[f'm{n}' for n in missing[:20]]} ({len(missing)}; the ledger: {store.losses.all()})")
+        return set(found)
+
+
+def _read_all(store: MessageStore, topic: str, queue_id: int) -> list[StoredRecord]:
+    records: list[StoredRecord] = []
+    offset = store.queue_min_offset(topic, queue_id)
+    while batch := store.read_queue(topic, queue_id, offset, 64):
+        records.extend(batch)
+        offset = batch[-1].queue_offset + 1
+    return records
+
+
+def _abandon(store: MessageStore) -> None:
+    """Drop a store as a killed process would: its background thread stops without a
+    flush or checkpoint, nothing is closed (the disk forgets the descriptors)."""
+    store._stop.set()
+    store._background.join()
+
+
+def run(seed: int, profile: str = "power", steps: int = 60) -> Result:
+    """Run seed ``seed``'s schedule of ``steps`` steps; ``Result.failure`` says what broke."""
+    simulation = _Run(seed, profile)
+    try:
+        simulation.run(steps)
+    except SimulationFailure as exc:
+        simulation.result.failure = str(exc)
+    except Exception as exc:  # the store itself raised where it must not
+        simulation.result.failure = f"unexpected {type(exc).__name__}: {exc}"
+    finally:
+        if simulation.store is not None:
+            _abandon(simulation.store)
+    simulation.result.disk_events = simulation.disk.events
+    return simulation.result
