@@ -34,6 +34,7 @@ from pathlib import Path
 from ..errors import InvalidMessageError, InvalidTopicError
 from ..message import DELAY_LEVELS_S, SendResult, now_ms
 from ..store.files import write_atomically
+from ..store.filesystem import FileSystem
 from ..store.message_store import MessageStore
 from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from ..topics import MAX_QUEUES, RECALL_TOPIC, SCHEDULE_TOPIC, validate_user_topic
@@ -107,7 +108,7 @@ class DelayService:
     def __init__(self, store: MessageStore, snapshot_path: Path, key_path: Path) -> None:
         self.store = store
         self._snapshot_path = snapshot_path
-        self._key = _load_key(key_path)
+        self._key = _load_key(store.fs, key_path)
         self._heap: list[tuple[int, int]] = []  # (due ms, commit log offset); recalled ones skipped
         self._waiting: dict[int, tuple[int, int]] = {}  # commit log offset -> (queue id, queue offset)
         self._applied: dict[int, int] = {}  # queue id -> next queue offset seen
@@ -247,15 +248,12 @@ class DelayService:
         return len(self._waiting)
 
 
-def _load_key(path: Path) -> bytes:
+def _load_key(fs: FileSystem, path: Path) -> bytes:
     """The broker's key for recall handles, made on first use (handles outlive restarts)."""
-    try:
-        key = path.read_bytes()
-    except FileNotFoundError:
-        key = b""
+    key = fs.read_bytes(path) if fs.exists(path) else b""
     if len(key) < 32:
         key = secrets.token_bytes(32)
-        write_atomically(path, key)
+        write_atomically(path, key, fs)
     return key
 
 
