@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import random
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
@@ -77,10 +77,12 @@ class StoreMachine(RuleBasedStateMachine):
 _RUN = settings(derandomize=True, database=None) if _EXAMPLES is None else settings()
 StoreMachine.TestCase.settings = settings(
     _RUN,
-    max_examples=int(_EXAMPLES or 60),
+    max_examples=int(_EXAMPLES or 100),
     stateful_step_count=30,
     deadline=None,
     print_blob=True,  # a failure prints @reproduce_failure(...), which replays it
+    report_multiple_bugs=False,  # shrink the first failure only: one short schedule, sooner
+    phases=[phase for phase in Phase if phase is not Phase.explain],  # explain: slow, says little here
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 test_the_store_keeps_its_promises_under_hypothesis = StoreMachine.TestCase
