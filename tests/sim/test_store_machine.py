@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import random
 
-from hypothesis import HealthCheck, Phase, settings
+import hypothesis
+from hypothesis import HealthCheck, Phase, note, reproduce_failure, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
@@ -21,6 +22,8 @@ from tests.sim.disk import SimulatedDisk
 from tests.sim.workload import MAX_BODY, PROFILES, TOPICS, Simulation
 
 _EXAMPLES = os.environ.get("SIM_EXAMPLES")
+_REPRODUCE = os.environ.get("SIM_REPRODUCE")  # a failure's blob: run that schedule only
+REPLAY = "python -m pytest tests/sim/test_store_machine.py -p no:cacheprovider"
 
 QUEUES = [(topic, queue_id) for topic, queues in TOPICS for queue_id in range(queues)]
 #: Bodies mostly small, some up to a few hundred KiB (segments are 1 MiB).
@@ -39,6 +42,7 @@ class StoreMachine(RuleBasedStateMachine):
     @initialize(rng=RANDOMS, disk_rng=RANDOMS, profile=st.sampled_from(sorted(PROFILES)))
     def open(self, rng: random.Random, disk_rng: random.Random, profile: str) -> None:
         self.simulation = Simulation(rng, SimulatedDisk(disk_rng, PROFILES[profile]))
+        note(f"replay: SIM_REPRODUCE=<the quoted bytes of the @reproduce_failure line> {REPLAY}")
         self.simulation.open("open")
 
     @rule(queue=st.sampled_from(QUEUES), sizes=st.lists(SIZES, min_size=1, max_size=5),
@@ -85,4 +89,6 @@ StoreMachine.TestCase.settings = settings(
     phases=[phase for phase in Phase if phase is not Phase.explain],  # explain: slow, says little here
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+if _REPRODUCE:
+    reproduce_failure(hypothesis.__version__, _REPRODUCE.encode())(StoreMachine)
 test_the_store_keeps_its_promises_under_hypothesis = StoreMachine.TestCase

@@ -17,6 +17,8 @@ every queue and holds the store to the model:
 A message found after a recovery from a power loss is on the disk: from then on it counts
 as acknowledged. Everything is drawn from the seed, so ``run(seed, profile)`` replays a
 schedule exactly (the store's wall-clock timestamps differ, and no check reads them).
+The steps and the checker are ``Simulation``'s; ``test_store_machine.py`` drives the same
+steps from Hypothesis.
 """
 
 from __future__ import annotations
