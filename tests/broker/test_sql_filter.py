@@ -3,10 +3,11 @@ refused and where), hostile text, and receive through ``EmbeddedBroker``."""
 
 from __future__ import annotations
 
-import random
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker_embedded import EmbeddedBroker, Message
 from broker_embedded.broker import codec
@@ -157,58 +158,72 @@ CONDITIONS = ["a > 1", "a <= -2.5", "b = 'x'", "b <> 'it''s'", "TAGS IN ('t', 'u
               "a IS NULL", "b IS NOT NULL", "b CONTAINS 'x'", "TRUE", "FALSE", "a = b", "a >= 1e3", "b = TRUE"]
 
 
-def _expression(rng: random.Random, depth: int) -> str:
-    """A random well-formed expression of the subset."""
-    if depth <= 0 or rng.random() < 0.3:
-        return rng.choice(CONDITIONS)
-    if rng.random() < 0.2:
-        return f"NOT ({_expression(rng, depth - 1)})"
-    joined = f" {rng.choice(('AND', 'OR', 'and', 'Or'))} ".join(_expression(rng, depth - 1)
-                                                                 for _ in range(rng.randint(2, 3)))
-    return f"({joined})"
+#: Well-formed expressions of the subset: conditions joined by AND/OR (any case), negated.
+EXPRESSIONS = st.recursive(
+    st.sampled_from(CONDITIONS),
+    lambda inner: st.one_of(
+        inner.map(lambda expression: f"NOT ({expression})"),
+        st.tuples(st.lists(inner, min_size=2, max_size=3), st.sampled_from(("AND", "OR", "and", "Or")))
+        .map(lambda parts: "(" + f" {parts[1]} ".join(parts[0]) + ")"),
+    ),
+    max_leaves=24,
+)
+#: Words of the grammar, broken words, and arbitrary characters.
+WORDS = st.sampled_from(FRAGMENTS) | st.text(max_size=3)
+FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None)
+FILTER_MESSAGES = [{}, {"a": "1", "b": "x", "TAGS": "t"}, {"a": "abc", "b": "true"}, {"a": "5000.5"}]
 
 
-def _mutated(rng: random.Random, text: str) -> str:
-    """``text`` with a few of its words dropped, repeated, swapped or replaced by fragments and
-    arbitrary characters."""
+def _mutated(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """``text`` with some of its words dropped, repeated, swapped or replaced by ``WORDS``."""
     words = text.split(" ")
-    for _ in range(rng.randint(1, 3)):
-        at = rng.randrange(len(words))
-        change = rng.randrange(4)
+    for at, change, word in edits:
+        at %= len(words)
         if change == 0 and len(words) > 1:
             del words[at]
         elif change == 1:
             words.insert(at, words[at])
         elif change == 2:
-            other = rng.randrange(len(words))
+            other = len(words) - 1 - at
             words[at], words[other] = words[other], words[at]
         else:
-            words[at] = rng.choice(FRAGMENTS) if rng.random() < 0.8 else chr(rng.randint(0, 0x10FFFF))
+            words[at] = word
     return " ".join(words)
 
 
-def test_arbitrary_text_parses_or_raises_the_typed_error_quickly() -> None:
-    """A seeded fuzz: random expressions of the subset parse and evaluate to a yes or no;
-    the same mangled (words dropped, repeated, swapped, replaced by odd characters) parse
-    or raise ``InvalidMessageError``, never anything else, and quickly."""
-    rng = random.Random(26)
-    messages = [{}, {"a": "1", "b": "x", "TAGS": "t"}, {"a": "abc", "b": "true"}, {"a": "5000.5"}]
+def _parses_or_refuses_quickly(text: str) -> bool:
+    """``text`` parses (and then evaluates to a yes or no for each message) or is refused with
+    ``InvalidMessageError``, never anything else, within a second; whether it parsed."""
     started = time.monotonic()
-    outcomes = {"parsed": 0, "refused": 0}
-    for _ in range(2000):
-        text = _expression(rng, 4)
-        for candidate in (text, _mutated(rng, text)):
-            try:
-                subscription = parse_sql92(candidate)
-            except InvalidMessageError:
-                assert candidate != text, text
-                outcomes["refused"] += 1
-                continue
-            outcomes["parsed"] += 1
-            for properties in messages:
-                assert subscription.accepts(properties) in (True, False)
-    assert outcomes["refused"] > 200 and outcomes["parsed"] > 2000
-    assert time.monotonic() - started < 10
+    try:
+        subscription = parse_sql92(text)
+    except InvalidMessageError:
+        parsed = False
+    else:
+        parsed = True
+        for properties in FILTER_MESSAGES:
+            assert subscription.accepts(properties) in (True, False)
+    assert time.monotonic() - started < 1.0, text
+    return parsed
+
+
+@FUZZ
+@given(EXPRESSIONS)
+def test_a_well_formed_expression_parses_and_evaluates(expression: str) -> None:
+    assert _parses_or_refuses_quickly(expression), expression
+
+
+@FUZZ
+@given(EXPRESSIONS, st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 3), WORDS), min_size=1, max_size=3))
+def test_a_mangled_expression_parses_or_raises_the_typed_error_quickly(
+        expression: str, edits: list[tuple[int, int, str]]) -> None:
+    _parses_or_refuses_quickly(_mutated(expression, edits))
+
+
+@FUZZ
+@given(st.lists(WORDS, max_size=30).map(" ".join) | st.text(max_size=300))
+def test_arbitrary_text_parses_or_raises_the_typed_error_quickly(text: str) -> None:
+    _parses_or_refuses_quickly(text)
 
 
 def _take(broker: EmbeddedBroker, group: str, expression: str) -> list[str]:

@@ -17,13 +17,15 @@ every queue and holds the store to the model:
 A message found after a recovery from a power loss is on the disk: from then on it counts
 as acknowledged. Everything is drawn from the seed, so ``run(seed, profile)`` replays a
 schedule exactly (the store's wall-clock timestamps differ, and no check reads them).
+The steps and the checker are ``Simulation``'s; ``test_store_machine.py`` drives the same
+steps from Hypothesis.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -86,12 +88,17 @@ def body_of(number: int, size: int) -> bytes:
     return (unit * (size // len(unit) + 1))[:size]
 
 
-class _Run:
-    def __init__(self, seed: int, profile: str) -> None:
-        self.result = Result(seed, profile)
-        self.rng = random.Random(seed)
-        self.disk = SimulatedDisk(random.Random(self.rng.getrandbits(64)), PROFILES[profile])
+class Simulation:
+    """The store on ``disk``, its model, and the steps of a schedule. ``rng`` decides what
+    the schedule leaves open inside a step (how a failed call ends, a crash inside a
+    close); the steps' own arguments are the driver's: the seeded ``run`` draws them from
+    the seed, the Hypothesis state machine (``test_store_machine.py``) from its data."""
+
+    def __init__(self, rng: random.Random, disk: SimulatedDisk) -> None:
+        self.rng = rng
+        self.disk = disk
         self.config = dataclasses.replace(CONFIG, filesystem=self.disk)
+        self.steps: list[str] = []
         self.acked: dict[int, int] = {}  # message number -> body size
         self.maybe: dict[int, int] = {}
         self.queue_of: dict[int, tuple[str, int]] = {}
@@ -99,59 +106,46 @@ class _Run:
         self.store: MessageStore | None = None
 
     def step(self, text: str) -> None:
-        self.result.steps.append(text)
+        self.steps.append(text)
 
     def fail(self, text: str) -> NoReturn:
         raise SimulationFailure(text)
 
-    # -- the schedule ---------------------------------------------------------------------
-    def run(self, steps: int) -> None:
-        self.open("open")
-        for _ in range(steps):
-            choice = self.rng.random()
-            if choice < 0.62:
-                self.send()
-            elif choice < 0.74:
-                self.checkpoint()
-            elif choice < 0.90:
-                self.crash(power=True)
-            elif choice < 0.96:
-                self.crash(power=False)
-            else:
-                self.restart()
-
-    def send(self) -> None:
-        assert self.store is not None
-        topic, queues = self.rng.choice(TOPICS)
-        queue_id = self.rng.randrange(queues)
+    # -- the steps ------------------------------------------------------------------------
+    def send(self, topic: str, queue_id: int, sizes: Sequence[int], crash_at: int | None) -> None:
+        """Send one batch of messages with bodies of ``sizes`` to ``topic``/``queue_id``,
+        the process stopped at its ``crash_at``-th change to the disk (None: not)."""
+        store = self.store
+        assert store is not None
         records: list[StoredRecord] = []
-        sizes: dict[int, int] = {}
-        for _ in range(self.rng.choice((1, 1, 2, 3, 5))):
-            size = self.rng.randrange(MAX_BODY) if self.rng.random() < 0.15 else self.rng.randrange(4000)
+        numbered: dict[int, int] = {}
+        for size in sizes:
             number = self.next_number
             self.next_number += 1
-            sizes[number] = size
+            numbered[number] = size
             self.queue_of[number] = (topic, queue_id)
             records.append(StoredRecord(topic, queue_id, body_of(number, size),
                                         {PROPERTY_MESSAGE_ID: f"m{number}"}))
-        self.maybe.update(sizes)  # until put_batch returns
-        what = f"send {sorted(sizes)} ({sum(sizes.values())} bytes) to {topic}/{queue_id}"
-        if not self.attempt(what, lambda: self.store.put_batch(records)):  # type: ignore[union-attr]
+        self.maybe.update(numbered)  # until put_batch returns
+        what = f"send {sorted(numbered)} ({sum(sizes)} bytes) to {topic}/{queue_id}"
+        if not self.attempt(what, lambda: store.put_batch(records), crash_at):
             return
-        for number in sizes:
+        for number in numbered:
             self.acked[number] = self.maybe.pop(number)
         self.step(f"{what}: acknowledged")
 
-    def checkpoint(self) -> None:
-        if self.attempt("checkpoint", self.store.checkpoint):  # type: ignore[union-attr]
+    def checkpoint(self, crash_at: int | None) -> None:
+        """Checkpoint the store, maybe stopped at its ``crash_at``-th change to the disk."""
+        assert self.store is not None
+        if self.attempt("checkpoint", self.store.checkpoint, crash_at):
             self.step("checkpoint")
 
-    def attempt(self, what: str, call: Callable[[], object]) -> bool:
-        """Run a call of the store, maybe with a crash armed somewhere inside it; False
-        when it failed (the store may go on, as a broker does, or be restarted) or the
-        crash fell."""
-        if self.rng.random() < 0.3:
-            self.disk.crash_after(self.rng.randint(1, 12))
+    def attempt(self, what: str, call: Callable[[], object], crash_at: int | None) -> bool:
+        """Run a call of the store with a crash armed at its ``crash_at``-th change to the
+        disk; False when it failed (the store may go on, as a broker does, or be restarted)
+        or the crash fell."""
+        if crash_at is not None:
+            self.disk.crash_after(crash_at)
         try:
             call()
         except PowerCut as cut:
@@ -188,6 +182,7 @@ class _Run:
         self.open("power loss" if power else "process crash", power)
 
     def restart(self) -> None:
+        """Close the store cleanly (a process crash if the close fails) and reopen it."""
         assert self.store is not None
         try:
             self.store.close()
@@ -197,6 +192,12 @@ class _Run:
             self.disk.process_crash()
         self.store = None
         self.open("clean restart")
+
+    def abandon(self) -> None:
+        """Stop the open store, if any, as a killed process (the end of a schedule)."""
+        if self.store is not None:
+            _abandon(self.store)
+            self.store = None
 
     # -- recovery and the check -----------------------------------------------------------
     def open(self, cause: str, durable: bool = False) -> None:
@@ -268,17 +269,50 @@ def _abandon(store: MessageStore) -> None:
     store._background.join()
 
 
+class _SeededSchedule:
+    """The seeded driver: every step and its arguments drawn from one ``random.Random``."""
+
+    def __init__(self, seed: int, profile: str) -> None:
+        self.rng = random.Random(seed)
+        disk = SimulatedDisk(random.Random(self.rng.getrandbits(64)), PROFILES[profile])
+        self.simulation = Simulation(self.rng, disk)
+
+    def run(self, steps: int) -> None:
+        simulation, rng = self.simulation, self.rng
+        simulation.open("open")
+        for _ in range(steps):
+            choice = rng.random()
+            if choice < 0.62:
+                topic, queues = rng.choice(TOPICS)
+                queue_id = rng.randrange(queues)
+                sizes = [rng.randrange(MAX_BODY) if rng.random() < 0.15 else rng.randrange(4000)
+                         for _ in range(rng.choice((1, 1, 2, 3, 5)))]
+                simulation.send(topic, queue_id, sizes, self.crash_at())
+            elif choice < 0.74:
+                simulation.checkpoint(self.crash_at())
+            elif choice < 0.90:
+                simulation.crash(power=True)
+            elif choice < 0.96:
+                simulation.crash(power=False)
+            else:
+                simulation.restart()
+
+    def crash_at(self) -> int | None:
+        return self.rng.randint(1, 12) if self.rng.random() < 0.3 else None
+
+
 def run(seed: int, profile: str = "power", steps: int = 60) -> Result:
     """Run seed ``seed``'s schedule of ``steps`` steps; ``Result.failure`` says what broke."""
-    simulation = _Run(seed, profile)
+    schedule = _SeededSchedule(seed, profile)
+    simulation = schedule.simulation
+    result = Result(seed, profile, simulation.steps)
     try:
-        simulation.run(steps)
+        schedule.run(steps)
     except SimulationFailure as exc:
-        simulation.result.failure = str(exc)
+        result.failure = str(exc)
     except Exception as exc:  # the store itself raised where it must not
-        simulation.result.failure = f"unexpected {type(exc).__name__}: {exc}"
+        result.failure = f"unexpected {type(exc).__name__}: {exc}"
     finally:
-        if simulation.store is not None:
-            _abandon(simulation.store)
-    simulation.result.disk_events = simulation.disk.events
-    return simulation.result
+        simulation.abandon()
+    result.disk_events = simulation.disk.events
+    return result
