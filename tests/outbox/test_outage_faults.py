@@ -40,7 +40,7 @@ from ..server.conftest import ServerProcess
 
 TOPIC = "order.paid"
 DOWN_S = float(os.environ.get("HALFMOON_OUTAGE_DOWN_S", "30"))
-CYCLES = int(os.environ.get("HALFMOON_OUTAGE_CYCLES", "2"))
+CYCLES = int(os.environ.get("HALFMOON_OUTAGE_CYCLES", "3"))
 
 PRODUCER = r"""
 import os, random, sys, time
