@@ -80,20 +80,14 @@ class BrokerDown:
         asking the broker (which a lost host would make them wait for)."""
         return self.stores and time.monotonic() < self._retry_at
 
-    def failed(self, error: BaseException) -> None:
-        """The broker could not take a half message: the next attempt after the back-off."""
-        if self.stores:
-            self._retry_at = time.monotonic() + self._outage.failed(error if isinstance(error, Exception)
-                                                                    else Exception(str(error)))
-
     def not_taken(self, error: BrokerUnavailableError, transaction_id: str) -> None:
         """A half message of ``transaction_id`` was not taken: ``error`` is raised in raise
         mode; in store mode the back-off starts and the transaction stores its messages
         (``ends`` then says no END follows its commit)."""
         if not self.stores:
             raise error
-        if not isinstance(error, MessageHeld):
-            self.failed(error)
+        if not isinstance(error, MessageHeld):  # the broker failed: its next attempt after the back-off
+            self._retry_at = time.monotonic() + self._outage.failed(error)
         self._stored.add(transaction_id)
 
     def ends(self, transaction_id: str, resolution: Resolution) -> bool:
@@ -165,10 +159,12 @@ def store_messages(execute: Execute, sql: OutboxSQL, transaction_id: str, produc
                              transaction_id=transaction_id, count=len(messages))
 
 
-def group_waiting(execute: Execute, sql: OutboxSQL, producer_group: str, message_group: str) -> bool:
-    """Whether stored messages of ``message_group`` still wait for the relay (a new one of
-    the group must wait behind them)."""
-    return bool(execute(sql.group_waiting, (producer_group, message_group)))
+def group_waiting(execute: Execute, sql: OutboxSQL, producer_group: str, message: Message) -> bool:
+    """Whether stored messages of ``message``'s group still wait for the relay (it must wait
+    behind them); never for a message without a group."""
+    if message.message_group is None:
+        return False
+    return bool(execute(sql.group_waiting, (producer_group, message.message_group)))
 
 
 def stored_message(row: Sequence[object]) -> StoredMessage:

@@ -76,8 +76,8 @@ class _Call(LocalTransaction):
         message group's stored messages still wait for the relay (the broker then gets
         the group's messages in the order they committed)."""
         sender = self.sender
-        if sender.broker_down.stores and message.message_group is not None and group_waiting(
-                *RECORDER.statements(self.using), sender.producer_group, message.message_group):
+        if sender.broker_down.stores and group_waiting(*RECORDER.statements(self.using), sender.producer_group,
+                                                       message):
             sender.hold(message, self.transaction_id)
         else:
             sender.start_half(message, self.transaction_id)  # awaited before the call's commit

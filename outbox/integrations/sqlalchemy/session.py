@@ -221,18 +221,12 @@ def start_half(session: Session, pending: PendingTransaction, message: Message) 
     messages or the message's group has stored messages waiting for the relay (it must
     reach the broker after them)."""
     producer = pending.producer
-    if producer.broker_down.stores and (pending.stores or _group_waits(session, producer.producer_group, message)):
+    if producer.broker_down.stores and (pending.stores or group_waiting(*RECORDER.statements(session),
+                                                                          producer.producer_group, message)):
         pending.stores = True
         producer.hold(message, pending.transaction_id)
     else:
         producer.start_half(message, pending.transaction_id)
-
-
-def _group_waits(session: Session, producer_group: str, message: Message) -> bool:
-    if message.message_group is None:
-        return False
-    execute, sql = RECORDER.statements(session)
-    return group_waiting(execute, sql, producer_group, message.message_group)
 
 
 def acknowledged(pending: PendingTransaction) -> None:
