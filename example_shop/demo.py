@@ -17,10 +17,12 @@ Scenarios (``--scenario`` picks some; all by default):
   fence answers ROLLBACK and nothing is delivered;
 * ``insufficient-balance``: orders beyond a balance fail and roll back (ROLLBACK sent);
 * ``broker-restart``: the broker is SIGKILLed mid-run and restarted;
-* ``broker-outage``: the broker is SIGKILLed and stays down while 50 orders are placed: the
-  account service is in store mode (``OUTBOX["ON_BROKER_DOWN"] = "store"``), so they all
-  succeed, their messages wait in the account database, and the relay process hands them
-  to the broker once it is back;
+* ``broker-outage``: before the other orders, the broker is SIGKILLed and stays down while
+  ``OUTAGE_ORDERS`` orders are placed (no crash faults meanwhile): the account service is in
+  store mode (``OUTBOX["ON_BROKER_DOWN"] = "store"``), so they all succeed, their messages
+  wait in the account database, and the relay process hands them to the broker once it is
+  back; the demo then waits out the account service's back-off (``outbox.outage``), so the
+  faults that follow reach the broker as in the other scenarios;
 * ``consumer-crash``: the member service dies in the middle of a handler;
 * ``duplicate-delivery``: already-delivered messages are delivered again.
 """
@@ -47,6 +49,7 @@ import httpx
 # reconciliation, an admin call of broker_embedded's TCP client that no application makes.
 from broker_embedded import BrokerClient
 from outbox import BrokerError, Message
+from outbox.outage import MAX_WAIT_S
 
 from .ledger import LedgerReport, read_ledger, unrelayed
 from .processes import Supervisor, free_port, port_answers, python_module, wait_until
@@ -59,6 +62,8 @@ SCENARIOS = (
 )
 PRODUCER_GROUP = "account-service"
 MEMBER_GROUP = "member-service"
+#: Orders placed while the broker is down (``broker-outage``).
+OUTAGE_ORDERS = 30
 
 
 @dataclass
@@ -172,6 +177,8 @@ class ShopDemo:
 
     # -- orders ---------------------------------------------------------------------------
     def _fault_for(self, index: int) -> str | None:
+        if self._broker_down.is_set():
+            return None
         scenarios = self.options.scenarios
         if "crash-after-commit" in scenarios and index % 37 == 5:
             return "crash-after-commit"
@@ -220,24 +227,26 @@ class ShopDemo:
         total = self.options.orders
         plan = [(i, self.random.choice(customers), self.random.randint(20, 400)) for i in range(total)]
         restart_at = total // 2 if "broker-restart" in self.options.scenarios else -1
-        outage_at = total // 4 if "broker-outage" in self.options.scenarios else -1
         # No keep-alive: a connection pooled before an account crash would fail uncertainly.
         limits = httpx.Limits(max_keepalive_connections=0)
         with httpx.Client(base_url=urls["account"], timeout=60, limits=limits) as client, \
                 ThreadPoolExecutor(self.options.concurrency) as pool:
+            if "broker-outage" in self.options.scenarios:
+                outage = [(total + i, self.random.choice(customers), self.random.randint(20, 400))
+                          for i in range(OUTAGE_ORDERS)]
+                _say(f"  fault: SIGKILL the broker; it stays down while {OUTAGE_ORDERS} orders are placed")
+                supervisor["broker"].kill()
+                self._broker_down.set()
+                self.tally.faults["broker outages"] += 1
+                list(pool.map(lambda order: self._place(supervisor, client, *order), outage))
+                self._broker_down.clear()
+                supervisor["broker"].start()
+                _say(f"  the broker is back; the relay hands over what the orders stored meanwhile; waiting "
+                     f"{MAX_WAIT_S + 1:.0f} s for the account service's back-off to end")
+                time.sleep(MAX_WAIT_S + 1)
             for start in range(0, total, 50):
                 chunk = plan[start:start + 50]
-                outage = start <= outage_at < start + 50
-                if outage:
-                    _say("  fault: SIGKILL the broker; it stays down while the next orders are placed")
-                    supervisor["broker"].kill()
-                    self._broker_down.set()
-                    self.tally.faults["broker outages"] += 1
                 list(pool.map(lambda order: self._place(supervisor, client, *order), chunk))
-                if outage:
-                    self._broker_down.clear()
-                    _say("  the broker is back; the relay hands over what the orders stored meanwhile")
-                    supervisor["broker"].start()
                 self._ensure_account(supervisor)
                 _say(f"  orders {start + len(chunk):4d}/{total}  {dict(self.tally.outcomes)}")
                 if start <= restart_at < start + 50:
