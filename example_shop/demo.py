@@ -49,7 +49,7 @@ import httpx
 # reconciliation, an admin call of broker_embedded's TCP client that no application makes.
 from broker_embedded import BrokerClient
 from outbox import BrokerError, Message
-from outbox.outage import MAX_WAIT_S
+from outbox.stored import PROBE_EVERY_S
 
 from .ledger import LedgerReport, read_ledger, unrelayed
 from .processes import Supervisor, free_port, port_answers, python_module, wait_until
@@ -64,6 +64,10 @@ PRODUCER_GROUP = "account-service"
 MEMBER_GROUP = "member-service"
 #: Orders placed while the broker is down (``broker-outage``).
 OUTAGE_ORDERS = 30
+#: After the outage, how long the demo waits for the account service's store-mode producer
+#: to end its outage (its probe asks every ``PROBE_EVERY_S``) before the orders whose faults
+#: the books count on the broker seeing (a crash before the commit must reach it as a half).
+OUTAGE_END_WAIT_S = PROBE_EVERY_S * 5
 
 
 @dataclass
@@ -242,8 +246,8 @@ class ShopDemo:
                 self._broker_down.clear()
                 supervisor["broker"].start()
                 _say(f"  the broker is back; the relay hands over what the orders stored meanwhile; waiting "
-                     f"{MAX_WAIT_S + 1:.0f} s for the account service's back-off to end")
-                time.sleep(MAX_WAIT_S + 1)
+                     f"{OUTAGE_END_WAIT_S:.0f} s for the account service's probe to find it")
+                time.sleep(OUTAGE_END_WAIT_S)
             for start in range(0, total, 50):
                 chunk = plan[start:start + 50]
                 list(pool.map(lambda order: self._place(supervisor, client, *order), chunk))

@@ -32,6 +32,7 @@ from broker_embedded import (
     Resolution,
     SendResult,
 )
+from broker_embedded import errors as broker_errors
 
 from .check_back import Answer, checking, fenced_resolution
 from .errors import BrokerUnavailableError
@@ -46,7 +47,7 @@ from .producer_protocol import (
     sending,
     sending_half,
 )
-from .stored import BrokerDown, MessageHeld, OnBrokerDown
+from .stored import PROBE_EVERY_S, BrokerDown, MessageHeld, OnBrokerDown
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,8 @@ class AsyncProducer:
     Use it on one event loop; ``async with AsyncProducer(...) as producer`` closes it.
     ``answer_check_backs(answer)`` makes it answer its group's check-backs, as
     ``Producer.answer_check_backs`` does (``@transactional_message`` calls it).
-    ``on_broker_down``: ``"raise"`` (the default) or ``"store"``, as for ``Producer``."""
+    ``on_broker_down``: ``"raise"`` (the default) or ``"store"``, as for ``Producer`` (the
+    probe during an outage is a task of the loop)."""
 
     def __init__(self, broker: AsyncBrokerClient | str, producer_group: str, *, oneway_end: bool = False,
                  on_broker_down: OnBrokerDown = "raise") -> None:
@@ -74,7 +76,8 @@ class AsyncProducer:
         self.oneway_end = oneway_end
         #: ``on_broker_down``, the outage a store-mode producer is in, and the transactions
         #: whose messages were stored.
-        self.broker_down = BrokerDown(on_broker_down, producer_group)
+        self.broker_down = BrokerDown(on_broker_down, producer_group, self._start_probe)
+        self._probe_task: asyncio.Task[None] | None = None
         self._halves: dict[str, list[asyncio.Future[SendResult]]] = {}
         self._ends: dict[str, asyncio.Task[bool]] = {}
         self._on_check: Any = None  # the check-back callback, once answer_check_backs was called
@@ -246,8 +249,27 @@ class AsyncProducer:
             log.info("producer group %s: broker not reachable (%s); it answers check-backs once connected",
                      self.producer_group, exc)
 
+    def _start_probe(self) -> None:
+        if self._probe_task is None or self._probe_task.done():
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        """Store mode, during an outage: ask the broker every ``PROBE_EVERY_S`` until it
+        answers, then end the outage (``Producer._probe``)."""
+        while self.broker_down.down:
+            await asyncio.sleep(PROBE_EVERY_S)
+            try:
+                await self.broker.list_topics()
+            except broker_errors.BrokerUnavailableError:  # the client's own error, not translated here
+                continue
+            except Exception:  # an answer, if a refusal: the next call meets it itself
+                pass
+            self.broker_down.answered()
+
     async def aclose(self) -> None:
         """Wait for the END_TRANSACTIONs under way, then close the broker connection."""
+        if self._probe_task is not None:
+            self._probe_task.cancel()
         await self.flush()
         await self.broker.close()
 

@@ -36,6 +36,7 @@ from broker_embedded import (
     SendResult,
     connect,
 )
+from broker_embedded import errors as broker_errors
 
 from . import instrumentation
 from .check_back import Answer, answer_check_back
@@ -54,7 +55,7 @@ from .producer_protocol import (
     sending,
     sending_half,
 )
-from .stored import BrokerDown, MessageHeld, OnBrokerDown
+from .stored import PROBE_EVERY_S, BrokerDown, MessageHeld, OnBrokerDown
 
 log = logging.getLogger(__name__)
 S = TypeVar("S")
@@ -85,7 +86,9 @@ class Producer:
     ``on_broker_down`` says what a call does when the broker cannot take its half message
     in time: ``"raise"`` (the default) raises ``BrokerUnavailableError`` and nothing of the
     call commits; ``"store"`` lets the call commit with its messages stored in its own
-    database, for the relay to hand over later (``outbox.stored``).
+    database, for the relay to hand over later (``outbox.stored``); while the broker is
+    down a thread asks it every ``outbox.stored.PROBE_EVERY_S`` whether it answers again,
+    so calls go to it again within about a second of its return.
 
     ``answer_check_backs(answer)`` makes it answer its group's check-backs while it runs
     (RocketMQ's ``TransactionChecker``); ``@transactional_message`` and Django's producer
@@ -99,7 +102,9 @@ class Producer:
         self.oneway_end = oneway_end
         #: ``on_broker_down``, the outage a store-mode producer is in, and the transactions
         #: whose messages were stored.
-        self.broker_down = BrokerDown(on_broker_down, producer_group)
+        self.broker_down = BrokerDown(on_broker_down, producer_group, self._start_probe)
+        self._closed = threading.Event()
+        self._prober: threading.Thread | None = None
         #: The broker when it is a ``BrokerClient``: requests go on the wire without waiting.
         self._client = self.broker if isinstance(self.broker, BrokerClient) else None
         self._halves: dict[str, list[Future[SendResult]]] = {}
@@ -363,9 +368,28 @@ class Producer:
             except BrokerError:
                 pass  # the broker forgets a connection's producers when it closes
 
+    def _start_probe(self) -> None:
+        if self._prober is None or not self._prober.is_alive():
+            self._prober = threading.Thread(target=self._probe, name=f"outbox-probe-{self.producer_group}",
+                                            daemon=True)
+            self._prober.start()
+
+    def _probe(self) -> None:
+        """Store mode, during an outage: ask the broker every ``PROBE_EVERY_S`` until it
+        answers (any answer but ``BrokerUnavailableError``), then end the outage."""
+        while self.broker_down.down and not self._closed.wait(PROBE_EVERY_S):
+            try:
+                self.broker.list_topics()
+            except broker_errors.BrokerUnavailableError:  # the client's own error, not translated here
+                continue
+            except Exception:  # an answer, if a refusal: the next call meets it itself
+                pass
+            self.broker_down.answered()
+
     def close(self) -> None:
         """Stop answering check-backs, flush the oneway END_TRANSACTIONs, then close the
         broker connection."""
+        self._closed.set()
         self.stop_answering_check_backs()
         self.flush()
         _flushed_at_exit.discard(self)

@@ -15,16 +15,19 @@ wait for the relay, a new message of that group is stored too (``group_waiting``
 broker receives the group's messages in the order they were stored.
 
 ``BrokerDown`` is the producer's side (ORM-free, used by ``Producer`` and
-``AsyncProducer``): whether the mode stores, and, after a failure, a back-off window in
-which calls store at once instead of waiting for the broker again. The statements are in
+``AsyncProducer``): whether the mode stores, and, after a failure, an outage in which
+calls store at once instead of waiting for the broker again. It ends when the producer's
+background probe (every ``PROBE_EVERY_S``) finds the broker answering, or at the latest
+when the back-off after the last failure runs out and a call's half is taken. The statements are in
 ``outbox.sql``; an ORM runs them through its recorder's ``statements(db)``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -38,6 +41,10 @@ from .outage import BrokerOutage
 from .sql import Execute, OutboxSQL
 
 log = logging.getLogger(__name__)
+
+#: While a store-mode producer's broker is down, how often (seconds) it asks in the
+#: background whether the broker answers again.
+PROBE_EVERY_S = 1.0
 
 #: What a call does when the broker cannot take its half message in time.
 OnBrokerDown = Literal["raise", "store"]
@@ -61,11 +68,16 @@ class MessageHeld(BrokerUnavailableError):
 
 
 class BrokerDown:
-    """A producer's ``on_broker_down`` mode and, in store mode, the outage it is in."""
+    """A producer's ``on_broker_down`` mode and, in store mode, the outage it is in.
+    ``on_outage`` is called when an outage starts: the producer starts its probe there,
+    which calls ``answered`` once the broker answers."""
 
-    def __init__(self, mode: str, producer_group: str) -> None:
+    def __init__(self, mode: str, producer_group: str, on_outage: Callable[[], None] = lambda: None) -> None:
         self.mode = checked_mode(mode)
         self._outage = BrokerOutage(log, f"producer group {producer_group} (store mode)")
+        self._on_outage = on_outage
+        self._lock = threading.Lock()
+        #: While an outage lasts: when the back-off after its last failure ends (else 0).
         self._retry_at = 0.0
         #: Transactions whose messages are stored: no END_TRANSACTION after their commit.
         self._stored: set[str] = set()
@@ -87,7 +99,11 @@ class BrokerDown:
         if not self.stores:
             raise error
         if not isinstance(error, MessageHeld):  # the broker failed: its next attempt after the back-off
-            self._retry_at = time.monotonic() + self._outage.failed(error)
+            with self._lock:
+                starts = not self._retry_at
+                self._retry_at = time.monotonic() + self._outage.failed(error)
+            if starts:
+                self._on_outage()
         self._stored.add(transaction_id)
 
     def ends(self, transaction_id: str, resolution: Resolution) -> bool:
@@ -97,10 +113,17 @@ class BrokerDown:
         self._stored.discard(transaction_id)
         return not (stored and resolution is Resolution.COMMIT)
 
+    @property
+    def down(self) -> bool:
+        """Whether an outage is under way (from a half the broker did not take until it
+        answers again)."""
+        return bool(self._retry_at)
+
     def answered(self) -> None:
-        """The broker took a half message: the outage, if any, is over."""
-        if self._retry_at:
-            self._retry_at = 0.0
+        """The broker answered (took a half message, or the probe): the outage, if any, is over."""
+        with self._lock:
+            ended, self._retry_at = bool(self._retry_at), 0.0
+        if ended:
             self._outage.recovered()
 
 

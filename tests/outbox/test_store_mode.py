@@ -7,6 +7,8 @@ broker URL names a free port nothing listens on.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from outbox import (
     transactional_message,
 )
 from outbox.integrations.sqlalchemy.tables import stored_message, transaction_log
-from outbox.stored import decode
+from outbox.stored import BrokerDown, decode
 
 from ..server.conftest import ServerProcess, free_port
 from .async_support import run_with_sessions
@@ -189,3 +191,61 @@ def test_outbox_status_shows_what_waits_for_the_relay(factory: sessionmaker[Sess
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("  producer group shop: 3 stored message(s) not relayed, oldest ")
     assert 0 <= float(lines[1].rpartition(" oldest ")[2].removesuffix("s ago")) < 60
+
+
+def _ends_without_a_call(down: BrokerDown, seconds: float = 6.0) -> None:
+    """Wait until ``down``'s outage ends (only its probe can end it: no call is made)."""
+    deadline = time.monotonic() + seconds
+    while down.down:
+        assert time.monotonic() < deadline, f"the outage did not end within {seconds}s of the broker's return"
+        time.sleep(0.05)
+
+
+def test_the_probe_ends_an_outage_within_seconds_of_the_brokers_return_without_a_call(
+        factory: sessionmaker[Session], tmp_path: Path) -> None:
+    """The back-off after an outage's failures grows to 30 s; the producer's probe asks the
+    broker every second meanwhile, so the next call goes to the broker again."""
+    server = ServerProcess(tmp_path / "broker").start()
+    producer = Producer(server.url, GROUP, on_broker_down="store")
+    pay = paying(producer, factory)
+    try:
+        server.kill()
+        pay("down", 1)
+        assert producer.broker_down.down and producer.broker_down.skipping()
+        time.sleep(2.5)  # the probe fails meanwhile: the outage goes on
+        assert producer.broker_down.down
+        server.start()
+        _ends_without_a_call(producer.broker_down)
+        pay("back", 1)
+    finally:
+        producer.close()
+        server.kill()
+    assert [message_json(message)["order_id"] for _, message in stored_rows(factory)] == ["down"]
+
+
+def test_an_async_producer_probes_the_broker_too(factory: sessionmaker[Session], db_url: str,
+                                                  tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "broker").start()
+
+    async def main(sessions: async_sessionmaker[AsyncSession]) -> None:
+        producer = AsyncProducer(server.url, GROUP, on_broker_down="store")
+
+        @transactional_message(producer, sessions, topic=TOPIC)
+        async def pay(session: AsyncSession, order_id: str) -> None:
+            await session.execute(orders.insert().values(id=order_id, amount=1))
+
+        try:
+            server.kill()
+            await pay("down")
+            assert producer.broker_down.down
+            server.start()
+            await asyncio.to_thread(_ends_without_a_call, producer.broker_down)
+            await pay("back")
+        finally:
+            await producer.aclose()
+
+    try:
+        run_with_sessions(db_url, main)
+    finally:
+        server.kill()
+    assert [message_json(message)["order_id"] for _, message in stored_rows(factory)] == ["down"]
