@@ -5,12 +5,8 @@ the core scenarios of test_python_client.py, each run by tests/compat/node/clien
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -27,79 +23,9 @@ from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.errors import UnknownTransactionError
 from broker_embedded.message import TransactionState
 from broker_embedded.server.grpc._proto import definition_pb2 as pb
-from tests.conftest import unavailable
 from tests.server.conftest import free_port
 
-from .conftest import GrpcBroker, InProcess, eventually, start_grpc_broker
-
-NODE_DIR = Path(__file__).parent / "node"
-LOCK_FILES = ("package.json", "package-lock.json")
-
-
-def _install_dir() -> Path:
-    """Where ``npm ci`` puts the pinned client: outside the checkout, keyed by the lock file."""
-    digest = hashlib.sha256(b"".join((NODE_DIR / name).read_bytes() for name in LOCK_FILES)).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "halfmoon-node" / digest
-
-
-def _npm_ci(target: Path) -> None:
-    """Install into a fresh folder, then move it into place (a concurrent session may win)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
-    try:
-        for name in LOCK_FILES:
-            shutil.copy(NODE_DIR / name, staging / name)
-        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=staging,
-                                capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            unavailable(f"npm ci of tests/compat/node failed: {result.stderr.strip()[-500:]}")
-        try:
-            staging.rename(target)
-        except OSError:  # another session installed it first
-            if not (target / "node_modules").is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-@dataclass
-class NodeClient:
-    """Runs client.js scenarios with the installed modules and a throwaway HOME (the client
-    logs to ``~/logs/rocketmq``)."""
-
-    node_modules: Path
-    home: Path
-
-    def start(self, scenario: str, **arguments: Any) -> subprocess.Popen[str]:
-        env = {**os.environ, "NODE_PATH": str(self.node_modules), "HOME": str(self.home)}
-        return subprocess.Popen(["node", str(NODE_DIR / "client.js"), scenario, json.dumps(arguments)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env)
-
-    def run(self, scenario: str, **arguments: Any) -> list[dict[str, Any]]:
-        """Run a scenario to its end; its JSON records."""
-        process = self.start(scenario, **arguments)
-        out, err = process.communicate(timeout=90)
-        assert process.returncode == 0, f"client.js {scenario} failed: {err}"
-        return [json.loads(line) for line in out.splitlines()]
-
-    def fails(self, scenario: str, **arguments: Any) -> str:
-        """Run a scenario that must fail; its error output."""
-        process = self.start(scenario, **arguments)
-        _, err = process.communicate(timeout=90)
-        assert process.returncode == 1, f"client.js {scenario} did not fail"
-        return err
-
-
-@pytest.fixture(scope="session")
-def node(tmp_path_factory: pytest.TempPathFactory) -> NodeClient:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        unavailable("node and npm are needed for the official Node client's tests")
-    target = _install_dir()
-    if not (target / "node_modules").is_dir():
-        _npm_ci(target)
-    return NodeClient(target / "node_modules", tmp_path_factory.mktemp("node-home"))
+from .conftest import GrpcBroker, InProcess, NodeClient, eventually, start_grpc_broker
 
 
 def _name(prefix: str) -> str:
