@@ -104,7 +104,8 @@ def test_lite_producer_example(grpc_broker: GrpcBroker, examples: NodeClient) ->
     topic = _name("yourParentTopic")
     records = examples.run("lite-producer", endpoint=grpc_broker.endpoint, topic=topic, count=2)
     assert len(records) == 2
-    assert all("lite topics (LITE messages) are not implemented" in record["failed"] for record in records)
+    assert all("lite topics (LITE messages) are not implemented" in record["failed"]
+               and record["kind"] == "UnsupportedException" for record in records)
     with grpc_broker.native() as native:
         assert native.receive(_name("group"), topic) == []
 

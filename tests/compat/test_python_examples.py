@@ -1,13 +1,8 @@
 """The example programs of rocketmq-python-client 5.1.x (``python/example/`` of
 apache/rocketmq-clients), each as a program of our own making the same client calls with the
-same settings against ``halfmoon-broker serve --grpc-port``, asserting what arrives. Examples
-whose calls an existing test makes already are named here, not repeated:
-
-- ``push_consumer_example.py``: ``test_python_push_consumer.py::test_every_message_once``
-  (``PushConsumer(config, group, listener, {topic: FilterExpression()})``).
-- ``transaction_producer_example.py``: ``test_python_client.py::test_check_back_commit_and_rollback``
-  (a ``checker`` answering COMMIT, the transaction left to the check-back) and
-  ``::test_commit_is_visible_and_rollback_never`` (``transaction.commit()``).
+same settings against ``halfmoon-broker serve --grpc-port``, asserting what arrives.
+``push_consumer_example.py`` (``PushConsumer(config, group, listener, {topic:
+FilterExpression()})``) is run by ``test_python_push_consumer.py::test_every_message_once``.
 
 The example's delays (10 s) are shortened to 2 s; everything else is as the examples have it."""
 
@@ -145,13 +140,15 @@ def test_priority_producer_example(grpc_broker: GrpcBroker, clients: Callable[[A
 
 
 def test_lite_producer_example(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
-    """lite_producer_example.py: a lite message is refused by the broker, saying why."""
+    """lite_producer_example.py: a lite message is refused by the broker (UNSUPPORTED, which
+    the client raises as its UnsupportedException), saying why."""
     topic = _name("parent-topic")
     producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,)))
     message = _message(topic)
     message.lite_topic = "lite-test-0"
-    with pytest.raises(Exception, match="lite topics .* not implemented"):
+    with pytest.raises(Exception, match="lite topics .* not implemented") as refused:
         producer.send(message)
+    assert type(refused.value).__name__ == "UnsupportedException"
     with grpc_broker.native() as native:
         assert native.receive(_name("group"), topic) == []
 
@@ -209,3 +206,23 @@ def test_the_broker_checks_priority_and_lite_messages_itself() -> None:
     assert (back.system_properties.priority, back.system_properties.message_type) == (3, pb.PRIORITY)
     assert PRIORITY_PROPERTY not in back.user_properties
     assert to_proto(from_proto(sent())).system_properties.message_type == pb.NORMAL
+
+
+def test_transaction_producer_example(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
+    """transaction_producer_example.py: a checker answering COMMIT; one transaction left to the
+    broker's check-back (``check_from_server``), one committed directly; both delivered."""
+
+    class TestChecker(rocketmq.TransactionChecker):  # type: ignore[misc,name-defined]
+        def check(self, message: Any) -> Any:
+            return rocketmq.TransactionResolution.COMMIT
+
+    topic = _name("topic")
+    producer = clients(rocketmq.Producer(grpc_broker.config(), (topic,), checker=TestChecker()))
+    ids = []
+    for commit in (False, True):
+        transaction = producer.begin_transaction()
+        ids.append(producer.send(_message(topic, tag="rocketmq-send-transaction-message"), transaction).message_id)
+        if commit:
+            transaction.commit()
+    got = _received(_consume(grpc_broker, clients, topic, 2))
+    assert sorted(m.message_id for m in got) == sorted(ids)

@@ -35,7 +35,7 @@ ERROR_CODES: tuple[tuple[type[BaseException], pb.Code], ...] = (
     (AuthenticationError, pb.UNAUTHORIZED),
     (ServerBusyError, pb.TOO_MANY_REQUESTS),
     (RequestTimeoutError, pb.PROXY_TIMEOUT),
-    (UnsupportedError, pb.NOT_IMPLEMENTED),
+    (UnsupportedError, pb.UNSUPPORTED),
     (BrokerClosedError, pb.INTERNAL_SERVER_ERROR),
     (ValueError, pb.BAD_REQUEST),
     (TypeError, pb.BAD_REQUEST),
