@@ -9,7 +9,8 @@ transactional sends, EndTransaction, check-backs over Telemetry), SimpleConsumer
 (ReceiveMessage, AckMessage, ChangeInvisibleDuration) and PushConsumer RPCs (QueryAssignment,
 the subscription settings over Telemetry, ForwardMessageToDeadLetterQueue) are served, and
 RecallMessage (a delayed message's SendResultEntry carries its ``recall_handle``); the others
-answer UNIMPLEMENTED.
+answer UNIMPLEMENTED. Priority messages keep their priority, and a receive hands out its
+higher priorities first; lite messages are refused (UNSUPPORTED).
 
 Push consumers are told their group is not FIFO (``Subscription.fifo`` false), unless it is
 one of ``fifo_groups`` (RocketMQ's ``consumeMessageOrderly`` group setting). A concurrent one
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 #: The message types every queue accepts (a topic here is not bound to one type). LITE is
-#: listed so that a lite message reaches the broker and is refused with NOT_IMPLEMENTED and a
+#: listed so that a lite message reaches the broker and is refused with UNSUPPORTED and a
 #: reason, rather than by the client with a message-type mismatch.
 ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.PRIORITY, pb.LITE)
 #: The lite topic length the lite consumers are told (their own check, before the broker refuses
