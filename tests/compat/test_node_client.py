@@ -32,11 +32,12 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int, expression: str = "*") -> list[dict[str, Any]]:
+def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int, expression: str = "*",
+              sql: str = "") -> list[dict[str, Any]]:
     """Receive (and ack) ``count`` messages with a fresh Node SimpleConsumer subscribed with
-    the TAG expression ``expression``; asserts none follow."""
+    the TAG expression ``expression`` (or the SQL92 one ``sql``); asserts none follow."""
     records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=count,
-                       filter=expression)
+                       filter=expression, sql=sql)
     assert records[-1] == {"emptyAfter": True}
     return [message for record in records[:-1] for message in record["batch"]]
 
@@ -62,6 +63,17 @@ def test_simple_consumer_with_a_tag_filter(grpc_broker: GrpcBroker, node: NodeCl
     got = _received(node, grpc_broker, topic, 2, "paid || shipped")
     assert sorted(m["body"] for m in got) == ["paid 0", "shipped 2"]
     assert not any(m["corrupted"] for m in got)
+
+
+def test_simple_consumer_with_an_sql92_filter(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    """``new FilterExpression("amount > 5 AND TAGS = 'paid'", FilterType.SQL)``: the messages
+    whose properties and tag match arrive, the others are consumed for the group."""
+    topic = _name("orders")
+    sent = [("paid", "8"), ("paid", "3"), ("created", "9"), ("paid", "12")]
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic,
+             messages=[{"body": f"{tag} {amount}", "tag": tag, "properties": {"amount": amount}} for tag, amount in sent])
+    got = _received(node, grpc_broker, topic, 2, sql="amount > 5 AND TAGS = 'paid'")
+    assert sorted(m["body"] for m in got) == ["paid 12", "paid 8"]
 
 
 def test_no_message_is_corrupted(grpc_broker: GrpcBroker, node: NodeClient) -> None:
