@@ -69,6 +69,7 @@ def test_normal_producer_example(grpc_broker: GrpcBroker, clients: Callable[[Any
     message = _message(topic, tag="tag", keys="keys")
     message.add_property("key", "value")
     receipts = [producer.send(message) for _ in range(10)]
+    assert len({receipt.message_id for receipt in receipts}) == 10
     got = _received(_consume(grpc_broker, clients, topic, 10))
     assert sorted(m.message_id for m in got) == sorted(r.message_id for r in receipts)
     assert all((m.body, m.tag, tuple(m.keys), m.properties) == (b"hello, rocketmq.", "tag", ("keys",), {"key": "value"})
