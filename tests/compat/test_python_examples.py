@@ -138,6 +138,10 @@ def test_priority_producer_example(grpc_broker: GrpcBroker, clients: Callable[[A
     assert {m.message_type for m in got} == {pb.PRIORITY}
     for batch in batches:
         assert [m.priority for m in batch] == sorted((m.priority for m in batch), reverse=True)
+    with grpc_broker.native() as native:  # natively: the property HALFMOON_PRIORITY, SQL92 filters too
+        high = native.receive(_name("group"), topic, filter_expression=f"{PRIORITY_PROPERTY} >= 8",
+                              filter_type="SQL92")
+    assert sorted(m.message.properties[PRIORITY_PROPERTY] for m in high) == ["8", "9"]
 
 
 def test_lite_producer_example(grpc_broker: GrpcBroker, clients: Callable[[Any], Any]) -> None:
