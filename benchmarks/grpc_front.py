@@ -27,7 +27,8 @@ message, the official client's metadata) sent sequentially over a plain ``grpc``
 (no official client) to a ``grpc.aio`` server on uvloop, as ``serve`` runs it, whose handler
 answers without looking at the request (``NULL_SERVER``: what grpc.aio itself costs per
 call), at once or after waiting 1 ms on the loop (as a durable send waits for its fsync), to
-this checkout's server (and ``--code``'s), next to a native send.
+this checkout's server (and ``--code``'s), next to a native send; and the same null handler on
+grpcio's threaded server (``grpc.server`` on a thread pool), the one lever on that floor.
 """
 
 from __future__ import annotations
@@ -75,15 +76,20 @@ GROUP = "bench-grpc-front"
 WORKLOADS = ("send, sequential", f"send, {IN_FLIGHT} in flight", "receive+ack")
 NATIVE, GRPC = "native", "gRPC"
 SERVICE = "apache.rocketmq.v2.MessagingService"
-#: ``python -c`` code serving SendMessage on port argv[1] with grpc.aio on uvloop (as ``serve``
-#: does), answering every request with one fixed response it never decodes, after waiting
-#: argv[3] seconds on the loop (0: at once): grpc.aio's floor.
-NULL_SERVER = r"""
-import asyncio, sys, grpc, uvloop
+#: ``python -c`` code serving SendMessage on port argv[1], answering every request with one fixed
+#: response it never decodes, after waiting argv[3] seconds (0: at once): grpcio's own floor.
+#: NULL_SERVER runs on grpc.aio on uvloop, as ``serve`` does; NULL_THREADED_SERVER on grpcio's
+#: threaded server (``grpc.server`` with a thread pool), the alternative a front could be built on.
+_NULL_ANSWER = r"""
+import asyncio, sys, time, grpc
+from concurrent.futures import ThreadPoolExecutor
 from broker_embedded.server.grpc._proto import definition_pb2 as pb, service_pb2 as spb
 ANSWER = spb.SendMessageResponse(status=pb.Status(code=pb.OK, message="OK"), entries=[spb.SendResultEntry(
     status=pb.Status(code=pb.OK, message="OK"), message_id="0" * 32, offset=1)]).SerializeToString()
 WAIT_S = float(sys.argv[3])
+"""
+NULL_SERVER = _NULL_ANSWER + r"""
+import uvloop
 async def send(raw, context):
     if WAIT_S:
         await asyncio.sleep(WAIT_S)
@@ -96,6 +102,18 @@ async def main():
     await server.start()
     await server.wait_for_termination()
 uvloop.run(main())
+"""
+NULL_THREADED_SERVER = _NULL_ANSWER + r"""
+def send(raw, context):
+    if WAIT_S:
+        time.sleep(WAIT_S)
+    return ANSWER
+server = grpc.server(ThreadPoolExecutor(max_workers=8))
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+    sys.argv[2], {"SendMessage": grpc.unary_unary_rpc_method_handler(send)}),))
+server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+server.start()
+server.wait_for_termination()
 """
 
 
@@ -310,15 +328,18 @@ def raw_sends(endpoint: str, pid: int, seconds: float) -> float:
 
 
 def floor(servers: dict[str, Server], seconds: float, rounds: int, rocketmq: Any) -> None:
-    """``--floor``: server CPU per sequential send of a null grpc.aio handler, of each server
+    """``--floor``: server CPU per sequential send of a null handler (grpc.aio, grpcio's
+    threaded server), of each server
     over gRPC (a plain channel) and of this checkout's server over the native protocol."""
     nulls: dict[str, subprocess.Popen[bytes]] = {}
     try:
         runs: dict[str, Callable[[], float]] = {}
-        for label, wait_s in (("grpc.aio, null handler", 0.0),
-                              ("grpc.aio, null handler waiting 1 ms", 0.001)):
+        for label, code, wait_s in (("grpc.aio, null handler", NULL_SERVER, 0.0),
+                                    ("grpc.aio, null handler waiting 1 ms", NULL_SERVER, 0.001),
+                                    ("grpcio threaded, null handler", NULL_THREADED_SERVER, 0.0),
+                                    ("grpcio threaded, null waiting 1 ms", NULL_THREADED_SERVER, 0.001)):
             port = free_port()
-            nulls[label] = subprocess.Popen([sys.executable, "-c", NULL_SERVER, str(port), SERVICE, str(wait_s)])
+            nulls[label] = subprocess.Popen([sys.executable, "-c", code, str(port), SERVICE, str(wait_s)])
             wait_port(port)
             runs[label] = functools.partial(raw_sends, f"127.0.0.1:{port}", nulls[label].pid, seconds)
         for name, target in servers.items():

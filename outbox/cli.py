@@ -1,7 +1,7 @@
 """The ``outbox`` command (also ``python -m outbox``).
 
     outbox consume --group G --topic T --handler module:function [--database-url URL] [--broker-url URL]
-                   [--batch-size N] [--filter 'TagA || TagB']
+                   [--batch-size N] [--filter 'TagA || TagB'] [--filter-type TAG|SQL92]
     outbox check TRANSACTION_ID --group G [--database-url URL] [--broker-url URL] [--send]
     outbox migrate [--database-url URL]
     outbox purge [--database-url URL ...] [--broker-url URL] [--table T ...] [--dry-run] ...
@@ -16,8 +16,9 @@ as ``gunicorn`` and ``celery -A`` do. Settings default to the ``OUTBOX_*`` envir
 variables (``outbox.settings``); with neither ``--database-url`` nor ``OUTBOX_DATABASE_URL``,
 ``migrate`` says which default database it creates. ``consume --batch`` is the former
 spelling of ``--batch-size``, still accepted. ``consume --filter`` is the group's
-subscription, a RocketMQ TAG expression (``*``, the default, takes every message); the
-messages it passes over are consumed for the group.
+subscription, a RocketMQ TAG expression (``*``, the default, takes every message), or with
+``--filter-type SQL92`` an SQL92 condition over the message's properties (the subset of
+docs/rocketmq.md); the messages it passes over are consumed for the group.
 
 ``purge`` deletes what retention allows (docs/retention.md) from every database of the
 settings (``OUTBOX_DATABASE_URL`` and ``OUTBOX_GROUP_DATABASES``) unless ``--database-url``
@@ -51,7 +52,7 @@ from broker_embedded.cli_tools import (
     quiet_on_broken_pipe,
 )
 from broker_embedded.errors import BrokerError, InvalidMessageError
-from broker_embedded.filters import parse_tag_filter
+from broker_embedded.filters import SQL92, TAG, parse_filter
 
 from .check_back import answer_check_back
 from .consumer import Handler, run_consumer, stop_on_signals
@@ -99,7 +100,7 @@ def consume(args: argparse.Namespace, settings: OutboxSettings) -> int:
     broker = connect(args.broker_url or settings.broker_url)
     try:
         run_consumer(broker, args.group, args.topic, handler, stop, batch_size=args.batch_size, wait_s=1.0,
-                     filter_expression=args.filter)
+                     filter_expression=args.filter, filter_type=args.filter_type)
     finally:
         broker.close()
     return 0
@@ -157,13 +158,13 @@ def database_url(text: str) -> str:
     return text
 
 
-def tag_expression(text: str) -> str:
-    """An argparse type: a RocketMQ TAG expression (``*``, ``TagA``, ``TagA || TagB``)."""
+def check_filter(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error for a ``--filter`` that is not an expression of ``--filter-type`` (the
+    broker's own parser: the reason is the one the gRPC port gives)."""
     try:
-        parse_tag_filter(text)
+        parse_filter(args.filter, args.filter_type)
     except InvalidMessageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+        parser.error(f"--filter: {type(exc).__name__}: {exc}")
 
 
 def _database_errors() -> tuple[type[Exception], ...]:
@@ -250,9 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     _broker_url_option(c)
     c.add_argument("--batch-size", type=positive_int, default=16, help="messages received per request")
     hidden_alias(c, "--batch", "batch_size", type=positive_int)
-    c.add_argument("--filter", type=tag_expression, default="*", metavar="EXPRESSION",
+    c.add_argument("--filter", default="*", metavar="EXPRESSION",
                    help="the messages of the topic the group takes: a TAG expression, '*' (every message, the "
-                        "default), 'TagA' or 'TagA || TagB'; the others are consumed for the group unhandled")
+                        "default), 'TagA' or 'TagA || TagB', or with --filter-type SQL92 a condition over the "
+                        "message's properties; the others are consumed for the group unhandled")
+    c.add_argument("--filter-type", choices=(TAG, SQL92), default=TAG, help="what --filter is (default: TAG)")
     k = sub.add_parser("check", help="answer one check-back by the fencing rule")
     k.add_argument("transaction_id", help="the transaction to check")
     k.add_argument("--group", required=True, help="its producer group")
@@ -299,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(reconcile_main(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "consume":
+        check_filter(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a dozen lines of no news
     handled: tuple[type[Exception], ...] = (OutboxError, BrokerError, SpecImportError, *_database_errors())

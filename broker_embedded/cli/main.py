@@ -11,7 +11,7 @@
     topics  create NAME [--queues N] | list
     stats   [--json]
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
-    receive GROUP TOPIC [--batch-size N] [--wait S] [--no-ack] [--filter EXPR]
+    receive GROUP TOPIC [--batch-size N] [--wait S] [--no-ack] [--filter EXPR] [--filter-type TAG|SQL92]
     query   (--id ID | --topic T --key K) [--json]
     tx      state ID
     parked  list | resolve ID [--wait S] | resolve ID commit|rollback --force | recheck ID
@@ -64,6 +64,7 @@ from ..cli_tools import (
     table,
 )
 from ..errors import BrokerError, UnknownTopicError, UnknownTransactionError
+from ..filters import SQL92, TAG
 from ..http.readiness import Readiness
 from ..message import Message, Resolution, StoredMessage
 from ..server.tcp import BrokerServer, run_server
@@ -318,7 +319,7 @@ def admin(args: argparse.Namespace) -> int:
             _print(broker.send(message))
         elif command == "receive":
             received = broker.receive(args.group, args.topic, max_messages=args.batch_size, wait_s=args.wait,
-                                      filter_expression=args.filter)
+                                      filter_expression=args.filter, filter_type=args.filter_type)
             for item in received:
                 if not args.no_ack:
                     broker.ack(args.group, item.receipt_handle)
@@ -471,7 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--wait", type=non_negative_float, default=0.0, help="seconds to wait for a first message")
     r.add_argument("--no-ack", action="store_true", help="leave them unacknowledged (they come back later)")
     r.add_argument("--filter", default="*", metavar="EXPR",
-                   help="RocketMQ tag filter: '*' (default), 'TagA' or 'TagA || TagB'; the group skips the rest")
+                   help="RocketMQ filter: a TAG expression, '*' (default), 'TagA' or 'TagA || TagB', or with "
+                        "--filter-type SQL92 a condition over the properties; the group skips the rest")
+    r.add_argument("--filter-type", choices=(TAG, SQL92), default=TAG, help="what --filter is (default: TAG)")
     client_options(r)
     q = sub.add_parser("query", help="find messages by id or key")
     q.add_argument("--id", help="the message id")

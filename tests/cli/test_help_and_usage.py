@@ -137,6 +137,21 @@ def test_stats_and_query_print_tables_or_json_and_the_old_spellings_still_work(t
     assert unreachable.returncode == 2 and "127.0.0.1:1" in one_line(unreachable.stderr)
 
 
+def test_receive_takes_an_sql92_filter_with_the_grpc_ports_subset_and_errors(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(tmp_path / "broker")
+    for n, amount in enumerate((3, 8)):
+        broker.send(Message("orders", b"order", properties={"amount": str(amount)}, message_id=f"m{n}"))
+    broker.close()
+    data_dir = ("--data-dir", str(tmp_path / "broker"))
+    taken = run("halfmoon-broker", "receive", "g", "orders", "--filter", "amount > 5", "--filter-type", "SQL92",
+                *data_dir)
+    assert [item["message"]["message_id"] for item in json.loads(taken.stdout)] == ["m1"]
+    malformed = run("halfmoon-broker", "receive", "g", "orders", "--filter", "amount >", "--filter-type", "SQL92",
+                    *data_dir)
+    assert malformed.returncode == 2 and "InvalidMessageError" in malformed.stderr
+    assert "Traceback" not in malformed.stderr
+
+
 def test_serve_says_once_where_the_console_is(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "broker", "--http-port", "0").start()
     try:

@@ -1,13 +1,18 @@
 """A real ``halfmoon-broker serve --grpc-port`` subprocess (or an in-process broker serving gRPC,
-for broker settings ``serve`` has no option for), and the official RocketMQ 5 Python
+for broker settings ``serve`` has no option for), the official RocketMQ 5 Python
 client (``rocketmq-python-client``, a dev dependency) imported with its log files in a
-temporary folder (it picks ``~/logs/rocketmq_python`` at import)."""
+temporary folder (it picks ``~/logs/rocketmq_python`` at import), and the official Node
+client (``rocketmq-client-nodejs``, installed by ``npm ci`` from tests/compat/node)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
+import json
 import os
+import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -23,7 +28,7 @@ import pytest
 from broker_embedded import BrokerClient, EmbeddedBroker
 from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.server.grpc.front import GrpcFront
-from tests.conftest import services_required
+from tests.conftest import services_required, unavailable
 from tests.server.conftest import ServerProcess, free_port, wait_for_port
 
 #: The broker's transaction settings for these tests: quick first check, quick re-checks,
@@ -160,6 +165,86 @@ def clients() -> Iterator[Callable[[Any], Any]]:
     yield start
     for client in reversed(started):
         client.shutdown()
+
+
+NODE_DIR = Path(__file__).parent / "node"
+LOCK_FILES = ("package.json", "package-lock.json")
+
+
+def _install_dir() -> Path:
+    """Where ``npm ci`` puts the pinned client: outside the checkout, keyed by the lock file."""
+    digest = hashlib.sha256(b"".join((NODE_DIR / name).read_bytes() for name in LOCK_FILES)).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "halfmoon-node" / digest
+
+
+def _npm_ci(target: Path) -> None:
+    """Install into a fresh folder, then move it into place (a concurrent session may win)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
+    try:
+        for name in LOCK_FILES:
+            shutil.copy(NODE_DIR / name, staging / name)
+        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=staging,
+                                capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            unavailable(f"npm ci of tests/compat/node failed: {result.stderr.strip()[-500:]}")
+        try:
+            staging.rename(target)
+        except OSError:  # another session installed it first
+            if not (target / "node_modules").is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@dataclass
+class NodeClient:
+    """Runs the scenarios of a script of tests/compat/node (``client.js`` by default,
+    ``examples.js``) with the installed modules and a throwaway HOME (the client logs to
+    ``~/logs/rocketmq``)."""
+
+    node_modules: Path
+    home: Path
+    script: str = "client.js"
+
+    def start(self, scenario: str, **arguments: Any) -> subprocess.Popen[str]:
+        env = {**os.environ, "NODE_PATH": str(self.node_modules), "HOME": str(self.home)}
+        return subprocess.Popen(["node", str(NODE_DIR / self.script), scenario, json.dumps(arguments)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+
+    def run(self, scenario: str, **arguments: Any) -> list[dict[str, Any]]:
+        """Run a scenario to its end; its JSON records."""
+        process = self.start(scenario, **arguments)
+        out, err = process.communicate(timeout=90)
+        assert process.returncode == 0, f"{self.script} {scenario} failed: {err}"
+        return [uncorrupted(json.loads(line)) for line in out.splitlines()]
+
+    def fails(self, scenario: str, **arguments: Any) -> str:
+        """Run a scenario that must fail; its error output."""
+        process = self.start(scenario, **arguments)
+        _, err = process.communicate(timeout=90)
+        assert process.returncode == 1, f"{self.script} {scenario} did not fail"
+        return err
+
+
+def uncorrupted(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (a line a Node script reported), asserting that no message in it is
+    ``corrupted``: the client found its body digest wrong (push consumers drop those)."""
+    values = [item for value in record.values() for item in (value if isinstance(value, list) else [value])]
+    assert not any(isinstance(view, dict) and view.get("corrupted") for view in values), record
+    return record
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> NodeClient:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        unavailable("node and npm are needed for the official Node client's tests")
+    target = _install_dir()
+    if not (target / "node_modules").is_dir():
+        _npm_ci(target)
+    return NodeClient(target / "node_modules", tmp_path_factory.mktemp("node-home"))
 
 
 def eventually(condition: Callable[[], Any], within_s: float = 20.0) -> Any:

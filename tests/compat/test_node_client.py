@@ -1,16 +1,13 @@
 """The official RocketMQ 5 Node client (rocketmq-client-nodejs 1.0.8, pinned in
 tests/compat/node/package.json) against a real ``halfmoon-broker serve --grpc-port`` process:
 the core scenarios of test_python_client.py, each run by tests/compat/node/client.js in a
-``node`` process. The broker's own state is read back over its native protocol."""
+``node`` process. The broker's own state is read back over its native protocol. No message
+a scenario reports may be ``corrupted`` (``NodeClient.run`` and ``push_consumer`` assert it)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -27,90 +24,21 @@ from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.errors import UnknownTransactionError
 from broker_embedded.message import TransactionState
 from broker_embedded.server.grpc._proto import definition_pb2 as pb
-from tests.conftest import unavailable
 from tests.server.conftest import free_port
 
-from .conftest import GrpcBroker, InProcess, eventually, start_grpc_broker
-
-NODE_DIR = Path(__file__).parent / "node"
-LOCK_FILES = ("package.json", "package-lock.json")
-
-
-def _install_dir() -> Path:
-    """Where ``npm ci`` puts the pinned client: outside the checkout, keyed by the lock file."""
-    digest = hashlib.sha256(b"".join((NODE_DIR / name).read_bytes() for name in LOCK_FILES)).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "halfmoon-node" / digest
-
-
-def _npm_ci(target: Path) -> None:
-    """Install into a fresh folder, then move it into place (a concurrent session may win)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
-    try:
-        for name in LOCK_FILES:
-            shutil.copy(NODE_DIR / name, staging / name)
-        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=staging,
-                                capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            unavailable(f"npm ci of tests/compat/node failed: {result.stderr.strip()[-500:]}")
-        try:
-            staging.rename(target)
-        except OSError:  # another session installed it first
-            if not (target / "node_modules").is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-@dataclass
-class NodeClient:
-    """Runs client.js scenarios with the installed modules and a throwaway HOME (the client
-    logs to ``~/logs/rocketmq``)."""
-
-    node_modules: Path
-    home: Path
-
-    def start(self, scenario: str, **arguments: Any) -> subprocess.Popen[str]:
-        env = {**os.environ, "NODE_PATH": str(self.node_modules), "HOME": str(self.home)}
-        return subprocess.Popen(["node", str(NODE_DIR / "client.js"), scenario, json.dumps(arguments)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env)
-
-    def run(self, scenario: str, **arguments: Any) -> list[dict[str, Any]]:
-        """Run a scenario to its end; its JSON records."""
-        process = self.start(scenario, **arguments)
-        out, err = process.communicate(timeout=90)
-        assert process.returncode == 0, f"client.js {scenario} failed: {err}"
-        return [json.loads(line) for line in out.splitlines()]
-
-    def fails(self, scenario: str, **arguments: Any) -> str:
-        """Run a scenario that must fail; its error output."""
-        process = self.start(scenario, **arguments)
-        _, err = process.communicate(timeout=90)
-        assert process.returncode == 1, f"client.js {scenario} did not fail"
-        return err
-
-
-@pytest.fixture(scope="session")
-def node(tmp_path_factory: pytest.TempPathFactory) -> NodeClient:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        unavailable("node and npm are needed for the official Node client's tests")
-    target = _install_dir()
-    if not (target / "node_modules").is_dir():
-        _npm_ci(target)
-    return NodeClient(target / "node_modules", tmp_path_factory.mktemp("node-home"))
+from .conftest import GrpcBroker, InProcess, NodeClient, eventually, start_grpc_broker
 
 
 def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int, expression: str = "*") -> list[dict[str, Any]]:
+def _received(node: NodeClient, broker: GrpcBroker, topic: str, count: int, expression: str = "*",
+              sql: str = "") -> list[dict[str, Any]]:
     """Receive (and ack) ``count`` messages with a fresh Node SimpleConsumer subscribed with
-    the TAG expression ``expression``; asserts none follow."""
+    the TAG expression ``expression`` (or the SQL92 one ``sql``); asserts none follow."""
     records = node.run("receive", endpoint=broker.endpoint, topic=topic, group=_name("group"), count=count,
-                       filter=expression)
+                       filter=expression, sql=sql)
     assert records[-1] == {"emptyAfter": True}
     return [message for record in records[:-1] for message in record["batch"]]
 
@@ -135,7 +63,17 @@ def test_simple_consumer_with_a_tag_filter(grpc_broker: GrpcBroker, node: NodeCl
              messages=[{"body": f"{tag} {n}", "tag": tag} for n, tag in enumerate(("paid", "created", "shipped"))])
     got = _received(node, grpc_broker, topic, 2, "paid || shipped")
     assert sorted(m["body"] for m in got) == ["paid 0", "shipped 2"]
-    assert not any(m["corrupted"] for m in got)
+
+
+def test_simple_consumer_with_an_sql92_filter(grpc_broker: GrpcBroker, node: NodeClient) -> None:
+    """``new FilterExpression("amount > 5 AND TAGS = 'paid'", FilterType.SQL)``: the messages
+    whose properties and tag match arrive, the others are consumed for the group."""
+    topic = _name("orders")
+    sent = [("paid", "8"), ("paid", "3"), ("created", "9"), ("paid", "12")]
+    node.run("send", endpoint=grpc_broker.endpoint, topic=topic,
+             messages=[{"body": f"{tag} {amount}", "tag": tag, "properties": {"amount": amount}} for tag, amount in sent])
+    got = _received(node, grpc_broker, topic, 2, sql="amount > 5 AND TAGS = 'paid'")
+    assert sorted(m["body"] for m in got) == ["paid 12", "paid 8"]
 
 
 def test_no_message_is_corrupted(grpc_broker: GrpcBroker, node: NodeClient) -> None:
@@ -352,19 +290,21 @@ class PushConsumerProcess:
 @contextmanager
 def push_consumer(node: NodeClient, endpoint: str, topic: str, group: str,
                   **behaviour: Any) -> Iterator[PushConsumerProcess]:
-    """A started Node PushConsumer of ``group``; shut down (stdin closed) on leaving."""
+    """A started Node PushConsumer of ``group``; shut down (stdin closed) on leaving, when
+    none of its deliveries may have been ``corrupted``."""
     process = node.start("push", endpoint=endpoint, topic=topic, group=group, **behaviour)
+    consumer = PushConsumerProcess(process)
     try:
         assert process.stdout is not None
         ready = process.stdout.readline()
         assert ready and json.loads(ready) == {"ready": True}, process.stderr.read() if process.stderr else ""
-        consumer = PushConsumerProcess(process)
         reader = threading.Thread(target=consumer.read, daemon=True)
         reader.start()
         yield consumer
     finally:
         _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
+    assert not any(delivery["corrupted"] for delivery in consumer.deliveries)
 
 
 def test_push_consumer_gets_every_message_once(grpc_broker: GrpcBroker, node: NodeClient) -> None:
@@ -376,7 +316,6 @@ def test_push_consumer_gets_every_message_once(grpc_broker: GrpcBroker, node: No
         with grpc_broker.native() as native:  # each acked: nothing left for the group
             assert eventually(lambda: sum(native.stats().consumer_lag.get(group, {}).values()) == 0)
     assert sorted(d["body"] for d in consumer.deliveries) == sorted(bodies)  # none twice
-    assert not any(d["corrupted"] for d in consumer.deliveries)
 
 
 @pytest.mark.slow

@@ -321,7 +321,7 @@ def test_route_names_the_advertised_address(grpc_broker: GrpcBroker) -> None:
     assert [queue.id for queue in route.message_queues] == [0, 1, 2, 3]  # the broker's default_queues
     for queue in route.message_queues:
         assert queue.permission == pb.READ_WRITE and queue.broker.id == 0
-        assert set(queue.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
+        assert set(queue.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.PRIORITY, pb.LITE}
         assert queue.broker.endpoints == pb.Endpoints(
             scheme=pb.IPv4, addresses=[pb.Address(host="127.0.0.1", port=grpc_broker.grpc_port)])
 

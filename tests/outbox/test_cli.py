@@ -128,6 +128,10 @@ def test_a_malformed_filter_is_a_usage_error() -> None:
                      "--filter", "card ||")
     assert result.returncode == 2
     assert "not a TAG expression" in result.stderr and "Traceback" not in result.stderr
+    sql = _outbox("consume", "--group", "points", "--topic", "order.paid", "--handler", "h:award",
+                  "--filter", "amount >", "--filter-type", "SQL92")
+    assert sql.returncode == 2
+    assert "--filter: InvalidMessageError" in sql.stderr and "Traceback" not in sql.stderr
 
 
 def test_bad_settings_are_a_clear_error_not_a_traceback() -> None:

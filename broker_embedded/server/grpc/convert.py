@@ -6,10 +6,13 @@ import gzip
 import hashlib
 import zlib
 
-from ...errors import InvalidMessageError
+from ...errors import InvalidMessageError, UnsupportedError
 from ...message import CheckRequest, Message, ReceivedMessage
 from ._proto import definition_pb2 as pb
 
+#: The property a priority message's priority is stored in (native consumers and SQL92 filters
+#: see it under this name; gRPC consumers read it as ``SystemProperties.priority``).
+PRIORITY_PROPERTY = "HALFMOON_PRIORITY"
 #: A ``delivery_timestamp.seconds`` past this (year 3000) is milliseconds: the Python client
 #: 5.1.2 writes milliseconds into the seconds field.
 MAX_SECONDS = 32_503_680_000
@@ -45,23 +48,50 @@ def _body(message: pb.Message) -> bytes:
 
 
 def from_proto(message: pb.Message) -> Message:
-    """A sent message as the broker stores it (its type is the caller's to check)."""
+    """A sent message as the broker stores it (its type is the caller's to check). Lite
+    messages are refused (``UnsupportedError``), and a priority that is negative or set with
+    a message group, a delivery time or a transaction (``InvalidMessageError``)."""
     properties = message.system_properties
     if not message.topic.name:
         raise InvalidMessageError("the message names no topic")
     if not properties.message_id:
         raise InvalidMessageError("the message has no message_id")
+    if properties.message_type == pb.LITE or properties.HasField("lite_topic"):
+        raise UnsupportedError("lite topics (LITE messages) are not implemented by halfmoon's broker")
+    user_properties = dict(message.user_properties)
+    user_properties.pop(PRIORITY_PROPERTY, None)  # only the priority field sets it
+    if properties.HasField("priority"):
+        user_properties[PRIORITY_PROPERTY] = str(_priority(properties))
     return Message(
         topic=message.topic.name,
         body=_body(message),
         keys=tuple(properties.keys),
         tag=properties.tag if properties.HasField("tag") else "",
-        properties=dict(message.user_properties),
+        properties=user_properties,
         message_id=properties.message_id,
         deliver_at_ms=deliver_at_ms(properties),
         message_group=properties.message_group if properties.HasField("message_group") else None,
         transaction_timeout_s=_recovery_duration_s(properties),
     )
+
+
+def _priority(properties: pb.SystemProperties) -> int:
+    """A priority message's priority: >= 0, and not with a message group, a delivery time or
+    a transaction (RocketMQ's rules for the PRIORITY type)."""
+    if properties.priority < 0:
+        raise InvalidMessageError(f"priority {properties.priority} is negative")
+    for field in ("message_group", "delivery_timestamp"):
+        if properties.HasField(field):
+            raise InvalidMessageError(f"a priority message cannot have a {field}")
+    if properties.message_type == pb.TRANSACTION:
+        raise InvalidMessageError("a transactional message cannot have a priority")
+    return properties.priority
+
+
+def priority_of(message: Message) -> int | None:
+    """The priority a message was sent with (None: not a priority message)."""
+    stored = message.properties.get(PRIORITY_PROPERTY)
+    return int(stored) if stored is not None and stored.isdigit() else None
 
 
 def _recovery_duration_s(properties: pb.SystemProperties) -> float | None:
@@ -80,6 +110,8 @@ def message_type(message: Message, transactional: bool) -> pb.MessageType:
         return pb.FIFO
     if message.deliver_at_ms is not None or message.delay_level:
         return pb.DELAY
+    if priority_of(message) is not None:
+        return pb.PRIORITY
     return pb.NORMAL
 
 
@@ -99,7 +131,12 @@ def to_proto(message: Message, transactional: bool = False) -> pb.Message:
         properties.message_group = message.message_group
     if message.deliver_at_ms is not None:
         properties.delivery_timestamp.FromMilliseconds(message.deliver_at_ms)
-    return pb.Message(topic=pb.Resource(name=message.topic), user_properties=dict(message.properties),
+    user_properties = dict(message.properties)
+    priority = priority_of(message)
+    if priority is not None:
+        properties.priority = priority
+        del user_properties[PRIORITY_PROPERTY]
+    return pb.Message(topic=pb.Resource(name=message.topic), user_properties=user_properties,
                       system_properties=properties, body=body)
 
 

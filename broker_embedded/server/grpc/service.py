@@ -9,7 +9,8 @@ transactional sends, EndTransaction, check-backs over Telemetry), SimpleConsumer
 (ReceiveMessage, AckMessage, ChangeInvisibleDuration) and PushConsumer RPCs (QueryAssignment,
 the subscription settings over Telemetry, ForwardMessageToDeadLetterQueue) are served, and
 RecallMessage (a delayed message's SendResultEntry carries its ``recall_handle``); the others
-answer UNIMPLEMENTED.
+answer UNIMPLEMENTED. Priority messages keep their priority, and a receive hands out its
+higher priorities first; lite messages are refused (UNSUPPORTED).
 
 Push consumers are told their group is not FIFO (``Subscription.fifo`` false), unless it is
 one of ``fifo_groups`` (RocketMQ's ``consumeMessageOrderly`` group setting). A concurrent one
@@ -41,12 +42,12 @@ from ...broker.config import BrokerConfig
 from ...broker.writes import EndCall, HalfCall, SendCall, WriteCall
 from ...errors import InvalidMessageError, UnknownTopicError
 from ...filters import SQL92, TAG, parse_filter
-from ...message import Resolution
+from ...message import ReceivedMessage, Resolution
 from ...wire.auth import RateLimitedLog
 from ..batching import Batcher, ack_batcher, write_batcher
 from ._proto import definition_pb2 as pb
 from ._proto import service_pb2 as spb
-from .convert import from_proto, received_to_proto
+from .convert import from_proto, priority_of, received_to_proto
 from .renewal import Renewals
 from .sessions import CheckRouter, TelemetrySession
 from .status import ok, status_of
@@ -54,8 +55,13 @@ from .status import ok, status_of
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
-#: The message types every queue accepts (a topic here is not bound to one type).
-ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
+#: The message types every queue accepts (a topic here is not bound to one type). LITE is
+#: listed so that a lite message reaches the broker and is refused with UNSUPPORTED and a
+#: reason, rather than by the client with a message-type mismatch.
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.PRIORITY, pb.LITE)
+#: The lite topic length the lite consumers are told (their own check, before the broker refuses
+#: lite subscriptions: RocketMQ's proxy default).
+LITE_TOPIC_MAX_LENGTH = 64
 #: The longest a receive may wait for messages (RocketMQ's proxy clamps to 20 s as well).
 MAX_LONG_POLL_S = 20.0
 #: A waiting receive looks at the broker at least this often (to notice a stopping server).
@@ -292,6 +298,11 @@ class MessagingService:
         itself, gets one from the first to the last of the schedule (without it, it would
         forward a failed message to the DLQ at once)."""
         subscription = settings.subscription
+        if settings.client_type in (pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER):
+            # limits the clients check before they subscribe: their SyncLiteSubscription then
+            # reaches the broker and is answered UNIMPLEMENTED, saying so
+            subscription.max_lite_topic_size = LITE_TOPIC_MAX_LENGTH
+            subscription.lite_subscription_quota = 1
         subscription.fifo = subscription.group.name in self.fifo_groups
         subscription.receive_batch_size = PUSH_BATCH_SIZE
         long_poll_s = min(_seconds(subscription.long_polling_timeout), MAX_LONG_POLL_S) or PUSH_LONG_POLL_S
@@ -324,6 +335,7 @@ class MessagingService:
         if not received:
             yield spb.ReceiveMessageResponse(status=pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message"))
             return
+        received.sort(key=_by_priority)
         yield spb.ReceiveMessageResponse(status=ok())
         delivered = spb.ReceiveMessageResponse()
         delivered.delivery_timestamp.GetCurrentTime()
@@ -486,6 +498,12 @@ def _refused_filter(expression: pb.FilterExpression) -> pb.Status | None:
     except InvalidMessageError as exc:
         return pb.Status(code=pb.ILLEGAL_FILTER_EXPRESSION, message=f"{type(exc).__name__}: {exc}")
     return None
+
+
+def _by_priority(item: ReceivedMessage) -> int:
+    """The sort key that puts a receive's higher-priority messages first (stable: messages
+    of one priority, and those without one, keep the broker's order)."""
+    return -(priority_of(item.message) or 0)
 
 
 def _client_id(context: Any) -> str:

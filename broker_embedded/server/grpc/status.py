@@ -17,6 +17,7 @@ from ...errors import (
     UnknownReceiptError,
     UnknownTopicError,
     UnknownTransactionError,
+    UnsupportedError,
 )
 from ._proto import definition_pb2 as pb
 
@@ -34,6 +35,7 @@ ERROR_CODES: tuple[tuple[type[BaseException], pb.Code], ...] = (
     (AuthenticationError, pb.UNAUTHORIZED),
     (ServerBusyError, pb.TOO_MANY_REQUESTS),
     (RequestTimeoutError, pb.PROXY_TIMEOUT),
+    (UnsupportedError, pb.UNSUPPORTED),
     (BrokerClosedError, pb.INTERNAL_SERVER_ERROR),
     (ValueError, pb.BAD_REQUEST),
     (TypeError, pb.BAD_REQUEST),

@@ -4,8 +4,8 @@
 'use strict';
 
 const readline = require('node:readline');
-const { ConsumeResult, Producer, PushConsumer, SimpleConsumer } = require('rocketmq-client-nodejs');
-const { Code, TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
+const { ConsumeResult, FilterExpression, Producer, PushConsumer, SimpleConsumer } = require('rocketmq-client-nodejs');
+const { Code, FilterType, TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 
 const [scenario, rawArguments] = process.argv.slice(2);
 const args = JSON.parse(rawArguments || '{}');
@@ -109,7 +109,8 @@ function consumer() {
   return new SimpleConsumer({
     endpoints: args.endpoint,
     consumerGroup: args.group,
-    subscriptions: new Map().set(args.topic, args.filter || '*'),  // a TAG expression
+    // a TAG expression, or with args.sql an SQL92 one
+    subscriptions: new Map().set(args.topic, args.sql ? new FilterExpression(args.sql, FilterType.SQL) : args.filter || '*'),
     awaitDuration: 1000,
     sessionCredentials,
   });
