@@ -20,6 +20,10 @@ from ..wire.protocol import READ_CHUNK
 #: The message bodies one write batch holds at most (or one message): another client's
 #: small write waits behind one such batch, not behind a backlog of big ones.
 MAX_WRITE_BATCH_BYTES = 4 * 1024 * 1024
+#: How many light requests arriving together at an idle batcher run on the event loop
+#: (``Batcher.on_loop_up_to``): a sequential client's, or a decorated call's END with the
+#: next call's half message.
+FEW_ON_LOOP = 4
 
 
 class Batcher:
@@ -36,11 +40,20 @@ class Batcher:
     together (or are one item): one that does not fit waits for the next batch, and so does
     everything after it from the same ``source`` (a connection's items keep their order),
     while light items of other sources go ahead, so a small write never waits behind more
-    than the running batches, whatever other clients have queued."""
+    than the running batches, whatever other clients have queued.
+
+    With ``on_loop_up_to`` = n > 0, light items that find nothing running and are still at
+    most n one loop iteration later (the requests that arrived together) run on the event
+    loop itself: a sequential client's write (or a decorated call's END with the next
+    call's half message) then costs no thread hand-off in and none back (the executor's
+    wake-up, the GIL passed twice, the loop's self-pipe), at the price of the loop waiting
+    for that batch's fsync. More items, or a heavy one, go to a drain as before, so a busy
+    broker keeps reading requests while a batch syncs."""
 
     def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: Executor,
                  track: Callable[[asyncio.Future[None]], None], max_batches: int = 1,
-                 weigh: Callable[[Any], int] = lambda item: 0, max_batch_weight: int = 0) -> None:
+                 weigh: Callable[[Any], int] = lambda item: 0, max_batch_weight: int = 0,
+                 on_loop_up_to: int = 0) -> None:
         self.run_batch = run_batch
         self.executor = executor
         self.track = track
@@ -51,6 +64,9 @@ class Batcher:
         #: and ``running`` are shared with the drains' threads, under ``_lock``.
         self.waiting: list[tuple[Any, Callable[[Any], None], object, int]] = []
         self.running = 0
+        self.on_loop_up_to = on_loop_up_to
+        #: A run on the loop is scheduled (the items submitted meanwhile wait for it).
+        self._on_loop_pending = False
         self._lock = threading.Lock()
         self.backlog = 0
         self._lighter = asyncio.Event()
@@ -65,14 +81,22 @@ class Batcher:
         self.backlog += weight
         with self._lock:
             self.waiting.append((item, on_done, source, weight))
-            if self.running >= self.max_batches:
+            if self._on_loop_pending or self.running >= self.max_batches:
                 return
             self.running += 1
+            on_loop = self._on_loop_pending = self.running == 1 and 0 < self.on_loop_up_to and weight <= READ_CHUNK
         loop = self._loop
         if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()
         ended: asyncio.Future[None] = loop.create_future()
         self.track(ended)
+        if on_loop:
+            loop.call_soon(self._run_on_loop, loop, ended)
+        else:
+            self._start_drain(loop, ended)
+
+    def _start_drain(self, loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
+        """Hand a drain (already counted in ``running``) to the executor."""
         try:
             self.executor.submit(self._drain, loop, ended)
         except RuntimeError as exc:  # the executor is shut down: the server is stopping
@@ -80,6 +104,25 @@ class Batcher:
                 self.running -= 1
                 batch, self.waiting = self.waiting, []
             self._deliver(batch, [exc] * len(batch), ended)
+
+    def _run_on_loop(self, loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
+        """On the loop, an iteration after a light item found nothing running: the items
+        queued since run here if they are few and light, else they go to a drain."""
+        with self._lock:
+            self._on_loop_pending = False
+            few = len(self.waiting) <= self.on_loop_up_to and all(
+                entry[3] <= READ_CHUNK for entry in self.waiting)
+            batch, self.waiting = (self.waiting, []) if few else ([], self.waiting)
+        if not few:
+            self._start_drain(loop, ended)
+            return
+        try:
+            outcomes: Sequence[Any] = self.run_batch([entry[0] for entry in batch])
+        except Exception as exc:  # the whole batch failed (e.g. the disk is full)
+            outcomes = [exc] * len(batch)
+        with self._lock:
+            self.running -= 1
+        self._deliver(batch, outcomes, ended)
 
     def _drain(self, loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
         """On a thread of ``executor``: run batches until none waits; the last batch's
@@ -186,10 +229,11 @@ def write_one_by_one(broker: BrokerAPI) -> Callable[[list[WriteCall]], list[Any]
 def write_batcher(broker: BrokerAPI, executor: Executor,
                   track: Callable[[asyncio.Future[None]], None]) -> Batcher:
     """The batcher of a front's writes: ``broker.produce`` when it has one (one append and
-    one fsync per batch), two batches at a time, big bodies capped per batch."""
+    one fsync per batch), two batches at a time, big bodies capped per batch, up to
+    ``FEW_ON_LOOP`` light writes that arrive together at an idle broker on the loop."""
     produce = getattr(broker, "produce", None)
     return Batcher(produce or write_one_by_one(broker), executor, track, max_batches=2, weigh=body_bytes,
-                   max_batch_weight=MAX_WRITE_BATCH_BYTES)
+                   max_batch_weight=MAX_WRITE_BATCH_BYTES, on_loop_up_to=FEW_ON_LOOP)
 
 
 def ack_by_group(broker: BrokerAPI, items: list[dict[str, str]]) -> list[BrokerError | None]:
@@ -208,5 +252,6 @@ def ack_by_group(broker: BrokerAPI, items: list[dict[str, str]]) -> list[BrokerE
 
 
 def ack_batcher(broker: BrokerAPI, executor: Executor, track: Callable[[asyncio.Future[None]], None]) -> Batcher:
-    """The batcher of a front's acks: the acks that arrive together share one executor hop."""
-    return Batcher(functools.partial(ack_by_group, broker), executor, track)
+    """The batcher of a front's acks: the acks that arrive together share one executor hop;
+    a few at an idle broker run on the loop."""
+    return Batcher(functools.partial(ack_by_group, broker), executor, track, on_loop_up_to=FEW_ON_LOOP)

@@ -111,3 +111,54 @@ def test_a_batcher_serves_the_loop_that_runs_it_after_an_earlier_one_closed() ->
 
         assert asyncio.run(one(1)) == 2
         assert asyncio.run(one(2)) == 4  # a new loop: its answer comes back on it
+
+
+def _run_with_few_on_loop(groups: list[list[tuple[str, int]]]) -> tuple[list[Any], list[tuple[list[str], bool]], int]:
+    """Submit each group of items in one loop iteration (the next group after the answers
+    of the one before), with ``on_loop_up_to=2``: the answers, each batch with whether it
+    ran on the loop's thread, and how many drains went to the executor."""
+    batches: list[tuple[list[str], bool]] = []
+    loop_thread: list[threading.Thread] = []
+
+    def run_batch(items: list[tuple[str, int]]) -> list[str]:
+        batches.append(([name for name, _ in items], threading.current_thread() in loop_thread))
+        return [name for name, _ in items]
+
+    async def scenario() -> tuple[list[Any], int]:
+        tasks: set[asyncio.Future[None]] = set()
+        loop_thread.append(threading.current_thread())
+        answers: list[Any] = []
+        with CountingExecutor(2) as executor:
+            batcher = Batcher(run_batch, executor, tasks.add, max_batches=2, weigh=lambda item: item[1],
+                              max_batch_weight=4 * MIB, on_loop_up_to=2)
+            loop = asyncio.get_running_loop()
+            for group in groups:
+                done = []
+                for name, size in group:
+                    future = loop.create_future()
+                    done.append(future)
+                    batcher.submit((name, size), future.set_result, name)
+                answers += await asyncio.gather(*done)
+            await asyncio.gather(*tasks)
+            assert batcher.running == 0
+            return answers, executor.handed
+
+    answers, handed = asyncio.run(scenario())
+    return answers, batches, handed
+
+
+def test_a_lone_light_write_runs_on_the_loop_without_a_hand_off() -> None:
+    answers, batches, handed = _run_with_few_on_loop([[("one", 10)], [("two", 10)], [("three", 10)]])
+    assert answers == ["one", "two", "three"]
+    assert batches == [(["one"], True), (["two"], True), (["three"], True)]
+    assert handed == 0
+
+
+def test_more_writes_arriving_together_share_a_drain_and_a_heavy_one_leaves_the_loop() -> None:
+    answers, batches, handed = _run_with_few_on_loop(
+        [[("a", 10), ("b", 10), ("c", 10)], [("d", 10), ("e", 10)], [("big", 2 * MIB)], [("f", 10), ("big2", 2 * MIB)],
+         [("after", 10)]])
+    assert answers == ["a", "b", "c", "d", "e", "big", "f", "big2", "after"]
+    assert batches == [(["a", "b", "c"], False), (["d", "e"], True), (["big"], False), (["f", "big2"], False),
+                       (["after"], True)]
+    assert handed == 3
