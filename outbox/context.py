@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,8 @@ from broker_embedded import Message
 
 from .aio_producer import AsyncProducer
 from .producer import Producer
+from .sql import Execute, OutboxSQL
+from .stored import group_waiting
 
 #: Where a SQLAlchemy session keeps its ``LocalTransaction`` (``session.info[...]``).
 SESSION_INFO_KEY = "halfmoon.outbox"
@@ -31,6 +33,27 @@ class LocalTransaction:
     producer: Producer | AsyncProducer
     #: The messages it sent, in order (store mode writes them all if one half failed).
     messages: list[Message] = field(default_factory=list)
+    #: Store mode: a half message was not taken (or was held), so the commit stores all its messages.
+    stores: bool = False
+
+    def start(self, message: Message, statements: Callable[[], tuple[Execute, OutboxSQL]]) -> None:
+        """Put ``message``'s half message on its way (awaited before the commit), or in store
+        mode hold it for the database when the transaction already stores its messages or
+        the message's group has stored messages waiting for the relay (it must reach the
+        broker after them); ``statements()`` gives the ORM's way to ask the database."""
+        producer = self.producer
+        if producer.broker_down.stores and (
+                self.stores or group_waiting(*statements(), producer.producer_group, message)):
+            self.stores = True
+            producer.hold(message, self.transaction_id)
+        else:
+            producer.start_half(message, self.transaction_id)
+
+    def answered(self, taken: bool) -> None:
+        """Note what awaiting the half messages sent so far said: in store mode one that was
+        not ``taken`` makes the commit store all the transaction's messages."""
+        if not taken:
+            self.stores = True
 
     @property
     def message_ids(self) -> list[str]:

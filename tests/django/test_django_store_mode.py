@@ -166,6 +166,19 @@ def test_a_group_with_stored_messages_waiting_is_stored_until_they_are_relayed(s
     assert len(stored(store_alias)) == 2
 
 
+def test_a_held_call_holds_the_messages_it_sends_after_too(store_alias: str) -> None:
+    """Its first message held behind its group's waiting ones, the call stores all of its
+    messages, so the later ones (of no group) must not reach the broker as half messages
+    that no END would ever follow."""
+    with broker_down():
+        make_pay(store_alias, "alice")("alice", 1)
+    with store_mode():
+        behind = make_pay(store_alias, "alice")("alice", 2, more=1)
+        with pytest.raises(UnknownTransactionError):
+            producer().broker.transaction_state(behind)
+    assert [row.topic for row in stored(store_alias) if row.transaction_id == behind] == [TOPIC, f"{TOPIC}.receipt"]
+
+
 def test_other_groups_go_to_the_broker_while_one_group_waits(store_alias: str) -> None:
     with broker_down():
         make_pay(store_alias, "alice")("alice", 1)

@@ -52,7 +52,7 @@ from ...context import LocalTransaction, running, running_transaction
 from ...context import current_transaction_id as current_transaction_id  # of the running call
 from ...errors import OutboxError
 from ...producer import Producer, new_transaction_id
-from ...stored import group_waiting, store_messages
+from ...stored import store_messages
 from ...template import MessageOptions, MessageTemplate
 from .conf import producer as default_producer
 from .recorder import RECORDER
@@ -71,23 +71,23 @@ class _Call(LocalTransaction):
         """Its producer (the decorator's: a sync ``Producer``)."""
         return cast(Producer, self.producer)
 
-    def start(self, message: Message) -> None:
-        """Send ``message``'s half, or, in store mode, hold it for the database when its
-        message group's stored messages still wait for the relay (the broker then gets
-        the group's messages in the order they committed)."""
-        sender = self.sender
-        if sender.broker_down.stores and group_waiting(*RECORDER.statements(self.using), sender.producer_group,
-                                                       message):
-            sender.hold(message, self.transaction_id)
-        else:
-            sender.start_half(message, self.transaction_id)  # awaited before the call's commit
+    def add(self, message: Message) -> None:
+        """Send ``message``'s half, or hold it for the database (``LocalTransaction.start``),
+        and count it among the call's messages."""
+        self.start(message, lambda: RECORDER.statements(self.using))
         self.messages.append(message)
 
-    def await_or_store(self, taken: bool) -> None:
+    def acknowledged(self) -> None:
+        """Wait for the half messages sent so far (store mode: one not taken makes the
+        commit store them all)."""
+        self.answered(self.sender.await_halves(self.transaction_id))
+
+    def await_or_store(self) -> None:
         """Just before the commit, in the transaction: wait for the half messages; in store
-        mode, if one was not taken (or ``taken`` is False: an earlier wait said so), write
-        all the call's messages into ``outbox_stored_message`` (no END follows the commit)."""
-        if not self.sender.await_halves(self.transaction_id) or not taken:
+        mode, if one was not taken (or was held), write all the call's messages into
+        ``outbox_stored_message`` (no END follows the commit)."""
+        self.acknowledged()
+        if self.stores:
             execute, sql = RECORDER.statements(self.using)
             store_messages(execute, sql, self.transaction_id, self.sender.producer_group, self.messages)
 
@@ -97,7 +97,7 @@ def send(message: Message) -> str:
     current = running_transaction()
     if not isinstance(current, _Call):
         raise OutboxError("outbox.integrations.django.send() is for use inside @transactional_message")
-    current.start(message)
+    current.add(message)
     return current.transaction_id
 
 
@@ -138,16 +138,17 @@ def transactional_message(
             message = bound.message(*args, **kwargs)
             sender = producer or default_producer()
             local = _Call(new_transaction_id(), sender, using=using)
-            local.start(message)
+            local.add(message)
             operation = instrumentation.operation(instrumentation.LOCAL_TRANSACTION,
                                                   producer_group=sender.producer_group,
                                                   transaction_id=local.transaction_id)
             try:
-                taken = overlap or sender.await_halves(local.transaction_id)
+                if not overlap:
+                    local.acknowledged()
                 with running(local), transaction.atomic(using=using):
                     RECORDER.record_committed(using, local.transaction_id, sender.producer_group)
                     result = body()
-                    local.await_or_store(taken)  # inside atomic: a failure rolls back
+                    local.await_or_store()  # inside atomic: a failure rolls back
                     transaction.on_commit(lambda: sender.finish(local.transaction_id, Resolution.COMMIT), using=using)
             except BaseException as exc:
                 operation.end(exc, Resolution.ROLLBACK.value)

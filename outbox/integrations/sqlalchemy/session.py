@@ -67,7 +67,7 @@ from ...context import current_transaction_id as current_transaction_id  # the s
 from ...errors import ConfigurationError, NestedTransactionError, OutboxError, SavepointError
 from ...producer import Producer, new_transaction_id
 from ...producer_protocol import local_transaction as local_operation
-from ...stored import group_waiting, store_messages
+from ...stored import store_messages
 from .check_back import answer_own_check_backs
 from .recorder import RECORDER, record_committed
 
@@ -89,8 +89,6 @@ class PendingTransaction(LocalTransaction):
     poisoned: OutboxError | None = None
     #: The ``LOCAL_TRANSACTION`` operation, from the first message to the end.
     operation: instrumentation.Operation | None = None
-    #: Store mode: a half message was not taken (or held), so the commit stores all its messages.
-    stores: bool = False
 
     def end(self, resolution: Resolution) -> None:
         """The local transaction ended with ``resolution``: END_TRANSACTION."""
@@ -216,30 +214,20 @@ async def asend(session: AsyncSession, message: Message) -> str:
 
 
 def start_half(session: Session, pending: PendingTransaction, message: Message) -> None:
-    """``message``'s half message on its way (``start_half`` of either producer), or in
-    store mode held out of the broker (``hold``) when the transaction already stores its
-    messages or the message's group has stored messages waiting for the relay (it must
-    reach the broker after them)."""
-    producer = pending.producer
-    if producer.broker_down.stores and (pending.stores or group_waiting(*RECORDER.statements(session),
-                                                                          producer.producer_group, message)):
-        pending.stores = True
-        producer.hold(message, pending.transaction_id)
-    else:
-        producer.start_half(message, pending.transaction_id)
+    """``message``'s half message on its way, or in store mode held for the database
+    (``LocalTransaction.start``)."""
+    pending.start(message, lambda: RECORDER.statements(session))
 
 
 def acknowledged(pending: PendingTransaction) -> None:
     """Wait for the acknowledgments of the transaction's half messages (``Producer``); in
     store mode one that was not taken makes the commit store its messages."""
-    if not cast(Producer, pending.producer).await_halves(pending.transaction_id):
-        pending.stores = True
+    pending.answered(cast(Producer, pending.producer).await_halves(pending.transaction_id))
 
 
 async def awaited(pending: PendingTransaction) -> None:
     """``acknowledged`` for an ``AsyncProducer``, before the commit: the halves under way."""
-    if not await cast(AsyncProducer, pending.producer).await_halves(pending.transaction_id):
-        pending.stores = True
+    pending.answered(await cast(AsyncProducer, pending.producer).await_halves(pending.transaction_id))
 
 
 def pending_transaction(session: Session) -> PendingTransaction:
