@@ -13,6 +13,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -68,6 +69,28 @@ async def concurrently(in_flight: int, seconds: float, step: Callable[[], Awaita
         return done
 
     return sum(await asyncio.gather(*(loop() for _ in range(in_flight))))
+
+
+def in_threads(clients: int, seconds: float, call: Callable[[], None]) -> tuple[float, list[float]]:
+    """``clients`` threads calling ``call`` over and over for ``seconds``: calls per second
+    over all of them, and each call's seconds."""
+    durations: list[list[float]] = [[] for _ in range(clients)]
+    stop = time.perf_counter() + seconds
+
+    def work(i: int) -> None:
+        mine = durations[i]
+        while (start := time.perf_counter()) < stop:
+            call()
+            mine.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [d for mine in durations for d in mine]
+    return len(every) / (time.perf_counter() - started), every
 
 
 def in_processes(processes: int, target: Callable[..., None], args: tuple[Any, ...]) -> float:

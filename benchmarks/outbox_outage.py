@@ -39,6 +39,7 @@ from _common import (
     alternating_rounds,
     free_port,
     halfmoon_process,
+    in_threads,
     machine_load,
     percentile,
     ratios,
@@ -88,34 +89,13 @@ class Calls:
         self.engine.dispose()
 
 
-def timed_calls(clients: int, seconds: float, call: Callable[[], None]) -> tuple[float, list[float]]:
-    """Calls per second of ``clients`` threads running ``call`` for ``seconds``, and each call's seconds."""
-    durations: list[list[float]] = [[] for _ in range(clients)]
-    stop = time.perf_counter() + seconds
-
-    def work(i: int) -> None:
-        mine = durations[i]
-        while (start := time.perf_counter()) < stop:
-            call()
-            mine.append(time.perf_counter() - start)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    every = [d for mine in durations for d in mine]
-    return len(every) / (time.perf_counter() - started), every
-
-
 def throughput(calls: Calls, args: argparse.Namespace) -> None:
     print(f"broker down: {args.rounds} alternating round(s) of {args.seconds / args.rounds:.1f} s per variant; "
           "cells: median calls/s, share of bare in the same round, per-call p50 / p99 (all rounds)")
     for clients, label in CLIENTS:
         calls.calls[BARE]()  # warm-up
         rounds = alternating_rounds(args.rounds, {
-            name: functools.partial(timed_calls, clients, args.seconds / args.rounds, call)
+            name: functools.partial(in_threads, clients, args.seconds / args.rounds, call)
             for name, call in calls.calls.items()})
         rates = {name: [rate for rate, _ in results] for name, results in rounds.items()}
         for name, results in rounds.items():

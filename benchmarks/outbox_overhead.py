@@ -48,6 +48,7 @@ from typing import Any
 from _common import (
     alternating_rounds,
     halfmoon_process,
+    in_threads,
     machine_load,
     percentile,
     print_profile,
@@ -84,26 +85,8 @@ relay_outbox = Table("bench_relay_outbox", app, Column("id", Integer, primary_ke
                      Column("topic", String(80), index=True), Column("payload", Text))
 
 
-def run_clients(clients: int, seconds: float, call: Callable[[], None]) -> float:
-    counts = [0] * clients
-    stop = time.perf_counter() + seconds
-
-    def work(i: int) -> None:
-        while time.perf_counter() < stop:
-            call()
-            counts[i] += 1
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.perf_counter() - start)
-
-
 async def run_tasks(tasks: int, seconds: float, call: Callable[[], Awaitable[None]]) -> float:
-    """``run_clients`` for coroutines: ``tasks`` concurrent tasks on one loop; calls per second."""
+    """``in_threads`` for coroutines: ``tasks`` concurrent tasks on one loop; calls per second."""
     counts = [0] * tasks
     stop = time.perf_counter() + seconds
 
@@ -261,7 +244,7 @@ def _client_process(url: str, broker_url: str, commands: Any, results: Any) -> N
     while (command := commands.get()) is not None:
         name, seconds, start_at = command
         time.sleep(max(0.0, start_at - time.time()))
-        results.put(run_clients(1, seconds, variants.calls[name]))
+        results.put(in_threads(1, seconds, variants.calls[name])[0])
         variants.flush()
     variants.close()
 
@@ -337,7 +320,7 @@ def throughput(url: str, broker_url: str, args: argparse.Namespace) -> None:
 
 
 def _threads_rate(variants: Variants, clients: int, name: str, seconds: float) -> float:
-    rate = run_clients(clients, seconds, variants.calls[name])
+    rate = in_threads(clients, seconds, variants.calls[name])[0]
     variants.flush()
     return rate
 
