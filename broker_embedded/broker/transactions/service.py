@@ -49,7 +49,7 @@ from .. import codec
 from ..config import BrokerConfig
 from ..writes import EndCall, ForcedResolveCall, HalfCall, RelayCall, Staged
 from .book import HalfFields, Transaction, TransactionBook, read_half
-from .check_service import CheckService, now_ms
+from .check_service import CheckService
 from .latch import Latch
 from .ops import (
     FINAL_STATES,
@@ -97,10 +97,12 @@ class TransactionService:
     ) -> None:
         self.store = store
         self.route = route
+        #: The time of op records and check rounds (the store's: ``StoreConfig.clock``).
+        self.clock = store.config.clock
         self.book = TransactionBook(config.transaction_timeout_s)
         self.checks = CheckService(
             self.book, checker, self._first_message, self._write_check, self.park,
-            config.check_interval_s, config.check_max, config.max_outstanding_checks,
+            config.check_interval_s, config.check_max, config.max_outstanding_checks, self.clock,
         )
         self._snapshot_path = snapshot_path
         #: Half messages being stored right now, per transaction id; the transactions being
@@ -370,7 +372,7 @@ class TransactionService:
             )
         named = set(ended.message_ids) if ended is not None else set()
         results: list[int | SendResult] = []
-        op = Op(transaction_id, OP_COMMIT, 0, now_ms(), call.producer_group, relayed=ended is None)
+        op = Op(transaction_id, OP_COMMIT, 0, self.clock.time_ms(), call.producer_group, relayed=ended is None)
         copies: list[StoredRecord] = []
         for message, queue_id in zip(call.messages, queue_ids, strict=True):
             stored = self._copy_of(message.message_id, transaction_id) if message.message_id in named else None
@@ -400,7 +402,7 @@ class TransactionService:
 
     # -- records --------------------------------------------------------------------------
     def _decision(self, tx: Transaction, kind: str) -> Op:
-        return Op(tx.transaction_id, kind, tx.check_times, now_ms(), tx.producer_group,
+        return Op(tx.transaction_id, kind, tx.check_times, self.clock.time_ms(), tx.producer_group,
                   tx.half_offsets, list(tx.message_ids))
 
     def _halves_to_commit(self, offsets: list[int]) -> Iterator[tuple[StoredRecord, HalfFields]]:
@@ -458,7 +460,7 @@ class TransactionService:
     # -- check service callbacks and admin ------------------------------------------------
     def _write_check(self, tx: Transaction, check_times: int) -> None:
         if self.book.get(tx.transaction_id) is tx and tx.state is TransactionState.PENDING:
-            self.store.put(op_record(Op(tx.transaction_id, OP_CHECK, check_times, now_ms())))
+            self.store.put(op_record(Op(tx.transaction_id, OP_CHECK, check_times, self.clock.time_ms())))
 
     def park(self, tx: Transaction) -> None:
         """Park ``tx`` after ``check_max`` unanswered checks: ``[park op, copies]``."""
@@ -481,7 +483,7 @@ class TransactionService:
     def recheck(self, transaction_id: str) -> None:
         """Put a parked transaction back under check with a fresh count."""
         self.parked(transaction_id)
-        self.store.put(op_record(Op(transaction_id, OP_RECHECK, 0, now_ms())))
+        self.store.put(op_record(Op(transaction_id, OP_RECHECK, 0, self.clock.time_ms())))
         log.info("transaction %s taken out of %s for re-checking", transaction_id, CHECK_MAX_TOPIC)
 
     def list_parked(self) -> list[ParkedTransaction]:
