@@ -110,6 +110,11 @@ class TransactionService:
         #: the writes in flight.
         self._joining: dict[str, int] = {}
         self._relaying: set[str] = set()
+        #: The commit log offsets of the resolutions dispatched since an index write failed
+        #: (``MessageIndex.failed_from``), per transaction id: the index lacks them until
+        #: the next start indexes them again, and ``resolution_on_disk`` must still find
+        #: them. Empty while the index is whole.
+        self._unindexed: dict[str, list[int]] = {}
 
     # -- SEND_HALF ------------------------------------------------------------------------
     def stage_half(self, call: HalfCall, queue_id: int) -> Staged:
@@ -266,7 +271,10 @@ class TransactionService:
         transaction committed by several ops (relays that added messages to it) reads as one
         commit op naming the half messages and message ids of them all."""
         found: Op | None = None
-        for offset in self.store.lookup_key(OP_HALF_TOPIC, transaction_id):
+        offsets = self.store.lookup_key(OP_HALF_TOPIC, transaction_id)
+        if unindexed := self._unindexed.get(transaction_id):
+            offsets = sorted({*offsets, *unindexed})
+        for offset in offsets:
             record = self.store.get(offset)
             if record.topic != OP_HALF_TOPIC:
                 continue
@@ -510,6 +518,9 @@ class TransactionService:
             op = _decode(record)
             if op is not None:
                 self.book.apply(op, record.queue_offset)
+                failed = self.store.index.failed_from
+                if failed is not None and record.commit_log_offset >= failed and op.kind in FINAL_STATES:
+                    self._unindexed.setdefault(op.transaction_id, []).append(record.commit_log_offset)
 
     def rebuild(self, read_all: Callable[[str, int], Iterator[StoredRecord]]) -> None:
         """Restore the book from its snapshot and the half/op records after its cut, then
