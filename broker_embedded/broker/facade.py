@@ -479,7 +479,7 @@ class EmbeddedBroker:
             self.write_snapshots()
         if now - timers.last_retention >= 600:
             timers.last_retention = now
-            self.apply_retention()
+            self.apply_retention(self._clock.time_ms())
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Delete expired commit log segments, keeping every segment from the oldest open

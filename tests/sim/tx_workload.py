@@ -75,6 +75,7 @@ CONFIG = BrokerConfig(
         scrub_bytes_per_s=0,
         checkpoint_interval_s=1e9,
         async_flush_interval_s=1e9,
+        retention_hours=1e6,  # retention is not simulated (the disk keeps no file times)
     ),
     transaction_timeout_s=6.0,
     check_interval_s=5.0,
