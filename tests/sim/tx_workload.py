@@ -51,7 +51,6 @@ from broker_embedded.broker.facade import EmbeddedBroker
 from broker_embedded.errors import BrokerError, TransactionConflictError, UnknownTransactionError
 from broker_embedded.message import CheckRequest, Message, Resolution, TransactionState
 from broker_embedded.store.config import StoreConfig
-from outbox.errors import TransactionFencedError
 from outbox.integrations.sqlalchemy.recorder import RECORDER
 from outbox.integrations.sqlalchemy.tables import transaction_log
 from tests.sim.disk import Faults, PowerCut, SimulatedDisk
@@ -142,16 +141,12 @@ class TransactionLog:
         # the model's own reads may not wait for a client's open local transaction
         self._reader.exec_driver_sql("PRAGMA read_uncommitted = 1")
 
-    def begin(self, transaction_id: str, group: str) -> sa.Connection | None:
-        """A client's local transaction with its COMMITTED row inserted first; None when a
-        check-back's fence got there first (the client rolls back)."""
+    def begin(self, transaction_id: str, group: str) -> sa.Connection:
+        """A client's local transaction with its COMMITTED row inserted first (a new id: no
+        check's fence can be there yet)."""
         connection = self.engine.connect()
         connection.begin()
-        try:
-            RECORDER.record_committed(connection, transaction_id, group)
-        except TransactionFencedError:
-            connection.close()
-            return None
+        RECORDER.record_committed(connection, transaction_id, group)
         return connection
 
     def check(self, transaction_id: str, group: str) -> Resolution:
@@ -187,8 +182,8 @@ class Tx:
     #: Half messages whose send returned (number -> body size), and those cut or failed.
     halves: dict[int, int] = field(default_factory=dict)
     maybe: dict[int, int] = field(default_factory=dict)
-    #: The client's local transaction: open (its connection), "committed", "rolled back"
-    #: or "fenced" (its insert found a check's fence).
+    #: The client's local transaction: "open" (its connection), "committed", "rolled back",
+    #: or "fenced" (rolled back, and a check-back's fence wrote its ROLLED_BACK row).
     db: str = "open"
     connection: sa.Connection | None = None
     #: The broker's resolution, once an END that returned or a recovery showed it.
@@ -266,7 +261,6 @@ class TxSimulation:
         tx = Tx(f"tx{len(self.txs)}", group)
         self.txs[tx.transaction_id] = tx
         tx.connection = self.database.begin(tx.transaction_id, group)
-        assert tx.connection is not None  # a new id: no fence can be there
         self.step(f"{tx.transaction_id} ({group}): local transaction begins")
         self.send_half(tx, size, crash_at)
 
