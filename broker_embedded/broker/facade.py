@@ -98,6 +98,7 @@ class EmbeddedBroker:
         self.consumers = ConsumerGroups(
             self.store, self._queue_count, self.config.max_delivery_attempts,
             self.config.retry_backoff_s, self.config.max_inflight_per_queue, self.config.sync_consumer_progress,
+            self.config.store.clock,
         )
         self._consumer_snapshot_path = self.data_dir / "consumer_state.snapshot"
         self._rebuild()
