@@ -5,6 +5,7 @@ that the simulator finds known bugs put back into a copy of the code.
         [--first-seed N] [--out failing-seeds.txt]
     .venv/bin/python benchmarks/simulate.py --seed 4711 --profile io      # replay one
     .venv/bin/python benchmarks/simulate.py --mutations [--max-seeds 2000]
+    .venv/bin/python benchmarks/simulate.py --workload tx ...          # the transaction workload
 
 A search runs seeds from ``--first-seed`` on, for every profile in turn, until the time is
 up; each failing seed is appended to ``--out`` as ``profile seed: failure`` and its report
@@ -23,12 +24,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.sim.workload import PROFILES, run  # noqa: E402
+from tests.sim import tx_workload, workload  # noqa: E402
+from tests.sim.workload import PROFILES  # noqa: E402
 
 #: Known bugs, put back by a textual edit: (name, file, the text of the fix, the bug's text).
 MUTATIONS: list[tuple[str, str, str, str]] = [
@@ -71,8 +75,28 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
 ]
 
 
-def search(seconds: float, profiles: list[str], first_seed: int, out: Path | None) -> int:
-    """Run seeds until ``seconds`` are up; the number of failures."""
+# -- the transaction workload (tests/sim/tx_workload.py) ----------------------------------
+#: The drivers by ``--workload``: the store's and the transaction core's.
+WORKLOADS: dict[str, Callable[[int, str], Any]] = {"store": workload.run, "tx": tx_workload.run}
+#: Known bugs of the transaction side, found with the transaction workload's driver.
+TX_MUTATIONS: list[tuple[str, str, str, str]] = [
+    ("an END applied before its records are durable", "broker_embedded/broker/transactions/service.py",
+     "            records = [op_record(op)]\n",
+     "            records = [op_record(op)]\n            self.book.apply(op, self.book.op_applied)\n"),
+    ("a transaction snapshot written before the ops it covers", "broker_embedded/broker/transactions/service.py",
+     "        self._redo(decided)\n", "        self.write_snapshot()\n        self._redo(decided)\n"),
+    ("an index entry of an older life of the file counted after a power loss", "broker_embedded/store/index.py",
+     "                if not hash_ or previous != self._head_as_of_count(hash_ % self.slots):\n",
+     "                if not hash_:\n"),
+    ("a resolution the index failed to take answered as no transaction",
+     "broker_embedded/broker/transactions/service.py",
+     "        if unindexed := self._unindexed.get(transaction_id):\n", "        if unindexed := None:\n"),
+]
+
+
+def search(seconds: float, profiles: list[str], first_seed: int, out: Path | None, driver: str = "store") -> int:
+    """Run seeds of ``driver``'s workload until ``seconds`` are up; the number of failures."""
+    run = WORKLOADS[driver]
     deadline = time.monotonic() + seconds
     seed, runs, failures = first_seed, 0, 0
     while time.monotonic() < deadline:
@@ -84,14 +108,15 @@ def search(seconds: float, profiles: list[str], first_seed: int, out: Path | Non
                 print(result.report(), end="\n\n", flush=True)
                 if out is not None:
                     with out.open("a") as f:
-                        f.write(f"{profile} {seed}: {result.failure.splitlines()[0]}\n")
+                        label = "" if driver == "store" else f"{driver} "
+                        f.write(f"{label}{profile} {seed}: {result.failure.splitlines()[0]}\n")
         seed += 1
     print(f"{runs} runs (seeds {first_seed} to {seed - 1}), {failures} failing, in {seconds:.0f} s")
     return failures
 
 
-def replay(seed: int, profile: str) -> int:
-    result = run(seed, profile)
+def replay(seed: int, profile: str, driver: str = "store") -> int:
+    result = WORKLOADS[driver](seed, profile)
     print("\n".join(result.steps))
     if result.failure is None:
         print(f"seed {seed} ({profile}): every check held")
@@ -103,11 +128,15 @@ def replay(seed: int, profile: str) -> int:
 _FIND = """
 import logging, sys, time
 logging.disable(logging.CRITICAL)
-from tests.sim.workload import run
+import importlib
+workload = importlib.import_module(sys.argv[2])
+known = getattr(workload, "KNOWN_FAILING", set())  # seeds that fail without the bug put back
 started, max_seeds = time.monotonic(), int(sys.argv[1])
 for seed in range(max_seeds):
-    for profile in sys.argv[2:]:
-        result = run(seed, profile)
+    for profile in sys.argv[3:]:
+        if (profile, seed) in known:
+            continue
+        result = workload.run(seed, profile)
         if result.failure:
             print(f"{seed + 1}|{profile}|{time.monotonic() - started:.1f}|{result.failure.splitlines()[0][:90]}")
             sys.exit(0)
@@ -115,12 +144,13 @@ print(f"not found|-|{time.monotonic() - started:.1f}|")
 """
 
 
-def mutations(max_seeds: int, profiles: list[str]) -> int:
-    """Put each known bug back into a copy and count the seeds until one fails."""
+def mutations(max_seeds: int, profiles: list[str], driver: str = "store") -> int:
+    """Put each known bug back into a copy and count the seeds until ``driver``'s
+    workload fails on it."""
     print("| bug put back | seeds until found | profile | seconds | failure |")
     print("|---|---|---|---|---|")
     missed = 0
-    for name, relative, fixed, bug in MUTATIONS:
+    for name, relative, fixed, bug in MUTATIONS if driver == "store" else TX_MUTATIONS:
         with tempfile.TemporaryDirectory(prefix="halfmoon-mutant-") as tmp:
             copy = Path(tmp)
             shutil.copytree(ROOT / "broker_embedded", copy / "broker_embedded")
@@ -131,7 +161,8 @@ def mutations(max_seeds: int, profiles: list[str]) -> int:
             if text.count(fixed) != 1:
                 raise SystemExit(f"mutation {name!r} does not apply to {relative}")
             target.write_text(text.replace(fixed, bug))
-            found = subprocess.run([sys.executable, "-c", _FIND, str(max_seeds), *profiles], cwd=copy,
+            module = "tests.sim.workload" if driver == "store" else "tests.sim.tx_workload"
+            found = subprocess.run([sys.executable, "-c", _FIND, str(max_seeds), module, *profiles], cwd=copy,
                                    capture_output=True, text=True, check=True).stdout.strip()
         seeds, profile, seconds, failure = found.split("|", 3)
         missed += seeds == "not found"
@@ -148,14 +179,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, help="replay this seed (with --profile)")
     parser.add_argument("--mutations", action="store_true")
     parser.add_argument("--max-seeds", type=int, default=2000)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="store",
+                        help="the store's workload or the transaction core's (tests/sim/tx_workload.py)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.CRITICAL if args.seed is None else logging.WARNING)
     profiles = list(PROFILES) if args.profile == "all" else [args.profile]
     if args.seed is not None:
-        sys.exit(replay(args.seed, profiles[0]))
+        sys.exit(replay(args.seed, profiles[0], args.workload))
     if args.mutations:
-        sys.exit(1 if mutations(args.max_seeds, profiles) else 0)
-    sys.exit(1 if search(args.seconds, profiles, args.first_seed, args.out) else 0)
+        sys.exit(1 if mutations(args.max_seeds, profiles, args.workload) else 0)
+    sys.exit(1 if search(args.seconds, profiles, args.first_seed, args.out, args.workload) else 0)
 
 
 if __name__ == "__main__":

@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..api import ConsumerQueue
+from ..clock import WALL, Clock
 from ..errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
 from ..filters import EVERY_MESSAGE, Subscription
-from ..message import ReceivedMessage, now_ms
+from ..message import ReceivedMessage
 from ..store.index import consecutive_runs
 from ..store.message_store import MessageStore, fitting
 from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
@@ -212,8 +213,12 @@ class ConsumerGroups:
         retry_backoff_s: tuple[float, ...],
         max_inflight_per_queue: int,
         sync_progress: bool,
+        clock: Clock = WALL,
     ) -> None:
         self.store = store
+        #: The time of deliveries, invisibility and events (``StoreConfig.clock``); a long
+        #: poll still waits on the real clock.
+        self.clock = clock
         self._queue_count = queue_count
         self.max_delivery_attempts = max_delivery_attempts
         self.retry_backoff_ms = tuple(int(s * 1000) for s in retry_backoff_s) or (0,)
@@ -314,7 +319,7 @@ class ConsumerGroups:
                                                            subscription, skipped)
             events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
             events += [self._event(EVENT_DEAD, group, topic, key, d) for key, d in dead]
-            events += [Event(EVENT_SKIPPED, group, topic, key[2], key[3], start, 0, "", now_ms(), end - start)
+            events += [Event(EVENT_SKIPPED, group, topic, key[2], key[3], start, 0, "", self.clock.time_ms(), end - start)
                        for key, start, end in skipped]
             if events:
                 # dead-letterings: the decision (event) first, with the DLQ copies, durable
@@ -341,7 +346,7 @@ class ConsumerGroups:
     ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]], bool]:
         """The deliveries and dead-letterings of one pass over the group's queues, and
         whether a filter left entries unscanned."""
-        now = now_ms()
+        now = self.clock.time_ms()
         unscanned = False
         delivered: list[tuple[ProgressKey, Delivery]] = []
         dead: list[tuple[ProgressKey, Delivery]] = []
@@ -458,7 +463,7 @@ class ConsumerGroups:
     def _event(self, kind: str, group: str, topic: str, key: ProgressKey, d: Delivery) -> Event:
         return Event(
             kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt,
-            d.record.properties.get("UNIQ_KEY", ""), now_ms(),
+            d.record.properties.get("UNIQ_KEY", ""), self.clock.time_ms(),
         )
 
     @staticmethod
@@ -529,7 +534,7 @@ class ConsumerGroups:
             raise UnknownReceiptError(
                 f"stale receipt handle {handle!r}: the message was delivered again since"
             )
-        if now_ms() > delivery.expires_at_ms:
+        if self.clock.time_ms() > delivery.expires_at_ms:
             raise UnknownReceiptError(
                 f"expired receipt handle {handle!r}: its invisible duration is over"
             )
@@ -601,7 +606,7 @@ class ConsumerGroups:
         with self.lock:
             key, _, delivery = self._lookup(group, handle)
             delivery.receipt = uuid.uuid4().hex[:16]
-            delivery.visible_at_ms = delivery.expires_at_ms = now_ms() + invisible_ms
+            delivery.visible_at_ms = delivery.expires_at_ms = self.clock.time_ms() + invisible_ms
             return self._receipt_handle(key, delivery)
 
     # -- admin ----------------------------------------------------------------------------
@@ -621,7 +626,7 @@ class ConsumerGroups:
     def queues(self) -> list[ConsumerQueue]:
         """Each group's lag and messages in flight per stored queue, by group and topic;
         costs O(groups' queues + the deliveries they hold)."""
-        now = now_ms()
+        now = self.clock.time_ms()
         with self.lock:
             return [
                 ConsumerQueue(*key, lag, 0 if progress is None else sum(

@@ -98,11 +98,14 @@ class EmbeddedBroker:
         self.consumers = ConsumerGroups(
             self.store, self._queue_count, self.config.max_delivery_attempts,
             self.config.retry_backoff_s, self.config.max_inflight_per_queue, self.config.sync_consumer_progress,
+            self.config.store.clock,
         )
         self._consumer_snapshot_path = self.data_dir / "consumer_state.snapshot"
         self._rebuild()
         self.store.add_dispatch_listener(self._on_dispatch)
         self.write_snapshots()  # the rebuilt state, redone records included, is the new cut
+        self._clock = self.config.store.clock
+        self._timers = _Timers(float("-inf"), self._clock.monotonic(), self._clock.monotonic())
         self._service = threading.Thread(target=self._run_services, name="broker-services", daemon=True)
         self._service.start()
         log.info(
@@ -453,26 +456,31 @@ class EmbeddedBroker:
             self.consumers.notify()
 
     def _run_services(self) -> None:
-        last_check = 0.0
-        last_retention = last_snapshot = time.monotonic()
-        tick = self.config.service_tick_s
-        check_every = min(self.config.check_interval_s, 1.0)
-        while not self._closed.wait(tick):
+        while not self._closed.wait(self.config.service_tick_s):
             try:
-                self.delays.deliver_due()
-                if time.monotonic() - last_check >= check_every:
-                    last_check = time.monotonic()
-                    self.checks.run_once()
-                if time.monotonic() - last_snapshot >= self.config.snapshot_interval_s:
-                    last_snapshot = time.monotonic()
-                    self.write_snapshots()
-                if time.monotonic() - last_retention >= 600:
-                    last_retention = time.monotonic()
-                    self.apply_retention()
+                self.run_timers()
             except BrokerClosedError:
                 return
             except Exception:
                 log.exception("broker service round failed")
+
+    def run_timers(self) -> None:
+        """One round of the timed services at the clock's time (``StoreConfig.clock``):
+        delayed messages come due, a check round once per check interval (at most 1 s),
+        snapshots once per ``snapshot_interval_s``, retention every 10 minutes. The service
+        thread runs one per ``service_tick_s``; a simulation advancing its own clock calls
+        it itself."""
+        timers, now = self._timers, self._clock.monotonic()
+        self.delays.deliver_due()
+        if now - timers.last_check >= min(self.config.check_interval_s, 1.0):
+            timers.last_check = now
+            self.checks.run_once()
+        if now - timers.last_snapshot >= self.config.snapshot_interval_s:
+            timers.last_snapshot = now
+            self.write_snapshots()
+        if now - timers.last_retention >= 600:
+            timers.last_retention = now
+            self.apply_retention(self._clock.time_ms())
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Delete expired commit log segments, keeping every segment from the oldest open
@@ -507,6 +515,15 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclasses.dataclass(slots=True)
+class _Timers:
+    """When ``run_timers`` last ran each timed service (the clock's monotonic seconds)."""
+
+    last_check: float
+    last_snapshot: float
+    last_retention: float
 
 
 def _open_transaction(tx: Transaction) -> OpenTransaction:

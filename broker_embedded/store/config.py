@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..clock import WALL, Clock
 from .filesystem import REAL, FileSystem
 
 
@@ -26,7 +27,8 @@ class StoreConfig:
     the readers that meet it).
 
     ``filesystem`` is the file layer every file of the store goes through (``filesystem.py``):
-    the real one, or the deterministic simulator's in tests.
+    the real one, or the deterministic simulator's in tests. ``clock`` (``broker_embedded.clock``)
+    stamps stored records and drives the broker's timers: the wall clock, or a simulation's.
     """
 
     segment_size: int = 64 * 1024 * 1024
@@ -42,6 +44,7 @@ class StoreConfig:
     scrub_bytes_per_s: int = 16 * 1024 * 1024
     scrub_interval_s: float = 24 * 3600.0
     filesystem: FileSystem = field(default=REAL, compare=False, repr=False)
+    clock: Clock = field(default=WALL, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.scrub_bytes_per_s < 0:

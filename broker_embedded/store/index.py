@@ -140,17 +140,33 @@ class IndexFile:
 
     def _count_unheaded_entries(self) -> None:
         """Count the entries written after the header was (a crash between checkpoints) and
-        link each into its slot, which may not have been written back."""
+        link each into its slot, which may not have been written back. The count stops at
+        the first entry that is not the next link of its slot's chain: past a power loss
+        the entries there may be of several lives of the file (a dropped write, then the
+        same numbers written again), and an entry of an older life would link its slot
+        past newer entries, which lookups would then never find."""
         while self.count < self.capacity:
             chunk = min(_COUNT_CHUNK, self.capacity - self.count)
             raw = self.fs.pread(self.fd, chunk * ENTRY_SIZE, self._entry_position(self.count + 1))
-            for hash_, offset, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE]):
-                if not hash_:
+            for hash_, offset, previous in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE]):
+                if not hash_ or previous != self._head_as_of_count(hash_ % self.slots):
                     return
                 self._counted(offset)
                 self._set_slot(hash_ % self.slots, self.count)
             if len(raw) < chunk * ENTRY_SIZE:
                 return
+
+    def _head_as_of_count(self, slot: int) -> int:
+        """The newest counted entry of ``slot`` (-1: unknown). Its slot on disk may point past
+        the count (a checkpoint's slot pages kept, its header lost), at entries the
+        checkpoint made durable first: their chain leads back to it."""
+        number = self._slot(slot)
+        while number > self.count:
+            hash_, _, previous = _ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))
+            if not hash_ or previous >= number:
+                return -1
+            number = previous
+        return number
 
     def _counted(self, offset: int) -> None:
         self.count += 1

@@ -476,7 +476,7 @@ class MessageStore:
 
     def _append_all(self, records: list[StoredRecord]) -> list[StoredRecord]:
         """Encode and append records as one write per segment; all or nothing."""
-        store_ms = _now_ms()
+        store_ms = self.config.clock.time_ms()
         next_offset = self._next_offset
         assigned: dict[tuple[str, int], int] = {}
         encoded: list[bytes] = []

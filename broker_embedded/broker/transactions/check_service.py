@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from ...api import TransactionChecker
+from ...clock import WALL, Clock
 from ...errors import CheckUnansweredError, CorruptLogError
-from ...message import CheckRequest, Message, Resolution, now_ms
+from ...message import CheckRequest, Message, Resolution
 from .book import Transaction, TransactionBook
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,9 @@ class UnansweredGroups:
     last answer; an answer clears it. A group none of whose checks was even tried for
     twice ``threshold_s`` (its transactions ended otherwise or were parked) is forgotten."""
 
-    def __init__(self, threshold_s: float, report_every_s: float) -> None:
+    def __init__(self, threshold_s: float, report_every_s: float, clock: Clock = WALL) -> None:
         self.threshold_s = threshold_s
+        self.clock = clock
         #: How often an unanswered group is logged at ERROR again.
         self.report_every_s = report_every_s
         self._lock = threading.Lock()
@@ -54,7 +55,7 @@ class UnansweredGroups:
 
     def asked(self, producer_group: str) -> None:
         """A check of the group was tried (routed or not)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             self._since.setdefault(producer_group, now)
             self._last_asked[producer_group] = now
@@ -67,7 +68,7 @@ class UnansweredGroups:
 
     def seconds(self) -> dict[str, float]:
         """Each unanswered group and for how many seconds its checks have gone unanswered."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             for group, last in list(self._last_asked.items()):
                 if now - last > 2 * self.threshold_s:
@@ -79,7 +80,7 @@ class UnansweredGroups:
     def report(self) -> None:
         """Log each unanswered group at ERROR, at most once per ``report_every_s``."""
         for group, seconds in self.seconds().items():
-            now = time.monotonic()
+            now = self.clock.monotonic()
             with self._lock:
                 if now - self._reported.get(group, -self.report_every_s) < self.report_every_s:
                     continue
@@ -102,8 +103,10 @@ class CheckService:
         check_interval_s: float,
         check_max: int,
         max_outstanding: int,
+        clock: Clock = WALL,
     ) -> None:
         self.book = book
+        self.clock = clock
         self.checker = checker
         self.first_message = first_message
         self.write_check = write_check
@@ -116,7 +119,7 @@ class CheckService:
         self.checks_sent = 0
         self.checks_unrouted = 0
         self._answers: Counter[Resolution] = Counter()
-        self.unanswered = UnansweredGroups(threshold_s=2 * check_interval_s, report_every_s=60.0)
+        self.unanswered = UnansweredGroups(threshold_s=2 * check_interval_s, report_every_s=60.0, clock=clock)
         self._outstanding: dict[str, float] = {}  # transaction id -> monotonic deadline
         #: (transaction id, producer group) -> the operators' checks waiting for an answer
         self._asked: dict[tuple[str, str], list[Future[Resolution]]] = {}
@@ -129,7 +132,7 @@ class CheckService:
 
     def outstanding(self) -> int:
         """Checks sent and not yet answered within their interval."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for tx_id, deadline in list(self._outstanding.items()):
             if deadline <= now:
                 self._outstanding.pop(tx_id, None)
@@ -156,7 +159,7 @@ class CheckService:
         self.unanswered.report()
 
     def _round(self, free: int) -> None:
-        for tx in self.book.pop_due(now_ms(), free):
+        for tx in self.book.pop_due(self.clock.time_ms(), free):
             try:
                 self._handle(tx)
             except CorruptLogError as exc:  # its half message is damaged or lost (see ``repair``)
@@ -166,12 +169,12 @@ class CheckService:
             except Exception:  # one transaction's failure must not drop the others of the round
                 log.exception("check round failed for transaction %s; trying again next interval",
                               tx.transaction_id)
-                self.book.reschedule(tx, now_ms() + self.check_interval_ms)
+                self.book.reschedule(tx, self.clock.time_ms() + self.check_interval_ms)
 
     def _handle(self, tx: Transaction) -> None:
         deadline = self._outstanding.get(tx.transaction_id)
-        if deadline is not None and deadline > time.monotonic():
-            self.book.reschedule(tx, now_ms() + int((deadline - time.monotonic()) * 1000))
+        if deadline is not None and deadline > self.clock.monotonic():
+            self.book.reschedule(tx, self.clock.time_ms() + int((deadline - self.clock.monotonic()) * 1000))
         elif tx.check_times >= self.check_max or tx.problem:
             self.park(tx)
         else:
@@ -194,13 +197,13 @@ class CheckService:
             return False
 
     def _check(self, tx: Transaction) -> None:
-        self._outstanding[tx.transaction_id] = time.monotonic() + self.check_interval_ms / 1000
+        self._outstanding[tx.transaction_id] = self.clock.monotonic() + self.check_interval_ms / 1000
         request = self._request(tx)
         log.info("check-back %d/%d for transaction %s (group %s)",
                  request.check_times, self.check_max, tx.transaction_id, tx.producer_group)
         self.unanswered.asked(tx.producer_group)
         routed = self._route(request)
-        self.book.reschedule(tx, now_ms() + self.check_interval_ms)
+        self.book.reschedule(tx, self.clock.time_ms() + self.check_interval_ms)
         if routed:
             self.checks_sent += 1
         else:  # nobody to ask: nothing is outstanding, but the check counts toward parking

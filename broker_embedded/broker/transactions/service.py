@@ -49,7 +49,7 @@ from .. import codec
 from ..config import BrokerConfig
 from ..writes import EndCall, ForcedResolveCall, HalfCall, RelayCall, Staged
 from .book import HalfFields, Transaction, TransactionBook, read_half
-from .check_service import CheckService, now_ms
+from .check_service import CheckService
 from .latch import Latch
 from .ops import (
     FINAL_STATES,
@@ -97,10 +97,12 @@ class TransactionService:
     ) -> None:
         self.store = store
         self.route = route
+        #: The time of op records and check rounds (the store's: ``StoreConfig.clock``).
+        self.clock = store.config.clock
         self.book = TransactionBook(config.transaction_timeout_s)
         self.checks = CheckService(
             self.book, checker, self._first_message, self._write_check, self.park,
-            config.check_interval_s, config.check_max, config.max_outstanding_checks,
+            config.check_interval_s, config.check_max, config.max_outstanding_checks, self.clock,
         )
         self._snapshot_path = snapshot_path
         #: Half messages being stored right now, per transaction id; the transactions being
@@ -108,6 +110,11 @@ class TransactionService:
         #: the writes in flight.
         self._joining: dict[str, int] = {}
         self._relaying: set[str] = set()
+        #: The commit log offsets of the resolutions dispatched since an index write failed
+        #: (``MessageIndex.failed_from``), per transaction id: the index lacks them until
+        #: the next start indexes them again, and ``resolution_on_disk`` must still find
+        #: them. Empty while the index is whole.
+        self._unindexed: dict[str, list[int]] = {}
 
     # -- SEND_HALF ------------------------------------------------------------------------
     def stage_half(self, call: HalfCall, queue_id: int) -> Staged:
@@ -264,7 +271,10 @@ class TransactionService:
         transaction committed by several ops (relays that added messages to it) reads as one
         commit op naming the half messages and message ids of them all."""
         found: Op | None = None
-        for offset in self.store.lookup_key(OP_HALF_TOPIC, transaction_id):
+        offsets = self.store.lookup_key(OP_HALF_TOPIC, transaction_id)
+        if unindexed := self._unindexed.get(transaction_id):
+            offsets = sorted({*offsets, *unindexed})
+        for offset in offsets:
             record = self.store.get(offset)
             if record.topic != OP_HALF_TOPIC:
                 continue
@@ -370,7 +380,7 @@ class TransactionService:
             )
         named = set(ended.message_ids) if ended is not None else set()
         results: list[int | SendResult] = []
-        op = Op(transaction_id, OP_COMMIT, 0, now_ms(), call.producer_group, relayed=ended is None)
+        op = Op(transaction_id, OP_COMMIT, 0, self.clock.time_ms(), call.producer_group, relayed=ended is None)
         copies: list[StoredRecord] = []
         for message, queue_id in zip(call.messages, queue_ids, strict=True):
             stored = self._copy_of(message.message_id, transaction_id) if message.message_id in named else None
@@ -400,7 +410,7 @@ class TransactionService:
 
     # -- records --------------------------------------------------------------------------
     def _decision(self, tx: Transaction, kind: str) -> Op:
-        return Op(tx.transaction_id, kind, tx.check_times, now_ms(), tx.producer_group,
+        return Op(tx.transaction_id, kind, tx.check_times, self.clock.time_ms(), tx.producer_group,
                   tx.half_offsets, list(tx.message_ids))
 
     def _halves_to_commit(self, offsets: list[int]) -> Iterator[tuple[StoredRecord, HalfFields]]:
@@ -458,7 +468,7 @@ class TransactionService:
     # -- check service callbacks and admin ------------------------------------------------
     def _write_check(self, tx: Transaction, check_times: int) -> None:
         if self.book.get(tx.transaction_id) is tx and tx.state is TransactionState.PENDING:
-            self.store.put(op_record(Op(tx.transaction_id, OP_CHECK, check_times, now_ms())))
+            self.store.put(op_record(Op(tx.transaction_id, OP_CHECK, check_times, self.clock.time_ms())))
 
     def park(self, tx: Transaction) -> None:
         """Park ``tx`` after ``check_max`` unanswered checks: ``[park op, copies]``."""
@@ -481,7 +491,7 @@ class TransactionService:
     def recheck(self, transaction_id: str) -> None:
         """Put a parked transaction back under check with a fresh count."""
         self.parked(transaction_id)
-        self.store.put(op_record(Op(transaction_id, OP_RECHECK, 0, now_ms())))
+        self.store.put(op_record(Op(transaction_id, OP_RECHECK, 0, self.clock.time_ms())))
         log.info("transaction %s taken out of %s for re-checking", transaction_id, CHECK_MAX_TOPIC)
 
     def list_parked(self) -> list[ParkedTransaction]:
@@ -508,6 +518,9 @@ class TransactionService:
             op = _decode(record)
             if op is not None:
                 self.book.apply(op, record.queue_offset)
+                failed = self.store.index.failed_from
+                if failed is not None and record.commit_log_offset >= failed and op.kind in FINAL_STATES:
+                    self._unindexed.setdefault(op.transaction_id, []).append(record.commit_log_offset)
 
     def rebuild(self, read_all: Callable[[str, int], Iterator[StoredRecord]]) -> None:
         """Restore the book from its snapshot and the half/op records after its cut, then
