@@ -2,6 +2,8 @@
 
     ./dev bench reconcile_scale [--sizes 10000 1000000 10000000] [--repeat 3]
 
+    ./dev bench reconcile_scale --sizes --incremental 100000 [--days 30]
+
 For each size: synthetic inputs with every anomaly kind written as Parquet, then the
 whole job (``python -m outbox.reconcile``, Spark start included, wall time) and the same
 core classification as one DuckDB SQL query, in the same run. Prints both and the ratio
@@ -28,13 +30,18 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+DAY_MS = 86_400_000
 
-def write_inputs(n: int, folder: Path) -> None:
-    """Columnar synthetic data, built with Arrow directly (the per-row generator is for tests)."""
-    now_ms = int(time.time() * 1000)
+
+def write_inputs(n: int, folder: Path, start_ms: int | None = None, days: int = 1) -> None:
+    """Columnar synthetic data, built with Arrow directly (the per-row generator is for tests):
+    ``n`` transactions spread evenly over ``days`` days from ``start_ms`` (default: the day
+    before the last hour), every table in time order as the databases append it."""
+    if start_ms is None:
+        start_ms = int(time.time() * 1000) - 3_600_000 - DAY_MS
     ids = pa.array([f"tx{i:09d}" for i in range(n)])
     mids = pa.array([f"m{i:09d}" for i in range(n)])
-    local_ms = [now_ms - 3_600_000 - (i % 86_400) * 1000 for i in range(n)]
+    local_ms = [start_ms + i * days * DAY_MS // max(n, 1) for i in range(n)]
     local_state = ["ROLLED_BACK" if i % 997 == 1 else "COMMITTED" for i in range(n)]
     keep_local = [i % 991 != 2 for i in range(n)]  # phantoms: no local row
     (folder / "export").mkdir(parents=True, exist_ok=True)
@@ -117,35 +124,90 @@ def startup(event_log: Path, launched_ms: float) -> tuple[float, float, float]:
             (marks["end"] - marks["job"]) / 1000)
 
 
-def run_spark(folder: Path, run: int) -> tuple[float, dict[str, object], tuple[float, float, float]]:
-    """One whole job over ``folder``'s inputs: wall seconds, its summary, its start-up."""
-    events, out = folder / f"events-{run}", folder / f"out-{run}"
-    events.mkdir()
-    launched_ms, start = time.time() * 1000, time.perf_counter()
+def run_job(folder: Path, out: Path, *options: str) -> tuple[float, dict[str, object]]:
+    """``python -m outbox.reconcile`` over ``folder``'s inputs with ``options``: wall seconds
+    (Spark start included) and its summary."""
+    start = time.perf_counter()
     job = subprocess.run(
         [sys.executable, "-m", "outbox.reconcile", "--producer-db", f"parquet://{folder / 'transaction_log.parquet'}",
          "--consumer-db", f"parquet://{folder / 'consumed_message.parquet'}",
          "--broker-export", str(folder / "export"), "--out", str(out), "--master", "local[2]",
-         "--grace-seconds", "0", "--conf", "spark.driver.memory=6g", "--conf", "spark.eventLog.enabled=true",
-         "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
-         "--conf", "spark.eventLog.rolling.enabled=false"],
+         "--grace-seconds", "0", "--conf", "spark.driver.memory=6g", *options],
         capture_output=True, text=True,
     )
     wall = time.perf_counter() - start
     if job.returncode not in (0, 1):
         print(job.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"the Spark job failed over {folder}")
+    return wall, json.loads((out / "summary.json").read_text())
+
+
+def run_spark(folder: Path, run: int) -> tuple[float, dict[str, object], tuple[float, float, float]]:
+    """One whole job over ``folder``'s inputs: wall seconds, its summary, its start-up."""
+    events = folder / f"events-{run}"
+    events.mkdir()
+    launched_ms = time.time() * 1000
+    wall, summary = run_job(folder, folder / f"out-{run}", "--conf", "spark.eventLog.enabled=true",
+                            "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
+                            "--conf", "spark.eventLog.rolling.enabled=false")
     (log,) = events.iterdir()
-    return wall, json.loads((out / "summary.json").read_text()), startup(log, launched_ms)
+    return wall, summary, startup(log, launched_ms)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def incremental(per_day: int, days: int, repeat: int) -> None:
+    """The nightly run over the last day of a ``days``-day history (``--state-dir``, the state
+    left by the night before) next to a run over a data set of that day alone, and the
+    windowed full run over the whole history; the counts of the last two nights together
+    against one full run over both days."""
+    end = int(time.time() * 1000) // DAY_MS * DAY_MS
+    start, last = end - days * DAY_MS, end - DAY_MS
+    root = Path(tempfile.mkdtemp(prefix="hm-reconcile-incr-"))
+    try:
+        history, alone = root / "history", root / "alone"
+        write_inputs(per_day * days, history, start, days)
+        write_inputs(per_day, alone, last, 1)
+        state = str(root / "state")
+        _, before = run_job(history, root / "night-before", "--state-dir", state, "--since", _iso(last - DAY_MS),
+                            "--until", _iso(last))
+        nights = [run_job(history, root / f"night-{run}", "--state-dir", state, "--until", _iso(end))
+                  for run in range(repeat)]  # a rerun of the same night starts from the same state
+        days_alone = [run_job(alone, root / f"alone-{run}") for run in range(repeat)]
+        windowed = [run_job(history, root / f"windowed-{run}", "--since", _iso(last), "--until", _iso(end))
+                    for run in range(repeat)]
+        _, both = run_job(history, root / "both", "--since", _iso(last - DAY_MS), "--until", _iso(end))
+        night, day, window = (statistics.median(wall for wall, _ in runs) for runs in (nights, days_alone, windowed))
+        print(f"\nincremental: {days} days x {per_day:,} transactions; medians of {repeat}")
+        for label, wall, runs in (("nightly --state-dir", night, nights), ("that day alone", day, days_alone),
+                                  ("--since/--until, full", window, windowed)):
+            summary = runs[-1][1]
+            print(f"{label:>24}{wall:>9.1f} s  rows read {summary['rows_read']}")
+        print(f"{'nightly / day alone':>24}{night / day:>9.2f}")
+        counted = before["incremental"]["resolved"]  # type: ignore[index]
+        last_night = nights[-1][1]["counts"]
+        full = both["counts"]
+        equal = all(counted[name] + last_night[name] == full[name] for name in full)  # type: ignore[index]
+        print(f"{'counts = full run':>24}  {'yes' if equal else 'NO'}  (full: {full})")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000, 10_000_000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 1_000_000, 10_000_000])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each; medians are printed")
+    parser.add_argument("--incremental", type=int, metavar="PER_DAY", help="also the nightly incremental run "
+                        "over the last of --days days of PER_DAY transactions each")
+    parser.add_argument("--days", type=int, default=30)
     args = parser.parse_args()
-    print(f"{'transactions':>14}{'spark wall s':>14}{'to app s':>10}{'to job s':>10}{'jobs s':>8}{'spark jobs':>12}"
-          f"{'duckdb s':>10}{'ratio':>8}  counts (spark | duckdb)")
+    if args.incremental:
+        incremental(args.incremental, args.days, args.repeat)
+    if args.sizes:
+        print(f"{'transactions':>14}{'spark wall s':>14}{'to app s':>10}{'to job s':>10}{'jobs s':>8}"
+              f"{'spark jobs':>12}{'duckdb s':>10}{'ratio':>8}  counts (spark | duckdb)")
     for n in args.sizes:
         folder = Path(tempfile.mkdtemp(prefix="hm-reconcile-bench-"))
         try:
