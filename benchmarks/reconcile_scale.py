@@ -3,6 +3,7 @@
     ./dev bench reconcile_scale [--sizes 10000 1000000 10000000] [--repeat 3]
 
     ./dev bench reconcile_scale --sizes --incremental 100000 [--days 30]
+    ./dev bench reconcile_scale --sizes 1000000 --repeat 3 --baseline /tmp/before   # before/after
 
 For each size: synthetic inputs with every anomaly kind written as Parquet, then the
 whole job (``python -m outbox.reconcile``, Spark start included, wall time) and the same
@@ -10,13 +11,17 @@ core classification as one DuckDB SQL query, in the same run. Prints both and th
 (medians of ``--repeat`` runs), and where the job's start-up goes, from Spark's event log:
 ``to app`` from the process start to the application's start (Python imports, the JVM,
 the SparkContext), ``to job`` from there to the first Spark job (session, schemas,
-planning), ``jobs`` from there to the end.
+planning), ``jobs`` from there to the end; then each stage of the median run (seconds,
+shuffle written and read). ``--baseline DIR`` runs another checkout (e.g. ``git archive
+<commit> outbox broker_embedded | tar -x -C DIR``) in turns with this one over the same
+inputs, so a change is measured before and after under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -124,16 +129,38 @@ def startup(event_log: Path, launched_ms: float) -> tuple[float, float, float]:
             (marks["end"] - marks["job"]) / 1000)
 
 
-def run_job(folder: Path, out: Path, *options: str) -> tuple[float, dict[str, object]]:
+SHUFFLE_WRITTEN = "internal.metrics.shuffle.write.bytesWritten"
+SHUFFLE_READ = ("internal.metrics.shuffle.read.remoteBytesRead", "internal.metrics.shuffle.read.localBytesRead")
+
+
+def stages(event_log: Path) -> list[tuple[int, str, float, float, float]]:
+    """Each completed stage of one Spark event log: id, name, seconds, shuffle MB written
+    and read."""
+    found = []
+    for line in event_log.read_text().splitlines():
+        event = json.loads(line)
+        if event["Event"] != "SparkListenerStageCompleted":
+            continue
+        info = event["Stage Info"]
+        metrics = {item["Name"]: float(item.get("Value") or 0) for item in info.get("Accumulables", [])
+                   if isinstance(item.get("Value"), (int, float, str)) and str(item.get("Value")).isdigit()}
+        found.append((info["Stage ID"], info["Stage Name"].split(" at ")[0],
+                      (info["Completion Time"] - info["Submission Time"]) / 1000,
+                      metrics.get(SHUFFLE_WRITTEN, 0) / 1e6, sum(metrics.get(name, 0) for name in SHUFFLE_READ) / 1e6))
+    return found
+
+
+def run_job(folder: Path, out: Path, *options: str, code: str | None = None) -> tuple[float, dict[str, object]]:
     """``python -m outbox.reconcile`` over ``folder``'s inputs with ``options``: wall seconds
-    (Spark start included) and its summary."""
+    (Spark start included) and its summary; ``code``: a checkout to run instead of this one."""
+    env = {**os.environ, "PYTHONPATH": code} if code else None
     start = time.perf_counter()
     job = subprocess.run(
         [sys.executable, "-m", "outbox.reconcile", "--producer-db", f"parquet://{folder / 'transaction_log.parquet'}",
          "--consumer-db", f"parquet://{folder / 'consumed_message.parquet'}",
          "--broker-export", str(folder / "export"), "--out", str(out), "--master", "local[2]",
          "--grace-seconds", "0", "--conf", "spark.driver.memory=6g", *options],
-        capture_output=True, text=True,
+        capture_output=True, text=True, env=env,
     )
     wall = time.perf_counter() - start
     if job.returncode not in (0, 1):
@@ -142,16 +169,17 @@ def run_job(folder: Path, out: Path, *options: str) -> tuple[float, dict[str, ob
     return wall, json.loads((out / "summary.json").read_text())
 
 
-def run_spark(folder: Path, run: int) -> tuple[float, dict[str, object], tuple[float, float, float]]:
-    """One whole job over ``folder``'s inputs: wall seconds, its summary, its start-up."""
+def run_spark(folder: Path, run: str, code: str | None = None) -> tuple[float, dict[str, object],
+                                                                      tuple[float, float, float], Path]:
+    """One whole job over ``folder``'s inputs: wall seconds, its summary, its start-up, its event log."""
     events = folder / f"events-{run}"
     events.mkdir()
     launched_ms = time.time() * 1000
     wall, summary = run_job(folder, folder / f"out-{run}", "--conf", "spark.eventLog.enabled=true",
                             "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
-                            "--conf", "spark.eventLog.rolling.enabled=false")
+                            "--conf", "spark.eventLog.rolling.enabled=false", code=code)
     (log,) = events.iterdir()
-    return wall, summary, startup(log, launched_ms)
+    return wall, summary, startup(log, launched_ms), log
 
 
 def _iso(ms: int) -> str:
@@ -202,36 +230,49 @@ def main() -> None:
     parser.add_argument("--incremental", type=int, metavar="PER_DAY", help="also the nightly incremental run "
                         "over the last of --days days of PER_DAY transactions each")
     parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--baseline", help="a checkout of another version (its root folder) to run in turns "
+                        "with this one over the same inputs: before/after in one run")
     args = parser.parse_args()
     if args.incremental:
         incremental(args.incremental, args.days, args.repeat)
     if args.sizes:
         print(f"{'transactions':>14}{'spark wall s':>14}{'to app s':>10}{'to job s':>10}{'jobs s':>8}"
               f"{'spark jobs':>12}{'duckdb s':>10}{'ratio':>8}  counts (spark | duckdb)")
+    versions = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     for n in args.sizes:
         folder = Path(tempfile.mkdtemp(prefix="hm-reconcile-bench-"))
         try:
             write_inputs(n, folder)
-            runs = [run_spark(folder, run) for run in range(args.repeat)]
-            spark_s = statistics.median(wall for wall, _, _ in runs)
-            to_app, to_job, jobs = (statistics.median(parts) for parts in zip(*(marks for _, _, marks in runs),
-                                                                               strict=True))
-            summary = runs[-1][1]
-            counts = summary["counts"]
-            assert isinstance(counts, dict)
+            runs: dict[str, list[tuple[float, dict[str, object], tuple[float, float, float], Path]]] = {
+                label: [] for label, _ in versions}
+            for run in range(args.repeat):  # the versions in turns, so that both see the same load
+                for label, code in versions:
+                    runs[label].append(run_spark(folder, f"{label}-{run}", code))
             duck = []
             for _ in range(args.repeat):
                 start = time.perf_counter()
                 row = duckdb.connect().execute(DUCKDB_SQL.format(d=folder)).fetchall()[0]
                 duck.append(time.perf_counter() - start)
             duck_s = statistics.median(duck)
-            print(f"{n:>14,}{spark_s:>14.1f}{to_app:>10.1f}{to_job:>10.1f}{jobs:>8.1f}"
-                  f"{summary.get('spark_jobs', '?'):>12}{duck_s:>10.2f}{spark_s / duck_s:>8.1f}  "
-                  f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
-                  f"dup {counts['duplicate_delivery']}|{row[4]}", flush=True)
+            for label, _ in versions:
+                done = runs[label]
+                spark_s = statistics.median(wall for wall, _, _, _ in done)
+                to_app, to_job, jobs = (statistics.median(parts)
+                                        for parts in zip(*(marks for _, _, marks, _ in done), strict=True))
+                summary = done[-1][1]
+                counts = summary["counts"]
+                assert isinstance(counts, dict)
+                print(f"{n:>14,}{spark_s:>14.1f}{to_app:>10.1f}{to_job:>10.1f}{jobs:>8.1f}"
+                      f"{summary.get('spark_jobs', '?'):>12}{duck_s:>10.2f}{spark_s / duck_s:>8.1f}  "
+                      f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
+                      f"dup {counts['duplicate_delivery']}|{row[4]}  ({label})", flush=True)
+            for label, _ in versions:
+                median_run = sorted(runs[label], key=lambda done: done[0])[len(runs[label]) // 2]
+                print(f"  stages of the median {label} run: id, seconds, shuffle MB written / read, name")
+                for stage, name, seconds, written, read in stages(median_run[3]):
+                    print(f"  {stage:>4}{seconds:>8.1f}{written:>9.1f}{read:>9.1f}  {name}")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()
