@@ -69,9 +69,10 @@ MAX_DATABASES = 63
 HOUR_MS = 3_600_000
 
 LOCAL, MESSAGE, DELIVERY, CONSUMED, STORED = 0, 1, 2, 3, 4
-#: The kind of a row that only marks a transaction carried over by an incremental run (see
-#: ``state``): every aggregate of ``per_transaction`` skips it.
-CARRIED = 5
+#: The kinds of a row that only marks a transaction carried over by an incremental run (see
+#: ``state``), whose broker rows the next run reads again (``CARRIED``) or finds in the
+#: state (``KEPT``): every aggregate of ``per_transaction`` skips them.
+CARRIED, KEPT = 5, 6
 _MEASURES = ("local_code", "broker_code", "time_ms", "commit_ms", "topic_code", "copies", "attempts",
              "group_code", "message_code", "database_bit")
 #: The shape every input row takes (``events``), as a Spark DDL schema.

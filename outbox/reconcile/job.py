@@ -38,7 +38,9 @@ from .preflight import (
 )
 from .report import write_html
 from .state import (
+    CARRIED_REREAD,
     DEFAULT_MAX_CARRY_S,
+    RESOLVED,
     Carry,
     carried,
     carried_ids,
@@ -320,7 +322,7 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
         classified = classified.where(F.col("event_ms") >= read.since_ms)
     if read.until_ms is not None:
         classified = classified.where(F.col("event_ms") < read.until_ms)
-    open_ = F.lit(False)
+    open_ = F.lit(RESOLVED)
     if carry is not None and read.until_ms is not None:
         open_ = carried(min(now_ms, read.until_ms), grace_ms, bool(inputs.consumer_databases),
                         int(options.max_carry_s * 1000))
@@ -335,7 +337,8 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
     incremental = None
     if carry is not None and read.until_ms is not None and options.state_dir is not None:
         progress("keeping the open transactions for the next run")
-        oldest = min((row["hour_ms"] for row in grouped if row["carried"]), default=read.until_ms)
+        oldest = min((row["hour_ms"] for row in grouped if row["carried"] == CARRIED_REREAD),
+                     default=read.until_ms)
         incremental = {
             "state_dir": options.state_dir, "history_since_ms": carry.history_ms, "from_ms": carry.from_ms,
             "until_ms": read.until_ms,

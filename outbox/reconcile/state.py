@@ -3,16 +3,18 @@
 A run over the window ``[from, until)`` reads each append-only input (transaction_log,
 consumed messages) only in the window, and each input the broker or the relay may still
 change (broker messages, deliveries, stored messages, all keyed by a time that never
-changes) from the window's start, and before it only for the carried transactions. It
-classifies what it read together with the carry-over, and keeps for the next run the
-transactions still unresolved at ``until``: young ones (within the grace period), those
-the broker still holds half or parked, those whose stored messages wait for the relay, and
-those committed but not yet delivered or consumed (``carried``). A resolved transaction
-is counted once, by the run that resolved it.
+changes) from the window's start, and before it only for the carried transactions whose
+broker side may still change (half, parked, waiting for the relay). It classifies what it
+read together with the carry-over, and keeps for the next run the transactions still
+unresolved at ``until``: young ones (within the grace period), those the broker still
+holds half or parked, those whose stored messages wait for the relay, and those committed
+but not yet delivered or consumed (``carried``). A resolved transaction is counted once,
+by the run that resolved it.
 
 The state directory holds one folder per run, ``until=<epoch ms>/`` with ``rows/`` (the
-carried transactions' append-only rows, in the shape of ``classify.events``, and one
-marker row per carried transaction) and ``meta.json``, written last and renamed into
+carried transactions' append-only rows, the broker rows of those whose broker side is
+settled, in the shape of ``classify.events``, and one marker row per carried
+transaction) and ``meta.json``, written last and renamed into
 place, so a run that fails leaves the state as it was. The last ``GENERATIONS`` are kept:
 rerunning the latest window starts from the one before and gives the same result.
 """
@@ -30,7 +32,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..errors import ConfigurationError
-from .classify import CARRIED, CONSUMED, EVENT_SCHEMA, LOCAL
+from .classify import CARRIED, CONSUMED, EVENT_SCHEMA, KEPT, LOCAL
 
 #: Runs kept in the state directory (the latest can be rerun from the one before).
 GENERATIONS = 3
@@ -111,10 +113,19 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
+#: ``carried`` of a transaction resolved by the run, carried with its broker rows kept in
+#: the state, carried with its broker rows read again by the next run.
+RESOLVED, CARRIED_KEPT, CARRIED_REREAD = 0, 1, 2
+
+
 def carried(seen_until_ms: int, grace_ms: int, has_consumers: bool, max_carry_ms: int) -> Column:
     """Whether a classified transaction stays open at ``seen_until_ms``: young (within the
     grace period), held half or parked by the broker, waiting for the relay, or committed
-    and not yet delivered (or consumed); none older than ``max_carry_ms``."""
+    and not yet delivered (or consumed); none older than ``max_carry_ms``. An open one
+    whose broker side may still change (half, parked, waiting for the relay) is
+    ``CARRIED_REREAD``: the next run reads its broker messages, deliveries and stored
+    messages again; the others are ``CARRIED_KEPT``: the state keeps those rows (only new
+    rows, in the next window, can still come for them)."""
     unreached = (F.col("delivered") == 0) | (
         (F.col("consumed") == 0) if has_consumers else F.lit(False)
     )
@@ -125,7 +136,12 @@ def carried(seen_until_ms: int, grace_ms: int, has_consumers: bool, max_carry_ms
         | F.col("stored_unrelayed")
         | (F.col("committed") & unreached)
     )
-    return open_ & (F.col("event_ms") >= F.lit(seen_until_ms - max_carry_ms))
+    unsettled = F.col("half_pending") | F.col("parked") | F.col("stored_unrelayed")
+    return (
+        F.when(~(open_ & (F.col("event_ms") >= F.lit(seen_until_ms - max_carry_ms))), F.lit(RESOLVED))
+        .when(unsettled, F.lit(CARRIED_REREAD))
+        .otherwise(F.lit(CARRIED_KEPT))
+    )
 
 
 def read_rows(spark: SparkSession, carry: Carry) -> DataFrame | None:
@@ -151,7 +167,7 @@ def _bound(frame: DataFrame, column: str, ms: int) -> Column:
 
 
 def carried_ids(rows: DataFrame | None) -> DataFrame | None:
-    """The transaction ids a run carried (its marker rows)."""
+    """The transaction ids whose broker rows a run reads again (their marker rows)."""
     return None if rows is None else rows.where(F.col("kind") == CARRIED).select("transaction_id")
 
 
@@ -163,17 +179,21 @@ def save(
     until_ms: int,
     refresh_ms: int,
 ) -> int:
-    """Write the next carry-over (the open transactions' append-only rows and a marker
-    each) as ``until=<until_ms>/``, replacing a rerun's, keeping the last ``GENERATIONS``;
-    returns how many transactions it carries."""
-    open_ids = classified.where(F.col("carried")).select("transaction_id")
+    """Write the next carry-over (the open transactions' append-only rows, the broker rows of
+    the ``CARRIED_KEPT`` ones, and a marker each) as ``until=<until_ms>/``, replacing a
+    rerun's, keeping the last ``GENERATIONS``; returns how many transactions it carries."""
+    open_ids = classified.where(F.col("carried") != RESOLVED).select("transaction_id", "carried")
     markers = open_ids.select(
         "transaction_id",
-        F.lit(CARRIED).cast("byte").alias("kind"),
+        F.when(F.col("carried") == CARRIED_REREAD, F.lit(CARRIED)).otherwise(F.lit(KEPT))
+        .cast("byte").alias("kind"),
         *[F.lit(None).cast(kind).alias(name) for name, kind in _measures()],
     )
-    kept = events.where(F.col("kind").isin(LOCAL, CONSUMED)).join(
-        open_ids, "transaction_id", "left_semi"
+    kept = (
+        events.where(~F.col("kind").isin(CARRIED, KEPT))
+        .join(F.broadcast(open_ids), "transaction_id")
+        .where(F.col("kind").isin(LOCAL, CONSUMED) | (F.col("carried") == CARRIED_KEPT))
+        .drop("carried")
     )
     state_dir.mkdir(parents=True, exist_ok=True)
     staging = state_dir / f".{_PREFIX}{until_ms}.tmp"
@@ -205,4 +225,4 @@ def _measures() -> list[tuple[str, str]]:
 
 def _markers(rows: Path) -> int:
     dataset = ds.dataset(rows, format="parquet")
-    return dataset.count_rows(filter=ds.field("kind") == CARRIED)
+    return dataset.count_rows(filter=ds.field("kind").isin([CARRIED, KEPT]))
