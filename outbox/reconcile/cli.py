@@ -121,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         thresholds = _thresholds(args)
         since_ms, until_ms = _epoch_ms(args.since), _epoch_ms(args.until)
         check_inputs(args.producer_db, args.consumer_db, args.broker_export, args.out)
+        if args.max_carry_days < 0:
+            raise ValueError(f"--max-carry-days must not be negative, got {args.max_carry_days}")
         if args.state_dir is not None and Path(args.state_dir).exists() and not Path(args.state_dir).is_dir():
             raise ValueError(f"--state-dir {args.state_dir} is a file, not a folder")
         from sqlalchemy.exc import SQLAlchemyError

@@ -98,7 +98,7 @@ class ReconcileOptions:
         if unknown:
             raise ValueError(f"unknown thresholds {unknown}; known: {', '.join(GATES)}")
         if self.grace_s < 0 or self.max_unrelayed_s < 0 or self.max_carry_s < 0 or any(limit < 0 for limit in self.thresholds.values()):
-            raise ValueError("grace period, max unrelayed seconds and thresholds must not be negative")
+            raise ValueError("grace period, max unrelayed seconds, max carry and thresholds must not be negative")
 
 
 @dataclass
