@@ -138,7 +138,9 @@ def carried(seen_until_ms: int, grace_ms: int, has_consumers: bool, max_carry_ms
     )
     unsettled = F.col("half_pending") | F.col("parked") | F.col("stored_unrelayed")
     return (
-        F.when(~(open_ & (F.col("event_ms") >= F.lit(seen_until_ms - max_carry_ms))), F.lit(RESOLVED))
+        F.when(
+            ~(open_ & (F.col("event_ms") >= F.lit(seen_until_ms - max_carry_ms))), F.lit(RESOLVED)
+        )
         .when(unsettled, F.lit(CARRIED_REREAD))
         .otherwise(F.lit(CARRIED_KEPT))
     )
@@ -185,8 +187,10 @@ def save(
     open_ids = classified.where(F.col("carried") != RESOLVED).select("transaction_id", "carried")
     markers = open_ids.select(
         "transaction_id",
-        F.when(F.col("carried") == CARRIED_REREAD, F.lit(CARRIED)).otherwise(F.lit(KEPT))
-        .cast("byte").alias("kind"),
+        F.when(F.col("carried") == CARRIED_REREAD, F.lit(CARRIED))
+        .otherwise(F.lit(KEPT))
+        .cast("byte")
+        .alias("kind"),
         *[F.lit(None).cast(kind).alias(name) for name, kind in _measures()],
     )
     kept = (
