@@ -2,19 +2,26 @@
 
     ./dev bench reconcile_scale [--sizes 10000 1000000 10000000] [--repeat 3]
 
+    ./dev bench reconcile_scale --sizes --incremental 100000 [--days 30]
+    ./dev bench reconcile_scale --sizes 1000000 --repeat 3 --baseline /tmp/before   # before/after
+
 For each size: synthetic inputs with every anomaly kind written as Parquet, then the
 whole job (``python -m outbox.reconcile``, Spark start included, wall time) and the same
 core classification as one DuckDB SQL query, in the same run. Prints both and the ratio
 (medians of ``--repeat`` runs), and where the job's start-up goes, from Spark's event log:
 ``to app`` from the process start to the application's start (Python imports, the JVM,
 the SparkContext), ``to job`` from there to the first Spark job (session, schemas,
-planning), ``jobs`` from there to the end.
+planning), ``jobs`` from there to the end; then each stage of the median run (seconds,
+shuffle written and read). ``--baseline DIR`` runs another checkout (e.g. ``git archive
+<commit> outbox broker_embedded | tar -x -C DIR``) in turns with this one over the same
+inputs, so a change is measured before and after under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -28,13 +35,20 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+DAY_MS = 86_400_000
+#: Rows per Parquet row group: what a filter pushed into the scan can skip at a time.
+ROW_GROUP = 100_000
 
-def write_inputs(n: int, folder: Path) -> None:
-    """Columnar synthetic data, built with Arrow directly (the per-row generator is for tests)."""
-    now_ms = int(time.time() * 1000)
+
+def write_inputs(n: int, folder: Path, start_ms: int | None = None, days: int = 1) -> None:
+    """Columnar synthetic data, built with Arrow directly (the per-row generator is for tests):
+    ``n`` transactions spread evenly over ``days`` days from ``start_ms`` (default: the day
+    before the last hour), every table in time order as the databases append it."""
+    if start_ms is None:
+        start_ms = int(time.time() * 1000) - 3_600_000 - DAY_MS
     ids = pa.array([f"tx{i:09d}" for i in range(n)])
     mids = pa.array([f"m{i:09d}" for i in range(n)])
-    local_ms = [now_ms - 3_600_000 - (i % 86_400) * 1000 for i in range(n)]
+    local_ms = [start_ms + i * days * DAY_MS // max(n, 1) for i in range(n)]
     local_state = ["ROLLED_BACK" if i % 997 == 1 else "COMMITTED" for i in range(n)]
     keep_local = [i % 991 != 2 for i in range(n)]  # phantoms: no local row
     (folder / "export").mkdir(parents=True, exist_ok=True)
@@ -44,7 +58,7 @@ def write_inputs(n: int, folder: Path) -> None:
         "state": pa.array([s for s, k in zip(local_state, keep_local, strict=True) if k]),
         "created_at": pa.array([datetime.fromtimestamp(m / 1000, UTC) for m, k in zip(local_ms, keep_local, strict=True)
                                 if k], pa.timestamp("us", tz="UTC")),
-    }), folder / "transaction_log.parquet")
+    }), folder / "transaction_log.parquet", row_group_size=ROW_GROUP)
     broker_state = ["rolled_back" if s == "ROLLED_BACK" else "committed" for s in local_state]
     pq.write_table(pa.table({
         "message_id": mids, "transaction_id": ids, "producer_group": pa.array(["shop"] * n),
@@ -53,7 +67,7 @@ def write_inputs(n: int, folder: Path) -> None:
         "born_ms": pa.array(local_ms), "store_ms": pa.array(local_ms),
         "commit_ms": pa.array([m + 3 + i % 7 for i, m in enumerate(local_ms)]),
         "copies": pa.array([2 if i % 983 == 3 else 1 for i in range(n)], pa.int32()),
-    }), folder / "export" / "messages.parquet")
+    }), folder / "export" / "messages.parquet", row_group_size=ROW_GROUP)
     delivered = [s == "committed" and i % 977 != 4 for i, s in enumerate(broker_state)]  # lost ones
     pick = pa.array(delivered)
     pq.write_table(pa.table({
@@ -63,13 +77,13 @@ def write_inputs(n: int, folder: Path) -> None:
         "first_delivered_ms": pa.array([m + 10 for m, d in zip(local_ms, delivered, strict=True) if d]),
         "acked_ms": pa.array([m + 12 for m, d in zip(local_ms, delivered, strict=True) if d]),
         "dead_lettered": pa.array([False] * sum(delivered)), "transaction_id": ids.filter(pick),
-    }), folder / "export" / "deliveries.parquet")
+    }), folder / "export" / "deliveries.parquet", row_group_size=ROW_GROUP)
     pq.write_table(pa.table({
         "consumer_group": pa.array(["points"] * sum(delivered)), "message_id": mids.filter(pick),
         "topic": pa.array([f"topic{i % 5}" for i in range(n) if delivered[i]]), "transaction_id": ids.filter(pick),
         "consumed_at": pa.array([datetime.fromtimestamp((m + 12) / 1000, UTC)
                                  for m, d in zip(local_ms, delivered, strict=True) if d], pa.timestamp("us", tz="UTC")),
-    }), folder / "consumed_message.parquet")
+    }), folder / "consumed_message.parquet", row_group_size=ROW_GROUP)
 
 
 DUCKDB_SQL = """
@@ -117,59 +131,151 @@ def startup(event_log: Path, launched_ms: float) -> tuple[float, float, float]:
             (marks["end"] - marks["job"]) / 1000)
 
 
-def run_spark(folder: Path, run: int) -> tuple[float, dict[str, object], tuple[float, float, float]]:
-    """One whole job over ``folder``'s inputs: wall seconds, its summary, its start-up."""
-    events, out = folder / f"events-{run}", folder / f"out-{run}"
-    events.mkdir()
-    launched_ms, start = time.time() * 1000, time.perf_counter()
+SHUFFLE_WRITTEN = "internal.metrics.shuffle.write.bytesWritten"
+SHUFFLE_READ = ("internal.metrics.shuffle.read.remoteBytesRead", "internal.metrics.shuffle.read.localBytesRead")
+
+
+def stages(event_log: Path) -> list[tuple[int, str, float, float, float]]:
+    """Each completed stage of one Spark event log: id, name, seconds, shuffle MB written
+    and read."""
+    found = []
+    for line in event_log.read_text().splitlines():
+        event = json.loads(line)
+        if event["Event"] != "SparkListenerStageCompleted":
+            continue
+        info = event["Stage Info"]
+        metrics = {item["Name"]: float(item.get("Value") or 0) for item in info.get("Accumulables", [])
+                   if isinstance(item.get("Value"), (int, float, str)) and str(item.get("Value")).isdigit()}
+        found.append((info["Stage ID"], info["Stage Name"].split(" at ")[0],
+                      (info["Completion Time"] - info["Submission Time"]) / 1000,
+                      metrics.get(SHUFFLE_WRITTEN, 0) / 1e6, sum(metrics.get(name, 0) for name in SHUFFLE_READ) / 1e6))
+    return found
+
+
+def run_job(folder: Path, out: Path, *options: str, code: str | None = None) -> tuple[float, dict[str, object]]:
+    """``python -m outbox.reconcile`` over ``folder``'s inputs with ``options``: wall seconds
+    (Spark start included) and its summary; ``code``: a checkout to run instead of this one."""
+    env = {**os.environ, "PYTHONPATH": code} if code else None
+    start = time.perf_counter()
     job = subprocess.run(
         [sys.executable, "-m", "outbox.reconcile", "--producer-db", f"parquet://{folder / 'transaction_log.parquet'}",
          "--consumer-db", f"parquet://{folder / 'consumed_message.parquet'}",
          "--broker-export", str(folder / "export"), "--out", str(out), "--master", "local[2]",
-         "--grace-seconds", "0", "--conf", "spark.driver.memory=6g", "--conf", "spark.eventLog.enabled=true",
-         "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
-         "--conf", "spark.eventLog.rolling.enabled=false"],
-        capture_output=True, text=True,
+         "--grace-seconds", "0", "--conf", "spark.driver.memory=6g", *options],
+        capture_output=True, text=True, env=env, cwd=code,  # -m puts the working directory first on the path
     )
     wall = time.perf_counter() - start
     if job.returncode not in (0, 1):
         print(job.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"the Spark job failed over {folder}")
+    return wall, json.loads((out / "summary.json").read_text())
+
+
+def run_spark(folder: Path, run: str, code: str | None = None) -> tuple[float, dict[str, object],
+                                                                      tuple[float, float, float], Path]:
+    """One whole job over ``folder``'s inputs: wall seconds, its summary, its start-up, its event log."""
+    events = folder / f"events-{run}"
+    events.mkdir()
+    launched_ms = time.time() * 1000
+    wall, summary = run_job(folder, folder / f"out-{run}", "--conf", "spark.eventLog.enabled=true",
+                            "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
+                            "--conf", "spark.eventLog.rolling.enabled=false", code=code)
     (log,) = events.iterdir()
-    return wall, json.loads((out / "summary.json").read_text()), startup(log, launched_ms)
+    return wall, summary, startup(log, launched_ms), log
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def incremental(per_day: int, days: int, repeat: int) -> None:
+    """The nightly run over the last day of a ``days``-day history (``--state-dir``, the state
+    left by the night before) next to a run over a data set of that day alone, and the
+    windowed full run over the whole history; the counts of the last two nights together
+    against one full run over both days."""
+    end = int(time.time() * 1000) // DAY_MS * DAY_MS
+    start, last = end - days * DAY_MS, end - DAY_MS
+    root = Path(tempfile.mkdtemp(prefix="hm-reconcile-incr-"))
+    try:
+        history, alone = root / "history", root / "alone"
+        write_inputs(per_day * days, history, start, days)
+        write_inputs(per_day, alone, last, 1)
+        state = str(root / "state")
+        _, before = run_job(history, root / "night-before", "--state-dir", state, "--since", _iso(last - DAY_MS),
+                            "--until", _iso(last))
+        nights, days_alone, windowed = [], [], []
+        for run in range(repeat):  # in turns, so that each sees the same load
+            # a rerun of the same night starts from the same state
+            nights.append(run_job(history, root / f"night-{run}", "--state-dir", state, "--until", _iso(end)))
+            days_alone.append(run_job(alone, root / f"alone-{run}"))
+            windowed.append(run_job(history, root / f"windowed-{run}", "--since", _iso(last), "--until", _iso(end)))
+        _, both = run_job(history, root / "both", "--since", _iso(last - DAY_MS), "--until", _iso(end))
+        night, day, window = (statistics.median(wall for wall, _ in runs) for runs in (nights, days_alone, windowed))
+        print(f"\nincremental: {days} days x {per_day:,} transactions; medians of {repeat}")
+        for label, wall, runs in (("nightly --state-dir", night, nights), ("that day alone", day, days_alone),
+                                  ("--since/--until, full", window, windowed)):
+            summary = runs[-1][1]
+            print(f"{label:>24}{wall:>9.1f} s  rows read {summary['rows_read']}")
+        print(f"{'nightly / day alone':>24}{night / day:>9.2f}")
+        counted = before["incremental"]["resolved"]  # type: ignore[index]
+        last_night = nights[-1][1]["counts"]
+        full = both["counts"]
+        equal = all(counted[name] + last_night[name] == full[name] for name in full)  # type: ignore[index]
+        print(f"{'counts = full run':>24}  {'yes' if equal else 'NO'}  (full: {full})")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000, 10_000_000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 1_000_000, 10_000_000])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each; medians are printed")
+    parser.add_argument("--incremental", type=int, metavar="PER_DAY", help="also the nightly incremental run "
+                        "over the last of --days days of PER_DAY transactions each")
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--baseline", help="a checkout of another version (its root folder) to run in turns "
+                        "with this one over the same inputs: before/after in one run")
     args = parser.parse_args()
-    print(f"{'transactions':>14}{'spark wall s':>14}{'to app s':>10}{'to job s':>10}{'jobs s':>8}{'spark jobs':>12}"
-          f"{'duckdb s':>10}{'ratio':>8}  counts (spark | duckdb)")
+    if args.incremental:
+        incremental(args.incremental, args.days, args.repeat)
+    if args.sizes:
+        print(f"{'transactions':>14}{'spark wall s':>14}{'to app s':>10}{'to job s':>10}{'jobs s':>8}"
+              f"{'spark jobs':>12}{'duckdb s':>10}{'ratio':>8}  counts (spark | duckdb)")
+    versions = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     for n in args.sizes:
         folder = Path(tempfile.mkdtemp(prefix="hm-reconcile-bench-"))
         try:
             write_inputs(n, folder)
-            runs = [run_spark(folder, run) for run in range(args.repeat)]
-            spark_s = statistics.median(wall for wall, _, _ in runs)
-            to_app, to_job, jobs = (statistics.median(parts) for parts in zip(*(marks for _, _, marks in runs),
-                                                                               strict=True))
-            summary = runs[-1][1]
-            counts = summary["counts"]
-            assert isinstance(counts, dict)
+            runs: dict[str, list[tuple[float, dict[str, object], tuple[float, float, float], Path]]] = {
+                label: [] for label, _ in versions}
+            for run in range(args.repeat):  # the versions in turns, so that both see the same load
+                for label, code in versions:
+                    runs[label].append(run_spark(folder, f"{label}-{run}", code))
             duck = []
             for _ in range(args.repeat):
                 start = time.perf_counter()
                 row = duckdb.connect().execute(DUCKDB_SQL.format(d=folder)).fetchall()[0]
                 duck.append(time.perf_counter() - start)
             duck_s = statistics.median(duck)
-            print(f"{n:>14,}{spark_s:>14.1f}{to_app:>10.1f}{to_job:>10.1f}{jobs:>8.1f}"
-                  f"{summary.get('spark_jobs', '?'):>12}{duck_s:>10.2f}{spark_s / duck_s:>8.1f}  "
-                  f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
-                  f"dup {counts['duplicate_delivery']}|{row[4]}", flush=True)
+            for label, _ in versions:
+                done = runs[label]
+                spark_s = statistics.median(wall for wall, _, _, _ in done)
+                to_app, to_job, jobs = (statistics.median(parts)
+                                        for parts in zip(*(marks for _, _, marks, _ in done), strict=True))
+                summary = done[-1][1]
+                counts = summary["counts"]
+                assert isinstance(counts, dict)
+                print(f"{n:>14,}{spark_s:>14.1f}{to_app:>10.1f}{to_job:>10.1f}{jobs:>8.1f}"
+                      f"{summary.get('spark_jobs', '?'):>12}{duck_s:>10.2f}{spark_s / duck_s:>8.1f}  "
+                      f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
+                      f"dup {counts['duplicate_delivery']}|{row[4]}  ({label})", flush=True)
+            for label, _ in versions:
+                median_run = sorted(runs[label], key=lambda done: done[0])[len(runs[label]) // 2]
+                print(f"  stages of the median {label} run: id, seconds, shuffle MB written / read, name")
+                for stage, name, seconds, written, read in stages(median_run[3]):
+                    print(f"  {stage:>4}{seconds:>8.1f}{written:>9.1f}{read:>9.1f}  {name}")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

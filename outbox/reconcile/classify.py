@@ -68,7 +68,15 @@ KNOWN_BROKER_STATES = tuple(BROKER_STATES)
 MAX_DATABASES = 63
 HOUR_MS = 3_600_000
 
-_LOCAL, _MESSAGE, _DELIVERY, _CONSUMED, _STORED = 0, 1, 2, 3, 4
+LOCAL, MESSAGE, DELIVERY, CONSUMED, STORED = 0, 1, 2, 3, 4
+#: The kinds of a row that only marks a transaction carried over by an incremental run (see
+#: ``state``), whose broker rows the next run reads again (``CARRIED``) or finds in the
+#: state (``KEPT``): every aggregate of ``per_transaction`` skips them.
+CARRIED, KEPT = 5, 6
+_MEASURES = ("local_code", "broker_code", "time_ms", "commit_ms", "topic_code", "copies", "attempts",
+             "group_code", "message_code", "database_bit")
+#: The shape every input row takes (``events``), as a Spark DDL schema.
+EVENT_SCHEMA = ", ".join(["transaction_id string", "kind tinyint", *[f"{name} bigint" for name in _MEASURES]])
 
 
 @dataclass
@@ -79,6 +87,12 @@ class Observed:
     messages: Observation
     consumed: Observation
     stored: Observation
+    deliveries: Observation
+
+    def rows_read(self) -> dict[str, int]:
+        """How many rows each input gave the job (after the window's filter at the source)."""
+        return {name: int(_metrics(getattr(self, name)).get("rows") or 0)
+                for name in ("transaction_log", "stored", "messages", "deliveries", "consumed")}
 
     def sanity(self) -> dict[str, int]:
         """The input sanity counts; call after the first action over the events."""
@@ -136,10 +150,8 @@ def _row(kind: int, **columns: Column) -> list[Column]:
     """One input row in the shape shared by all five inputs (absent measures are null). A
     stored message reuses two: ``time_ms`` is its created_at while it waits for the relay
     (null once relayed), ``commit_ms`` its relayed_at."""
-    shape = ("local_code", "broker_code", "time_ms", "commit_ms", "topic_code", "copies", "attempts",
-             "group_code", "message_code", "database_bit")
     return [F.col("transaction_id"), F.lit(kind).cast("byte").alias("kind"),
-            *[columns.get(name, F.lit(None)).cast("long").alias(name) for name in shape]]
+            *[columns.get(name, F.lit(None)).cast("long").alias(name) for name in _MEASURES]]
 
 
 def events(transaction_log: DataFrame, messages: DataFrame, deliveries: DataFrame, consumed: DataFrame,
@@ -150,41 +162,43 @@ def events(transaction_log: DataFrame, messages: DataFrame, deliveries: DataFram
     since it was added); otherwise it is found by joining the messages on message_id.
     ``stored``: the producers' stored messages (transaction_id, topic, created_at, relayed_at)."""
     observed = Observed(Observation("transaction_log"), Observation("messages"), Observation("consumed"),
-                        Observation("stored"))
+                        Observation("stored"), Observation("deliveries"))
+    rows_read = F.count(F.lit(1)).alias("rows")
     local = transaction_log.observe(
-        observed.transaction_log,
+        observed.transaction_log, rows_read,
         F.count_if(F.col("transaction_id").isNull()).alias("null_ids"),
         F.count_if(~F.col("state").isin(*KNOWN_LOCAL_STATES)).alias("unknown_states"),
     )
     broker = messages.observe(
-        observed.messages,
+        observed.messages, rows_read,
         F.count_if(F.col("message_id").isNull()).alias("null_ids"),
         F.count_if(~F.col("state").isin(*KNOWN_BROKER_STATES)).alias("unknown_states"),
         _topic_dictionary("topic"),
     )
     consumptions = consumed.observe(
-        observed.consumed,
+        observed.consumed, rows_read,
         F.count_if(F.col("transaction_id").isNull()).alias("null_ids"),
         _topic_dictionary("topic"),
     )
-    waiting = stored.observe(observed.stored, _topic_dictionary("topic"))
+    waiting = stored.observe(observed.stored, rows_read, _topic_dictionary("topic"))
+    deliveries = deliveries.observe(observed.deliveries, rows_read)
     if not delivery_ids_known:
         deliveries = deliveries.drop("transaction_id").join(
             messages.select("message_id", "transaction_id").where(F.col("transaction_id").isNotNull()),
             "message_id")
     rows = [
-        local.select(*_row(_LOCAL, local_code=_code("state", LOCAL_STATES), time_ms=_millis("created_at"),
+        local.select(*_row(LOCAL, local_code=_code("state", LOCAL_STATES), time_ms=_millis("created_at"),
                            database_bit=_database_bit(producer_labels))),
-        broker.select(*_row(_MESSAGE, broker_code=_code("state", BROKER_STATES), time_ms=F.col("store_ms"),
+        broker.select(*_row(MESSAGE, broker_code=_code("state", BROKER_STATES), time_ms=F.col("store_ms"),
                             commit_ms=F.col("commit_ms"), topic_code=F.xxhash64("topic"),
                             copies=F.col("copies"))),
-        deliveries.select(*_row(_DELIVERY, time_ms=F.col("first_delivered_ms"),
+        deliveries.select(*_row(DELIVERY, time_ms=F.col("first_delivered_ms"),
                                 attempts=F.col("delivery_attempts"))),
-        consumptions.select(*_row(_CONSUMED, time_ms=_millis("consumed_at"), topic_code=F.xxhash64("topic"),
+        consumptions.select(*_row(CONSUMED, time_ms=_millis("consumed_at"), topic_code=F.xxhash64("topic"),
                                   group_code=F.xxhash64("consumer_group"),
                                   message_code=F.xxhash64("message_id"),
                                   database_bit=_database_bit(consumer_labels))),
-        waiting.select(*_row(_STORED, time_ms=F.when(F.col("relayed_at").isNull(), _millis("created_at")),
+        waiting.select(*_row(STORED, time_ms=F.when(F.col("relayed_at").isNull(), _millis("created_at")),
                              commit_ms=_millis("relayed_at"), topic_code=F.xxhash64("topic"),
                              database_bit=_database_bit(producer_labels))),
     ]
@@ -224,30 +238,30 @@ def per_transaction(events_frame: DataFrame) -> DataFrame:
         F.bit_or("database_bits").alias("database_bits"),
     )
     return per_group.groupBy("transaction_id").agg(
-        F.min(_when(_LOCAL, "local_min")).alias("local_code"),
-        F.sum(_when(_LOCAL, "n")).alias("local_rows"),
-        (F.min(_when(_LOCAL, "local_min")) != F.max(_when(_LOCAL, "local_max"))).alias("conflicting_local_states"),
-        F.max(_when(_LOCAL, "rolled_back_rows")).alias("rolled_back_somewhere"),
-        F.min(_when(_LOCAL, "time_ms")).alias("local_ms"),
-        F.bit_or(F.when(F.col("kind").isin(_LOCAL, _STORED), F.col("database_bits"))).alias("producer_bits"),
-        F.min(_when(_MESSAGE, "broker_code")).alias("broker_code"),
-        F.sum(_when(_MESSAGE, "n")).alias("message_count"),
-        F.min(_when(_MESSAGE, "time_ms")).alias("store_ms"),
-        F.max(_when(_MESSAGE, "commit_ms")).alias("commit_ms"),
-        F.max(_when(_MESSAGE, "copies")).alias("max_copies"),
-        F.max(_when(_MESSAGE, "topic_code")).alias("message_topic"),
-        F.sum(_when(_DELIVERY, "delivered")).alias("delivered"),
-        F.max(_when(_DELIVERY, "attempts")).alias("max_attempts"),
-        F.sum(_when(_CONSUMED, "n")).alias("consumed"),
-        F.max(_when(_CONSUMED, "n")).alias("max_per_group"),
-        F.sum(_when(_CONSUMED, "duplicate_keys")).alias("consumed_duplicate_keys"),
-        F.min(_when(_CONSUMED, "time_ms")).alias("consumed_ms"),
-        F.max(_when(_CONSUMED, "topic_code")).alias("consumed_topic"),
-        F.bit_or(_when(_CONSUMED, "database_bits")).alias("consumer_bits"),
-        F.sum(_when(_STORED, "n")).alias("stored"),
-        F.max(_when(_STORED, "topic_code")).alias("stored_topic"),
-        F.min(_when(_STORED, "time_ms")).alias("oldest_unrelayed_ms"),
-        F.max(_when(_STORED, "commit_ms")).alias("relayed_ms"),
+        F.min(_when(LOCAL, "local_min")).alias("local_code"),
+        F.sum(_when(LOCAL, "n")).alias("local_rows"),
+        (F.min(_when(LOCAL, "local_min")) != F.max(_when(LOCAL, "local_max"))).alias("conflicting_local_states"),
+        F.max(_when(LOCAL, "rolled_back_rows")).alias("rolled_back_somewhere"),
+        F.min(_when(LOCAL, "time_ms")).alias("local_ms"),
+        F.bit_or(F.when(F.col("kind").isin(LOCAL, STORED), F.col("database_bits"))).alias("producer_bits"),
+        F.min(_when(MESSAGE, "broker_code")).alias("broker_code"),
+        F.sum(_when(MESSAGE, "n")).alias("message_count"),
+        F.min(_when(MESSAGE, "time_ms")).alias("store_ms"),
+        F.max(_when(MESSAGE, "commit_ms")).alias("commit_ms"),
+        F.max(_when(MESSAGE, "copies")).alias("max_copies"),
+        F.max(_when(MESSAGE, "topic_code")).alias("message_topic"),
+        F.sum(_when(DELIVERY, "delivered")).alias("delivered"),
+        F.max(_when(DELIVERY, "attempts")).alias("max_attempts"),
+        F.sum(_when(CONSUMED, "n")).alias("consumed"),
+        F.max(_when(CONSUMED, "n")).alias("max_per_group"),
+        F.sum(_when(CONSUMED, "duplicate_keys")).alias("consumed_duplicate_keys"),
+        F.min(_when(CONSUMED, "time_ms")).alias("consumed_ms"),
+        F.max(_when(CONSUMED, "topic_code")).alias("consumed_topic"),
+        F.bit_or(_when(CONSUMED, "database_bits")).alias("consumer_bits"),
+        F.sum(_when(STORED, "n")).alias("stored"),
+        F.max(_when(STORED, "topic_code")).alias("stored_topic"),
+        F.min(_when(STORED, "time_ms")).alias("oldest_unrelayed_ms"),
+        F.max(_when(STORED, "commit_ms")).alias("relayed_ms"),
     )
 
 

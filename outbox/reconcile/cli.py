@@ -2,7 +2,7 @@
 
     outbox reconcile --producer-db URL [--producer-db URL ...] --consumer-db URL ...
                      --broker-export DIR --out DIR [--since ISO] [--until ISO]
-                     [--grace-seconds 60] [--max-unrelayed-seconds 3600] [--max-lost 0]
+                     [--state-dir DIR [--max-carry-days 7]] [--grace-seconds 60] [--max-unrelayed-seconds 3600] [--max-lost 0]
                      [--max-phantom 0] [--max-duplicate-effect 0] [--max-conflict 0]
                      [--max-unrelayed 0] [--threshold NAME=N ...]
                      [--master URL] [--conf key=value ...]
@@ -21,6 +21,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 from broker_embedded.cli_tools import CommandParser, quiet_on_broken_pipe
 
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="the report's folder: summary.json, anomalies/, report.html")
     parser.add_argument("--since", help="ISO time: only transactions from then")
     parser.add_argument("--until", help="ISO time: only transactions before then")
+    parser.add_argument("--state-dir", help="incremental run: reconcile from where the last run kept in this "
+                        "folder ended (the first run: from --since) to --until (default: now), and keep the "
+                        "transactions still open there for the next run")
+    parser.add_argument("--max-carry-days", type=float, default=7.0, help="with --state-dir: a transaction "
+                        "still open after this long is reported as it stands and no longer carried")
     parser.add_argument("--grace-seconds", type=float, default=60.0, help="seconds: work this recent is in "
                         "flight, not lost")
     parser.add_argument("--max-unrelayed-seconds", type=float, default=3600.0, help="seconds: a message stored "
@@ -115,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         thresholds = _thresholds(args)
         since_ms, until_ms = _epoch_ms(args.since), _epoch_ms(args.until)
         check_inputs(args.producer_db, args.consumer_db, args.broker_export, args.out)
+        if args.max_carry_days < 0:
+            raise ValueError(f"--max-carry-days must not be negative, got {args.max_carry_days}")
+        if args.state_dir is not None and Path(args.state_dir).exists() and not Path(args.state_dir).is_dir():
+            raise ValueError(f"--state-dir {args.state_dir} is a file, not a folder")
         from sqlalchemy.exc import SQLAlchemyError
 
         from .job import ReconcileInputs, ReconcileOptions, reconcile
@@ -134,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out_dir=args.out, since_ms=since_ms, until_ms=until_ms, grace_s=args.grace_seconds,
                 max_unrelayed_s=args.max_unrelayed_seconds,
                 jdbc_partitions=args.jdbc_partitions, thresholds=thresholds, postgres_read=args.postgres_read,
+                state_dir=args.state_dir, max_carry_s=args.max_carry_days * 86_400,
             ),
         )
     except ConfigurationError as exc:

@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from sqlalchemy.engine import make_url
 
+from ..errors import ConfigurationError
 from .classify import ANOMALIES, classify, events, per_transaction
 from .inputs import TimeWindow, read_export, union_tables, use_jdbc
 from .preflight import (
@@ -36,6 +37,18 @@ from .preflight import (
     export_files,
 )
 from .report import write_html
+from .state import (
+    CARRIED_REREAD,
+    DEFAULT_MAX_CARRY_S,
+    RESOLVED,
+    Carry,
+    carried,
+    carried_ids,
+    only_carried,
+    plan,
+    read_rows,
+    save,
+)
 from .summary import aggregate, summarise
 
 #: The Spark job group of one run, so that the summary can say how many jobs it took.
@@ -60,7 +73,10 @@ class ReconcileInputs:
 class ReconcileOptions:
     """Output directory, time window (epoch ms), grace period, how long a stored message may
     wait for the relay (``max_unrelayed_s``), pass/fail thresholds, and how PostgreSQL is
-    read (``postgres_read``: ``auto``, ``jdbc`` or ``sqlalchemy``; see ``inputs.use_jdbc``)."""
+    read (``postgres_read``: ``auto``, ``jdbc`` or ``sqlalchemy``; see ``inputs.use_jdbc``).
+    With ``state_dir`` the run is incremental (see ``state``): it reconciles from where the
+    last run there ended (the first: from ``since_ms``) to ``until_ms`` (default: now), and
+    carries transactions still open for at most ``max_carry_s``."""
 
     out_dir: str
     since_ms: int | None = None
@@ -71,6 +87,8 @@ class ReconcileOptions:
     thresholds: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
     jdbc_partitions: int = 4
     postgres_read: str = "auto"
+    state_dir: str | None = None
+    max_carry_s: float = DEFAULT_MAX_CARRY_S
 
     def __post_init__(self) -> None:
         if self.postgres_read not in POSTGRES_READS:
@@ -79,8 +97,8 @@ class ReconcileOptions:
         unknown = sorted(set(self.thresholds) - set(GATES))
         if unknown:
             raise ValueError(f"unknown thresholds {unknown}; known: {', '.join(GATES)}")
-        if self.grace_s < 0 or self.max_unrelayed_s < 0 or any(limit < 0 for limit in self.thresholds.values()):
-            raise ValueError("grace period, max unrelayed seconds and thresholds must not be negative")
+        if self.grace_s < 0 or self.max_unrelayed_s < 0 or self.max_carry_s < 0 or any(limit < 0 for limit in self.thresholds.values()):
+            raise ValueError("grace period, max unrelayed seconds, max carry and thresholds must not be negative")
 
 
 @dataclass
@@ -178,12 +196,16 @@ def _samples(folder: Path) -> dict[str, list[dict[str, Any]]]:
 WINDOW_MARGIN_MS = 3_600_000
 
 
+def _margin(options: ReconcileOptions) -> int:
+    return max(WINDOW_MARGIN_MS, int(options.grace_s * 1000))
+
+
 def _windows(options: ReconcileOptions) -> tuple[TimeWindow | None, TimeWindow | None]:
     """What to read for a windowed run: producer rows and broker messages around the window,
     deliveries and consumptions from its start on (they may come any time later)."""
     if options.since_ms is None and options.until_ms is None:
         return None, None
-    margin = max(WINDOW_MARGIN_MS, int(options.grace_s * 1000))
+    margin = _margin(options)
     low = None if options.since_ms is None else options.since_ms - margin
     high = None if options.until_ms is None else options.until_ms + margin
     return TimeWindow(low, high), TimeWindow(low, None)
@@ -217,40 +239,115 @@ def reconcile(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOp
         return _run(spark, inputs, options)
 
 
+@dataclass
+class _Read:
+    """The five inputs of a run, the rows it carries in, and the window it classifies."""
+
+    transaction_log: DataFrame
+    stored: DataFrame
+    consumed: DataFrame
+    messages: DataFrame
+    deliveries: DataFrame
+    carried_in: DataFrame | None
+    since_ms: int | None
+    until_ms: int | None
+    #: Where the broker's messages read stop (see ``classify``).
+    seen_until_ms: int | None
+
+
+def _read_window(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions, jdbc: bool) -> _Read:
+    """A full run: all of history, or around ``--since/--until`` (see ``_windows``)."""
+    around, onwards = _windows(options)
+    partitions = options.jdbc_partitions
+    messages, deliveries = read_export(spark, inputs.broker_export, onwards)
+    if around is not None and around.high_ms is not None:  # a filter Spark pushes into the scan
+        messages = messages.where(F.col("store_ms") < around.high_ms)
+    return _Read(union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, partitions, jdbc, around),
+                 union_tables(spark, inputs.producer_databases, STORED_MESSAGE, partitions, jdbc, around),
+                 union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, partitions, jdbc, onwards),
+                 messages, deliveries, None, options.since_ms, options.until_ms,
+                 around.high_ms if around is not None else None)
+
+
+def _read_increment(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions, jdbc: bool,
+                    carry: Carry, until_ms: int) -> _Read:
+    """An incremental run (see ``state``): the append-only inputs in the window (the first
+    run from a margin before it, as a full run reads), the changeable ones also before it
+    for the carried transactions."""
+    if not _delivery_ids_known(inputs.broker_export):
+        raise ConfigurationError(f"--state-dir needs a broker export whose deliveries carry transaction_id; "
+                                 f"{inputs.broker_export} is from an older broker: run without --state-dir")
+    first = carry.rows is None
+    window = TimeWindow(carry.from_ms - (_margin(options) if first else 0), until_ms)
+    changeable = TimeWindow(min(window.low_ms or carry.refresh_ms, carry.refresh_ms), until_ms)
+    rows = read_rows(spark, carry)
+    ids = carried_ids(rows)
+    partitions = options.jdbc_partitions
+    messages, deliveries = read_export(spark, inputs.broker_export, changeable)
+    stored = union_tables(spark, inputs.producer_databases, STORED_MESSAGE, partitions, jdbc, changeable)
+    return _Read(union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, partitions, jdbc, window),
+                 only_carried(stored, "created_at", carry, ids),
+                 union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, partitions, jdbc, window),
+                 only_carried(messages, "store_ms", carry, ids), only_carried(deliveries, "first_delivered_ms",
+                                                                             carry, ids),
+                 rows, carry.history_ms, until_ms, until_ms)
+
+
 def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions) -> ReconcileResult:
     progress = _Progress()
     spark.sparkContext.setJobGroup(JOB_GROUP, "halfmoon reconciliation")
     out = Path(options.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     now_ms = options.now_ms or int(time.time() * 1000)
+    carry, until_ms = None, options.until_ms if options.until_ms is not None else now_ms
+    if options.state_dir is not None:
+        carry = plan(Path(options.state_dir), options.since_ms, until_ms)
+    out.mkdir(parents=True, exist_ok=True)
     jdbc = use_jdbc(spark, options.postgres_read, [*inputs.producer_databases, *inputs.consumer_databases],
                     options.jdbc_partitions)
-    around, onwards = _windows(options)
-    transaction_log = union_tables(spark, inputs.producer_databases, TRANSACTION_LOG, options.jdbc_partitions,
-                                   jdbc, around)
-    stored = union_tables(spark, inputs.producer_databases, STORED_MESSAGE, options.jdbc_partitions, jdbc, around)
-    consumed = union_tables(spark, inputs.consumer_databases, CONSUMED_MESSAGE, options.jdbc_partitions, jdbc,
-                            onwards)
-    messages, deliveries = read_export(spark, inputs.broker_export, onwards)
-    if around is not None and around.high_ms is not None:  # a filter Spark pushes into the scan
-        messages = messages.where(F.col("store_ms") < around.high_ms)
+    read = (_read_increment(spark, inputs, options, jdbc, carry, until_ms) if carry is not None
+            else _read_window(spark, inputs, options, jdbc))
     producers, consumers = _labels(inputs.producer_databases), _labels(inputs.consumer_databases)
-    rows, observed = events(transaction_log, messages, deliveries, consumed, stored, producers, consumers,
-                            _delivery_ids_known(inputs.broker_export))
+    rows, observed = events(read.transaction_log, read.messages, read.deliveries, read.consumed, read.stored,
+                            producers, consumers, _delivery_ids_known(inputs.broker_export))
+    if read.carried_in is not None:
+        rows = rows.unionByName(read.carried_in)
+    if carry is not None:  # read again for the carry-over: kept, not read twice
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     # Kept for the two actions below: the narrow per-transaction table, not the classified one
     transactions = per_transaction(rows).persist(StorageLevel.DISK_ONLY)
-    classified = classify(transactions, now_ms, int(options.grace_s * 1000), bool(inputs.consumer_databases),
-                          int(options.max_unrelayed_s * 1000), around.high_ms if around is not None else None)
-    if options.since_ms is not None:
-        classified = classified.where(F.col("event_ms") >= options.since_ms)
-    if options.until_ms is not None:
-        classified = classified.where(F.col("event_ms") < options.until_ms)
+    grace_ms = int(options.grace_s * 1000)
+    classified = classify(transactions, now_ms, grace_ms, bool(inputs.consumer_databases),
+                          int(options.max_unrelayed_s * 1000), read.seen_until_ms)
+    if read.since_ms is not None:
+        classified = classified.where(F.col("event_ms") >= read.since_ms)
+    if read.until_ms is not None:
+        classified = classified.where(F.col("event_ms") < read.until_ms)
+    open_ = F.lit(RESOLVED)
+    if carry is not None and read.until_ms is not None:
+        open_ = carried(min(now_ms, read.until_ms), grace_ms, bool(inputs.consumer_databases),
+                        int(options.max_carry_s * 1000))
+    classified = classified.withColumn("carried", open_)
     progress("reading the producer databases, the consumer databases and the broker export; classifying")
-    result = summarise(aggregate(classified).collect(), observed.topics())
+    grouped = aggregate(classified).collect()
+    result = summarise(grouped, observed.topics())
     counts = result.pop("counts")
     checks = {**observed.sanity(), **result.pop("derived_sanity")}
     progress(f"{counts['transactions']} transactions classified; writing the anomalous ones")
     _write_anomalies(classified, observed.topics(), producers, consumers, out / "anomalies")
+    incremental = None
+    if carry is not None and read.until_ms is not None and options.state_dir is not None:
+        progress("keeping the open transactions for the next run")
+        oldest = min((row["hour_ms"] for row in grouped if row["carried"] == CARRIED_REREAD),
+                     default=read.until_ms)
+        incremental = {
+            "state_dir": options.state_dir, "history_since_ms": carry.history_ms, "from_ms": carry.from_ms,
+            "until_ms": read.until_ms,
+            "carried_in": carry.carried,
+            "carried_out": save(Path(options.state_dir), rows, classified, carry, read.until_ms,
+                                oldest - _margin(options)),
+            "resolved": summarise([row for row in grouped if not row["carried"]], {})["counts"],
+        }
+        rows.unpersist()
     transactions.unpersist()
     total = max(counts["transactions"], 1)
     breached = {name: counts.get(name, 0) for name, limit in options.thresholds.items()
@@ -258,8 +355,10 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
     summary: dict[str, Any] = {
         "generated_at_ms": now_ms,
         "inputs": asdict(inputs),
-        "window": {"since_ms": options.since_ms, "until_ms": options.until_ms, "grace_s": options.grace_s,
-                   "max_unrelayed_s": options.max_unrelayed_s},
+        "window": {"since_ms": carry.from_ms if carry is not None else options.since_ms,
+                   "until_ms": read.until_ms, "grace_s": options.grace_s, "max_unrelayed_s": options.max_unrelayed_s},
+        "rows_read": observed.rows_read(),
+        "incremental": incremental,
         "counts": counts,
         "rates": {flag: counts[flag] / total for flag in GATES},
         "anomalies": {category: counts[category] for category in ANOMALIES},

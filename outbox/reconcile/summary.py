@@ -44,7 +44,8 @@ def fine_bucket(value: Column) -> Column:
 
 
 def aggregate(classified: DataFrame) -> DataFrame:
-    """Flags and latency buckets grouped by topic, hour, hop and bucket (see the module)."""
+    """Flags and latency buckets grouped by topic, hour, hop and bucket (see the module),
+    apart for the transactions an incremental run carries over (``carried``)."""
     committed = F.col("committed")
     flag_row = F.struct(F.lit(FLAGS_ROW).alias("hop"), F.lit(None).cast("long").alias("bucket"))
     hop_rows = [F.struct(F.lit(index).alias("hop"), F.when(committed, fine_bucket(F.col(hop))).alias("bucket"))
@@ -58,7 +59,7 @@ def aggregate(classified: DataFrame) -> DataFrame:
     def total(condition: Column) -> Column:
         return F.count_if(is_flags & condition)
 
-    return rows.groupBy("topic_code", "hour_ms", "hop", "bucket").agg(
+    return rows.groupBy("carried", "topic_code", "hour_ms", "hop", "bucket").agg(
         F.count(F.lit(1)).alias("n"),
         total(committed).alias("committed_n"),
         *[total(F.col(flag)).alias(flag) for flag in GATES],

@@ -200,8 +200,8 @@ def test_tab_walks_skip_link_navigation_search_and_every_action_in_order(
         walk.append(focused(page))
     assert [f["index"] for f in walk] == list(range(count)), "Tab visits every focusable element in document order"
     texts = [f["text"] or f["id"] for f in walk]
-    assert texts[:10] == ["Skip to content", "Overview", "Trends", "Consumer groups", "Transactions",
-                          "Dead letters", "Search", "header-search", "Find", "Sign out"]
+    assert texts[:11] == ["Skip to content", "Overview", "Trends", "Consumer groups", "Transactions",
+                          "Dead letters", "Search", "Reconciliation", "header-search", "Find", "Sign out"]
     actions = [(f["text"], f["target"]) for f in walk if f["target"]]
     for tx in (shop.parked_tx, "tx-browser-order"):
         assert [a for a in actions if a[1] == tx] == [("Recheck", tx), ("Resolve (ask checker)", tx)]

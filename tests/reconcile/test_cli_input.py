@@ -86,6 +86,8 @@ def test_a_producer_database_file_that_does_not_exist_is_one_line_exit_2_and_not
     ({"threshold": "nonsense=1"}, ["unknown threshold"]),
     ({"since": "yesterday"}, ["not an ISO time"]),
     ({"conf": "novalue"}, ["--conf takes key=value"]),
+    ({"max_carry_days": "-1"}, ["--max-carry-days must not be negative"]),
+    ({"state_dir": __file__}, ["--state-dir", "is a file"]),
 ])
 def test_bad_input_is_found_before_spark_starts(tmp_path: Path, inputs: dict[str, str], changes: dict[str, str],
                                                 expected: list[str]) -> None:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from importlib.resources import files
+from pathlib import Path
 from string import Template
 from typing import Any
 from urllib.parse import urlencode, urlparse
@@ -28,7 +29,7 @@ from ...errors import (
 )
 from ...message import MAX_NAME_LENGTH, Resolution, TransactionState, is_name
 from ...topics import MAX_ID_LENGTH, validate_group, validate_user_topic
-from . import charts, pages
+from . import charts, pages, reconcile
 from .markup import Markup, fill, join, tag
 from .notices import Notices
 from .pages import Page, View
@@ -70,8 +71,9 @@ class ConsoleApp:
     """The broker console (see docs/console.md); build it with ``make_console_app``."""
 
     def __init__(self, broker: EmbeddedBroker, sessions: Sessions | None, resolve_wait_s: float,
-                 trends: TrendSampler) -> None:
+                 trends: TrendSampler, reconcile_reports: Path | None = None) -> None:
         self.broker = broker
+        self.reconcile_reports = reconcile_reports
         self.trends = trends
         self.sessions = sessions
         self.resolve_wait_s = resolve_wait_s
@@ -84,6 +86,8 @@ class ConsoleApp:
             ("GET", "/transactions/force"): self._force_page,
             ("GET", "/dead-letters"): self._dead_letters,
             ("GET", "/search"): self._search,
+            ("GET", "/reconcile"): lambda r: self._show(r, reconcile.page(self.reconcile_reports, self._view(r))),
+            ("GET", "/reconcile/report"): lambda r: reconcile.report(self.reconcile_reports),
             ("GET", "/sign-in"): self._sign_in_page,
             ("POST", "/sign-in"): self._sign_in,
             ("POST", "/sign-out"): self._action(self._sign_out),

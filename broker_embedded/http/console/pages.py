@@ -48,6 +48,7 @@ NAVIGATION = (
     ("/transactions", "Transactions"),
     ("/dead-letters", "Dead letters"),
     ("/search", "Search"),
+    ("/reconcile", "Reconciliation"),
 )
 
 READ_ONLY_NOTE = Markup(

@@ -17,17 +17,21 @@ no environment and makes no folder.
 The worker also relays the messages store mode kept in the databases
 (``register_relay``) when ``OUTBOX_RELAY`` is 1, its default once ``OUTBOX_DATABASE_URL``
 is set; ``OUTBOX_RELAY=0`` switches that off (run ``outbox relay`` instead, or nothing).
+With ``OUTBOX_RECONCILE_REPORTS`` set it also has the nightly reconciliation's beat entry
+(``.reconcile``; run ``celery -A outbox.integrations.celery.worker beat`` beside a worker).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 from celery import Celery
 
 from ...settings import OutboxSettings
 from ..sqlalchemy.tasks import register, register_relay
+from .reconcile import from_env, register_reconcile
 from .transport import TRANSPORT
 
 
@@ -64,6 +68,9 @@ def _standalone() -> dict[str, Any]:
     app = make_app(settings)
     if settings.relay:
         register_relay(app, settings=settings)
+    nightly = from_env(os.environ)
+    if nightly is not None:
+        register_reconcile(app, **nightly)
     return {"settings": settings, "app": app, "check_transaction_task": register(app, settings=settings)}
 
 
