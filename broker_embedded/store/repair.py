@@ -16,6 +16,7 @@ that ``repair`` salvages again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -72,13 +73,15 @@ class RepairReport:
         return lines
 
 
-def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -> RepairReport:
+def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL,
+           config: StoreConfig | None = None) -> RepairReport:
     """Salvage ``data_dir`` (see the module docstring); the store opens afterwards.
     ``namer``: names the layers above the store keep, to name lost records by; ``fs``: the
-    file layer."""
+    file layer; ``config``: the store's settings for the open that rebuilds the queues and
+    the index (its file layer is ``fs``; default: the defaults)."""
     with locked(data_dir, shared=False, fs=fs):
         check = inspect(data_dir, namer, fs)
-        config = pinned_layout(data_dir, StoreConfig(filesystem=fs))
+        config = pinned_layout(data_dir, dataclasses.replace(config or StoreConfig(), filesystem=fs))
         aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
         moved_to = _move_aside(data_dir, config.segment_size, aside, check, fs) if aside else None
         for derived in ("consumequeue", "index"):

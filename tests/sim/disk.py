@@ -100,6 +100,8 @@ class SimulatedDisk:
         self._next_inode = 1
         #: What the disk did, one line per injected fault and power loss (for failure reports).
         self.events: list[str] = []
+        #: The byte ranges media faults damaged: (file, first byte, end).
+        self.damaged: list[tuple[Path, int, int]] = []
         #: Injected faults may be turned off for a while (a recovery that must succeed).
         self.faults_on = True
         self._crash_in: int | None = None
@@ -221,11 +223,13 @@ class SimulatedDisk:
             position = self.rng.randrange(len(durable))
             bit = self.rng.randrange(8)
             durable[position] ^= 1 << bit
+            self.damaged.append((path, position, position + 1))
             self.events.append(f"bit flip: {path} byte {position} bit {bit}")
         if self._chance(self.faults.read_error):
             path, number = self.rng.choice(segments)
             page = self.rng.randrange((len(self._inodes[number].durable) + PAGE - 1) // PAGE)
             self._inodes[number].bad_pages.add(page)
+            self.damaged.append((path, page * PAGE, (page + 1) * PAGE))
             self.events.append(f"latent sector error: {path} page {page}")
 
     # -- descriptors ----------------------------------------------------------------------
