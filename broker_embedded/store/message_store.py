@@ -337,12 +337,13 @@ class MessageStore:
         if not lost:
             return
         named = [message_id for offset in sorted(lost) if (message_id := self._name_truncated(offset))]
-        truncated = self.commitlog.truncated
+        # The loss covers no bytes: the cut-off ones are gone and new records are appended
+        # from ``end``; a range over them would pass their later damage for this known loss.
         self.losses.record(
-            "recovery", end, max(max(lost) + 1, truncated[0] + len(truncated[1]) if truncated else 0), named, len(lost) - len(named),
-            f"the commit log ends at offset {end} (cut short), {len(lost)} records after it had been "
-            "dispatched (durable and, in sync flush mode, acknowledged); their consume queue and index "
-            "entries are dropped",
+            "recovery", end, end, named, len(lost) - len(named),
+            f"the commit log ends at offset {end} (cut short), {len(lost)} records after it (up to offset "
+            f"{max(lost)}) had been dispatched (durable and, in sync flush mode, acknowledged); their "
+            "consume queue and index entries are dropped",
         )
 
     def _name_truncated(self, offset: int) -> str | None:

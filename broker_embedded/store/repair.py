@@ -30,7 +30,7 @@ from .files import write_atomically
 from .filesystem import REAL, FileSystem
 from .losses import Namer
 from .message_store import CHECKPOINT, MessageStore, pinned_layout
-from .verify import Report, inspect, locked, lost_lines
+from .verify import LostMessage, Report, inspect, locked, lost_lines
 
 
 @dataclass
@@ -106,23 +106,34 @@ def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL,
 
 
 def _record_losses(store: MessageStore, check: Report) -> None:
-    """Write what the repair dropped to the ledger: the ids named, the rest counted."""
+    """Write what the repair dropped to the ledger: the ids named, the rest counted. A
+    record in a damaged range the ledger has already (a reader, the scrub or recovery found
+    it) is not counted again."""
+    known = [loss for loss in store.losses.all() if loss.holds_damage]
+
+    def recorded(offset: int | None) -> bool:
+        return offset is not None and any(loss.start <= offset < loss.end for loss in known)
+
+    lost = [m for m in check.lost if not recorded(m.commit_log_offset)]
+    count = check.lost_count - (len(check.lost) - len(lost))
+    if count <= 0:
+        return
     ranges = [*check.gaps, *([check.torn_tail] if check.torn_tail else [])]
-    offsets = [m.commit_log_offset for m in check.lost if m.commit_log_offset is not None]
+    offsets = [m.commit_log_offset for m in lost if m.commit_log_offset is not None]
     start = min([gap.start for gap in ranges] + offsets, default=check.log_end)
     end = max([gap.end for gap in ranges] + [offset + 1 for offset in offsets], default=check.log_end)
-    named = check.lost_ids
-    places = _queue_ranges(check)
+    named = [m.message_id for m in lost if m.message_id]
+    places = _queue_ranges(lost)
     detail = "; ".join([f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" for gap in check.gaps]
                        + ([f"queue offsets {', '.join(places)}"] if places else []))
-    store.losses.record("repair", start, end, named, check.lost_count - len(named),
-                        f"repair dropped {check.lost_count} records: {detail or 'cut off past the end of the log'}")
+    store.losses.record("repair", start, end, named, count - len(named),
+                        f"repair dropped {count} records: {detail or 'cut off past the end of the log'}")
 
 
-def _queue_ranges(check: Report) -> list[str]:
+def _queue_ranges(lost: list[LostMessage]) -> list[str]:
     """The lost records' queue offsets, as ``topic/queue@first-last`` runs."""
     by_queue: dict[tuple[str, int], list[int]] = {}
-    for m in check.lost:
+    for m in lost:
         if m.topic is not None and m.queue_id is not None and m.queue_offset is not None:
             by_queue.setdefault((m.topic, m.queue_id), []).append(m.queue_offset)
     runs = []

@@ -434,9 +434,14 @@ class _Inspection:
         counted = [LostMessage(None, topic, queue_id, queue_offset)
                    for topic, queue_id, queue_offset in uncounted if
                    (topic, queue_id, queue_offset) not in placed]
-        # a record below the checkpoint is one of the queue offsets the checkpoint counted
+        # a record below the checkpoint is one of the queue offsets the checkpoint counted:
+        # where every such offset is counted (queue counts, no retention cut), those are the
+        # count (an index entry alone may be stale, or torn by a crash into an offset where
+        # no record started)
         below = [m for m in unplaced if m.commit_log_offset is not None and m.commit_log_offset < report.checkpoint]
-        report.lost_count = len(known) - len(below) + max(len(below), len(counted))
+        exact = report.queue_counts and self.fs.exists(self.data_dir / "commitlog" / f"{0:020d}")
+        below_count = len(counted) if exact else max(len(below), len(counted))
+        report.lost_count = len(known) - len(below) + below_count
         report.lost = sorted([*(m for m in known.values() if m.topic or m.message_id or m not in below), *counted],
                              key=lambda m: (m.commit_log_offset is None, m.commit_log_offset or 0,
                                             m.topic or "", m.queue_id or 0, m.queue_offset or 0))
