@@ -4,7 +4,7 @@ that the simulator finds known bugs put back into a copy of the code.
     .venv/bin/python benchmarks/simulate.py --seconds 600 [--profile power|io|all]
         [--first-seed N] [--out failing-seeds.txt]
     .venv/bin/python benchmarks/simulate.py --seed 4711 --profile io      # replay one
-    .venv/bin/python benchmarks/simulate.py --mutations [--max-seeds 2000]
+    .venv/bin/python benchmarks/simulate.py --mutations [--max-seeds 2000] [--only NAME]
 
 A search runs seeds from ``--first-seed`` on, for every profile in turn, until the time is
 up; each failing seed is appended to ``--out`` as ``profile seed: failure`` and its report
@@ -42,6 +42,10 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "                for segment in dirty:\n                    pass\n"),
     ("recovery truncating at the first bad record without looking past it", "broker_embedded/store/commitlog.py",
      "                if item.end < end:\n", "                if False:\n"),
+    ("CRC not checked on the read path of deliveries (read_queue)", "broker_embedded/store/commitlog.py",
+     "        data = segment.pread(offset - segment.base_offset, size)\n        try:\n",
+     "        data = segment.pread(offset - segment.base_offset, size)\n"
+     "        data = data[:8] + codec.crc32c.crc32c(data[12:]).to_bytes(4, 'big') + data[12:]\n        try:\n"),
     ("new directories not made durable in their parents", "broker_embedded/store/files.py",
      "    fs.mkdir(directory, exist_ok=True)\n    fs.fsync_directory(directory.parent)\n",
      "    fs.mkdir(directory, exist_ok=True)\n"),
@@ -115,12 +119,15 @@ print(f"not found|-|{time.monotonic() - started:.1f}|")
 """
 
 
-def mutations(max_seeds: int, profiles: list[str]) -> int:
-    """Put each known bug back into a copy and count the seeds until one fails."""
+def mutations(max_seeds: int, profiles: list[str], only: str | None = None) -> int:
+    """Put each known bug back into a copy (those whose name contains ``only``) and count
+    the seeds until one fails."""
     print("| bug put back | seeds until found | profile | seconds | failure |")
     print("|---|---|---|---|---|")
     missed = 0
     for name, relative, fixed, bug in MUTATIONS:
+        if only is not None and only not in name:
+            continue
         with tempfile.TemporaryDirectory(prefix="halfmoon-mutant-") as tmp:
             copy = Path(tmp)
             shutil.copytree(ROOT / "broker_embedded", copy / "broker_embedded")
@@ -148,13 +155,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, help="replay this seed (with --profile)")
     parser.add_argument("--mutations", action="store_true")
     parser.add_argument("--max-seeds", type=int, default=2000)
+    parser.add_argument("--only", help="with --mutations: only the bugs whose name contains this")
     args = parser.parse_args()
     logging.basicConfig(level=logging.CRITICAL if args.seed is None else logging.WARNING)
     profiles = list(PROFILES) if args.profile == "all" else [args.profile]
     if args.seed is not None:
         sys.exit(replay(args.seed, profiles[0]))
     if args.mutations:
-        sys.exit(1 if mutations(args.max_seeds, profiles) else 0)
+        sys.exit(1 if mutations(args.max_seeds, profiles, args.only) else 0)
     sys.exit(1 if search(args.seconds, profiles, args.first_seed, args.out) else 0)
 
 
