@@ -32,6 +32,8 @@ REGRESSIONS = {
     "repair recording one loss over the intact records between damaged ranges": ("media", 14),
     "a cut-off loss covering the bytes new records are appended to": ("media", 28),
     "fsck counting a torn index entry in a damaged range as a lost record": ("media", 57),
+    "a directory a crashed open made, never made durable by the next open": ("power", 197),
+    "repair recording its losses after it filled their ranges": ("media", 5),
 }
 
 

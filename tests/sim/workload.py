@@ -44,6 +44,8 @@ PROFILES: dict[str, Faults] = {
     "media": Faults(bit_flip=0.3),
 }
 DATA_DIR = Path("/sim/data")
+#: Tries to open the store after a crash, the last on a healthy disk.
+OPEN_ATTEMPTS = 4
 TOPICS = (("orders", 2), ("payments", 1))
 MAX_BODY = 300 * 1024
 CONFIG = StoreConfig(
@@ -179,13 +181,17 @@ class Simulation:
             self.disk.crash_after(None)
         _abandon(self.store)
         self.store = None
+        self.stop(power)
+        self.open("power loss" if power else "process crash", power)
+
+    def stop(self, power: bool) -> None:
+        """The process dies (no store open): with the machine's power (``power``) or alone."""
         if power:
             damaged = len(self.disk.damaged)
             self.disk.power_loss()
             self.unprovable(self.disk.damaged[damaged:])
         else:
             self.disk.process_crash()
-        self.open("power loss" if power else "process crash", power)
 
     def restart(self) -> None:
         """Close the store cleanly (a process crash if the close fails) and reopen it."""
@@ -223,25 +229,31 @@ class Simulation:
 
     # -- recovery and the check -----------------------------------------------------------
     def open(self, cause: str, durable: bool = False) -> None:
-        """Reopen the store and check it. When it refuses to open and the disk may damage
-        synced data, run ``repair`` as an operator would, then open it again."""
-        self.disk.faults_on = False  # recovery itself runs on a healthy disk (for now)
-        try:
+        """Reopen the store and check it. The open runs with the profile's faults on, and
+        may be cut by a crash armed inside it (in recovery, or in a repair): then the
+        process dies, with the power or alone, and the store is opened again; after
+        ``OPEN_ATTEMPTS - 1`` such tries the last runs on a healthy disk, and must succeed.
+        When the store refuses to open and the disk may damage synced data, ``repair``
+        runs first, as an operator would."""
+        for attempt in range(OPEN_ATTEMPTS):
+            final = attempt == OPEN_ATTEMPTS - 1
+            self.disk.faults_on = not final
+            if not final and self.rng.random() < 0.25:
+                self.disk.crash_after(self.rng.randint(1, 40))
             try:
-                self.store = MessageStore(DATA_DIR, self.config)
-            except (CorruptLogError, OSError) as exc:
-                self.step(f"{cause}, reopen: the store refuses to open ({type(exc).__name__}: {exc})")
-                if not self.disk.faults.damages_media:
-                    self.fail(f"the store does not reopen after a {cause}: {type(exc).__name__}: {exc}")
-                self.repair()
-                self.store = MessageStore(DATA_DIR, self.config)
-        except SimulationFailure:
-            raise
-        except Exception as exc:
-            self.step(f"{cause}, reopen: the store refuses to open")
-            self.fail(f"the store does not reopen after a {cause}: {type(exc).__name__}: {exc}")
-        finally:
-            self.disk.faults_on = True
+                self.store = self.open_or_repair(cause, final)
+                break
+            except PowerCut as cut:
+                power = self.rng.random() < 0.5
+                self.step(f"{cause}, reopen: cut short before {cut}, then {'power loss' if power else 'crash'}")
+                self.stop(power)
+                durable = durable or power
+            except (OSError, BrokerError) as exc:  # a fault injected in this try
+                self.step(f"{cause}, reopen: failed ({type(exc).__name__}: {exc})")
+                self.disk.process_crash()
+            finally:
+                self.disk.crash_after(None)
+                self.disk.faults_on = True
         found = self.check(cause)
         if durable:
             for number, place in found.items():
@@ -250,12 +262,33 @@ class Simulation:
                     self.placed[number] = place
         self.step(f"{cause}, reopen: {len(found)} messages, {len(self.acked)} acknowledged")
 
+    def open_or_repair(self, cause: str, final: bool) -> MessageStore:
+        """The store opened, repaired first if it refuses and media faults may explain it.
+        ``SimulationFailure`` for a refusal without media faults, and for any failure of the
+        ``final`` try; an ``OSError`` or ``BrokerError`` of an earlier try passes (an
+        injected fault: the next try may succeed)."""
+        try:
+            try:
+                return MessageStore(DATA_DIR, self.config)
+            except CorruptLogError as exc:
+                self.step(f"{cause}, reopen: the store refuses to open ({type(exc).__name__}: {exc})")
+                if not self.disk.faults.damages_media:
+                    self.fail(f"the store does not reopen after a {cause}: {type(exc).__name__}: {exc}")
+            self.repair()
+            return MessageStore(DATA_DIR, self.config)
+        except (OSError, BrokerError) as exc:
+            if final:
+                self.step(f"{cause}, reopen: the store refuses to open")
+                self.fail(f"the store does not reopen after a {cause}: {type(exc).__name__}: {exc}")
+            raise
+        except (SimulationFailure, PowerCut):
+            raise
+        except Exception as exc:
+            self.fail(f"opening the store after a {cause}: unexpected {type(exc).__name__}: {exc}")
+
     def repair(self) -> None:
         """``halfmoon-broker repair`` on the stopped store's directory."""
-        try:
-            report = repair(DATA_DIR, fs=self.disk, config=self.config)
-        except Exception as exc:
-            self.fail(f"repair fails: {type(exc).__name__}: {exc}")
+        report = repair(DATA_DIR, fs=self.disk, config=self.config)
         self.step(f"repair: {report.check.lost_count} records lost, "
                   f"{[f'{gap.kind} {gap.start}-{gap.end}' for gap in report.check.gaps]}")
 
