@@ -33,7 +33,8 @@ REGRESSIONS = {
     "a cut-off loss covering the bytes new records are appended to": ("media", 28),
     "fsck counting a torn index entry in a damaged range as a lost record": ("media", 57),
     "a directory a crashed open made, never made durable by the next open": ("power", 197),
-    "repair recording its losses after it filled their ranges": ("media", 5),
+    "repair recording its losses after it filled their ranges": ("media", 30),
+    "repair cut short and run again counting again what it had recorded": ("media", 18),
 }
 
 
