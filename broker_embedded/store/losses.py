@@ -68,14 +68,6 @@ class Loss:
     acknowledged: bool = False
 
     @property
-    def holds_damage(self) -> bool:
-        """Whether ``[start, end)`` may still hold the damaged bytes, so that a reader or the
-        scrub finding damage there takes it for this loss. Not for ``repair``: it replaced
-        its ranges with filler, and its range spans the intact records between them, whose
-        later damage is a new loss."""
-        return self.found_by != "repair"
-
-    @property
     def records(self) -> int:
         """How many records this loss took."""
         return len(self.message_ids) + self.unnamed

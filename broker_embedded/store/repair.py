@@ -28,7 +28,7 @@ from .commitlog import Gap
 from .config import StoreConfig
 from .files import write_atomically
 from .filesystem import REAL, FileSystem
-from .losses import Namer
+from .losses import LossLedger, Namer
 from .message_store import CHECKPOINT, MessageStore, pinned_layout
 from .verify import LostMessage, Report, inspect, locked, lost_lines
 
@@ -82,6 +82,10 @@ def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL,
     with locked(data_dir, shared=False, fs=fs):
         check = inspect(data_dir, namer, fs)
         config = pinned_layout(data_dir, dataclasses.replace(config or StoreConfig(), filesystem=fs))
+        if check.lost_count:
+            # before any byte that names them is moved or deleted: after a crash from here on
+            # the store may open, and nothing would be left to find these losses by
+            _record_losses(LossLedger(data_dir, fs), check)
         aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
         moved_to = _move_aside(data_dir, config.segment_size, aside, check, fs) if aside else None
         for derived in ("consumequeue", "index"):
@@ -96,8 +100,6 @@ def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL,
         fs.fsync_directory(log_dir)
     raised: dict[tuple[str, int], int] = {}
     with MessageStore(data_dir, config) as store:
-        if check.lost_count:
-            _record_losses(store, check)
         for (topic, queue_id), offset in _offsets_in_use(check).items():
             if store.queue_max_offset(topic, queue_id) < offset:
                 store.reserve_queue_offsets(topic, queue_id, offset)
@@ -105,29 +107,37 @@ def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL,
     return RepairReport(check, moved_to, raised)
 
 
-def _record_losses(store: MessageStore, check: Report) -> None:
-    """Write what the repair dropped to the ledger: the ids named, the rest counted. A
-    record in a damaged range the ledger has already (a reader, the scrub or recovery found
-    it) is not counted again."""
-    known = [loss for loss in store.losses.all() if loss.holds_damage]
+def _record_losses(ledger: LossLedger, check: Report) -> None:
+    """Write what the repair drops to the ledger: one loss per damaged or missing range, with
+    the records lost in it (the ids named, the rest counted), and one covering no bytes for
+    the records of no range (cut off past the end of the log, or known only by their queue
+    offsets). A record in a range the ledger has already (found by a reader, the scrub,
+    recovery, or a repair a crash cut short) is not counted again. A loss covers its own
+    range only: damage found later elsewhere is a new loss."""
+    known = ledger.all()
 
     def recorded(offset: int | None) -> bool:
         return offset is not None and any(loss.start <= offset < loss.end for loss in known)
 
-    lost = [m for m in check.lost if not recorded(m.commit_log_offset)]
-    count = check.lost_count - (len(check.lost) - len(lost))
-    if count <= 0:
-        return
     ranges = [*check.gaps, *([check.torn_tail] if check.torn_tail else [])]
-    offsets = [m.commit_log_offset for m in lost if m.commit_log_offset is not None]
-    start = min([gap.start for gap in ranges] + offsets, default=check.log_end)
-    end = max([gap.end for gap in ranges] + [offset + 1 for offset in offsets], default=check.log_end)
-    named = [m.message_id for m in lost if m.message_id]
-    places = _queue_ranges(lost)
-    detail = "; ".join([f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" for gap in check.gaps]
-                       + ([f"queue offsets {', '.join(places)}"] if places else []))
-    store.losses.record("repair", start, end, named, count - len(named),
-                        f"repair dropped {count} records: {detail or 'cut off past the end of the log'}")
+    by_range: dict[Gap | None, list[LostMessage]] = {}
+    for m in check.lost:
+        if not recorded(m.commit_log_offset):
+            offset = m.commit_log_offset
+            gap = next((gap for gap in ranges if offset is not None and gap.start <= offset < gap.end), None)
+            by_range.setdefault(gap, []).append(m)
+    unlisted = max(0, check.lost_count - len(check.lost))  # records nothing names or places
+    if unlisted:
+        by_range.setdefault(None, [])
+    for gap, lost in sorted(by_range.items(), key=lambda item: item[0].start if item[0] else check.log_end):
+        count = len(lost) + (unlisted if gap is None else 0)
+        named = [m.message_id for m in lost if m.message_id]
+        places = _queue_ranges(lost)
+        start, end = (gap.start, gap.end) if gap else (check.log_end, check.log_end)
+        where = f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" if gap else "in no range of the log"
+        ledger.record("repair", start, end, named, count - len(named),
+                      f"repair dropped {count} records: {where}"
+                      + (f"; queue offsets {', '.join(places)}" if places else ""))
 
 
 def _queue_ranges(lost: list[LostMessage]) -> list[str]:

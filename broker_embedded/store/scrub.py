@@ -351,11 +351,9 @@ def damage_reasons(store: MessageStore) -> list[str]:
 
 
 def _uncovered(start: int, end: int, losses: list[Loss]) -> list[tuple[int, int]]:
-    """The parts of ``[start, end)`` that no loss in ``losses`` holding damage covers."""
+    """The parts of ``[start, end)`` that no loss in ``losses`` covers."""
     parts = [(start, end)]
     for loss in losses:
-        if not loss.holds_damage:
-            continue
         parts = [piece for a, b in parts
                  for piece in ((a, min(b, loss.start)), (max(a, loss.end), b)) if piece[0] < piece[1]]
     return parts
