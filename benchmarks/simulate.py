@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.sim.workload import PROFILES, run  # noqa: E402
+from tests.sim.workload import OPEN_PROFILES, PROFILES, run  # noqa: E402
 
 #: Known bugs, put back by a textual edit: (name, file, the text of the fix, the bug's text).
 MUTATIONS: list[tuple[str, str, str, str]] = [
@@ -149,7 +149,8 @@ def mutations(max_seeds: int, profiles: list[str], only: str | None = None) -> i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--profile", choices=[*PROFILES, "all"], default="all")
+    parser.add_argument("--profile", choices=[*PROFILES, *OPEN_PROFILES, "all"], default="all",
+                        help="all: every profile CI runs (not those in OPEN_PROFILES)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("failing-seeds.txt"))
     parser.add_argument("--seed", type=int, help="replay this seed (with --profile)")
