@@ -35,6 +35,7 @@ REGRESSIONS = {
     "a directory a crashed open made, never made durable by the next open": ("power", 197),
     "repair recording its losses after it filled their ranges": ("media", 30),
     "repair cut short and run again counting again what it had recorded": ("media", 18),
+    "a lost record's queue offset counted again once the queue holding its hole is gone": ("media", 141),
 }
 
 
