@@ -137,7 +137,9 @@ def _record_losses(ledger: LossLedger, check: Report) -> None:
         where = f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" if gap else "in no range of the log"
         ledger.record("repair", start, end, named, count - len(named),
                       f"repair dropped {count} records: {where}"
-                      + (f"; queue offsets {', '.join(places)}" if places else ""))
+                      + (f"; queue offsets {', '.join(places)}" if places else ""),
+                      [(m.topic, m.queue_id, m.queue_offset) for m in lost
+                       if m.topic is not None and m.queue_id is not None and m.queue_offset is not None])
 
 
 def _queue_ranges(lost: list[LostMessage]) -> list[str]:

@@ -32,7 +32,7 @@ from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, FileSystem
 from .index import IndexFile, IndexFileError, key_hash
-from .losses import Loss, LossLedger, Name, Namer
+from .losses import Loss, LossLedger, Name, Namer, Place
 from .message_store import lock_directory, pinned_layout, read_checkpoint
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
 
@@ -263,11 +263,12 @@ def inspect(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -
     for topic, by_id in (checkpoint.get("queues") or {}).items():
         report.queue_counts.update({(topic, int(queue_id)): count for queue_id, count in by_id.items()})
     files = _Files(fs)
+    ledger = LossLedger(data_dir, fs)
     try:
-        _Inspection(data_dir, config, report, files, namer).run()
+        _Inspection(data_dir, config, report, files, namer, ledger.places()).run()
     finally:
         files.close()
-    report.open_losses = LossLedger(data_dir, fs).open_losses()
+    report.open_losses = ledger.open_losses()
     report.problems += [f"open {loss.describe()} (`halfmoon-broker losses --acknowledge {loss.loss_id}` "
                         "once dealt with)" for loss in report.open_losses]
     return report
@@ -277,8 +278,11 @@ class _Inspection:
     """One pass of ``inspect`` over a directory."""
 
     def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files,
-                 namer: Namer | None) -> None:
+                 namer: Namer | None, recorded: set[Place]) -> None:
         self.data_dir = data_dir
+        #: the places of lost records the ledger has: not counted again where their hole
+        #: is gone with the consume queue that kept it
+        self.recorded = recorded
         self.fs = config.filesystem
         self.namer = namer
         self.names: list[Name] = list(namer.from_files(data_dir)) if namer else []
@@ -461,7 +465,8 @@ class _Inspection:
             low = 0 if from_zero else queue.first_seen or 0
             for queue_offset in queue.without_record(low, count):
                 entry = queue.entry(self.files, queue_offset)
-                if entry is None or entry[1]:  # no entry, or one the walk found no record for
+                # no entry, or one the walk found no record for, and not a loss recorded before
+                if (entry is None or entry[1]) and (topic, queue_id, queue_offset) not in self.recorded:
                     found.append((topic, queue_id, queue_offset))
         return found
 

@@ -62,11 +62,6 @@ class Faults:
     #: A ``pwrite`` to a commit log segment lands at a wrong place (see the module docstring).
     misdirected_write: float = 0.0
 
-    @property
-    def damages_media(self) -> bool:
-        """Whether synced data can be damaged (then a loss may be reported, not only none)."""
-        return self.bit_flip > 0 or self.read_error > 0 or self.misdirected_write > 0
-
 
 @dataclass
 class _Inode:

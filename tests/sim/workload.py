@@ -279,7 +279,7 @@ class Simulation:
                 return MessageStore(DATA_DIR, self.config)
             except CorruptLogError as exc:
                 self.step(f"{cause}, reopen: the store refuses to open ({type(exc).__name__}: {exc})")
-                if not self.disk.faults.damages_media:
+                if not self.disk.damaged:
                     self.fail(f"the store does not reopen after a {cause}: {type(exc).__name__}: {exc}")
             self.repair()
             return MessageStore(DATA_DIR, self.config)
@@ -325,9 +325,9 @@ class Simulation:
         losses = store.losses.all()
         named = [message_id for loss in losses for message_id in loss.message_ids]
         unnamed = sum(loss.unnamed for loss in losses)
-        if (named or unnamed) and not self.disk.faults.damages_media:
+        if (named or unnamed) and not self.disk.damaged:
             self.fail(f"after a {cause} the loss ledger names {sorted(named)} and {unnamed} unnamed, "
-                      f"with no media fault injected: {losses}")
+                      f"with no media fault injected yet: {losses}")
         readable = sorted(message_id for message_id in named if int(message_id[1:]) in found)
         if readable:
             self.fail(f"after a {cause} the loss ledger names {readable}, which are readable: {losses}")
