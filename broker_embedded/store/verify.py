@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import operator
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -157,6 +158,11 @@ class _Queue:
     wrong: int = 0  # entries pointing elsewhere than their record
     first_bad: int | None = None
     skipped: list[int] = field(default_factory=list)  # queue offsets with no intact record
+    #: the commit log offsets of the intact records around each skipped queue offset, and
+    #: of the first and last intact record: where a record lost at a queue offset lay
+    around: dict[int, tuple[int, int]] = field(default_factory=dict)
+    first_at: int = 0
+    last_at: int = -1
     fs: FileSystem = field(default=REAL, repr=False)
 
     def __post_init__(self) -> None:
@@ -172,6 +178,16 @@ class _Queue:
         """The queue offsets in ``[low, count)`` that no intact record has."""
         first_seen = count if self.first_seen is None else self.first_seen
         return [*range(low, min(first_seen, count)), *self.skipped, *range(max(self.last_seen + 1, low), count)]
+
+    def could_hold(self, queue_offset: int, commit_log_offset: int) -> bool:
+        """Whether the record lost at ``queue_offset`` may have lain at ``commit_log_offset``
+        (between the intact records of this queue around it: the log keeps a queue's order)."""
+        if queue_offset in self.around:
+            before, after = self.around[queue_offset]
+            return before < commit_log_offset < after
+        if self.first_seen is not None and queue_offset < self.first_seen:
+            return commit_log_offset < self.first_at
+        return commit_log_offset > self.last_at
 
     def entry(self, files: _Files, queue_offset: int) -> tuple[int, int] | None:
         """``(commit log offset, size)`` of an entry, None if its file lacks it."""
@@ -368,8 +384,13 @@ class _Inspection:
         queue = self._queue(record.topic, record.queue_id)
         if queue.last_seen >= 0:
             queue.skipped += range(queue.last_seen + 1, record.queue_offset)
+            queue.around.update((queue_offset, (queue.last_at, record.commit_log_offset))
+                                for queue_offset in range(queue.last_seen + 1, record.queue_offset))
         else:
             queue.first_seen = record.queue_offset
+            queue.first_at = record.commit_log_offset
+        if record.queue_offset > queue.last_seen:
+            queue.last_at = record.commit_log_offset
         queue.last_seen = max(queue.last_seen, record.queue_offset)
         entry = queue.entry(self.files, record.queue_offset)
         if entry is None:
@@ -426,6 +447,12 @@ class _Inspection:
                 # is and no queue entry put another lost record (its queue id may be zeroed, say)
                 place = (message.topic, message.queue_id, message.queue_offset)
                 salvaged = (head.topic, head.queue_id, head.queue_offset)
+                if message.topic is None and salvaged not in uncounted:
+                    # one of the three fields damaged: the lost place that the other two name
+                    # and where the record lay, between the intact records of its queue
+                    salvaged = next((p for p in uncounted if p not in claimed
+                                     and sum(map(operator.eq, p, salvaged)) == 2
+                                     and self.queues[p[:2]].could_hold(p[2], offset)), salvaged)
                 if message.topic is None and salvaged in uncounted and salvaged not in claimed:
                     place = salvaged
                     claimed.add(salvaged)
