@@ -37,6 +37,7 @@ REGRESSIONS = {
     "repair cut short and run again counting again what it had recorded": ("media", 18),
     "a lost record's queue offset counted again once the queue holding its hole is gone": ("media", 141),
     "a lost record named by its damaged header counted again at its queue offset": ("media", 113),
+    "fsck counting only the first of the records a damaged range took": ("media", 418),
 }
 
 
