@@ -437,7 +437,8 @@ class _Inspection:
                 known.setdefault(offset, LostMessage(offset))
         for gap in gaps:
             if gap.kind != "missing":
-                known.setdefault(gap.start, LostMessage(gap.start))
+                for offset in self._heads_in(gap):
+                    known.setdefault(offset, LostMessage(offset))
         uncounted = self._uncounted_positions()
         claimed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         for offset, message in list(known.items()):
@@ -527,6 +528,29 @@ class _Inspection:
             if len(tail) < file.count:
                 break
         return indexed
+
+    def _heads_in(self, gap: Gap) -> list[int]:
+        """Where records began in a damaged range: its start, and each record after it
+        that the headers before it lead to (the length of one to the next, each with its
+        magic); a damaged length ends the chain."""
+        heads = [gap.start]
+        base = gap.start - gap.start % self.config.segment_size
+        path = self.data_dir / "commitlog" / f"{base:020d}"
+        offset = gap.start
+        while True:
+            read = functools.partial(self._read_at, path, offset - base)
+            try:
+                head = codec.decode_head(read)
+            except (codec.RecordError, FileNotFoundError):
+                break
+            offset += head.size
+            if offset >= gap.end:
+                break
+            heads.append(offset)
+        return heads
+
+    def _read_at(self, path: Path, position: int, start: int, length: int) -> bytes:
+        return self.files.pread(path, length, position + start)
 
     def _salvage(self, offset: int) -> codec.RecordHead | None:
         """What the header of a damaged record at ``offset`` still says, if anything."""
