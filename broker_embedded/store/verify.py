@@ -537,16 +537,14 @@ class _Inspection:
         base = gap.start - gap.start % self.config.segment_size
         path = self.data_dir / "commitlog" / f"{base:020d}"
         offset = gap.start
-        while True:
-            read = functools.partial(self._read_at, path, offset - base)
+        while offset < gap.end:
             try:
-                head = codec.decode_head(read)
+                head = codec.decode_head(functools.partial(self._read_at, path, offset - base))
             except (codec.RecordError, FileNotFoundError):
                 break
+            if offset not in heads:
+                heads.append(offset)
             offset += head.size
-            if offset >= gap.end:
-                break
-            heads.append(offset)
         return heads
 
     def _read_at(self, path: Path, position: int, start: int, length: int) -> bytes:
