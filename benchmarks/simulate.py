@@ -48,8 +48,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "        data = segment.pread(offset - segment.base_offset, size)\n"
      "        data = data[:8] + codec.crc32c.crc32c(data[12:]).to_bytes(4, 'big') + data[12:]\n        try:\n"),
     ("new directories not made durable in their parents", "broker_embedded/store/files.py",
-     "    fs.mkdir(directory, exist_ok=True)\n    fs.fsync_directory(directory.parent)\n",
-     "    fs.mkdir(directory, exist_ok=True)\n"),
+     "        fs.mkdir(directory, exist_ok=True)\n        fs.fsync_directory(directory.parent)\n",
+     "        fs.mkdir(directory, exist_ok=True)\n"),
     ("no fdatasync of a segment before the next is created", "broker_embedded/store/commitlog.py",
      "        self.fs.fdatasync(segment.fd)\n        self._dirty.discard(segment)\n",
      "        self._dirty.add(segment)\n"),
@@ -73,6 +73,17 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "            good = queue.intact_end()\n            if expected is not None:\n                good = min(good, expected)\n",
      "            good = queue.intact_end()\n            if expected is not None:\n"
      "                good = min(good, max(expected, queue.min_offset))\n"),
+    # found with media faults and crashes inside recovery and repair
+    ("repair counting again the losses the ledger has", "broker_embedded/store/repair.py",
+     "        if not recorded(m.commit_log_offset):\n", "        if True:\n"),
+    ("a cut-off loss covering the bytes new records are appended to", "broker_embedded/store/message_store.py",
+     '            "recovery", end, end, named,', '            "recovery", end, max(lost) + 1, named,'),
+    ("fsck counting only the first record of a damaged range", "broker_embedded/store/verify.py",
+     "                for offset in self._heads_in(gap):\n", "                for offset in self._heads_in(gap)[:1]:\n"),
+    ("fsck counting again the places the ledger has", "broker_embedded/store/verify.py",
+     "        self.recorded = recorded\n", "        self.recorded: set[Place] = set()\n"),
+    ("a directory a crashed open made, never made durable by the next open", "broker_embedded/store/files.py",
+     "    if directory.parent != directory:\n", "    if directory.parent != directory and not fs.is_dir(directory):\n"),
 ]
 
 
