@@ -6,12 +6,13 @@ check's report (``report.json``) and fsync'd, and only then replaced in the log:
 blank filler inside the log (a missing segment file or the missing end of a closed
 segment is filled the same way), by truncation at its end. The consume queues, the index
 and the checkpoint are derived data: they are deleted, and opening the store rebuilds them
-from the repaired log, verifying every record. What the repair dropped (every record the
-check named or counted, see ``verify``) goes to the loss ledger (``found_by="repair"``),
-logged as an ERROR. Queue offsets of lost records become holes,
-and no queue hands out an offset it had before (a consumer past it would skip the new
-record). A crash during a repair leaves a directory that the store refuses to open and
-that ``repair`` salvages again.
+from the repaired log, verifying every record. What the repair drops (every record the
+check named or counted, see ``verify``) goes to the loss ledger (``found_by="repair"``,
+one loss per range), logged as an ERROR, before anything is moved or deleted. Queue offsets
+of lost records become holes, and no queue hands out an offset it had before (a consumer
+past it would skip the new record). A crash during a repair leaves its losses recorded and
+a directory that the store opens or that ``repair`` salvages again (without counting them
+twice).
 """
 
 from __future__ import annotations
