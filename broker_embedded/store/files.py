@@ -9,12 +9,13 @@ from .filesystem import REAL, FileSystem
 
 def make_directories(directory: Path, fs: FileSystem = REAL) -> None:
     """Create ``directory`` and missing parents, each made durable in its parent (a
-    directory a crash took takes every file in it along, however well they were synced)."""
-    if fs.is_dir(directory):
-        return
-    make_directories(directory.parent, fs)
-    fs.mkdir(directory, exist_ok=True)
-    fs.fsync_directory(directory.parent)
+    directory a crash took takes every file in it along, however well they were synced).
+    One that exists is made durable too: a process that crashed between its ``mkdir`` and
+    the fsync of its parent left it readable but not on the disk."""
+    if directory.parent != directory:
+        make_directories(directory.parent, fs)
+        fs.mkdir(directory, exist_ok=True)
+        fs.fsync_directory(directory.parent)
 
 
 def write_atomically(path: Path, data: bytes, fs: FileSystem = REAL) -> None:

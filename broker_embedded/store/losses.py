@@ -32,6 +32,8 @@ LEDGER_FILE = "losses.json"
 FoundBy = Literal["recovery", "repair", "scrub"]
 
 
+#: A lost record's place: topic, queue id, queue offset.
+Place = tuple[str, int, int]
 #: A message id a surviving byte outside its record names, with its commit log offset where
 #: that is known too (None: the index tells, by the id's hash).
 Name = tuple[int | None, str]
@@ -66,6 +68,9 @@ class Loss:
     detail: str
     found_at_ms: int
     acknowledged: bool = False
+    #: The queue places of the lost records, where known: once a rebuilt or deleted consume
+    #: queue forgets the hole a lost record left, these keep it from being counted again.
+    places: tuple[Place, ...] = ()
 
     @property
     def records(self) -> int:
@@ -81,6 +86,7 @@ class Loss:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["message_ids"] = list(self.message_ids)
+        data["places"] = [list(place) for place in self.places]
         return data
 
 
@@ -102,20 +108,27 @@ class LossLedger:
 
     def record(
         self, found_by: FoundBy, start: int, end: int, message_ids: Iterable[str], unnamed: int,
-        detail: str,
+        detail: str, places: Iterable[Place] = (),
     ) -> Loss:
-        """Add a loss, make it durable, log it as an ERROR; returns it."""
+        """Add a loss, make it durable, log it as an ERROR; returns it. ``places``: the
+        queue places of the lost records, where known."""
         with self._lock:
             loss = Loss(
                 loss_id=max((item.loss_id for item in self._losses), default=0) + 1,
                 found_by=found_by, start=start, end=end, message_ids=tuple(message_ids),
                 unnamed=unnamed, detail=detail, found_at_ms=int(time.time() * 1000),
+                places=tuple(sorted(set(places))),
             )
             self._losses.append(loss)
             self._write()
         log.error("acknowledged messages lost: %s; ids: %s", loss.describe(),
                   ", ".join(loss.message_ids) or "none known")
         return loss
+
+    def places(self) -> set[Place]:
+        """The queue places of every lost record the ledger knows the place of."""
+        with self._lock:
+            return {place for loss in self._losses for place in loss.places}
 
     def open_losses(self) -> list[Loss]:
         """The losses nobody has acknowledged yet."""
@@ -146,8 +159,9 @@ class LossLedger:
 
 
 def _acknowledged(loss: Loss) -> Loss:
-    return Loss(**{**asdict(loss), "message_ids": loss.message_ids, "acknowledged": True})
+    return Loss(**{**asdict(loss), "message_ids": loss.message_ids, "places": loss.places, "acknowledged": True})
 
 
 def _loss_from_json(item: dict[str, Any]) -> Loss:
-    return Loss(**{**item, "message_ids": tuple(item["message_ids"])})
+    places = tuple((topic, int(queue_id), int(queue_offset)) for topic, queue_id, queue_offset in item.get("places", ()))
+    return Loss(**{**item, "message_ids": tuple(item["message_ids"]), "places": places})

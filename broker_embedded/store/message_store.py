@@ -318,7 +318,11 @@ class MessageStore:
             return  # below the queue's first entry retention may have deleted records: not counted
         number = next((n for n, gap in enumerate(gaps) if gap.start >= after and gap.end <= before), None)
         if number is not None:
-            skipped.setdefault(number, set()).update((*key, queue_offset) for queue_offset in offsets)
+            # not a record the ledger has already: a hole a repair left, forgotten by a queue
+            # rebuilt from the log
+            known = self.losses.places()
+            skipped.setdefault(number, set()).update(
+                place for queue_offset in offsets if (place := (*key, queue_offset)) not in known)
 
     def _record_cut_off(self, end: int, indexed: list[int]) -> None:
         """Write to the ledger the records past the recovered ``end`` of the log that were
@@ -327,22 +331,26 @@ class MessageStore:
         these were acknowledged and a cut log took them; a torn append has no entry. Named
         by what the truncated bytes still hold of their headers, counted exactly."""
         lost = {offset for offset in indexed if offset >= end}
-        for queue in self._queues.values():
+        places: list[Place] = []
+        for (topic, queue_id), queue in self._queues.items():
             for queue_offset in range(queue.max_offset - 1, queue.min_offset - 1, -1):
                 offset, size = queue.entry(queue_offset)
                 if offset < end:
                     break
                 if size:
                     lost.add(offset)
+                    places.append((topic, queue_id, queue_offset))
         if not lost:
             return
         named = [message_id for offset in sorted(lost) if (message_id := self._name_truncated(offset))]
-        truncated = self.commitlog.truncated
+        # The loss covers no bytes: the cut-off ones are gone and new records are appended
+        # from ``end``; a range over them would pass their later damage for this known loss.
         self.losses.record(
-            "recovery", end, max(max(lost) + 1, truncated[0] + len(truncated[1]) if truncated else 0), named, len(lost) - len(named),
-            f"the commit log ends at offset {end} (cut short), {len(lost)} records after it had been "
-            "dispatched (durable and, in sync flush mode, acknowledged); their consume queue and index "
-            "entries are dropped",
+            "recovery", end, end, named, len(lost) - len(named),
+            f"the commit log ends at offset {end} (cut short), {len(lost)} records after it (up to offset "
+            f"{max(lost)}) had been dispatched (durable and, in sync flush mode, acknowledged); their "
+            "consume queue and index entries are dropped",
+            places,
         )
 
     def _name_truncated(self, offset: int) -> str | None:

@@ -6,16 +6,18 @@ check's report (``report.json``) and fsync'd, and only then replaced in the log:
 blank filler inside the log (a missing segment file or the missing end of a closed
 segment is filled the same way), by truncation at its end. The consume queues, the index
 and the checkpoint are derived data: they are deleted, and opening the store rebuilds them
-from the repaired log, verifying every record. What the repair dropped (every record the
-check named or counted, see ``verify``) goes to the loss ledger (``found_by="repair"``),
-logged as an ERROR. Queue offsets of lost records become holes,
-and no queue hands out an offset it had before (a consumer past it would skip the new
-record). A crash during a repair leaves a directory that the store refuses to open and
-that ``repair`` salvages again.
+from the repaired log, verifying every record. What the repair drops (every record the
+check named or counted, see ``verify``) goes to the loss ledger (``found_by="repair"``,
+one loss per range), logged as an ERROR, before anything is moved or deleted. Queue offsets
+of lost records become holes, and no queue hands out an offset it had before (a consumer
+past it would skip the new record). A crash during a repair leaves its losses recorded and
+a directory that the store opens or that ``repair`` salvages again (without counting them
+twice).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -27,9 +29,9 @@ from .commitlog import Gap
 from .config import StoreConfig
 from .files import write_atomically
 from .filesystem import REAL, FileSystem
-from .losses import Namer
+from .losses import LossLedger, Namer
 from .message_store import CHECKPOINT, MessageStore, pinned_layout
-from .verify import Report, inspect, locked, lost_lines
+from .verify import LostMessage, Report, inspect, locked, lost_lines
 
 
 @dataclass
@@ -72,13 +74,19 @@ class RepairReport:
         return lines
 
 
-def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -> RepairReport:
+def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL,
+           config: StoreConfig | None = None) -> RepairReport:
     """Salvage ``data_dir`` (see the module docstring); the store opens afterwards.
     ``namer``: names the layers above the store keep, to name lost records by; ``fs``: the
-    file layer."""
+    file layer; ``config``: the store's settings for the open that rebuilds the queues and
+    the index (its file layer is ``fs``; default: the defaults)."""
     with locked(data_dir, shared=False, fs=fs):
         check = inspect(data_dir, namer, fs)
-        config = pinned_layout(data_dir, StoreConfig(filesystem=fs))
+        config = pinned_layout(data_dir, dataclasses.replace(config or StoreConfig(), filesystem=fs))
+        if check.lost_count:
+            # before any byte that names them is moved or deleted: after a crash from here on
+            # the store may open, and nothing would be left to find these losses by
+            _record_losses(LossLedger(data_dir, fs), check)
         aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
         moved_to = _move_aside(data_dir, config.segment_size, aside, check, fs) if aside else None
         for derived in ("consumequeue", "index"):
@@ -93,8 +101,6 @@ def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) ->
         fs.fsync_directory(log_dir)
     raised: dict[tuple[str, int], int] = {}
     with MessageStore(data_dir, config) as store:
-        if check.lost_count:
-            _record_losses(store, check)
         for (topic, queue_id), offset in _offsets_in_use(check).items():
             if store.queue_max_offset(topic, queue_id) < offset:
                 store.reserve_queue_offsets(topic, queue_id, offset)
@@ -102,24 +108,45 @@ def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) ->
     return RepairReport(check, moved_to, raised)
 
 
-def _record_losses(store: MessageStore, check: Report) -> None:
-    """Write what the repair dropped to the ledger: the ids named, the rest counted."""
+def _record_losses(ledger: LossLedger, check: Report) -> None:
+    """Write what the repair drops to the ledger: one loss per damaged or missing range, with
+    the records lost in it (the ids named, the rest counted), and one covering no bytes for
+    the records of no range (cut off past the end of the log, or known only by their queue
+    offsets). A record in a range the ledger has already (found by a reader, the scrub,
+    recovery, or a repair a crash cut short) is not counted again. A loss covers its own
+    range only: damage found later elsewhere is a new loss."""
+    known = ledger.all()
+
+    def recorded(offset: int | None) -> bool:
+        return offset is not None and any(loss.start <= offset < loss.end for loss in known)
+
     ranges = [*check.gaps, *([check.torn_tail] if check.torn_tail else [])]
-    offsets = [m.commit_log_offset for m in check.lost if m.commit_log_offset is not None]
-    start = min([gap.start for gap in ranges] + offsets, default=check.log_end)
-    end = max([gap.end for gap in ranges] + [offset + 1 for offset in offsets], default=check.log_end)
-    named = check.lost_ids
-    places = _queue_ranges(check)
-    detail = "; ".join([f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" for gap in check.gaps]
-                       + ([f"queue offsets {', '.join(places)}"] if places else []))
-    store.losses.record("repair", start, end, named, check.lost_count - len(named),
-                        f"repair dropped {check.lost_count} records: {detail or 'cut off past the end of the log'}")
+    by_range: dict[Gap | None, list[LostMessage]] = {}
+    for m in check.lost:
+        if not recorded(m.commit_log_offset):
+            offset = m.commit_log_offset
+            gap = next((gap for gap in ranges if offset is not None and gap.start <= offset < gap.end), None)
+            by_range.setdefault(gap, []).append(m)
+    unlisted = max(0, check.lost_count - len(check.lost))  # records nothing names or places
+    if unlisted:
+        by_range.setdefault(None, [])
+    for gap, lost in sorted(by_range.items(), key=lambda item: item[0].start if item[0] else check.log_end):
+        count = len(lost) + (unlisted if gap is None else 0)
+        named = [m.message_id for m in lost if m.message_id]
+        places = _queue_ranges(lost)
+        start, end = (gap.start, gap.end) if gap else (check.log_end, check.log_end)
+        where = f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" if gap else "in no range of the log"
+        ledger.record("repair", start, end, named, count - len(named),
+                      f"repair dropped {count} records: {where}"
+                      + (f"; queue offsets {', '.join(places)}" if places else ""),
+                      [(m.topic, m.queue_id, m.queue_offset) for m in lost
+                       if m.topic is not None and m.queue_id is not None and m.queue_offset is not None])
 
 
-def _queue_ranges(check: Report) -> list[str]:
+def _queue_ranges(lost: list[LostMessage]) -> list[str]:
     """The lost records' queue offsets, as ``topic/queue@first-last`` runs."""
     by_queue: dict[tuple[str, int], list[int]] = {}
-    for m in check.lost:
+    for m in lost:
         if m.topic is not None and m.queue_id is not None and m.queue_offset is not None:
             by_queue.setdefault((m.topic, m.queue_id), []).append(m.queue_offset)
     runs = []

@@ -314,6 +314,7 @@ class Scrub:
                     found_by, start, end, named, len(places) - len(named),
                     f"found by {finder}: {end - start} bytes {gap.kind} in the commit log at {start}; "
                     f"{len(places)} records lost ({where or 'no queue entry points there'}{more})",
+                    places,
                 ))
                 if found_by == "scrub":
                     self.stats.damaged_ranges += 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import operator
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, FileSystem
 from .index import IndexFile, IndexFileError, key_hash
-from .losses import Loss, LossLedger, Name, Namer
+from .losses import Loss, LossLedger, Name, Namer, Place
 from .message_store import lock_directory, pinned_layout, read_checkpoint
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
 
@@ -157,6 +158,11 @@ class _Queue:
     wrong: int = 0  # entries pointing elsewhere than their record
     first_bad: int | None = None
     skipped: list[int] = field(default_factory=list)  # queue offsets with no intact record
+    #: the commit log offsets of the intact records around each skipped queue offset, and
+    #: of the first and last intact record: where a record lost at a queue offset lay
+    around: dict[int, tuple[int, int]] = field(default_factory=dict)
+    first_at: int = 0
+    last_at: int = -1
     fs: FileSystem = field(default=REAL, repr=False)
 
     def __post_init__(self) -> None:
@@ -172,6 +178,16 @@ class _Queue:
         """The queue offsets in ``[low, count)`` that no intact record has."""
         first_seen = count if self.first_seen is None else self.first_seen
         return [*range(low, min(first_seen, count)), *self.skipped, *range(max(self.last_seen + 1, low), count)]
+
+    def could_hold(self, queue_offset: int, commit_log_offset: int) -> bool:
+        """Whether the record lost at ``queue_offset`` may have lain at ``commit_log_offset``
+        (between the intact records of this queue around it: the log keeps a queue's order)."""
+        if queue_offset in self.around:
+            before, after = self.around[queue_offset]
+            return before < commit_log_offset < after
+        if self.first_seen is not None and queue_offset < self.first_seen:
+            return commit_log_offset < self.first_at
+        return commit_log_offset > self.last_at
 
     def entry(self, files: _Files, queue_offset: int) -> tuple[int, int] | None:
         """``(commit log offset, size)`` of an entry, None if its file lacks it."""
@@ -263,11 +279,12 @@ def inspect(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -
     for topic, by_id in (checkpoint.get("queues") or {}).items():
         report.queue_counts.update({(topic, int(queue_id)): count for queue_id, count in by_id.items()})
     files = _Files(fs)
+    ledger = LossLedger(data_dir, fs)
     try:
-        _Inspection(data_dir, config, report, files, namer).run()
+        _Inspection(data_dir, config, report, files, namer, ledger.places()).run()
     finally:
         files.close()
-    report.open_losses = LossLedger(data_dir, fs).open_losses()
+    report.open_losses = ledger.open_losses()
     report.problems += [f"open {loss.describe()} (`halfmoon-broker losses --acknowledge {loss.loss_id}` "
                         "once dealt with)" for loss in report.open_losses]
     return report
@@ -277,8 +294,11 @@ class _Inspection:
     """One pass of ``inspect`` over a directory."""
 
     def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files,
-                 namer: Namer | None) -> None:
+                 namer: Namer | None, recorded: set[Place]) -> None:
         self.data_dir = data_dir
+        #: the places of lost records the ledger has: not counted again where their hole
+        #: is gone with the consume queue that kept it
+        self.recorded = recorded
         self.fs = config.filesystem
         self.namer = namer
         self.names: list[Name] = list(namer.from_files(data_dir)) if namer else []
@@ -364,8 +384,13 @@ class _Inspection:
         queue = self._queue(record.topic, record.queue_id)
         if queue.last_seen >= 0:
             queue.skipped += range(queue.last_seen + 1, record.queue_offset)
+            queue.around.update((queue_offset, (queue.last_at, record.commit_log_offset))
+                                for queue_offset in range(queue.last_seen + 1, record.queue_offset))
         else:
             queue.first_seen = record.queue_offset
+            queue.first_at = record.commit_log_offset
+        if record.queue_offset > queue.last_seen:
+            queue.last_at = record.commit_log_offset
         queue.last_seen = max(queue.last_seen, record.queue_offset)
         entry = queue.entry(self.files, record.queue_offset)
         if entry is None:
@@ -412,7 +437,8 @@ class _Inspection:
                 known.setdefault(offset, LostMessage(offset))
         for gap in gaps:
             if gap.kind != "missing":
-                known.setdefault(gap.start, LostMessage(gap.start))
+                for offset in self._heads_in(gap):
+                    known.setdefault(offset, LostMessage(offset))
         uncounted = self._uncounted_positions()
         claimed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         for offset, message in list(known.items()):
@@ -422,6 +448,12 @@ class _Inspection:
                 # is and no queue entry put another lost record (its queue id may be zeroed, say)
                 place = (message.topic, message.queue_id, message.queue_offset)
                 salvaged = (head.topic, head.queue_id, head.queue_offset)
+                if message.topic is None and salvaged not in uncounted:
+                    # one of the three fields damaged: the lost place that the other two name
+                    # and where the record lay, between the intact records of its queue
+                    salvaged = next((p for p in uncounted if p not in claimed
+                                     and sum(map(operator.eq, p, salvaged)) == 2
+                                     and self.queues[p[:2]].could_hold(p[2], offset)), salvaged)
                 if message.topic is None and salvaged in uncounted and salvaged not in claimed:
                     place = salvaged
                     claimed.add(salvaged)
@@ -434,9 +466,14 @@ class _Inspection:
         counted = [LostMessage(None, topic, queue_id, queue_offset)
                    for topic, queue_id, queue_offset in uncounted if
                    (topic, queue_id, queue_offset) not in placed]
-        # a record below the checkpoint is one of the queue offsets the checkpoint counted
+        # a record below the checkpoint is one of the queue offsets the checkpoint counted:
+        # where every such offset is counted (queue counts, no retention cut), those are the
+        # count (an index entry alone may be stale, or torn by a crash into an offset where
+        # no record started)
         below = [m for m in unplaced if m.commit_log_offset is not None and m.commit_log_offset < report.checkpoint]
-        report.lost_count = len(known) - len(below) + max(len(below), len(counted))
+        exact = report.queue_counts and self.fs.exists(self.data_dir / "commitlog" / f"{0:020d}")
+        below_count = len(counted) if exact else max(len(below), len(counted))
+        report.lost_count = len(known) - len(below) + below_count
         report.lost = sorted([*(m for m in known.values() if m.topic or m.message_id or m not in below), *counted],
                              key=lambda m: (m.commit_log_offset is None, m.commit_log_offset or 0,
                                             m.topic or "", m.queue_id or 0, m.queue_offset or 0))
@@ -456,7 +493,8 @@ class _Inspection:
             low = 0 if from_zero else queue.first_seen or 0
             for queue_offset in queue.without_record(low, count):
                 entry = queue.entry(self.files, queue_offset)
-                if entry is None or entry[1]:  # no entry, or one the walk found no record for
+                # no entry, or one the walk found no record for, and not a loss recorded before
+                if (entry is None or entry[1]) and (topic, queue_id, queue_offset) not in self.recorded:
                     found.append((topic, queue_id, queue_offset))
         return found
 
@@ -490,6 +528,27 @@ class _Inspection:
             if len(tail) < file.count:
                 break
         return indexed
+
+    def _heads_in(self, gap: Gap) -> list[int]:
+        """Where records began in a damaged range: its start, and each record after it
+        that the headers before it lead to (the length of one to the next, each with its
+        magic); a damaged length ends the chain."""
+        heads = [gap.start]
+        base = gap.start - gap.start % self.config.segment_size
+        path = self.data_dir / "commitlog" / f"{base:020d}"
+        offset = gap.start
+        while offset < gap.end:
+            try:
+                head = codec.decode_head(functools.partial(self._read_at, path, offset - base))
+            except (codec.RecordError, FileNotFoundError):
+                break
+            if offset not in heads:
+                heads.append(offset)
+            offset += head.size
+        return heads
+
+    def _read_at(self, path: Path, position: int, start: int, length: int) -> bytes:
+        return self.files.pread(path, length, position + start)
 
     def _salvage(self, offset: int) -> codec.RecordHead | None:
         """What the header of a damaged record at ``offset`` still says, if anything."""

@@ -21,7 +21,11 @@ Faults (``Faults``): a ``pwrite`` may fail with EIO or ENOSPC (ENOSPC sometimes 
 short write); an fsync may fail with EIO, and then the writes it covered never reach the
 disk, though reads still see them (Linux's behaviour since the "fsyncgate" discussion);
 at a power loss an old, synced page of a commit log segment may take a bit flip, or turn
-into a latent sector error (a read of it fails with EIO until it is written again).
+into a latent sector error (a read of it fails with EIO until it is written again); a
+write to a commit log segment may be misdirected: its data lands at another place (a
+wrong offset of the same segment, or the same offset of another one) over what was there,
+while the place it was meant for keeps zeros. The process reads what it wrote (the page
+cache holds it) until the power goes; from then on the disk's bytes.
 
 Paths are only names here: nothing touches the real file system. Not thread-safe beyond
 what the store's own locks give (the simulated store runs no background work).
@@ -55,11 +59,8 @@ class Faults:
     bit_flip: float = 0.0
     #: At a power loss: an old page of a commit log segment becomes unreadable (EIO).
     read_error: float = 0.0
-
-    @property
-    def damages_media(self) -> bool:
-        """Whether synced data can be damaged (then a loss may be reported, not only none)."""
-        return self.bit_flip > 0 or self.read_error > 0
+    #: A ``pwrite`` to a commit log segment lands at a wrong place (see the module docstring).
+    misdirected_write: float = 0.0
 
 
 @dataclass
@@ -68,6 +69,10 @@ class _Inode:
     durable: bytearray = field(default_factory=bytearray)  # what a power loss starts from
     unsynced: list[tuple[str, int, bytes]] = field(default_factory=list)  # ("write", pos, data) | ("truncate", n, b"")
     bad_pages: set[int] = field(default_factory=set)  # latent sector errors
+    path: Path | None = None  # the name it was made with (or renamed to)
+    #: Misdirected writes not yet on the disk: (inode hit, position there, data), each
+    #: landing with the write of this inode it came with.
+    strays: list[tuple[int, int, bytes]] = field(default_factory=list)
     lost: bool = False  # a failed fsync dropped writes that reads still see
 
 
@@ -100,9 +105,12 @@ class SimulatedDisk:
         self._next_inode = 1
         #: What the disk did, one line per injected fault and power loss (for failure reports).
         self.events: list[str] = []
+        #: The byte ranges media faults damaged: (file, first byte, end).
+        self.damaged: list[tuple[Path, int, int]] = []
         #: Injected faults may be turned off for a while (a recovery that must succeed).
         self.faults_on = True
         self._crash_in: int | None = None
+        self._stray_rng: random.Random | None = None  # misdirected writes (``_misdirected``)
 
     def crash_after(self, operations: int | None) -> None:
         """Stop the process (``PowerCut``) at the ``operations``-th next change to the disk
@@ -148,6 +156,9 @@ class SimulatedDisk:
                 survivors.append((kind, position, data))
             for survivor in survivors:
                 _apply(inode.durable, survivor)
+            if inode.strays and self._stray_rng is not None and self._stray_rng.random() < 0.5:
+                self._land_strays(inode)
+            inode.strays = []
             if inode.unsynced:
                 self.events.append(f"power loss: inode {number} kept {len(survivors)} of "
                                    f"{len(inode.unsynced)} unsynced writes")
@@ -221,12 +232,58 @@ class SimulatedDisk:
             position = self.rng.randrange(len(durable))
             bit = self.rng.randrange(8)
             durable[position] ^= 1 << bit
+            self.damaged.append((path, position, position + 1))
             self.events.append(f"bit flip: {path} byte {position} bit {bit}")
         if self._chance(self.faults.read_error):
             path, number = self.rng.choice(segments)
             page = self.rng.randrange((len(self._inodes[number].durable) + PAGE - 1) // PAGE)
             self._inodes[number].bad_pages.add(page)
+            self.damaged.append((path, page * PAGE, (page + 1) * PAGE))
             self.events.append(f"latent sector error: {path} page {page}")
+
+    def _misdirected(self) -> bool:
+        """Whether this write goes astray. Drawn from a stream of its own, made from the
+        disk's without advancing it: a profile with misdirected writes replays every other
+        choice of its seeds as without them."""
+        if not (self.faults_on and self.faults.misdirected_write > 0):
+            return False
+        if self._stray_rng is None:
+            self._stray_rng = random.Random(repr(self.rng.getstate()))
+        return self._stray_rng.random() < self.faults.misdirected_write
+
+    def _misdirect(self, inode: _Inode, position: int, data: bytes) -> bytes:
+        """Send a write's ``data`` to a wrong place (within what another, or the same,
+        segment holds on the disk) and return what its own place gets instead: zeros."""
+        rng = self._stray_rng
+        assert rng is not None
+        segments = sorted(number for path, number in self._names.items()
+                          if path.parent.name == "commitlog" and self._inodes[number].durable)
+        number = rng.choice(segments) if segments and rng.random() < 0.5 else self._number_of(inode)
+        size = len(self._inodes[number].durable)
+        if size <= len(data):
+            return data  # nowhere else for it to go: it lands where it should
+        target = position if number != self._number_of(inode) and position + len(data) <= size \
+            else rng.randrange(size - len(data))
+        if number == self._number_of(inode) and target == position:
+            return data
+        inode.strays.append((number, target, data))
+        self.events.append(f"misdirected write: {len(data)} bytes for {inode.path} at {position} "
+                           f"land in {self._inodes[number].path} at {target}")
+        assert inode.path is not None
+        self.damaged.append((inode.path, position, position + len(data)))
+        return bytes(len(data))
+
+    def _land_strays(self, inode: _Inode) -> None:
+        for number, position, data in inode.strays:
+            target = self._inodes.get(number)
+            if target is not None and target.path is not None:
+                end = min(position + len(data), len(target.durable))
+                target.durable[position:end] = data[: end - position]
+                self.damaged.append((target.path, position, end))
+        inode.strays = []
+
+    def _number_of(self, inode: _Inode) -> int:
+        return next(number for number, candidate in self._inodes.items() if candidate is inode)
 
     # -- descriptors ----------------------------------------------------------------------
     def _inode(self, fd: int) -> _Inode:
@@ -254,7 +311,7 @@ class SimulatedDisk:
             self._tick(f"creating {path}")
             number = self._next_inode
             self._next_inode += 1
-            self._inodes[number] = _Inode()
+            self._inodes[number] = _Inode(path=path)
             self._names[path] = number
             self._log_dir("create", path, number)
         fd = self._next_fd
@@ -294,6 +351,9 @@ class SimulatedDisk:
             data = data[:short]
         op = ("write", position, data)
         _apply(inode.data, op)
+        if data and inode.path is not None and inode.path.parent.name == "commitlog" \
+                and self._misdirected():
+            op = ("write", position, self._misdirect(inode, position, data))
         inode.unsynced.append(op)
         inode.bad_pages -= set(range(position // PAGE, (position + len(data)) // PAGE))  # rewritten whole
         return len(data)
@@ -304,11 +364,13 @@ class SimulatedDisk:
         if inode.unsynced and self._chance(self.faults.fsync_error):
             self.events.append(f"fsync of inode {self._fds[fd]}: EIO, {len(inode.unsynced)} writes lost")
             inode.unsynced = []  # the pages are marked clean: the data never reaches the disk
+            inode.strays = []
             inode.lost = True
             raise OSError(errno.EIO, "input/output error")
         for op in inode.unsynced:
             _apply(inode.durable, op)
         inode.unsynced = []
+        self._land_strays(inode)
 
     def fdatasync(self, fd: int) -> None:
         self.fsync(fd)
@@ -336,6 +398,7 @@ class SimulatedDisk:
         self._tick(f"renaming {source} to {target.name}")
         if source in self._names:
             self._names[target] = self._names.pop(source)
+            self._inodes[self._names[target]].path = target
         elif source in self._dirs:
             self._dirs = {target / d.relative_to(source) if d.is_relative_to(source) else d for d in self._dirs}
             self._names = {target / p.relative_to(source) if p.is_relative_to(source) else p: n

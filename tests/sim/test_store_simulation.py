@@ -28,6 +28,16 @@ REGRESSIONS = {
     "a zero last queue entry trusted as a hole": ("io", 293),
     "a queue whose first file is lost taken for one retention cut": ("io", 144),
     "no checkpoint, yet every queue entry trusted": ("io", 817),
+    "repair recording again the losses the ledger has": ("media", 4),
+    "repair recording one loss over the intact records between damaged ranges": ("media", 14),
+    "a cut-off loss covering the bytes new records are appended to": ("media", 28),
+    "fsck counting a torn index entry in a damaged range as a lost record": ("media", 57),
+    "a directory a crashed open made, never made durable by the next open": ("power", 197),
+    "repair recording its losses after it filled their ranges": ("media", 30),
+    "repair cut short and run again counting again what it had recorded": ("media", 18),
+    "a lost record's queue offset counted again once the queue holding its hole is gone": ("media", 141),
+    "a lost record named by its damaged header counted again at its queue offset": ("media", 113),
+    "fsck counting only the first of the records a damaged range took": ("media", 418),
 }
 
 
@@ -123,3 +133,22 @@ def test_media_faults_damage_old_pages_of_the_commit_log() -> None:
     flipped = int(disk.events[0].split("byte ")[1].split()[0])
     if flipped // 4096 not in {page for page in range(4) if f"page {page}" in disk.events[1]}:
         assert b"".join(pages) != bytes(3 * 4096)
+
+
+def test_a_misdirected_write_lands_elsewhere_and_leaves_zeros_once_the_power_goes() -> None:
+    disk = _disk(faults=Faults(misdirected_write=1.0))
+    disk.mkdir(Path("/d/commitlog"))
+    disk.fsync_directory(Path("/d"))
+    fd = disk.open(Path("/d/commitlog/0"), create=True)
+    disk.fsync_directory(Path("/d/commitlog"))
+    disk.faults_on = False
+    disk.pwrite(fd, b"o" * 3 * 4096, 0)
+    disk.fsync(fd)
+    disk.faults_on = True
+    disk.pwrite(fd, b"new", 8192)
+    assert disk.pread(fd, 3, 8192) == b"new"  # the page cache holds what was written
+    disk.fsync(fd)
+    disk.power_loss()
+    data = disk.read_bytes(Path("/d/commitlog/0"))
+    assert data[8192:8195] == bytes(3) and data.count(b"new") == 1
+    assert [event.split(":")[0] for event in disk.events] == ["misdirected write"]
