@@ -203,7 +203,8 @@ def main() -> None:
     parser.add_argument("--only", help="with --mutations: only the bugs whose name contains this")
     args = parser.parse_args()
     logging.basicConfig(level=logging.CRITICAL if args.seed is None else logging.WARNING)
-    profiles = list(PROFILES) if args.profile == "all" else [args.profile]
+    profiles = list(tx_workload.PROFILES if args.workload == "tx" else PROFILES) if args.profile == "all" \
+        else [args.profile]
     if args.seed is not None:
         sys.exit(replay(args.seed, profiles[0], args.workload))
     if args.mutations:
