@@ -3,8 +3,8 @@ call costs the broker, one SEND_HALF_MESSAGE and one END_TRANSACTION (COMMIT) of
 message, sync flush, at one client.
 
 Three measures, each CPU time (robust to the shared machine's load), of two checkouts
-(``--old``, default /work/main, and this one) in alternating rounds, medians and per-round
-ratios:
+(``--old``, default /work/main, and ``--new``, default this one), each in its own
+long-lived child process, in alternating rounds; medians and per-round ratios:
 
 - ``store+broker``: ``EmbeddedBroker.produce([HalfCall])`` then ``produce([EndCall])`` in a
   loop, ``time.process_time`` per transaction (every thread: the fsync included);
@@ -14,7 +14,7 @@ ratios:
   built beforehand), the server process's CPU per transaction from /proc.
 
 ``--profile`` prints the top functions per transaction of the ``+frames`` loop for both
-checkouts. Run: ``python benchmarks/broker_path.py [--rounds 5] [--tx 2000] [--profile]``.
+checkouts. Run: ``python benchmarks/broker_path.py [--rounds 9] [--tx 1000] [--profile]``.
 """
 
 from __future__ import annotations
@@ -46,81 +46,89 @@ GROUP = "bench-path-producers"
 BODY = b"x" * 256
 
 
-def _core(transactions: int, frames: bool, profile_to: str | None) -> float:
-    """In a child (the checkout under test first on its path): CPU seconds per transaction."""
-    from broker_embedded.broker.config import BrokerConfig
+def _child() -> None:
+    """A child running the checkout under test (first on its path): a broker on a scratch
+    directory; each line on stdin (``core N``, ``frames N`` or ``profile N PATH``) runs N
+    transactions and prints their CPU seconds per transaction as a JSON line."""
+    import cProfile
+
     from broker_embedded.broker.facade import EmbeddedBroker
+    from broker_embedded.broker.writes import EndCall, HalfCall
     from broker_embedded.message import Message, Resolution
     from broker_embedded.server.tcp import _batch_item
     from broker_embedded.wire.protocol import METHODS, FrameBuffer, encode_reply, read_frame
     from broker_embedded.wire.requests import decode_request
     from broker_embedded.wire.session import ClientSession
 
-    codes = {method: code for code, method in METHODS.items()}
     session = ClientSession.__new__(ClientSession)  # only its request builders are used (no connection)
+    buffer = FrameBuffer()
+    numbers = iter(range(1, 1 << 62))
 
-    def frames_of(count: int, start: int) -> list[tuple[bytes, bytes]]:
-        built = []
-        for n in range(start, start + count):
-            half = session.send_half(Message(TOPIC, BODY), producer_group=GROUP, transaction_id=f"tx-{n}")
-            end = session.end_transaction(f"tx-{n}", Resolution.COMMIT, producer_group=GROUP)
-            built.append((half.frame(2 * n + 1), end.frame(2 * n + 2)))
-        return built
-
-    def serve(broker: EmbeddedBroker, buffer: FrameBuffer, data: bytes) -> bytes:
+    def serve(broker: EmbeddedBroker, data: bytes) -> None:
         """What the TCP server does with one request's bytes, the batch on the loop."""
         replies = []
         for payload in buffer.feed(data):
             frame = read_frame(payload)
             request = decode_request(frame.code, frame.body)
             outcome = broker.produce([_batch_item(METHODS[frame.code], request)])[0]
+            if isinstance(outcome, Exception):
+                raise outcome
             replies.append(encode_reply(frame.code, frame.request_id, outcome))
-        return b"".join(replies)
+        b"".join(replies)
 
-    with tempfile.TemporaryDirectory() as data_dir, EmbeddedBroker(data_dir, BrokerConfig()) as broker:
-        broker.create_topic(TOPIC, 4)
-        buffer = FrameBuffer()
-        assert codes["send_half"] and codes["end_transaction"]
-
-        def run(count: int, start: int) -> float:
-            built = frames_of(count, start)
-            if not frames:
-                from broker_embedded.broker.writes import EndCall, HalfCall
-                calls = [(HalfCall(Message(TOPIC, BODY), GROUP, f"tx-{n}"),
-                          EndCall(f"tx-{n}", Resolution.COMMIT, GROUP)) for n in range(start, start + count)]
-                began = time.process_time()
-                for half, end in calls:
-                    for outcome in (broker.produce([half])[0], broker.produce([end])[0]):
-                        if isinstance(outcome, Exception):
-                            raise outcome
-                return (time.process_time() - began) / count
+    def run(broker: EmbeddedBroker, count: int, frames: bool) -> float:
+        batch = [next(numbers) for _ in range(count)]
+        if frames:
+            built = [(session.send_half(Message(TOPIC, BODY), producer_group=GROUP, transaction_id=f"tx-{n}")
+                      .frame(2 * n), session.end_transaction(f"tx-{n}", Resolution.COMMIT, producer_group=GROUP)
+                      .frame(2 * n + 1)) for n in batch]
             began = time.process_time()
             for half, end in built:
-                serve(broker, buffer, half)
-                serve(broker, buffer, end)
+                serve(broker, half)
+                serve(broker, end)
             return (time.process_time() - began) / count
+        calls = [(HalfCall(Message(TOPIC, BODY), GROUP, f"tx-{n}"), EndCall(f"tx-{n}", Resolution.COMMIT, GROUP))
+                 for n in batch]
+        began = time.process_time()
+        for half, end in calls:
+            for outcome in (broker.produce([half])[0], broker.produce([end])[0]):
+                if isinstance(outcome, Exception):
+                    raise outcome
+        return (time.process_time() - began) / count
 
-        run(300, 0)  # warm-up: caches, segment, queue files
-        if profile_to is None:
-            return run(transactions, 1_000_000)
-        import cProfile
-        profile = cProfile.Profile(time.thread_time)
-        profile.enable()
-        per_tx = run(transactions, 1_000_000)
-        profile.disable()
-        profile.dump_stats(profile_to)
-        return per_tx
+    with tempfile.TemporaryDirectory() as data_dir, EmbeddedBroker(data_dir) as broker:
+        broker.create_topic(TOPIC, 4)
+        run(broker, 300, True)  # warm-up: caches, segment, queue files
+        for line in sys.stdin:
+            command, count, *path = line.split()
+            profile = cProfile.Profile(time.thread_time) if path else None
+            if profile is not None:
+                profile.enable()
+            per_tx = run(broker, int(count), command != "core")
+            if profile is not None:
+                profile.disable()
+                profile.dump_stats(path[0])
+            print(json.dumps({"per_tx": per_tx}), flush=True)
 
 
-def core_run(code: Path, transactions: int, frames: bool, profile_to: Path | None = None) -> float:
-    """``_core`` of checkout ``code`` in a fresh interpreter; microseconds per transaction."""
-    command = [sys.executable, str(HERE / "broker_path.py"), "--child", str(transactions)]
-    if frames:
-        command.append("--frames")
-    if profile_to is not None:
-        command += ["--profile-to", str(profile_to)]
-    out = subprocess.run(command, env=code_env(code), check=True, capture_output=True, text=True).stdout
-    return float(json.loads(out.splitlines()[-1])["per_tx"]) * 1e6
+class _Child:
+    """A ``_child`` process of checkout ``code``."""
+
+    def __init__(self, code: Path) -> None:
+        self.process = subprocess.Popen([sys.executable, str(HERE / "broker_path.py"), "--child"],
+                                        env=code_env(code), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, command: str, transactions: int, profile_to: Path | None = None) -> float:
+        """Microseconds of CPU per transaction of ``transactions`` run by ``command``."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"{command} {transactions} {profile_to or ''}\n")
+        self.process.stdin.flush()
+        return float(json.loads(self.process.stdout.readline())["per_tx"]) * 1e6
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 class _Driver:
@@ -176,32 +184,40 @@ def server_run(pid: int, driver: _Driver, transactions: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", type=Path, default=Path("/work/main"), help="the checkout to compare with")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tx", type=int, default=2000, help="transactions per round and measure")
+    parser.add_argument("--new", type=Path, default=NEW, help="the checkout measured (default: this one)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--tx", type=int, default=1000, help="transactions per round and measure")
     parser.add_argument("--profile", action="store_true", help="top 10 functions per transaction, both checkouts")
     parser.add_argument("--no-server", action="store_true", help="skip the TCP server measure")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--frames", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--profile-to", help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child is not None:
-        print(json.dumps({"per_tx": _core(args.child, args.frames, args.profile_to)}))
+    if args.child:
+        _child()
         return
-    checkouts = {"old": args.old.resolve(), "new": NEW}
+    checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
     print(machine_load("at start"))
-    print(f"old: {checkouts['old']}, new: {NEW}; {args.tx} tx per round, {args.rounds} alternating rounds, "
+    print(f"old: {checkouts['old']}, new: {checkouts['new']}; {args.tx} tx per round, {args.rounds} alternating rounds, "
           "256 B body, sync flush; CPU microseconds per transaction (half message + END COMMIT)")
     results: dict[str, list[float]] = {}
-    for frames in (False, True):
-        label = "+frames" if frames else "store+broker"
+    children = {name: _Child(code) for name, code in checkouts.items()}
+    try:
         for round_number in range(args.rounds):
-            for name in (["old", "new"] if round_number % 2 == 0 else ["new", "old"]):
-                results.setdefault(f"{label} {name}", []).append(
-                    core_run(checkouts[name], args.tx, frames))
+            for command, label in (("core", "store+broker"), ("frames", "+frames")):
+                for name in (["old", "new"] if round_number % 2 == 0 else ["new", "old"]):
+                    results.setdefault(f"{label} {name}", []).append(children[name].run(command, args.tx))
+        if args.profile:
+            with tempfile.TemporaryDirectory() as scratch:
+                for name, child in children.items():
+                    path = Path(scratch) / f"{name}.prof"
+                    child.run("profile", args.tx, path)
+                    print_profile(path, f"{name}: +frames, per transaction", args.tx)
+    finally:
+        for child in children.values():
+            child.close()
     if not args.no_server:
         with tempfile.TemporaryDirectory() as scratch:
             with halfmoon_process(Path(scratch) / "old", code=checkouts["old"]) as (old_server, old_port), \
-                    halfmoon_process(Path(scratch) / "new", code=NEW) as (new_server, new_port):
+                    halfmoon_process(Path(scratch) / "new", code=checkouts["new"]) as (new_server, new_port):
                 drivers = {"old": (old_server.pid, _Driver(old_port)), "new": (new_server.pid, _Driver(new_port))}
                 for pid, driver in drivers.values():
                     server_run(pid, driver, 300)  # warm-up
@@ -217,12 +233,6 @@ def main() -> None:
         if old and new:
             print(f"{label:<14} {summary(old):>24} {summary(new):>24} "
                   f"{statistics.median(ratios(new, old)):>22.3f}")
-    if args.profile:
-        with tempfile.TemporaryDirectory() as scratch:
-            for name, code in checkouts.items():
-                path = Path(scratch) / f"{name}.prof"
-                core_run(code, args.tx, True, path)
-                print_profile(path, f"{name}: +frames, per transaction", args.tx)
     print(machine_load("at end"))
 
 
