@@ -11,7 +11,8 @@ long-lived child process, in alternating rounds; medians and per-round ratios:
 - ``+frames``: the same with the TCP server's per-request work around it: the request frame
   read and decoded, the write call built, the reply encoded;
 - ``server``: a real ``halfmoon-broker serve`` process driven over TCP by this process (frames
-  built beforehand), the server process's CPU per transaction from /proc.
+  built beforehand), the server process's CPU per transaction from /proc (its background
+  threads' ticks included), and ``server loop`` its event loop thread's alone.
 
 ``--profile`` prints the top functions per transaction of the ``+frames`` loop for both
 checkouts. Run: ``python benchmarks/broker_path.py [--rounds 9] [--tx 1000] [--profile]``.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -48,8 +50,8 @@ BODY = b"x" * 256
 
 def _child() -> None:
     """A child running the checkout under test (first on its path): a broker on a scratch
-    directory; each line on stdin (``core N``, ``frames N`` or ``profile N PATH``) runs N
-    transactions and prints their CPU seconds per transaction as a JSON line."""
+    directory; each line on stdin (``core N``, ``frames N``, ``nosync N``: ``core`` with every
+    fdatasync skipped, or ``profile N PATH``) runs N transactions and prints their CPU seconds per transaction as a JSON line."""
     import cProfile
 
     from broker_embedded.broker.facade import EmbeddedBroker
@@ -104,7 +106,14 @@ def _child() -> None:
             profile = cProfile.Profile(time.thread_time) if path else None
             if profile is not None:
                 profile.enable()
-            per_tx = run(broker, int(count), command != "core")
+            if command == "nosync":  # the path's own CPU: every fdatasync skipped (a measure only)
+                synced, os.fdatasync = os.fdatasync, lambda fd: None
+                try:
+                    per_tx = run(broker, int(count), False)
+                finally:
+                    os.fdatasync = synced
+            else:
+                per_tx = run(broker, int(count), command != "core")
             if profile is not None:
                 profile.disable()
                 profile.dump_stats(path[0])
@@ -172,13 +181,46 @@ class _Driver:
         return data
 
 
-def server_run(pid: int, driver: _Driver, transactions: int) -> float:
-    """The server's CPU microseconds per transaction over ``transactions`` sequential ones."""
+def _thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU time so far of the main thread of process ``pid`` (the server's
+    event loop), from /proc/<pid>/task/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_run(pid: int, driver: _Driver, transactions: int) -> tuple[float, float]:
+    """The server's CPU microseconds per transaction over ``transactions`` sequential
+    ones: the whole process's (its background threads' ticks included) and its event
+    loop thread's."""
     built = driver.frames(transactions)
-    began = cpu_seconds(pid)
+    began, loop_began = cpu_seconds(pid), _thread_cpu_seconds(pid)
     for half, end in built:
         driver.exchange(half, end)
-    return (cpu_seconds(pid) - began) / transactions * 1e6
+    return ((cpu_seconds(pid) - began) / transactions * 1e6,
+            (_thread_cpu_seconds(pid) - loop_began) / transactions * 1e6)
+
+
+def fdatasync_cpu(appends: int = 2000) -> dict[str, float]:
+    """CPU microseconds of a 300-byte ``pwrite`` + ``fdatasync`` on this disk: appended to a
+    growing file (as the commit log does: the file size changes) and written over a
+    file already that long (preallocated), each in a fresh file next to this checkout."""
+    costs = {}
+    with tempfile.TemporaryDirectory(dir=NEW.parent) as scratch:
+        for mode in ("append", "preallocated"):
+            path = Path(scratch) / mode
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if mode == "preallocated":
+                    os.pwrite(fd, bytes(300 * appends), 0)
+                    os.fsync(fd)
+                began = time.process_time()
+                for n in range(appends):
+                    os.pwrite(fd, b"x" * 300, 300 * n)
+                    os.fdatasync(fd)
+                costs[mode] = (time.process_time() - began) / appends * 1e6
+            finally:
+                os.close(fd)
+    return costs
 
 
 def main() -> None:
@@ -189,6 +231,9 @@ def main() -> None:
     parser.add_argument("--tx", type=int, default=1000, help="transactions per round and measure")
     parser.add_argument("--profile", action="store_true", help="top 10 functions per transaction, both checkouts")
     parser.add_argument("--no-server", action="store_true", help="skip the TCP server measure")
+    parser.add_argument("--no-core", action="store_true", help="skip the in-process measures")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also the path without its fdatasyncs, and an fdatasync's CPU appending vs preallocated")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -201,8 +246,11 @@ def main() -> None:
     results: dict[str, list[float]] = {}
     children = {name: _Child(code) for name, code in checkouts.items()}
     try:
-        for round_number in range(args.rounds):
-            for command, label in (("core", "store+broker"), ("frames", "+frames")):
+        for round_number in range(0 if args.no_core else args.rounds):
+            measures = [("core", "store+broker"), ("frames", "+frames")]
+            if args.breakdown:
+                measures.append(("nosync", "no fdatasync"))
+            for command, label in measures:
                 for name in (["old", "new"] if round_number % 2 == 0 else ["new", "old"]):
                     results.setdefault(f"{label} {name}", []).append(children[name].run(command, args.tx))
         if args.profile:
@@ -224,15 +272,21 @@ def main() -> None:
                 for round_number in range(args.rounds):
                     for name in (["old", "new"] if round_number % 2 == 0 else ["new", "old"]):
                         pid, driver = drivers[name]
-                        results.setdefault(f"server {name}", []).append(server_run(pid, driver, args.tx))
+                        process, loop = server_run(pid, driver, args.tx)
+                        results.setdefault(f"server {name}", []).append(process)
+                        results.setdefault(f"server loop {name}", []).append(loop)
                 for _, driver in drivers.values():
                     driver.sock.close()
     print(f"{'measure':<14} {'old us/tx':>24} {'new us/tx':>24} {'new/old (per round)':>22}")
-    for label in ("store+broker", "+frames", "server"):
+    for label in ("store+broker", "+frames", "no fdatasync", "server", "server loop"):
         old, new = results.get(f"{label} old"), results.get(f"{label} new")
         if old and new:
             print(f"{label:<14} {summary(old):>24} {summary(new):>24} "
                   f"{statistics.median(ratios(new, old)):>22.3f}")
+    if args.breakdown:
+        rounds = [fdatasync_cpu() for _ in range(3)]
+        print("pwrite 300 B + fdatasync, CPU us per call (3 rounds, median): " + ", ".join(
+            f"{mode} {statistics.median(r[mode] for r in rounds):.1f}" for mode in rounds[0]))
     print(machine_load("at end"))
 
 
