@@ -201,34 +201,39 @@ class EmbeddedBroker:
     def _produce(self, calls: Sequence[AnyWriteCall]) -> list[Any]:
         self._check_open()
         staged: list[Staged | Exception] = []
+        records: list[StoredRecord] = []
         for call in calls:
             try:
-                staged.append(self._stage(call))
+                one = self._stage(call)
             except Exception as exc:
                 staged.append(exc)
-        records = [record for s in staged if isinstance(s, Staged) for record in s.records]
+                continue
+            staged.append(one)
+            records += one.records
         try:
-            stored = self.store.put_batch(records) if records else []
+            stored = self.store.put_batch(records) if records else records
         except Exception as exc:
             for s in staged:
-                if isinstance(s, Staged):
+                if type(s) is Staged:
                     s.abort()
-            return [s if isinstance(s, Exception) else exc for s in staged]
+            return [exc if type(s) is Staged else s for s in staged]
         outcomes: list[Any] = []
         position = 0
         for s in staged:
-            if isinstance(s, Exception):
+            if type(s) is not Staged:
                 outcomes.append(s)
                 continue
-            mine, position = stored[position:position + len(s.records)], position + len(s.records)
+            end = position + len(s.records)
             try:
-                outcomes.append(s.finish(mine))
+                outcomes.append(s.finish(stored[position:end]))
             except Exception as exc:
                 outcomes.append(exc)
+            position = end
         return outcomes
 
     def _stage(self, call: AnyWriteCall) -> Staged:
-        self._check_open()
+        """Validate ``call`` and turn it into its records (``_produce`` checked that the
+        broker is open)."""
         call.validate(self._limits)
         if isinstance(call, SendCall):
             message = call.message

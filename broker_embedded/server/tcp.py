@@ -105,11 +105,17 @@ class _Connection:
 
     def send(self, frame: bytes) -> None:
         """Queue the answer to a request (never below zero in flight: a frame-level error is
-        answered without one)."""
-        self.in_flight = max(0, self.in_flight - 1)
+        answered without one). The answer to the last request in flight goes out at once,
+        with the answers queued before it: no other answer can join that write, and a
+        sequential client's answer then costs no further loop iteration."""
+        self.in_flight = in_flight = max(0, self.in_flight - 1)
         self.last_active = self.loop.time()
         self._answered.set()
-        self._queue(frame)
+        if in_flight:
+            self._queue(frame)
+            return
+        self.outgoing.append(frame)
+        self.flush()
 
     def _queue(self, frame: bytes) -> None:
         """Queue a frame; the frames queued in one loop iteration go out in one write."""

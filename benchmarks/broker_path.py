@@ -1,0 +1,294 @@
+"""Broker CPU per sequential transaction (issue 24): what a ``@transactional_message``
+call costs the broker, one SEND_HALF_MESSAGE and one END_TRANSACTION (COMMIT) of a 256 B
+message, sync flush, at one client.
+
+Three measures, each CPU time (robust to the shared machine's load), of two checkouts
+(``--old``, default /work/main, and ``--new``, default this one), each in its own
+long-lived child process, in alternating rounds; medians and per-round ratios:
+
+- ``store+broker``: ``EmbeddedBroker.produce([HalfCall])`` then ``produce([EndCall])`` in a
+  loop, ``time.process_time`` per transaction (every thread: the fsync included);
+- ``+frames``: the same with the TCP server's per-request work around it: the request frame
+  read and decoded, the write call built, the reply encoded;
+- ``server``: a real ``halfmoon-broker serve`` process driven over TCP by this process (frames
+  built beforehand), the server process's CPU per transaction from /proc (its background
+  threads' ticks included), and ``server loop`` its event loop thread's alone.
+
+``--profile`` prints the top functions per transaction of the ``+frames`` loop for both
+checkouts. Run: ``python benchmarks/broker_path.py [--rounds 9] [--tx 1000] [--profile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import (
+    code_env,
+    cpu_seconds,
+    halfmoon_process,
+    machine_load,
+    print_profile,
+    ratios,
+    summary,
+)
+
+HERE = Path(__file__).resolve().parent
+NEW = HERE.parent
+TOPIC = "bench-path"
+GROUP = "bench-path-producers"
+BODY = b"x" * 256
+
+
+def _child() -> None:
+    """A child running the checkout under test (first on its path): a broker on a scratch
+    directory; each line on stdin (``core N``, ``frames N``, ``nosync N``: ``core`` with every
+    fdatasync skipped, or ``profile N PATH``) runs N transactions and prints their CPU seconds per transaction as a JSON line."""
+    import cProfile
+
+    from broker_embedded.broker.facade import EmbeddedBroker
+    from broker_embedded.broker.writes import EndCall, HalfCall
+    from broker_embedded.message import Message, Resolution
+    from broker_embedded.server.tcp import _batch_item
+    from broker_embedded.wire.protocol import METHODS, FrameBuffer, encode_reply, read_frame
+    from broker_embedded.wire.requests import decode_request
+    from broker_embedded.wire.session import ClientSession
+
+    session = ClientSession.__new__(ClientSession)  # only its request builders are used (no connection)
+    buffer = FrameBuffer()
+    numbers = iter(range(1, 1 << 62))
+
+    def serve(broker: EmbeddedBroker, data: bytes) -> None:
+        """What the TCP server does with one request's bytes, the batch on the loop."""
+        replies = []
+        for payload in buffer.feed(data):
+            frame = read_frame(payload)
+            request = decode_request(frame.code, frame.body)
+            outcome = broker.produce([_batch_item(METHODS[frame.code], request)])[0]
+            if isinstance(outcome, Exception):
+                raise outcome
+            replies.append(encode_reply(frame.code, frame.request_id, outcome))
+        b"".join(replies)
+
+    def run(broker: EmbeddedBroker, count: int, frames: bool) -> float:
+        batch = [next(numbers) for _ in range(count)]
+        if frames:
+            built = [(session.send_half(Message(TOPIC, BODY), producer_group=GROUP, transaction_id=f"tx-{n}")
+                      .frame(2 * n), session.end_transaction(f"tx-{n}", Resolution.COMMIT, producer_group=GROUP)
+                      .frame(2 * n + 1)) for n in batch]
+            began = time.process_time()
+            for half, end in built:
+                serve(broker, half)
+                serve(broker, end)
+            return (time.process_time() - began) / count
+        calls = [(HalfCall(Message(TOPIC, BODY), GROUP, f"tx-{n}"), EndCall(f"tx-{n}", Resolution.COMMIT, GROUP))
+                 for n in batch]
+        began = time.process_time()
+        for half, end in calls:
+            for outcome in (broker.produce([half])[0], broker.produce([end])[0]):
+                if isinstance(outcome, Exception):
+                    raise outcome
+        return (time.process_time() - began) / count
+
+    with tempfile.TemporaryDirectory() as data_dir, EmbeddedBroker(data_dir) as broker:
+        broker.create_topic(TOPIC, 4)
+        run(broker, 300, True)  # warm-up: caches, segment, queue files
+        for line in sys.stdin:
+            command, count, *path = line.split()
+            profile = cProfile.Profile(time.thread_time) if path else None
+            if profile is not None:
+                profile.enable()
+            if command == "nosync":  # the path's own CPU: every fdatasync skipped (a measure only)
+                synced, os.fdatasync = os.fdatasync, lambda fd: None
+                try:
+                    per_tx = run(broker, int(count), False)
+                finally:
+                    os.fdatasync = synced
+            else:
+                per_tx = run(broker, int(count), command != "core")
+            if profile is not None:
+                profile.disable()
+                profile.dump_stats(path[0])
+            print(json.dumps({"per_tx": per_tx}), flush=True)
+
+
+class _Child:
+    """A ``_child`` process of checkout ``code``."""
+
+    def __init__(self, code: Path) -> None:
+        self.process = subprocess.Popen([sys.executable, str(HERE / "broker_path.py"), "--child"],
+                                        env=code_env(code), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, command: str, transactions: int, profile_to: Path | None = None) -> float:
+        """Microseconds of CPU per transaction of ``transactions`` run by ``command``."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"{command} {transactions} {profile_to or ''}\n")
+        self.process.stdin.flush()
+        return float(json.loads(self.process.stdout.readline())["per_tx"]) * 1e6
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+class _Driver:
+    """A sequential client of one server: half message, its answer, END, its answer."""
+
+    def __init__(self, port: int) -> None:
+        from broker_embedded.message import Message, Resolution
+        from broker_embedded.wire.session import ClientSession
+
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.session = ClientSession.__new__(ClientSession)
+        self.message, self.commit = Message, Resolution.COMMIT
+        self.sent = 0
+        self.exchange(*self.frames(1)[0])  # the topic exists (auto-created) before the rounds
+
+    def frames(self, count: int) -> list[tuple[bytes, bytes]]:
+        built = []
+        for _ in range(count):
+            n = self.sent = self.sent + 1
+            half = self.session.send_half(self.message(TOPIC, BODY), producer_group=GROUP, transaction_id=f"t{n}")
+            end = self.session.end_transaction(f"t{n}", self.commit, producer_group=GROUP)
+            built.append((half.frame(2 * n), end.frame(2 * n + 1)))
+        return built
+
+    def exchange(self, *frames: bytes) -> None:
+        for frame in frames:
+            self.sock.sendall(frame)
+            head = self._read(4)
+            body = self._read(int.from_bytes(head, "big"))
+            if b"error" in body:
+                raise RuntimeError(body)
+
+    def _read(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            data += chunk
+        return data
+
+
+def _thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU time so far of the main thread of process ``pid`` (the server's
+    event loop), from /proc/<pid>/task/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_run(pid: int, driver: _Driver, transactions: int) -> tuple[float, float]:
+    """The server's CPU microseconds per transaction over ``transactions`` sequential
+    ones: the whole process's (its background threads' ticks included) and its event
+    loop thread's."""
+    built = driver.frames(transactions)
+    began, loop_began = cpu_seconds(pid), _thread_cpu_seconds(pid)
+    for half, end in built:
+        driver.exchange(half, end)
+    return ((cpu_seconds(pid) - began) / transactions * 1e6,
+            (_thread_cpu_seconds(pid) - loop_began) / transactions * 1e6)
+
+
+def fdatasync_cpu(appends: int = 2000) -> dict[str, float]:
+    """CPU microseconds of a 300-byte ``pwrite`` + ``fdatasync`` on this disk: appended to a
+    growing file (as the commit log does: the file size changes) and written over a
+    file already that long (preallocated), each in a fresh file next to this checkout."""
+    costs = {}
+    with tempfile.TemporaryDirectory(dir=NEW.parent) as scratch:
+        for mode in ("append", "preallocated"):
+            path = Path(scratch) / mode
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if mode == "preallocated":
+                    os.pwrite(fd, bytes(300 * appends), 0)
+                    os.fsync(fd)
+                began = time.process_time()
+                for n in range(appends):
+                    os.pwrite(fd, b"x" * 300, 300 * n)
+                    os.fdatasync(fd)
+                costs[mode] = (time.process_time() - began) / appends * 1e6
+            finally:
+                os.close(fd)
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", type=Path, default=Path("/work/main"), help="the checkout to compare with")
+    parser.add_argument("--new", type=Path, default=NEW, help="the checkout measured (default: this one)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--tx", type=int, default=1000, help="transactions per round and measure")
+    parser.add_argument("--profile", action="store_true", help="top 10 functions per transaction, both checkouts")
+    parser.add_argument("--no-server", action="store_true", help="skip the TCP server measure")
+    parser.add_argument("--no-core", action="store_true", help="skip the in-process measures")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also the path without its fdatasyncs, and an fdatasync's CPU appending vs preallocated")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child()
+        return
+    checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
+    print(machine_load("at start"))
+    print(f"old: {checkouts['old']}, new: {checkouts['new']}; {args.tx} tx per round, {args.rounds} alternating rounds, "
+          "256 B body, sync flush; CPU microseconds per transaction (half message + END COMMIT)")
+    results: dict[str, list[float]] = {}
+    children = {name: _Child(code) for name, code in checkouts.items()}
+    try:
+        for round_number in range(0 if args.no_core else args.rounds):
+            measures = [("core", "store+broker"), ("frames", "+frames")]
+            if args.breakdown:
+                measures.append(("nosync", "no fdatasync"))
+            for command, label in measures:
+                for name in (["old", "new"] if round_number % 2 == 0 else ["new", "old"]):
+                    results.setdefault(f"{label} {name}", []).append(children[name].run(command, args.tx))
+        if args.profile:
+            with tempfile.TemporaryDirectory() as scratch:
+                for name, child in children.items():
+                    path = Path(scratch) / f"{name}.prof"
+                    child.run("profile", args.tx, path)
+                    print_profile(path, f"{name}: +frames, per transaction", args.tx)
+    finally:
+        for child in children.values():
+            child.close()
+    if not args.no_server:
+        with tempfile.TemporaryDirectory() as scratch:
+            with halfmoon_process(Path(scratch) / "old", code=checkouts["old"]) as (old_server, old_port), \
+                    halfmoon_process(Path(scratch) / "new", code=checkouts["new"]) as (new_server, new_port):
+                drivers = {"old": (old_server.pid, _Driver(old_port)), "new": (new_server.pid, _Driver(new_port))}
+                for pid, driver in drivers.values():
+                    server_run(pid, driver, 300)  # warm-up
+                for round_number in range(args.rounds):
+                    for name in (["old", "new"] if round_number % 2 == 0 else ["new", "old"]):
+                        pid, driver = drivers[name]
+                        process, loop = server_run(pid, driver, args.tx)
+                        results.setdefault(f"server {name}", []).append(process)
+                        results.setdefault(f"server loop {name}", []).append(loop)
+                for _, driver in drivers.values():
+                    driver.sock.close()
+    print(f"{'measure':<14} {'old us/tx':>24} {'new us/tx':>24} {'new/old (per round)':>22}")
+    for label in ("store+broker", "+frames", "no fdatasync", "server", "server loop"):
+        old, new = results.get(f"{label} old"), results.get(f"{label} new")
+        if old and new:
+            print(f"{label:<14} {summary(old):>24} {summary(new):>24} "
+                  f"{statistics.median(ratios(new, old)):>22.3f}")
+    if args.breakdown:
+        rounds = [fdatasync_cpu() for _ in range(3)]
+        print("pwrite 300 B + fdatasync, CPU us per call (3 rounds, median): " + ", ".join(
+            f"{mode} {statistics.median(r[mode] for r in rounds):.1f}" for mode in rounds[0]))
+    print(machine_load("at end"))
+
+
+if __name__ == "__main__":
+    main()
