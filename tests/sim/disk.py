@@ -152,7 +152,11 @@ class SimulatedDisk:
                 if kind == "write" and fate < 0.5:
                     data = data[: rng.randrange(len(data) + 1)]  # torn
                 elif kind == "write" and fate < 0.6:
-                    data = bytes(len(data))  # the size made it, the data did not
+                    # the size made it, the data did not: zeros where the file had no synced
+                    # bytes; an overwrite of synced bytes leaves them as they were (a disk
+                    # writes a sector whole, and a filesystem does not zero an overwritten block)
+                    old = bytes(inode.durable[position : position + len(data)])
+                    data = old + bytes(len(data) - len(old))
                 survivors.append((kind, position, data))
             for survivor in survivors:
                 _apply(inode.durable, survivor)

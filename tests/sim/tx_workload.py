@@ -84,13 +84,6 @@ CONFIG = BrokerConfig(
     sync_consumer_progress=True,
 )
 _DATABASES = itertools.count()
-#: The seeds below 1400 that fail on today's code for a bug not fixed yet (docs/testing.md,
-#: "Found, not fixed"): the index's slot table, written in place, is read back after a
-#: power loss that fell before its fsync (in recovery's ``drop_tail`` or a checkpoint) as
-#: zeros, which unlinks older entries, and a resolution is no longer found. The CI budget
-#: and ``--mutations`` pass over them.
-KNOWN_FAILING = {("power", 78), ("power", 242), ("power", 522), ("power", 1050),
-                 ("io", 145), ("io", 419), ("io", 1203)}
 
 
 class SimulationFailure(AssertionError):
