@@ -54,7 +54,7 @@ from broker_embedded.store.config import StoreConfig
 from outbox.integrations.sqlalchemy.recorder import RECORDER
 from outbox.integrations.sqlalchemy.tables import transaction_log
 from tests.sim.disk import Faults, PowerCut, SimulatedDisk
-from tests.sim.workload import body_of
+from tests.sim.workload import Result, body_of
 
 #: The fault profiles a seed runs with (as the store workload's).
 PROFILES: dict[str, Faults] = {
@@ -200,26 +200,6 @@ class Tx:
 _RESOLUTION = {TransactionState.COMMITTED: Resolution.COMMIT, TransactionState.ROLLED_BACK: Resolution.ROLLBACK}
 _STATE = {Resolution.COMMIT: TransactionState.COMMITTED, Resolution.ROLLBACK: TransactionState.ROLLED_BACK}
 _CUT = object()
-
-
-@dataclass
-class Result:
-    """What one seed did: its steps and, if the broker broke a promise, how."""
-
-    seed: int
-    profile: str
-    steps: list[str] = field(default_factory=list)
-    failure: str | None = None
-    disk_events: list[str] = field(default_factory=list)
-
-    def replay_command(self) -> str:
-        return f"python benchmarks/simulate.py --workload tx --seed {self.seed} --profile {self.profile}"
-
-    def report(self) -> str:
-        tail = "\n".join(f"  {step}" for step in self.steps[-20:])
-        events = "\n".join(f"  {event}" for event in self.disk_events[-12:])
-        return (f"tx seed {self.seed} ({self.profile}) failed at step {len(self.steps)}: {self.failure}\n"
-                f"last steps:\n{tail}\nlast disk events:\n{events}\nreplay: {self.replay_command()}")
 
 
 class TxSimulation:
@@ -629,7 +609,7 @@ def run(seed: int, profile: str = "power", steps: int = 60) -> Result:
     """Run seed ``seed``'s schedule of ``steps`` steps; ``Result.failure`` says what broke."""
     schedule = _SeededSchedule(seed, profile)
     simulation = schedule.simulation
-    result = Result(seed, profile, simulation.steps)
+    result = Result(seed, profile, simulation.steps, workload="tx")
     try:
         schedule.run(steps)
     except SimulationFailure as exc:

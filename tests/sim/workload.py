@@ -71,7 +71,8 @@ class SimulationFailure(AssertionError):
 
 @dataclass
 class Result:
-    """What one seed did: its steps and, if the store broke a promise, how."""
+    """What one seed did: its steps and, if the store (or the broker, ``workload="tx"``)
+    broke a promise, how."""
 
     seed: int
     profile: str
@@ -79,15 +80,19 @@ class Result:
     failure: str | None = None
     #: What the disk did (injected faults, power losses), for the report.
     disk_events: list[str] = field(default_factory=list)
+    #: The ``--workload`` of ``benchmarks/simulate.py`` that replays it.
+    workload: str = "store"
 
     def replay_command(self) -> str:
-        return f"python benchmarks/simulate.py --seed {self.seed} --profile {self.profile}"
+        option = "" if self.workload == "store" else f" --workload {self.workload}"
+        return f"python benchmarks/simulate.py{option} --seed {self.seed} --profile {self.profile}"
 
     def report(self) -> str:
         """The failure, the last steps and disk events, and the command that replays it."""
-        tail = "\n".join(f"  {step}" for step in self.steps[-15:])
+        label = "" if self.workload == "store" else f"{self.workload} "
+        tail = "\n".join(f"  {step}" for step in self.steps[-20:])
         events = "\n".join(f"  {event}" for event in self.disk_events[-15:])
-        return (f"seed {self.seed} ({self.profile}) failed at step {len(self.steps)}: {self.failure}\n"
+        return (f"{label}seed {self.seed} ({self.profile}) failed at step {len(self.steps)}: {self.failure}\n"
                 f"last steps:\n{tail}\nlast disk events:\n{events}\nreplay: {self.replay_command()}")
 
 
