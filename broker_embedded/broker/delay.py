@@ -31,8 +31,9 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from ..clock import WALL, Clock
 from ..errors import InvalidMessageError, InvalidTopicError
-from ..message import DELAY_LEVELS_S, SendResult, now_ms
+from ..message import DELAY_LEVELS_S, SendResult
 from ..store.files import write_atomically
 from ..store.filesystem import FileSystem
 from ..store.message_store import MessageStore
@@ -89,12 +90,13 @@ def target_of(record: StoredRecord) -> tuple[str, int]:
 
 
 def route_record(topic: str, queue_id: int, props: dict[str, str], body: bytes,
-                 delay_from_ms: int, born_ms: int = 0) -> StoredRecord:
-    """The record for a message bound to ``topic``: there, or via the delay topic."""
+                 delay_from_ms: int, born_ms: int = 0, clock: Clock = WALL) -> StoredRecord:
+    """The record for a message bound to ``topic``: there, or via the delay topic while it
+    is not due by ``clock``."""
     if DELAY_LEVEL not in props and DELIVER_AT not in props and DUE_AT not in props:
         return StoredRecord(topic, queue_id, body, props, born_timestamp_ms=born_ms)  # not delayed: as it is
     message_due = due_at_ms(props, delay_from_ms)
-    if message_due is not None and message_due > now_ms():
+    if message_due is not None and message_due > clock.time_ms():
         props = {**props, REAL_TOPIC: topic, REAL_QUEUE_ID: str(queue_id), DUE_AT: str(message_due)}
         return StoredRecord(SCHEDULE_TOPIC, delay_level_property(props), body, props,
                             born_timestamp_ms=born_ms)
@@ -131,8 +133,9 @@ class DelayService:
             heapq.heappush(self._heap, (_due(record), record.commit_log_offset))
 
     def deliver_due(self, now: int | None = None) -> None:
-        """Write every due message to its real topic."""
-        moment = now_ms() if now is None else now
+        """Write every due message to its real topic (due by the store's clock unless ``now``
+        is given)."""
+        moment = self.store.config.clock.time_ms() if now is None else now
         while True:
             with self._moving:
                 with self._lock:

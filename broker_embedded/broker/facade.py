@@ -11,6 +11,7 @@ restart costs what is pending, not what is past. The TCP server serves this same
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -58,7 +59,7 @@ from ..topics import (
 from . import codec
 from .config import BrokerConfig
 from .consumption import ConsumerGroups
-from .delay import DelayService, now_ms, route_record
+from .delay import DelayService, route_record
 from .observer import BrokerObserver
 from .topic_registry import TopicRegistry
 from .transactions import CheckService, Transaction, TransactionBook, TransactionService
@@ -92,8 +93,9 @@ class EmbeddedBroker:
             self.set_checker(checker)
         self.topics = TopicRegistry(self.data_dir / "topics.json", self.config.auto_create_topics,
                                     self.config.default_queues, self.store.fs)
-        self.transactions = TransactionService(self.store, self.config, lambda: self._checker, route_record,
-                                               self.data_dir / "transactions.snapshot")
+        self.transactions = TransactionService(
+            self.store, self.config, lambda: self._checker,
+            functools.partial(route_record, clock=self.config.store.clock), self.data_dir / "transactions.snapshot")
         self.delays = DelayService(self.store, self.data_dir / "delay.snapshot", self.data_dir / "recall.key")
         self.consumers = ConsumerGroups(
             self.store, self._queue_count, self.config.max_delivery_attempts,
@@ -238,8 +240,9 @@ class EmbeddedBroker:
         if isinstance(call, SendCall):
             message = call.message
             queue_id = self.topics.select_queue(message)
+            now = self._clock.time_ms()
             record = route_record(message.topic, queue_id, codec.message_properties(message),
-                                  bytes(message.body), now_ms())
+                                  bytes(message.body), now, clock=self._clock)
             return Staged([record], lambda stored: self.delays.with_recall_handle(codec.send_result(stored[0])))
         if isinstance(call, HalfCall):
             return self.transactions.stage_half(call, self.topics.select_queue(call.message))

@@ -101,10 +101,6 @@ CHECKPOINT = "checkpoint"
 _REPLAY_CHUNK = 1024  # records recovery dispatches together
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def fitting(items: Iterable[T], size: Callable[[T], int], max_bytes: int | None) -> list[T]:
     """The leading ``items`` whose sizes add up to at most ``max_bytes`` (None: all of
     them), and always the first one; taken lazily, so none past the cut is produced."""
@@ -651,7 +647,7 @@ class MessageStore:
                     "consumequeue_dispatched": verified,
                     "index_dispatched": verified,
                     "last_store_ms": self._last_store_ms,
-                    "written_ms": _now_ms(),
+                    "written_ms": self.config.clock.time_ms(),
                     "queues": counts,
                     "index": index_state,
                     "commitlog_min": self.commitlog.min_offset,
@@ -817,7 +813,8 @@ class MessageStore:
         ``guard_offset`` (the broker's oldest half or delayed message still needed; None: no
         limit); raise queue minimums to match. Returns segments deleted."""
         limit = self._dispatched_end if guard_offset is None else min(self._dispatched_end, guard_offset)
-        cutoff = (now_ms if now_ms is not None else _now_ms()) - int(self.config.retention_hours * 3_600_000)
+        cutoff = (now_ms if now_ms is not None else self.config.clock.time_ms()) - int(
+            self.config.retention_hours * 3_600_000)
         with self._flush_lock, self._write_lock:
             deleted = self.commitlog.delete_segments_before(limit, cutoff)
             if deleted:
