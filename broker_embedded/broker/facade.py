@@ -203,34 +203,30 @@ class EmbeddedBroker:
     def _produce(self, calls: Sequence[AnyWriteCall]) -> list[Any]:
         self._check_open()
         staged: list[Staged | Exception] = []
-        records: list[StoredRecord] = []
         for call in calls:
             try:
-                one = self._stage(call)
+                staged.append(self._stage(call))
             except Exception as exc:
                 staged.append(exc)
-                continue
-            staged.append(one)
-            records += one.records
+        records = [record for s in staged if isinstance(s, Staged) for record in s.records]
         try:
-            stored = self.store.put_batch(records) if records else records
+            stored = self.store.put_batch(records) if records else []
         except Exception as exc:
             for s in staged:
-                if type(s) is Staged:
+                if isinstance(s, Staged):
                     s.abort()
-            return [exc if type(s) is Staged else s for s in staged]
+            return [s if isinstance(s, Exception) else exc for s in staged]
         outcomes: list[Any] = []
         position = 0
         for s in staged:
-            if type(s) is not Staged:
+            if isinstance(s, Exception):
                 outcomes.append(s)
                 continue
-            end = position + len(s.records)
+            mine, position = stored[position:position + len(s.records)], position + len(s.records)
             try:
-                outcomes.append(s.finish(stored[position:end]))
+                outcomes.append(s.finish(mine))
             except Exception as exc:
                 outcomes.append(exc)
-            position = end
         return outcomes
 
     def _stage(self, call: AnyWriteCall) -> Staged:

@@ -146,22 +146,19 @@ class CommitLog:
         segment: Segment | None = None
         position = 0
         try:
-            end = 0  # the end offset of ``segment``
             for data in records:
-                length = len(data)
-                if length > self.segment_size:
-                    raise ValueError(f"record of {length} bytes exceeds the segment size")
-                if end - self.write_offset < length:
+                if len(data) > self.segment_size:
+                    raise ValueError(f"record of {len(data)} bytes exceeds the segment size")
+                if segment is None or segment.end_offset - self.write_offset < len(data):
                     if segment is not None and chunk:
                         self._write_all(segment, position, b"".join(chunk))
                         chunk = []
-                    segment = self._segment_for_append(length)
-                    end = segment.end_offset
+                    segment = self._segment_for_append(len(data))
                     position = self.write_offset - segment.base_offset
                     self._dirty.add(segment)
                 chunk.append(data)
                 offsets.append(self.write_offset)
-                self.write_offset += length
+                self.write_offset += len(data)
             if segment is not None and chunk:
                 self._write_all(segment, position, b"".join(chunk))
         except (StoreFullError, OSError):
@@ -227,7 +224,7 @@ class CommitLog:
     def take_dirty(self) -> list[Segment]:
         """The segments written since the last flush, oldest first (a deterministic order of
         calls, which the simulated disk's replay needs); the caller fdatasyncs them."""
-        dirty = list(self._dirty) if len(self._dirty) < 2 else sorted(self._dirty, key=lambda s: s.base_offset)
+        dirty = sorted(self._dirty, key=lambda segment: segment.base_offset)
         self._dirty.clear()
         return dirty
 

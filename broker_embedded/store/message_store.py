@@ -482,22 +482,24 @@ class MessageStore:
         """Encode and append records as one write per segment; all or nothing."""
         store_ms = self.config.clock.time_ms()
         next_offset = self._next_offset
-        segment_size = self.config.segment_size
-        encode = codec.encode
         assigned: dict[tuple[str, int], int] = {}
         encoded: list[bytes] = []
         queue_offsets: list[int] = []
         for record in records:
-            topic, queue_id = key = record.topic, record.queue_id
+            key = (record.topic, record.queue_id)
             queue_offset = assigned.get(key)
             if queue_offset is None:
                 queue_offset = next_offset.get(key)
                 if queue_offset is None:
-                    queue_offset = self._queue(topic, queue_id).max_offset
-            data = encode(topic, queue_id, queue_offset, record.flags, record.born_timestamp_ms or store_ms,
-                          store_ms, record.properties, record.body)
-            if len(data) > segment_size:
-                raise MessageTooLargeError(f"record of {len(data)} bytes exceeds the segment size {segment_size}")
+                    queue_offset = self._queue(*key).max_offset
+            data = codec.encode(
+                record.topic, record.queue_id, queue_offset, record.flags,
+                record.born_timestamp_ms or store_ms, store_ms, record.properties, record.body,
+            )
+            if len(data) > self.config.segment_size:
+                raise MessageTooLargeError(
+                    f"record of {len(data)} bytes exceeds the segment size {self.config.segment_size}"
+                )
             assigned[key] = queue_offset + 1
             encoded.append(data)
             queue_offsets.append(queue_offset)
@@ -505,16 +507,15 @@ class MessageStore:
         next_offset.update(assigned)
         stored: list[StoredRecord] = []
         for record, data, queue_offset, offset in zip(records, encoded, queue_offsets, offsets, strict=True):
-            if record.commit_log_offset >= 0:  # stored: put again (or twice in this batch), completed as a copy
+            if record.is_stored:  # put again (or twice in this batch): completed as a copy
                 record = dataclasses.replace(record)
-            if not record.born_timestamp_ms:
-                record.born_timestamp_ms = store_ms
+            record.born_timestamp_ms = record.born_timestamp_ms or store_ms
             record.store_timestamp_ms = store_ms
             record.queue_offset = queue_offset
             record.commit_log_offset = offset
             record.size = len(data)
             stored.append(record)
-        self._pending += stored
+        self._pending.extend(stored)
         return stored
 
     def _check_free_space(self) -> None:
@@ -591,13 +592,13 @@ class MessageStore:
         if not records:
             return
         indexed: list[IndexedRecord] = []
-        queues = self._queues
         for record in records:
-            topic, queue_id, offset, properties = record.topic, record.queue_id, record.commit_log_offset, record.properties
-            queue = queues.get((topic, queue_id)) or self._queue(topic, queue_id)
-            queue.append(record.queue_offset, offset, record.size, properties.get(PROPERTY_TAG, ""))
+            properties = record.properties
+            self._queue(record.topic, record.queue_id).append(
+                record.queue_offset, record.commit_log_offset, record.size, properties.get(PROPERTY_TAG, ""))
             keys = properties.get(PROPERTY_KEYS)
-            indexed.append((topic, properties.get(PROPERTY_MESSAGE_ID), keys.split() if keys else [], offset))
+            indexed.append((record.topic, properties.get(PROPERTY_MESSAGE_ID),
+                            keys.split() if keys else [], record.commit_log_offset))
         self.index.add_many(indexed)
         last = records[-1]
         self._dispatched_end = last.commit_log_offset + last.size
