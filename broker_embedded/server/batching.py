@@ -116,10 +116,7 @@ class Batcher:
         if not few:
             self._start_drain(loop, ended)
             return
-        try:
-            outcomes: Sequence[Any] = self.run_batch([entry[0] for entry in batch])
-        except Exception as exc:  # the whole batch failed (e.g. the disk is full)
-            outcomes = [exc] * len(batch)
+        outcomes = self._run(batch)
         with self._lock:
             self.running -= 1
         self._deliver(batch, outcomes, ended)
@@ -131,13 +128,18 @@ class Batcher:
         if not batch:  # another drain took the items
             loop.call_soon_threadsafe(ended.set_result, None)
         while batch:
-            try:
-                outcomes: Sequence[Any] = self.run_batch([entry[0] for entry in batch])
-            except Exception as exc:  # the whole batch failed (e.g. the disk is full)
-                outcomes = [exc] * len(batch)
+            outcomes = self._run(batch)
             following = self._take()
             loop.call_soon_threadsafe(self._deliver, batch, outcomes, None if following else ended)
             batch = following
+
+    def _run(self, batch: list[tuple[Any, Callable[[Any], None], object, int]]) -> Sequence[Any]:
+        """``run_batch`` over the batch's items: per item its result or exception, or the
+        one exception for every item when the whole batch failed (e.g. the disk is full)."""
+        try:
+            return self.run_batch([entry[0] for entry in batch])
+        except Exception as exc:
+            return [exc] * len(batch)
 
     def _take(self) -> list[tuple[Any, Callable[[Any], None], object, int]]:
         """The next batch; when there is none the calling drain ends (no longer ``running``)."""
