@@ -49,16 +49,6 @@ def report_folders(reports: Path) -> list[Path]:
     )
 
 
-def latest_report(reports: Path) -> Path | None:
-    """The folder ``LATEST`` names, when it is there."""
-    try:
-        name = (reports / LATEST).read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    folder = reports / name
-    return folder if _REPORT_NAME.match(name) and folder.is_dir() else None
-
-
 def publish(reports: Path, folder: Path, keep: int) -> list[Path]:
     """Point ``LATEST`` at ``folder`` and delete the oldest report folders beyond ``keep``;
     returns the deleted ones."""

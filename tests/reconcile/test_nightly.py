@@ -14,6 +14,7 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab
 
+from broker_embedded.http.console.reconcile import latest
 from outbox.integrations.celery.reconcile import (
     BEAT_ENTRY,
     RECONCILE_TASK,
@@ -21,13 +22,14 @@ from outbox.integrations.celery.reconcile import (
     from_env,
     register_reconcile,
 )
-from outbox.reconcile.nightly import LATEST, latest_report, midnight, publish
+from outbox.reconcile.nightly import LATEST, midnight, publish
 from outbox.reconcile.synthetic import generate, write_export, write_sqlite
 
 
 def test_publishing_points_latest_at_the_new_report_and_keeps_the_last_n(tmp_path: Path) -> None:
     for name in ("2026-11-01", "2026-11-02", "2026-11-03"):
         (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{}")
     (tmp_path / ".state").mkdir()
     deleted = publish(tmp_path, tmp_path / "2026-11-03", keep=2)
     assert [path.name for path in deleted] == ["2026-11-01"]
@@ -37,9 +39,9 @@ def test_publishing_points_latest_at_the_new_report_and_keeps_the_last_n(tmp_pat
         "2026-11-03",
         LATEST,
     ]
-    assert latest_report(tmp_path) == tmp_path / "2026-11-03"
+    assert latest(tmp_path) == tmp_path / "2026-11-03"
     (tmp_path / LATEST).write_text("../etc\n")
-    assert latest_report(tmp_path) is None
+    assert latest(tmp_path) is None
 
 
 def test_the_worker_registers_the_task_only_when_told_where_reports_go() -> None:
@@ -123,7 +125,7 @@ def test_the_nightly_task_reconciles_to_midnight_rotates_and_fails_on_a_breach(
     with pytest.raises(ReconcileBreachedError, match="FAILED a threshold"):
         task()
     folder = reports / until.strftime("%Y-%m-%d")
-    assert latest_report(reports) == folder and not (reports / "2000-01-01").exists()
+    assert latest(reports) == folder and not (reports / "2000-01-01").exists()
     summary = json.loads((folder / "summary.json").read_text())
     # judged at midnight: the synthetic in-flight ones are past the grace period by then
     assert not summary["passed"] and summary["breached"]["lost"] >= data.expected["lost"]
