@@ -225,7 +225,7 @@ class Producer:
         client = self._client
         end = self._under_way(
             END_TRANSACTION, functools.partial(ending, self.producer_group, transaction_id, resolution), None,
-            lambda _, future: client.start_end_transaction(transaction_id, resolution,
+            lambda _, future: client.start_end_transaction(transaction_id, resolution, oneway=True,
                                                            producer_group=self.producer_group, future=future))
         with self._lock:
             self._pending_ends.add(end)
