@@ -15,14 +15,19 @@ from broker_embedded.wire.protocol import RequestCode
 from .conftest import ThreadServer
 
 
+def _half_then_oneway_commit(client: BrokerClient) -> None:
+    """tx-1: a half message on ``orders``, then a oneway COMMIT, answered and applied."""
+    client.create_topic("orders", queues=1)
+    client.send_half(Message("orders", b"paid"), producer_group="shop", transaction_id="tx-1")
+    answer = client.start_end_transaction("tx-1", Resolution.COMMIT, producer_group="shop", oneway=True)
+    assert answer.result(10).applied
+
+
 def test_a_lone_oneway_end_is_answered_once_the_servers_own_fsync_covers_it(
         thread_server: Callable[..., ThreadServer]) -> None:
     server = thread_server()
     with BrokerClient(server.url) as client:
-        client.create_topic("orders", queues=1)
-        client.send_half(Message("orders", b"paid"), producer_group="shop", transaction_id="tx-1")
-        answer = client.start_end_transaction("tx-1", Resolution.COMMIT, producer_group="shop", oneway=True)
-        assert answer.result(10).applied
+        _half_then_oneway_commit(client)
         # answered: durable and visible, with no other write to carry it
         assert not server.broker.unsynced
         assert server.broker.transaction_state("tx-1") is TransactionState.COMMITTED
@@ -48,10 +53,7 @@ def test_oneway_ends_and_the_next_halves_of_a_sequential_producer_all_land(
 def test_a_repeated_oneway_end_is_answered_as_a_repeat(thread_server: Callable[..., ThreadServer]) -> None:
     server = thread_server()
     with BrokerClient(server.url) as client:
-        client.create_topic("orders", queues=1)
-        client.send_half(Message("orders", b"paid"), producer_group="shop", transaction_id="tx-1")
-        first = client.start_end_transaction("tx-1", Resolution.COMMIT, producer_group="shop", oneway=True)
-        assert first.result(10).applied
+        _half_then_oneway_commit(client)
         again = client.end_transaction("tx-1", Resolution.COMMIT, producer_group="shop", oneway=True)
         assert not again.applied and again.state is TransactionState.COMMITTED
     assert server.broker.transaction_state("tx-1") is TransactionState.COMMITTED
