@@ -11,8 +11,14 @@ long-lived child process, in alternating rounds; medians and per-round ratios:
 - ``+frames``: the same with the TCP server's per-request work around it: the request frame
   read and decoded, the write call built, the reply encoded;
 - ``server``: a real ``halfmoon-broker serve`` process driven over TCP by this process (frames
-  built beforehand), the server process's CPU per transaction from /proc (its background
-  threads' ticks included), and ``server loop`` its event loop thread's alone.
+  built beforehand) as a decorated call drives it: the half message waited for, the END
+  not, the next call's half ``--gap-us`` after it (the caller's work between two calls);
+  the server process's CPU per transaction from
+  /proc (its background threads' ticks included), and ``server loop`` its event loop
+  thread's alone.
+
+Each checkout's END is sent as its producer sends it: ``oneway`` (no fsync of its own, the
+next write's covers it) where the checkout has it.
 
 ``--profile`` prints the top functions per transaction of the ``+frames`` loop for both
 checkouts. Run: ``python benchmarks/broker_path.py [--rounds 9] [--tx 1000] [--profile]``.
@@ -63,6 +69,7 @@ def _child() -> None:
     from broker_embedded.wire.session import ClientSession
 
     session = ClientSession.__new__(ClientSession)  # only its request builders are used (no connection)
+    oneway = {"oneway": True} if "oneway" in EndCall.__dataclass_fields__ else {}  # as a decorated call sends it
     buffer = FrameBuffer()
     numbers = iter(range(1, 1 << 62))
 
@@ -82,15 +89,15 @@ def _child() -> None:
         batch = [next(numbers) for _ in range(count)]
         if frames:
             built = [(session.send_half(Message(TOPIC, BODY), producer_group=GROUP, transaction_id=f"tx-{n}")
-                      .frame(2 * n), session.end_transaction(f"tx-{n}", Resolution.COMMIT, producer_group=GROUP)
+                      .frame(2 * n), session.end_transaction(f"tx-{n}", Resolution.COMMIT, producer_group=GROUP, **oneway)
                       .frame(2 * n + 1)) for n in batch]
             began = time.process_time()
             for half, end in built:
                 serve(broker, half)
                 serve(broker, end)
             return (time.process_time() - began) / count
-        calls = [(HalfCall(Message(TOPIC, BODY), GROUP, f"tx-{n}"), EndCall(f"tx-{n}", Resolution.COMMIT, GROUP))
-                 for n in batch]
+        calls = [(HalfCall(Message(TOPIC, BODY), GROUP, f"tx-{n}"),
+                  EndCall(f"tx-{n}", Resolution.COMMIT, GROUP, **oneway)) for n in batch]
         began = time.process_time()
         for half, end in calls:
             for outcome in (broker.produce([half])[0], broker.produce([end])[0]):
@@ -141,9 +148,11 @@ class _Child:
 
 
 class _Driver:
-    """A sequential client of one server: half message, its answer, END, its answer."""
+    """A sequential client of one server as a decorated call uses it: the half message and
+    its answer, then the END (COMMIT) not waited for, the next call's half right after it;
+    the END is ``oneway`` if the server's checkout knows it (``oneway``)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, oneway: bool, gap_s: float) -> None:
         from broker_embedded.message import Message, Resolution
         from broker_embedded.wire.session import ClientSession
 
@@ -151,34 +160,54 @@ class _Driver:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.session = ClientSession.__new__(ClientSession)
         self.message, self.commit = Message, Resolution.COMMIT
+        self.oneway = {"oneway": True} if oneway else {}
+        self.gap_s = gap_s
         self.sent = 0
-        self.exchange(*self.frames(1)[0])  # the topic exists (auto-created) before the rounds
+        self.buffer = b""
+        self.run(self.frames(1))  # the topic exists (auto-created) before the rounds
 
-    def frames(self, count: int) -> list[tuple[bytes, bytes]]:
+    def frames(self, count: int) -> list[tuple[int, bytes, int, bytes]]:
+        """Per transaction: the half's request id and frame, the END's."""
         built = []
         for _ in range(count):
             n = self.sent = self.sent + 1
             half = self.session.send_half(self.message(TOPIC, BODY), producer_group=GROUP, transaction_id=f"t{n}")
-            end = self.session.end_transaction(f"t{n}", self.commit, producer_group=GROUP)
-            built.append((half.frame(2 * n), end.frame(2 * n + 1)))
+            end = self.session.end_transaction(f"t{n}", self.commit, producer_group=GROUP, **self.oneway)
+            built.append((2 * n, half.frame(2 * n), 2 * n + 1, end.frame(2 * n + 1)))
         return built
 
-    def exchange(self, *frames: bytes) -> None:
-        for frame in frames:
-            self.sock.sendall(frame)
-            head = self._read(4)
-            body = self._read(int.from_bytes(head, "big"))
-            if b"error" in body:
-                raise RuntimeError(body)
+    def run(self, built: list[tuple[int, bytes, int, bytes]]) -> None:
+        """The transactions of ``built`` in turn; returns once every answer is in."""
+        for half_id, half, _, end in built:
+            self.sock.sendall(half)
+            self._until(half_id)
+            self.sock.sendall(end)
+            busy_until = time.perf_counter() + self.gap_s  # the caller's work until its next call
+            while time.perf_counter() < busy_until:
+                pass
+        self._until(built[-1][2])
 
-    def _read(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("the server closed the connection")
-            data += chunk
-        return data
+    def _until(self, request_id: int) -> None:
+        """Read answers (the ENDs' among them) until the one to ``request_id``."""
+        from broker_embedded.wire.protocol import read_frame
+
+        while True:
+            while len(self.buffer) < 4 or len(self.buffer) < 4 + int.from_bytes(self.buffer[:4], "big"):
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the server closed the connection")
+                self.buffer += chunk
+            size = int.from_bytes(self.buffer[:4], "big")
+            payload, self.buffer = self.buffer[4:4 + size], self.buffer[4 + size:]
+            if b"error" in payload:
+                raise RuntimeError(payload)
+            if read_frame(payload).request_id == request_id:
+                return
+
+
+def _knows_oneway(code: Path) -> bool:
+    """Whether checkout ``code``'s broker takes oneway ENDs (written without their own fsync)."""
+    return "oneway: bool" in (code / "broker_embedded" / "broker" / "writes.py").read_text()
 
 
 def _thread_cpu_seconds(pid: int) -> float:
@@ -194,8 +223,7 @@ def server_run(pid: int, driver: _Driver, transactions: int) -> tuple[float, flo
     loop thread's."""
     built = driver.frames(transactions)
     began, loop_began = cpu_seconds(pid), _thread_cpu_seconds(pid)
-    for half, end in built:
-        driver.exchange(half, end)
+    driver.run(built)
     return ((cpu_seconds(pid) - began) / transactions * 1e6,
             (_thread_cpu_seconds(pid) - loop_began) / transactions * 1e6)
 
@@ -231,6 +259,8 @@ def main() -> None:
     parser.add_argument("--tx", type=int, default=1000, help="transactions per round and measure")
     parser.add_argument("--profile", action="store_true", help="top 10 functions per transaction, both checkouts")
     parser.add_argument("--no-server", action="store_true", help="skip the TCP server measure")
+    parser.add_argument("--gap-us", type=float, default=150.0,
+                        help="server measure: the caller's work between an END and its next half message")
     parser.add_argument("--no-core", action="store_true", help="skip the in-process measures")
     parser.add_argument("--breakdown", action="store_true",
                         help="also the path without its fdatasyncs, and an fdatasync's CPU appending vs preallocated")
@@ -266,7 +296,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             with halfmoon_process(Path(scratch) / "old", code=checkouts["old"]) as (old_server, old_port), \
                     halfmoon_process(Path(scratch) / "new", code=checkouts["new"]) as (new_server, new_port):
-                drivers = {"old": (old_server.pid, _Driver(old_port)), "new": (new_server.pid, _Driver(new_port))}
+                gap_s = args.gap_us / 1e6
+                drivers = {"old": (old_server.pid, _Driver(old_port, _knows_oneway(checkouts["old"]), gap_s)),
+                           "new": (new_server.pid, _Driver(new_port, _knows_oneway(checkouts["new"]), gap_s))}
                 for pid, driver in drivers.values():
                     server_run(pid, driver, 300)  # warm-up
                 for round_number in range(args.rounds):

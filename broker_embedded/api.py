@@ -178,6 +178,7 @@ class BrokerAPI(Protocol):
         *,
         producer_group: str,
         from_check: bool = False,
+        oneway: bool = False,
     ) -> EndTransactionResult:
         """COMMIT or ROLLBACK every half message of the transaction.
 
@@ -185,6 +186,12 @@ class BrokerAPI(Protocol):
         resolution raises ``TransactionConflictError``; an unknown id raises
         ``UnknownTransactionError``. ``Resolution.UNKNOWN`` records nothing and leaves
         the transaction to the check service.
+
+        ``oneway``: the caller does not wait for the END (RocketMQ's
+        ``endTransactionOneway``), so it needs no fsync of its own: it is written at once and
+        made durable (its messages visible) by the broker's next fsync, within about a
+        millisecond behind a server; the answer comes then. A crash before that loses the
+        END, and check-back settles the transaction.
         """
         ...
 

@@ -134,11 +134,13 @@ class AsyncProducer:
             self.broker_down.answered()
         return True
 
-    async def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False) -> bool:
-        """Tell the broker how the transaction ended; False (and a warning) if it could not."""
+    async def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False,
+                              oneway: bool = False) -> bool:
+        """Tell the broker how the transaction ended; False (and a warning) if it could not.
+        ``oneway``: nobody waits for this END (``BrokerAPI.end_transaction``)."""
         with ending(self.producer_group, transaction_id, resolution, from_check) as ended:
             await self.broker.end_transaction(transaction_id, resolution, producer_group=self.producer_group,
-                                              from_check=from_check)
+                                              from_check=from_check, oneway=oneway)
         return ended.sent
 
     def finish(self, transaction_id: str, resolution: Resolution) -> asyncio.Task[bool]:
@@ -158,7 +160,7 @@ class AsyncProducer:
         for outcome in await asyncio.gather(*halves, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 return False  # announced by SEND_HALF, raised to whoever awaited the half
-        return await self.end_transaction(transaction_id, resolution)
+        return await self.end_transaction(transaction_id, resolution, oneway=self.oneway_end)
 
     async def ended(self, transaction_id: str) -> None:
         """Wait for the END_TRANSACTION of ``transaction_id`` started by ``finish``, if any."""

@@ -225,7 +225,7 @@ class Producer:
         client = self._client
         end = self._under_way(
             END_TRANSACTION, functools.partial(ending, self.producer_group, transaction_id, resolution), None,
-            lambda _, future: client.start_end_transaction(transaction_id, resolution,
+            lambda _, future: client.start_end_transaction(transaction_id, resolution, oneway=True,
                                                            producer_group=self.producer_group, future=future))
         with self._lock:
             self._pending_ends.add(end)
@@ -284,7 +284,8 @@ class Producer:
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait for the oneway END_TRANSACTIONs under way (None: up to the broker client's
-        request timeout); False if some were still under way."""
+        request timeout); False if some were still under way. The broker answers one once it
+        is durable, so after ``flush()`` their messages are visible."""
         with self._lock:
             pending = list(self._pending_ends)
         return not wait(pending, self._answer_timeout_s if timeout_s is None else timeout_s).not_done

@@ -15,7 +15,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,8 +209,9 @@ class EmbeddedBroker:
             except Exception as exc:
                 staged.append(exc)
         records = [record for s in staged if isinstance(s, Staged) for record in s.records]
+        waited = not all(isinstance(call, EndCall) and call.oneway for call in calls)
         try:
-            stored = self.store.put_batch(records) if records else []
+            stored = self.store.put_batch(records, wait_for_flush=waited) if records else []
         except Exception as exc:
             for s in staged:
                 if isinstance(s, Staged):
@@ -267,9 +268,25 @@ class EmbeddedBroker:
 
     def end_transaction(
         self, transaction_id: str, resolution: Resolution, *, producer_group: str,
-        from_check: bool = False,
+        from_check: bool = False, oneway: bool = False,
     ) -> EndTransactionResult:
-        return self._one(EndCall(transaction_id, resolution, producer_group, from_check))  # type: ignore[no-any-return]
+        return self._one(EndCall(transaction_id, resolution, producer_group, from_check,  # type: ignore[no-any-return]
+                                 oneway))
+
+    def when_durable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once everything written so far is durable and visible: at
+        once, or in the thread of the fsync that covers it (the next write's, ``flush``'s,
+        or the store's background flush for oneway ENDs)."""
+        self.store.when_durable(callback)
+
+    @property
+    def unsynced(self) -> bool:
+        """Whether oneway ENDs were written that no fsync covers yet (``flush`` does)."""
+        return self.store.unsynced
+
+    def flush(self) -> None:
+        """fsync what is written and not yet durable (oneway ENDs), and make it visible."""
+        self.store.flush()
 
     def relay_committed(self, messages: list[Message], *, producer_group: str,
                         transaction_id: str) -> list[SendResult]:

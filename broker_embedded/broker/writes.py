@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import InvalidMessageError
 from ..message import (
@@ -57,12 +57,17 @@ class HalfCall:
 
 @dataclass(frozen=True, slots=True)
 class EndCall:
-    """``end_transaction(transaction_id, resolution, producer_group=, from_check=)``."""
+    """``end_transaction(transaction_id, resolution, producer_group=, from_check=, oneway=)``.
+
+    ``oneway``: the caller does not wait for the END (RocketMQ's ``endTransactionOneway``),
+    so a batch of nothing but such ENDs is appended without an fsync of its own: the next
+    write's fsync (or ``EmbeddedBroker.flush``) makes it durable and its messages visible."""
 
     transaction_id: str
     resolution: Resolution
     producer_group: str
     from_check: bool = False
+    oneway: bool = False
 
     def validate(self, limits: MessageLimits) -> None:
         validate_transaction_id(self.transaction_id)
@@ -71,6 +76,8 @@ class EndCall:
             raise InvalidMessageError(f"resolution {self.resolution!r} is not a Resolution")
         if not isinstance(self.from_check, bool):
             raise InvalidMessageError(f"from_check {self.from_check!r} is not a bool")
+        if not isinstance(self.oneway, bool):
+            raise InvalidMessageError(f"oneway {self.oneway!r} is not a bool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +127,17 @@ class Staged:
     records: list[StoredRecord]
     finish: Callable[[list[StoredRecord]], Any]
     abort: Callable[[], None] = field(default=_nothing)
+
+
+@runtime_checkable
+class DeferredWrites(Protocol):
+    """A broker that writes a batch of oneway ENDs without an fsync of its own
+    (``EmbeddedBroker``): a front answers them through ``when_durable`` and fsyncs with
+    ``flush`` when no other write comes to do it."""
+
+    def when_durable(self, callback: Callable[[], None]) -> None: ...
+
+    @property
+    def unsynced(self) -> bool: ...
+
+    def flush(self) -> None: ...

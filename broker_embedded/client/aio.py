@@ -169,8 +169,10 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
     async def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
         return await self._do(self._session.send_half(message, producer_group=producer_group, transaction_id=transaction_id))
 
-    async def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str, from_check: bool = False) -> EndTransactionResult:
-        return await self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=from_check))
+    async def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
+                              from_check: bool = False, oneway: bool = False) -> EndTransactionResult:
+        return await self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group,
+                                                            from_check=from_check, oneway=oneway))
 
     async def relay_committed(self, messages: list[Message], *, producer_group: str,
                               transaction_id: str) -> list[SendResult]:

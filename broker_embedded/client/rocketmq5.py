@@ -252,9 +252,10 @@ class RocketMQ5Broker:
         return self._result(receipt, message.topic, transaction_id)
 
     def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
-                        from_check: bool = False) -> EndTransactionResult:
+                        from_check: bool = False, oneway: bool = False) -> EndTransactionResult:
         """COMMIT or ROLLBACK each broker transaction of ``transaction_id``; inside a check-back
-        of ``transaction_id`` (``from_check=True``), the checker's answer.
+        of ``transaction_id`` (``from_check=True``), the checker's answer. ``oneway`` changes
+        nothing here: the RocketMQ client's END is its own.
 
         A repeat of the resolution this process recorded is a no-op, the opposite one raises
         ``TransactionConflictError``; ``UnknownTransactionError`` when this process did not

@@ -202,8 +202,10 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
     def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> SendResult:
         return self._do(self._session.send_half(message, producer_group=producer_group, transaction_id=transaction_id))
 
-    def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str, from_check: bool = False) -> EndTransactionResult:
-        return self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group, from_check=from_check))
+    def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
+                        from_check: bool = False, oneway: bool = False) -> EndTransactionResult:
+        return self._do(self._session.end_transaction(transaction_id, resolution, producer_group=producer_group,
+                                                      from_check=from_check, oneway=oneway))
 
     def relay_committed(self, messages: list[Message], *, producer_group: str, transaction_id: str) -> list[SendResult]:
         return self._do(self._session.relay_committed(messages, producer_group=producer_group,
@@ -228,12 +230,13 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
         return self._submit(self._connection(), call, future)[1]
 
     def start_end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
-                              from_check: bool = False,
+                              from_check: bool = False, oneway: bool = False,
                               future: Future[EndTransactionResult] | None = None) -> Future[EndTransactionResult]:
         """``end_transaction`` without waiting, as ``start_send_half`` (RocketMQ's
-        ``endTransactionOneway`` when nobody waits for the ``Future``)."""
+        ``endTransactionOneway`` with ``oneway``: the broker then needs no fsync of its own
+        for it, and answers once its next fsync covers it)."""
         call = self._session.end_transaction(transaction_id, resolution, producer_group=producer_group,
-                                             from_check=from_check)
+                                             from_check=from_check, oneway=oneway)
         return self._submit(self._connection(), call, future)[1]
 
     def recall(self, topic: str, recall_handle: str) -> str:

@@ -17,6 +17,7 @@ import collections
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 from ..api import DEFAULT_PORT, BrokerAPI
 from ..broker.config import BrokerConfig, ServerLimits
-from ..broker.writes import EndCall, HalfCall, RelayCall, SendCall
+from ..broker.writes import DeferredWrites, EndCall, HalfCall, RelayCall, SendCall
 from ..errors import (
     AuthenticationError,
     BrokerClosedError,
@@ -64,6 +65,9 @@ from .batching import Batcher, ack_batcher, write_batcher
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
+#: How long a oneway END_TRANSACTION waits for another write's fsync to cover it before the
+#: server fsyncs for it alone (asyncio's timers have a millisecond's resolution).
+DEFERRED_SYNC_S = 0.001
 #: The longest a receive waits in the broker before the server looks at it again.
 POLL_SLICE_S = 1.0
 
@@ -304,6 +308,11 @@ class BrokerServer:
         writes = write_batcher(broker, self.executor, self._track)
         acks = ack_batcher(broker, self.executor, self._track)
         self._writes = writes
+        #: The broker if it writes oneway ENDs without an fsync of their own, and the timer
+        #: that fsyncs for them when no write does.
+        self._deferring = broker if isinstance(broker, DeferredWrites) else None
+        self._deferred_sync: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._batched: dict[int, tuple[str, Batcher]] = {
             int(CODES[method]): (method, writes) for method in _WRITE_CALLS
         }
@@ -315,6 +324,7 @@ class BrokerServer:
         return len(self._connections)
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.create_task(self._sweep())
@@ -335,6 +345,11 @@ class BrokerServer:
         if self._tasks:
             log.info("finishing %d requests in flight", len(self._tasks))
             await asyncio.wait(list(self._tasks), timeout=STOP_GRACE_S)
+        if self._deferred_sync is not None:
+            self._deferred_sync.cancel()
+            self._deferred_sync = None
+        if self._deferring is not None and self._deferring.unsynced:  # answers the oneway ENDs
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._sync)
         reading = [connection.reading for connection in self._connections]
         for connection in list(self._connections):
             connection.drop()
@@ -476,11 +491,56 @@ class BrokerServer:
         batched = self._batched.get(code)
         if batched is not None:  # the hot path: no task per request
             method, batcher = batched
-            batcher.submit(_batch_item(method, request), functools.partial(self._answer, connection, code, request_id),
-                           connection)
+            item = _batch_item(method, request)
+            answer = functools.partial(self._answer, connection, code, request_id)
+            if self._deferring is not None and isinstance(item, EndCall) and item.oneway:
+                answer = functools.partial(self._answer_when_durable, answer)
+            batcher.submit(item, answer, connection)
             return True
         self._track(asyncio.create_task(self._dispatch(connection, code, request_id, request)))
         return True
+
+    def _answer_when_durable(self, answer: Callable[[Any], None], outcome: Any) -> None:
+        """A oneway END's outcome, written without an fsync of its own: answered once an
+        fsync covers it (a refusal at once), the next write's or, ``DEFERRED_SYNC_S`` later,
+        the one ``_sync_deferred`` runs. The answer means what a waited END's means."""
+        deferring, loop = self._deferring, self._loop
+        assert deferring is not None and loop is not None
+        if isinstance(outcome, BaseException):
+            answer(outcome)
+            return
+        on_loop = threading.get_ident()
+
+        def durable() -> None:
+            if threading.get_ident() == on_loop:  # a batch synced on the loop: no self-pipe
+                self._durable(answer, outcome)
+                return
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone
+                loop.call_soon_threadsafe(self._durable, answer, outcome)
+
+        deferring.when_durable(durable)
+        if self._deferred_sync is None and deferring.unsynced:
+            self._deferred_sync = loop.call_later(DEFERRED_SYNC_S, self._sync_deferred)
+
+    def _durable(self, answer: Callable[[Any], None], outcome: Any) -> None:
+        """On the loop: answer a oneway END an fsync covered; no timer is left for nothing."""
+        answer(outcome)
+        if self._deferred_sync is not None and self._deferring is not None and not self._deferring.unsynced:
+            self._deferred_sync.cancel()
+            self._deferred_sync = None
+
+    def _sync_deferred(self) -> None:
+        """Fsync the oneway ENDs that no write's fsync covered in ``DEFERRED_SYNC_S``."""
+        self._deferred_sync = None
+        if self._deferring is not None and self._deferring.unsynced and self._loop is not None:
+            self._track(self._loop.run_in_executor(self.executor, self._sync))
+
+    def _sync(self) -> None:
+        assert self._deferring is not None
+        try:
+            self._deferring.flush()
+        except Exception:  # the store refuses writes from now on; the writes say why
+            log.exception("fsync of the oneway END_TRANSACTIONs failed")
 
     def _track(self, work: asyncio.Future[None]) -> None:
         """Count ``work`` (a request's task, a batcher's drain) as in flight until it ends

@@ -190,6 +190,9 @@ class MessageStore:
         self._stop = threading.Event()
         self._flush_state = threading.Condition()
         self._flushing = False
+        #: ``when_durable`` callbacks and the commit log offset each waits for, oldest first
+        #: (under ``_flush_state``).
+        self._durable_waiters: list[tuple[int, Callable[[], None]]] = []
         self._flush_error: BrokerClosedError | None = None
         self._background = threading.Thread(
             target=self._run_background, name="store-flush-checkpoint", daemon=True
@@ -572,6 +575,44 @@ class MessageStore:
                 self._flushed = max(self._flushed, target) if self._flush_error is None else self._flushed
                 self._flushing = False
                 self._flush_state.notify_all()
+                durable = self._take_durable_waiters()
+            for callback in durable:
+                self._call_waiter(callback)
+
+    def when_durable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once everything written so far is durable and dispatched: now
+        if it is, else in the thread whose fsync covers it (a put that waits, ``flush()``, or
+        the background flush, ``async_flush_interval_s``, for puts made with
+        ``wait_for_flush=False``). Never called if the fsync fails (the store refuses
+        writes from then on)."""
+        with self._write_lock:
+            end = self.commitlog.write_offset
+        with self._flush_state:
+            if self._flushed < end:
+                self._durable_waiters.append((end, callback))
+                return
+        self._call_waiter(callback)
+
+    @property
+    def unsynced(self) -> bool:
+        """Whether records were appended that no fsync covers yet."""
+        return self.commitlog.write_offset > self._flushed
+
+    def _take_durable_waiters(self) -> list[Callable[[], None]]:
+        """The ``when_durable`` callbacks the last fsync covered (under ``_flush_state``)."""
+        waiters, flushed = self._durable_waiters, self._flushed
+        if not waiters or waiters[0][0] > flushed:
+            return []
+        covered = [callback for end, callback in waiters if end <= flushed]
+        self._durable_waiters = [(end, callback) for end, callback in waiters if end > flushed]
+        return covered
+
+    @staticmethod
+    def _call_waiter(callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:
+            log.exception("a when_durable callback failed")
 
     def _dispatch_all(self, records: list[StoredRecord]) -> None:
         """Dispatch records made durable together, then tell the listeners of them: when a

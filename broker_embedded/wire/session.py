@@ -265,9 +265,11 @@ class ClientSession(Generic[C]):
                        transaction_id=transaction_id)
 
     def end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
-                        from_check: bool = False) -> Call[EndTransactionResult]:
+                        from_check: bool = False, oneway: bool = False) -> Call[EndTransactionResult]:
+        # oneway only when set: a broker from before it takes the waited END as it was
+        extra = {"oneway": True} if oneway else {}
         return _method("end_transaction", transaction_id=transaction_id, resolution=resolution,
-                       producer_group=producer_group, from_check=from_check)
+                       producer_group=producer_group, from_check=from_check, **extra)
 
     def recall(self, topic: str, recall_handle: str) -> Call[str]:
         return _method("recall", topic=topic, recall_handle=recall_handle)

@@ -1,0 +1,95 @@
+"""A oneway END_TRANSACTION (RocketMQ's ``endTransactionOneway``) is written without an
+fsync of its own: the next write's fsync makes it durable and its messages visible, and
+``when_durable`` tells whoever answers it when that happened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution, TransactionState
+from broker_embedded.broker.writes import EndCall
+from broker_embedded.store.config import StoreConfig
+
+#: No background flush during a test: only the writes' own fsyncs.
+QUIET = BrokerConfig(store=StoreConfig(async_flush_interval_s=3600))
+
+
+def _counting_fsyncs(broker: EmbeddedBroker) -> list[float]:
+    fsyncs: list[float] = []
+    broker.store.on_fsync = fsyncs.append
+    return fsyncs
+
+
+def test_a_oneway_end_is_made_durable_and_visible_by_the_next_writes_fsync(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(tmp_path, QUIET)
+    try:
+        broker.create_topic("orders", queues=1)
+        fsyncs = _counting_fsyncs(broker)
+        broker.send_half(Message("orders", b"first"), producer_group="shop", transaction_id="tx-1")
+        assert len(fsyncs) == 1
+
+        durable: list[str] = []
+        [ended] = broker.produce([EndCall("tx-1", Resolution.COMMIT, "shop", oneway=True)])
+        broker.when_durable(lambda: durable.append("tx-1"))
+        assert ended.applied
+        assert len(fsyncs) == 1  # no fsync of its own
+        assert broker.unsynced and durable == []
+        assert broker.receive("points", "orders", wait_s=0) == []  # not visible before it is durable
+
+        broker.send_half(Message("orders", b"second"), producer_group="shop", transaction_id="tx-2")
+        assert len(fsyncs) == 2  # the half's fsync covered the END
+        assert durable == ["tx-1"] and not broker.unsynced
+        assert broker.transaction_state("tx-1") is TransactionState.COMMITTED
+        assert [r.message.body for r in broker.receive("points", "orders", wait_s=0)] == [b"first"]
+    finally:
+        broker.close()
+
+
+def test_a_waited_end_in_the_same_batch_makes_the_batch_wait_for_its_fsync(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(tmp_path, QUIET)
+    try:
+        broker.create_topic("orders", queues=1)
+        for transaction_id in ("tx-1", "tx-2"):
+            broker.send_half(Message("orders", transaction_id.encode()), producer_group="shop",
+                             transaction_id=transaction_id)
+        fsyncs = _counting_fsyncs(broker)
+        broker.produce([EndCall("tx-1", Resolution.COMMIT, "shop", oneway=True),
+                        EndCall("tx-2", Resolution.ROLLBACK, "shop")])
+        assert len(fsyncs) == 1 and not broker.unsynced
+        assert broker.transaction_state("tx-1") is TransactionState.COMMITTED
+        assert broker.transaction_state("tx-2") is TransactionState.ROLLED_BACK
+    finally:
+        broker.close()
+
+
+def test_flush_and_close_make_a_oneway_end_durable(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(tmp_path, QUIET)
+    broker.create_topic("orders", queues=1)
+    for transaction_id in ("tx-1", "tx-2"):
+        broker.send_half(Message("orders", transaction_id.encode()), producer_group="shop",
+                         transaction_id=transaction_id)
+    broker.end_transaction("tx-1", Resolution.COMMIT, producer_group="shop", oneway=True)
+    durable: list[str] = []
+    broker.when_durable(lambda: durable.append("flushed"))
+    broker.flush()
+    assert durable == ["flushed"] and not broker.unsynced
+    assert [r.message.body for r in broker.receive("points", "orders", wait_s=0)] == [b"tx-1"]
+
+    broker.end_transaction("tx-2", Resolution.COMMIT, producer_group="shop", oneway=True)
+    broker.close()  # an END written without its fsync is flushed by close
+    reopened = EmbeddedBroker(tmp_path, QUIET)
+    try:
+        assert reopened.transaction_state("tx-2") is TransactionState.COMMITTED
+    finally:
+        reopened.close()
+
+
+def test_a_refused_oneway_end_stores_nothing(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(tmp_path, QUIET)
+    try:
+        fsyncs = _counting_fsyncs(broker)
+        [refused] = broker.produce([EndCall("tx-unknown", Resolution.COMMIT, "shop", oneway=True)])
+        assert isinstance(refused, Exception)
+        assert fsyncs == [] and not broker.unsynced
+    finally:
+        broker.close()
