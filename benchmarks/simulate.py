@@ -1,7 +1,7 @@
 """Search seeds of the store simulation (``tests/sim``) for failures, replay one, or check
 that the simulator finds known bugs put back into a copy of the code.
 
-    .venv/bin/python benchmarks/simulate.py --seconds 600 [--profile power|io|media|misdirected|all]
+    .venv/bin/python benchmarks/simulate.py --seconds 600 [--profile power|io|media|misdirected|clock|all]
         [--first-seed N] [--out failing-seeds.txt]
     .venv/bin/python benchmarks/simulate.py --seed 4711 --profile io      # replay one
     .venv/bin/python benchmarks/simulate.py --mutations [--max-seeds 2000] [--only NAME]
@@ -188,7 +188,8 @@ def mutations(max_seeds: int, profiles: list[str], driver: str = "store", only: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--profile", choices=[*PROFILES, *OPEN_PROFILES, "all"], default="all",
+    parser.add_argument("--profile", choices=sorted({*PROFILES, *OPEN_PROFILES, *tx_workload.PROFILES, "all"}),
+                        default="all",
                         help="all: every profile CI runs (not those in OPEN_PROFILES)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("failing-seeds.txt"))

@@ -38,6 +38,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_embedded.clock import Clock
+
 PAGE = 4096
 
 
@@ -74,6 +76,7 @@ class _Inode:
     #: landing with the write of this inode it came with.
     strays: list[tuple[int, int, bytes]] = field(default_factory=list)
     lost: bool = False  # a failed fsync dropped writes that reads still see
+    mtime_ms: float = 0.0  # the clock's time at the last write or truncate
 
 
 def _apply(target: bytearray, op: tuple[str, int, bytes]) -> None:
@@ -112,6 +115,9 @@ class SimulatedDisk:
         self._crash_in: int | None = None
         self._stray_rng: random.Random | None = None  # misdirected writes (``_misdirected``)
         self._latent_rng: random.Random | None = None  # latent sector errors (``_damage_media``)
+        #: The simulation's clock, if it has one (``time_ms``): a file's mtime is its time at the
+        #: file's last write or truncate; without one every mtime is 0 (old for retention).
+        self.clock: Clock | None = None
 
     def crash_after(self, operations: int | None) -> None:
         """Stop the process (``PowerCut``) at the ``operations``-th next change to the disk
@@ -363,6 +369,7 @@ class SimulatedDisk:
             data = data[:short]
         op = ("write", position, data)
         _apply(inode.data, op)
+        self._touch(inode)
         if data and inode.path is not None and inode.path.parent.name == "commitlog" \
                 and self._misdirected():
             op = ("write", position, self._misdirect(inode, position, data))
@@ -406,6 +413,7 @@ class SimulatedDisk:
         self._tick(f"truncating inode {self._fds[fd]} to {length}")
         op = ("truncate", length, b"")
         _apply(inode.data, op)
+        self._touch(inode)
         inode.unsynced.append(op)
 
     def fsize(self, fd: int) -> int:
@@ -482,7 +490,15 @@ class SimulatedDisk:
         return len(self._inodes[self._names[path]].data)
 
     def mtime_ms(self, path: Path) -> float:
-        return 0.0  # no simulated clock yet: every segment is old enough for retention
+        if path not in self._names:
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+        return self._inodes[self._names[path]].mtime_ms
+
+    def _touch(self, inode: _Inode) -> None:
+        """The inode's mtime moves to the clock's time (kept over a power loss: an mtime
+        later than the surviving data only makes retention wait longer)."""
+        if self.clock is not None:
+            inode.mtime_ms = self.clock.time_ms()
 
     def free_bytes(self, path: Path) -> int:
         return 1 << 40
