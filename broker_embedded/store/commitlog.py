@@ -301,17 +301,20 @@ class CommitLog:
         """Delete closed segments ending at or before ``offset`` and last modified before
         ``older_than_ms``; returns how many were deleted."""
         deleted = 0
-        while len(self.segments) > 1:
+        while self.first_expired(offset, older_than_ms):
             segment = self.segments[0]
-            if segment.end_offset > offset:
-                break
-            if self.fs.mtime_ms(segment.path) >= older_than_ms:
-                break
             segment.close()
             self.fs.unlink(segment.path)
             self.segments.pop(0)
             deleted += 1
         return deleted
+
+    def first_expired(self, offset: int, older_than_ms: int) -> bool:
+        """Whether ``delete_segments_before`` would delete the first segment."""
+        if len(self.segments) < 2:
+            return False
+        segment = self.segments[0]
+        return segment.end_offset <= offset and self.fs.mtime_ms(segment.path) < older_than_ms
 
     def close(self) -> None:
         self.flush()
