@@ -464,8 +464,6 @@ class _Inspection:
                     place = salvaged
                     claimed.add(salvaged)
                 known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
-            elif message.topic is None and offset in starts:
-                del known[offset]  # damaged bytes at a gap's start that no entry says held a record
             elif message.topic is None and offset in self.unreadable_heads:
                 # a header on an unreadable page: the lost place of a record that may have lain
                 # there is the same record, as far as any byte tells (the count is a lower bound)
@@ -474,6 +472,8 @@ class _Inspection:
                 if held is not None:
                     claimed.add(held)
                     known[offset] = LostMessage(offset, *held)
+            elif message.topic is None and offset in starts:
+                del known[offset]  # damaged bytes at a gap's start that no entry says held a record
         self._name(known, indexed)
         placed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         unplaced = [m for m in known.values() if m.topic is None]
@@ -547,7 +547,7 @@ class _Inspection:
         """Where records began in a damaged range: its start, and each record after it
         that the headers before it lead to (the length of one to the next, each with its
         magic); a damaged length ends the chain, and so does a header on an unreadable page
-        (a record began there, its length is lost)."""
+        (a record began there, its length is lost: ``unreadable_heads``)."""
         heads = [gap.start]
         base = gap.start - gap.start % self.config.segment_size
         path = self.data_dir / "commitlog" / f"{base:020d}"
@@ -556,9 +556,12 @@ class _Inspection:
             try:
                 head = codec.decode_head(functools.partial(self._read_at, path, offset - base))
             except (codec.RecordError, FileNotFoundError):
-                if offset not in heads and _UNREADABLE_HEAD in self._read_at(path, offset - base, 0, codec.HEAD_SIZE):
-                    heads.append(offset)  # the header a length leads to is on an unreadable page
+                if _UNREADABLE_HEAD in self._read_at(path, offset - base, 0, codec.HEAD_SIZE):
+                    # a record began here (the range's start, or where a length led), its
+                    # header on an unreadable page
                     self.unreadable_heads.add(offset)
+                    if offset not in heads:
+                        heads.append(offset)
                 break
             if offset not in heads:
                 heads.append(offset)

@@ -47,6 +47,8 @@ REGRESSIONS = {
     "an unreadable page (EIO) failing a reader instead of skipping what it held": ("media", 7),
     "records on an unreadable page that no surviving byte counts, silently missing": ("media", 32),
     "an unreadable header counted again beside the lost queue place it held": ("media", 1),
+    "an unreadable header at a damaged range's start counted by nothing": ("media", 691),
+    "an unreadable header at a damaged range's start counted by nothing, with bit flips": ("media", 352),
 }
 
 
