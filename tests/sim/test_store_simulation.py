@@ -16,7 +16,7 @@ from broker_embedded.store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from broker_embedded.store.repair import repair
 from broker_embedded.store.verify import inspect
 from tests.sim.disk import Faults, SimulatedDisk
-from tests.sim.workload import CONFIG, DATA_DIR, PROFILES, _read_all, body_of, run
+from tests.sim.workload import CONFIG, DATA_DIR, PROFILES, _abandon, _read_all, body_of, run
 
 #: Seeds run on every test run, per profile (about 4 s each here).
 SEED_BUDGET = 100
@@ -219,3 +219,22 @@ def test_a_write_to_an_unreadable_page_heals_it_but_never_brings_its_old_bytes_b
         disk.pread(fd, 1, 0)
     disk.pwrite(fd, b"new", 100)
     assert disk.pread(fd, 4096, 0) == bytes(100) + b"new" + bytes(4096 - 103)
+
+
+def test_a_queue_retention_emptied_continues_after_a_crash_before_the_next_checkpoint() -> None:
+    """Retention checkpoints before it deletes: a crash after it, before any other
+    checkpoint, still finds the queue's count (else the queue starts again at 0)."""
+    disk = _disk()
+    config = dataclasses.replace(CONFIG, filesystem=disk, segment_size=16 * 1024)
+    store = MessageStore(DATA_DIR, config)
+    store.put(StoredRecord("rare", 0, b"r", {}))
+    for number in range(40):
+        store.put(StoredRecord("orders", 0, body_of(number, 1000), {}))
+    assert store.delete_expired_segments(now_ms=2**62) > 0  # every mtime is 0 here: all old
+    _abandon(store)
+    disk.process_crash()
+    store = MessageStore(DATA_DIR, config)
+    try:
+        assert store.put(StoredRecord("rare", 0, b"s", {})).queue_offset == 1
+    finally:
+        store.close()
