@@ -1,7 +1,7 @@
 """Search seeds of the store simulation (``tests/sim``) for failures, replay one, or check
 that the simulator finds known bugs put back into a copy of the code.
 
-    .venv/bin/python benchmarks/simulate.py --seconds 600 [--profile power|io|media|misdirected|all]
+    .venv/bin/python benchmarks/simulate.py --seconds 600 [--profile power|io|media|misdirected|clock|all]
         [--first-seed N] [--out failing-seeds.txt]
     .venv/bin/python benchmarks/simulate.py --seed 4711 --profile io      # replay one
     .venv/bin/python benchmarks/simulate.py --mutations [--max-seeds 2000] [--only NAME]
@@ -88,6 +88,13 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "        self.recorded = recorded\n", "        self.recorded: set[Place] = set()\n"),
     ("a directory a crashed open made, never made durable by the next open", "broker_embedded/store/files.py",
      "    if directory.parent != directory:\n", "    if directory.parent != directory and not fs.is_dir(directory):\n"),
+    # found with latent sector errors (unreadable pages) in the media profile
+    ("an unreadable page's EIO not salvaged on a read of a segment", "broker_embedded/store/commitlog.py",
+     "        return read_salvaging(self.fs, self.fd, length, position, self.path)\n",
+     "        return self.fs.pread(self.fd, length, position)\n"),
+    ("fsck not counting a header on an unreadable page", "broker_embedded/store/verify.py",
+     "                if _UNREADABLE_HEAD in self._read_at(path, offset - base, 0, codec.HEAD_SIZE):\n",
+     "                if False:\n"),
 ]
 
 
@@ -107,6 +114,14 @@ TX_MUTATIONS: list[tuple[str, str, str, str]] = [
     ("a resolution the index failed to take answered as no transaction",
      "broker_embedded/broker/transactions/service.py",
      "        if unindexed := self._unindexed.get(transaction_id):\n", "        if unindexed := None:\n"),
+    # found with delayed messages and retention (profile clock)
+    ("a queue retention emptied continued past the checkpoint's count only after damage",
+     "broker_embedded/store/message_store.py",
+     "        self._reserve_lost_tails(counts or {}, gaps, skipped)\n",
+     "        if gaps:\n            self._reserve_lost_tails(counts or {}, gaps, skipped)\n"),
+    ("retention deleting segments before a checkpoint counts their queues", "broker_embedded/store/message_store.py",
+     "        self.checkpoint()\n        with self._flush_lock, self._write_lock:\n            deleted",
+     "        with self._flush_lock, self._write_lock:\n            deleted"),
 ]
 
 
@@ -188,7 +203,8 @@ def mutations(max_seeds: int, profiles: list[str], driver: str = "store", only: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--profile", choices=[*PROFILES, *OPEN_PROFILES, "all"], default="all",
+    parser.add_argument("--profile", choices=sorted({*PROFILES, *OPEN_PROFILES, *tx_workload.PROFILES, "all"}),
+                        default="all",
                         help="all: every profile CI runs (not those in OPEN_PROFILES)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("failing-seeds.txt"))

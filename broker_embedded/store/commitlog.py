@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import CorruptLogError, StoreFullError
 from . import codec
 from .files import make_directories
-from .filesystem import REAL, FileSystem
+from .filesystem import REAL, UNREADABLE_BYTE, FileSystem, read_salvaging
 from .record import StoredRecord
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,9 @@ class Segment:
         return self.base_offset + self.size
 
     def pread(self, position: int, length: int) -> bytes:
-        return self.fs.pread(self.fd, length, position)
+        """The segment's bytes ``[position, position + length)``; an unreadable page (EIO)
+        reads as damaged bytes (``read_salvaging``)."""
+        return read_salvaging(self.fs, self.fd, length, position, self.path)
 
     def close(self) -> None:
         self.fs.close(self.fd)
@@ -299,17 +301,20 @@ class CommitLog:
         """Delete closed segments ending at or before ``offset`` and last modified before
         ``older_than_ms``; returns how many were deleted."""
         deleted = 0
-        while len(self.segments) > 1:
+        while self.first_expired(offset, older_than_ms):
             segment = self.segments[0]
-            if segment.end_offset > offset:
-                break
-            if self.fs.mtime_ms(segment.path) >= older_than_ms:
-                break
             segment.close()
             self.fs.unlink(segment.path)
             self.segments.pop(0)
             deleted += 1
         return deleted
+
+    def first_expired(self, offset: int, older_than_ms: int) -> bool:
+        """Whether ``delete_segments_before`` would delete the first segment."""
+        if len(self.segments) < 2:
+            return False
+        segment = self.segments[0]
+        return segment.end_offset <= offset and self.fs.mtime_ms(segment.path) < older_than_ms
 
     def close(self) -> None:
         self.flush()
@@ -321,8 +326,10 @@ class CommitLog:
 @dataclass(frozen=True, slots=True)
 class Gap:
     """Commit log bytes ``[start, end)`` that hold no intact record: ``kind`` is
-    ``"damaged"`` (bytes that are not a record), ``"zeros"`` or ``"missing"`` (the bytes
-    are not there: a deleted segment, a closed segment or a log cut short)."""
+    ``"damaged"`` (bytes that are not a record), ``"unreadable"`` (damaged, and at least
+    one page of them failed with EIO, a latent sector error: how many records it held no
+    byte may tell), ``"zeros"`` or ``"missing"`` (the bytes are not there: a deleted
+    segment, a closed segment or a log cut short)."""
 
     start: int
     end: int
@@ -395,12 +402,23 @@ def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord |
         except codec.RecordError as exc:
             # a gap is never shorter than a blank header, so that repair can fill it
             resume = next_intact(data, pos + codec.HEAD_SIZE, base)
-            zeros = data.count(0, pos, resume) == resume - pos
-            yield Gap(base + pos, base + resume, "zeros" if zeros else "damaged", str(exc))
+            yield Gap(base + pos, base + resume, damage_kind(data, pos, resume), str(exc))
             pos = resume
             continue
         yield record
         pos += record.size
+
+
+#: A sector's worth of what ``read_salvaging`` reads for an unreadable page: a gap holding
+#: it is (at least partly) a latent sector error, not bytes that read back wrong.
+_UNREADABLE_SECTOR = bytes([UNREADABLE_BYTE]) * 512
+
+
+def damage_kind(data: bytes, start: int, end: int) -> str:
+    """The ``Gap.kind`` of ``data[start:end]``, bytes that hold no intact record."""
+    if _UNREADABLE_SECTOR in data[start:end]:
+        return "unreadable"
+    return "zeros" if data.count(0, start, end) == end - start else "damaged"
 
 
 def next_intact(data: bytes, start: int, base: int) -> int:

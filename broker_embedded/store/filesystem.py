@@ -9,11 +9,23 @@ power losses and disk faults, so that the store's own code runs against it uncha
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+#: The unit a latent sector error takes from a file (a page of the page cache: a read of
+#: any byte of it fails with EIO until the page is written again).
+PAGE_SIZE = 4096
+#: What ``read_salvaging`` puts where a page could not be read: no record's magic, no
+#: blank filler and no zeros, so every reader takes those bytes for damage, never for the
+#: end of the log.
+UNREADABLE_BYTE = 0xEE
 
 
 class FileSystem(Protocol):
@@ -161,3 +173,33 @@ class OsFileSystem:
 
 #: The real file system, the default everywhere.
 REAL: FileSystem = OsFileSystem()
+
+
+def read_salvaging(fs: FileSystem, fd: int, length: int, position: int, path: Path) -> bytes:
+    """``fs.pread``, except that a page failing with EIO (a latent sector error) reads as
+    ``UNREADABLE_BYTE`` bytes instead of failing the whole read: the records around it stay
+    readable, and those it held read as damaged (a bad CRC), which every reader of the
+    commit log already skips, counts and names (``path``: the file, for the log). Costs
+    nothing while no read fails."""
+    try:
+        return fs.pread(fd, length, position)
+    except OSError as exc:
+        if exc.errno != errno.EIO:
+            raise
+    pieces: list[bytes] = []
+    page = position - position % PAGE_SIZE
+    end = min(position + length, fs.fsize(fd))
+    while page < end:
+        start, stop = max(page, position), min(page + PAGE_SIZE, end)
+        try:
+            piece = fs.pread(fd, stop - start, start)
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            log.error("%s: the page at byte %d is unreadable (EIO): read as damaged", path, page)
+            piece = bytes([UNREADABLE_BYTE]) * (stop - start)
+        pieces.append(piece)
+        if len(piece) < stop - start:
+            break  # the end of the file
+        page += PAGE_SIZE
+    return b"".join(pieces)

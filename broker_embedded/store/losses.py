@@ -71,6 +71,11 @@ class Loss:
     #: The queue places of the lost records, where known: once a rebuilt or deleted consume
     #: queue forgets the hole a lost record left, these keep it from being counted again.
     places: tuple[Place, ...] = ()
+    #: Part of the range could not be read (EIO, a latent sector error): every record that
+    #: lay in it is lost, and ``records`` counts those some surviving byte tells of, at least
+    #: one; a record of which no other byte (queue entry, index entry, checkpoint count)
+    #: tells is lost uncounted, known only by lying in the range.
+    unreadable: bool = False
 
     @property
     def records(self) -> int:
@@ -80,8 +85,9 @@ class Loss:
     def describe(self) -> str:
         """One line for a log or a terminal."""
         named = f"{len(self.message_ids)} named" if self.message_ids else "none named"
+        at_least = "at least " if self.unreadable else ""
         return (f"loss {self.loss_id} ({self.found_by}): commit log {self.start}-{self.end}, "
-                f"{self.records} records lost ({named}, {self.unnamed} unnamed): {self.detail}")
+                f"{at_least}{self.records} records lost ({named}, {self.unnamed} unnamed): {self.detail}")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -108,16 +114,16 @@ class LossLedger:
 
     def record(
         self, found_by: FoundBy, start: int, end: int, message_ids: Iterable[str], unnamed: int,
-        detail: str, places: Iterable[Place] = (),
+        detail: str, places: Iterable[Place] = (), unreadable: bool = False,
     ) -> Loss:
         """Add a loss, make it durable, log it as an ERROR; returns it. ``places``: the
-        queue places of the lost records, where known."""
+        queue places of the lost records, where known; ``unreadable``: see ``Loss``."""
         with self._lock:
             loss = Loss(
                 loss_id=max((item.loss_id for item in self._losses), default=0) + 1,
                 found_by=found_by, start=start, end=end, message_ids=tuple(message_ids),
                 unnamed=unnamed, detail=detail, found_at_ms=int(time.time() * 1000),
-                places=tuple(sorted(set(places))),
+                places=tuple(sorted(set(places))), unreadable=unreadable,
             )
             self._losses.append(loss)
             self._write()

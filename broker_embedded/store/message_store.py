@@ -257,8 +257,7 @@ class MessageStore:
         for queue in self._queues.values():
             queue.truncate_beyond(end)
             queue.drop_below(self.commitlog.min_offset)
-        if gaps:
-            self._reserve_lost_tails(counts or {}, gaps, skipped)
+        self._reserve_lost_tails(counts or {}, gaps, skipped)
         for number, gap in enumerate(gaps):
             self.scrub.record_gap(gap, "recovery", "recovery", skipped.get(number, ()))
         for (topic, queue_id), (_, had) in rebuilt.items():
@@ -292,10 +291,11 @@ class MessageStore:
 
     def _reserve_lost_tails(self, counts: dict[str, dict[str, int]], gaps: list[Gap],
                             skipped: dict[int, set[Place]]) -> None:
-        """A queue that ends short of the checkpoint's count once the replay has passed a
-        damaged range lost its last records there (the checkpoint counted them, the log
-        held them): their places go to ``skipped`` and their offsets are reserved as holes,
-        so that no new record takes the offset of a lost one."""
+        """A queue that ends short of the checkpoint's count lost its last records: to a
+        damaged range the replay passed (the checkpoint counted them, the log held them:
+        their places go to ``skipped``), or to retention, which took them with the queue's
+        files. Their offsets are reserved as holes either way, so that no new record takes
+        the offset of one gone (a consumer past it would skip the new record)."""
         for (topic, queue_id), queue in list(self._queues.items()):
             count = counts.get(topic, {}).get(str(queue_id), 0)
             if count > queue.max_offset:
@@ -853,10 +853,20 @@ class MessageStore:
     def delete_expired_segments(self, now_ms: int | None = None, guard_offset: int | None = None) -> int:
         """Delete commit log segments older than ``retention_hours`` and wholly below
         ``guard_offset`` (the broker's oldest half or delayed message still needed; None: no
-        limit); raise queue minimums to match. Returns segments deleted."""
+        limit); raise queue minimums to match. Returns segments deleted.
+
+        A checkpoint goes first: it makes durable how far every queue goes (past every
+        record to be deleted, all dispatched), so that a restart, whenever a crash falls,
+        continues each queue after them. Else a queue whose every record went with its
+        files would start again at offset 0 after the next crash, and give its offsets
+        again: a consumer past them skips the new records, and the transaction book,
+        which replays its op queue from the offset it had applied, skips a commit."""
         limit = self._dispatched_end if guard_offset is None else min(self._dispatched_end, guard_offset)
         cutoff = (now_ms if now_ms is not None else self.config.clock.time_ms()) - int(
             self.config.retention_hours * 3_600_000)
+        if not self.commitlog.first_expired(limit, cutoff):
+            return 0
+        self.checkpoint()
         with self._flush_lock, self._write_lock:
             deleted = self.commitlog.delete_segments_before(limit, cutoff)
             if deleted:

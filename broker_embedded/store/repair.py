@@ -28,7 +28,7 @@ from . import codec
 from .commitlog import Gap
 from .config import StoreConfig
 from .files import write_atomically
-from .filesystem import REAL, FileSystem
+from .filesystem import REAL, FileSystem, read_salvaging
 from .losses import LossLedger, Namer
 from .message_store import CHECKPOINT, MessageStore, pinned_layout
 from .verify import LostMessage, Report, inspect, locked, lost_lines
@@ -140,7 +140,8 @@ def _record_losses(ledger: LossLedger, check: Report) -> None:
                       f"repair dropped {count} records: {where}"
                       + (f"; queue offsets {', '.join(places)}" if places else ""),
                       [(m.topic, m.queue_id, m.queue_offset) for m in lost
-                       if m.topic is not None and m.queue_id is not None and m.queue_offset is not None])
+                       if m.topic is not None and m.queue_id is not None and m.queue_offset is not None],
+                      unreadable=gap is not None and gap.kind == "unreadable")
 
 
 def _queue_ranges(lost: list[LostMessage]) -> list[str]:
@@ -173,7 +174,7 @@ def _move_aside(data_dir: Path, segment_size: int, gaps: list[Gap], check: Repor
         segment = data_dir / "commitlog" / f"{gap.start - gap.start % segment_size:020d}"
         source = fs.open(segment, read_only=True)
         try:
-            data = fs.pread(source, gap.end - gap.start, gap.start % segment_size)
+            data = read_salvaging(fs, source, gap.end - gap.start, gap.start % segment_size, segment)
         finally:
             fs.close(source)
         write_atomically(target / f"{gap.start:020d}", data, fs)

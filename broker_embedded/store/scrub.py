@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import codec
-from .commitlog import Gap, Segment
+from .commitlog import Gap, Segment, damage_kind
+from .filesystem import read_salvaging
 from .losses import FoundBy, Loss
 from .record import PROPERTY_MESSAGE_ID
 
@@ -85,6 +86,7 @@ class _SegmentReader:
         self.end = end
         self.throttle = throttle
         self.fs = segment.fs
+        self.path = segment.path
         self.fd = self.fs.open(segment.path, read_only=True)
         self.read_bytes = 0
         self._start = 0
@@ -100,7 +102,7 @@ class _SegmentReader:
         if not self._start <= pos or pos + length > self._start + len(self._data):
             want = min(max(length, CHUNK), self.end - pos)
             self.throttle.spend(want)
-            self._data = self.fs.pread(self.fd, want, pos)
+            self._data = read_salvaging(self.fs, self.fd, want, pos, self.path)
             self._start = pos
             self.read_bytes += len(self._data)
             if len(self._data) < want:  # the file is shorter (cut since): it ends there
@@ -160,11 +162,11 @@ class _SegmentReader:
         return self.end
 
     def _kind(self, pos: int, end: int) -> str:
-        zeros = 0
+        kinds = set()
         for start in range(pos, end, CHUNK):
             data, index = self.window(start, min(CHUNK, end - start))
-            zeros += data.count(0, index, index + min(CHUNK, end - start))
-        return "zeros" if zeros == end - pos else "damaged"
+            kinds.add(damage_kind(data, index, index + min(CHUNK, end - start)))
+        return "unreadable" if "unreadable" in kinds else "zeros" if kinds == {"zeros"} else "damaged"
 
 
 @dataclass
@@ -314,7 +316,7 @@ class Scrub:
                     found_by, start, end, named, len(places) - len(named),
                     f"found by {finder}: {end - start} bytes {gap.kind} in the commit log at {start}; "
                     f"{len(places)} records lost ({where or 'no queue entry points there'}{more})",
-                    places,
+                    places, unreadable=gap.kind == "unreadable",
                 ))
                 if found_by == "scrub":
                     self.stats.damaged_ranges += 1

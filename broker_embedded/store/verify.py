@@ -31,7 +31,7 @@ from . import codec
 from .commitlog import Gap, layout_gaps, walk
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
-from .filesystem import REAL, FileSystem
+from .filesystem import REAL, UNREADABLE_BYTE, FileSystem, read_salvaging
 from .index import IndexFile, IndexFileError, key_hash
 from .losses import Loss, LossLedger, Name, Namer, Place
 from .message_store import lock_directory, pinned_layout, read_checkpoint
@@ -122,6 +122,10 @@ def lost_lines(lost: list[LostMessage], count: int) -> list[str]:
     return lines
 
 
+#: The start of a header on an unreadable page, as ``read_salvaging`` reads it.
+_UNREADABLE_HEAD = bytes([UNREADABLE_BYTE]) * 4
+
+
 class _Files:
     """Read-only descriptors of a few files at a time (least recently used closed)."""
 
@@ -136,7 +140,7 @@ class _Files:
             while len(self._open) > _OPEN_FILES:
                 self.fs.close(self._open.popitem(last=False)[1])
         self._open.move_to_end(path)
-        return self.fs.pread(fd, length, position)
+        return read_salvaging(self.fs, fd, length, position, path)
 
     def close(self) -> None:
         for fd in self._open.values():
@@ -314,6 +318,8 @@ class _Inspection:
             lambda number, hash_: frozenset(self.index[number].lookup(hash_)))
         self.unindexed = [0, 0]  # records before / after the checkpoint missing from the index
         self.first_unindexed: int | None = None
+        #: where a damaged range's chain of lengths led to a header on an unreadable page
+        self.unreadable_heads: set[int] = set()
 
     def run(self) -> None:
         report = self.report
@@ -324,8 +330,8 @@ class _Inspection:
         layout = [(int(path.name), fs.size(path)) for path in paths]
         report.segments = len(paths)
         gaps = layout_gaps(layout, self.config.segment_size, report.checkpoint)
-        for number, (path, (base, _)) in enumerate(zip(paths, layout, strict=True)):
-            data = fs.read_bytes(path)
+        for number, (path, (base, size)) in enumerate(zip(paths, layout, strict=True)):
+            data = self.files.pread(path, size, 0)
             tail: StoredRecord | Gap | None = None
             for tail in walk(data, base, 0, self.config.segment_size):
                 if isinstance(tail, StoredRecord):
@@ -458,6 +464,14 @@ class _Inspection:
                     place = salvaged
                     claimed.add(salvaged)
                 known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
+            elif message.topic is None and offset in self.unreadable_heads:
+                # a header on an unreadable page: the lost place of a record that may have lain
+                # there is the same record, as far as any byte tells (the count is a lower bound)
+                held = next((p for p in uncounted if p not in claimed
+                             and self.queues[p[:2]].could_hold(p[2], offset)), None)
+                if held is not None:
+                    claimed.add(held)
+                    known[offset] = LostMessage(offset, *held)
             elif message.topic is None and offset in starts:
                 del known[offset]  # damaged bytes at a gap's start that no entry says held a record
         self._name(known, indexed)
@@ -532,7 +546,8 @@ class _Inspection:
     def _heads_in(self, gap: Gap) -> list[int]:
         """Where records began in a damaged range: its start, and each record after it
         that the headers before it lead to (the length of one to the next, each with its
-        magic); a damaged length ends the chain."""
+        magic); a damaged length ends the chain, and so does a header on an unreadable page
+        (a record began there, its length is lost: ``unreadable_heads``)."""
         heads = [gap.start]
         base = gap.start - gap.start % self.config.segment_size
         path = self.data_dir / "commitlog" / f"{base:020d}"
@@ -541,6 +556,12 @@ class _Inspection:
             try:
                 head = codec.decode_head(functools.partial(self._read_at, path, offset - base))
             except (codec.RecordError, FileNotFoundError):
+                if _UNREADABLE_HEAD in self._read_at(path, offset - base, 0, codec.HEAD_SIZE):
+                    # a record began here (the range's start, or where a length led), its
+                    # header on an unreadable page
+                    self.unreadable_heads.add(offset)
+                    if offset not in heads:
+                        heads.append(offset)
                 break
             if offset not in heads:
                 heads.append(offset)

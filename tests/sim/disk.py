@@ -38,6 +38,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_embedded.clock import Clock
+
 PAGE = 4096
 
 
@@ -74,6 +76,7 @@ class _Inode:
     #: landing with the write of this inode it came with.
     strays: list[tuple[int, int, bytes]] = field(default_factory=list)
     lost: bool = False  # a failed fsync dropped writes that reads still see
+    mtime_ms: float = 0.0  # the clock's time at the last write or truncate
 
 
 def _apply(target: bytearray, op: tuple[str, int, bytes]) -> None:
@@ -111,6 +114,10 @@ class SimulatedDisk:
         self.faults_on = True
         self._crash_in: int | None = None
         self._stray_rng: random.Random | None = None  # misdirected writes (``_misdirected``)
+        self._latent_rng: random.Random | None = None  # latent sector errors (``_damage_media``)
+        #: The simulation's clock, if it has one (``time_ms``): a file's mtime is its time at the
+        #: file's last write or truncate; without one every mtime is 0 (old for retention).
+        self.clock: Clock | None = None
 
     def crash_after(self, operations: int | None) -> None:
         """Stop the process (``PowerCut``) at the ``operations``-th next change to the disk
@@ -238,9 +245,16 @@ class SimulatedDisk:
             durable[position] ^= 1 << bit
             self.damaged.append((path, position, position + 1))
             self.events.append(f"bit flip: {path} byte {position} bit {bit}")
-        if self._chance(self.faults.read_error):
-            path, number = self.rng.choice(segments)
-            page = self.rng.randrange((len(self._inodes[number].durable) + PAGE - 1) // PAGE)
+        if self.faults_on and self.faults.read_error > 0:
+            # a stream of its own, as misdirected writes have: a profile with latent sector
+            # errors replays every other choice of its seeds as without them
+            if self._latent_rng is None:
+                self._latent_rng = random.Random("latent " + repr(self.rng.getstate()))
+            rng = self._latent_rng
+            if rng.random() >= self.faults.read_error:
+                return
+            path, number = rng.choice(segments)
+            page = rng.randrange((len(self._inodes[number].durable) + PAGE - 1) // PAGE)
             self._inodes[number].bad_pages.add(page)
             self.damaged.append((path, page * PAGE, (page + 1) * PAGE))
             self.events.append(f"latent sector error: {path} page {page}")
@@ -355,12 +369,27 @@ class SimulatedDisk:
             data = data[:short]
         op = ("write", position, data)
         _apply(inode.data, op)
+        self._touch(inode)
         if data and inode.path is not None and inode.path.parent.name == "commitlog" \
                 and self._misdirected():
             op = ("write", position, self._misdirect(inode, position, data))
         inode.unsynced.append(op)
-        inode.bad_pages -= set(range(position // PAGE, (position + len(data)) // PAGE))  # rewritten whole
+        if data and inode.bad_pages:
+            self._remap(inode, position, position + len(data))
         return len(data)
+
+    @staticmethod
+    def _remap(inode: _Inode, start: int, end: int) -> None:
+        """A write to an unreadable page heals it (the drive remaps the sector), but what it
+        held is gone: the bytes of the page the write does not cover read as zeros from now on,
+        never as the old ones."""
+        for page in sorted(inode.bad_pages & set(range(start // PAGE, (end - 1) // PAGE + 1))):
+            for image in (inode.data, inode.durable):
+                low, high = page * PAGE, min((page + 1) * PAGE, len(image))
+                image[low:min(start, high)] = bytes(max(0, min(start, high) - low))
+                if end < high:
+                    image[end:high] = bytes(high - end)
+            inode.bad_pages.discard(page)
 
     def fsync(self, fd: int) -> None:
         inode = self._inode(fd)
@@ -384,6 +413,7 @@ class SimulatedDisk:
         self._tick(f"truncating inode {self._fds[fd]} to {length}")
         op = ("truncate", length, b"")
         _apply(inode.data, op)
+        self._touch(inode)
         inode.unsynced.append(op)
 
     def fsize(self, fd: int) -> int:
@@ -460,7 +490,15 @@ class SimulatedDisk:
         return len(self._inodes[self._names[path]].data)
 
     def mtime_ms(self, path: Path) -> float:
-        return 0.0  # no simulated clock yet: every segment is old enough for retention
+        if path not in self._names:
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+        return self._inodes[self._names[path]].mtime_ms
+
+    def _touch(self, inode: _Inode) -> None:
+        """The inode's mtime moves to the clock's time (kept over a power loss: an mtime
+        later than the surviving data only makes retention wait longer)."""
+        if self.clock is not None:
+            inode.mtime_ms = self.clock.time_ms()
 
     def free_bytes(self, path: Path) -> int:
         return 1 << 40

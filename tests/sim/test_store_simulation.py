@@ -4,14 +4,19 @@ that replays it; ``benchmarks/simulate.py --seconds N`` searches further."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import random
 from pathlib import Path
 
 import pytest
 
+from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.record import PROPERTY_MESSAGE_ID, StoredRecord
+from broker_embedded.store.repair import repair
+from broker_embedded.store.verify import inspect
 from tests.sim.disk import Faults, SimulatedDisk
-from tests.sim.workload import PROFILES, run
+from tests.sim.workload import CONFIG, DATA_DIR, PROFILES, _abandon, _read_all, body_of, run
 
 #: Seeds run on every test run, per profile (about 4 s each here).
 SEED_BUDGET = 100
@@ -38,6 +43,12 @@ REGRESSIONS = {
     "a lost record's queue offset counted again once the queue holding its hole is gone": ("media", 141),
     "a lost record named by its damaged header counted again at its queue offset": ("media", 113),
     "fsck counting only the first of the records a damaged range took": ("media", 418),
+    "an unreadable page (EIO) failing the open, fsck and repair": ("media", 0),
+    "an unreadable page (EIO) failing a reader instead of skipping what it held": ("media", 7),
+    "records on an unreadable page that no surviving byte counts, silently missing": ("media", 32),
+    "an unreadable header counted again beside the lost queue place it held": ("media", 1),
+    "an unreadable header at a damaged range's start counted by nothing": ("media", 691),
+    "an unreadable header at a damaged range's start counted by nothing, with bit flips": ("media", 352),
 }
 
 
@@ -152,3 +163,78 @@ def test_a_misdirected_write_lands_elsewhere_and_leaves_zeros_once_the_power_goe
     data = disk.read_bytes(Path("/d/commitlog/0"))
     assert data[8192:8195] == bytes(3) and data.count(b"new") == 1
     assert [event.split(":")[0] for event in disk.events] == ["misdirected write"]
+
+
+def test_an_unreadable_page_is_reported_skipped_and_repaired_with_its_records_named() -> None:
+    """A latent sector error below the checkpoint: fsck reports the unreadable range and
+    the records it took, a reader skips them and the ledger names them, repair completes
+    and the store reopens with every other record readable."""
+    disk = SimulatedDisk(random.Random(5), Faults(read_error=1.0))
+    disk.faults_on = False
+    config = dataclasses.replace(CONFIG, filesystem=disk)
+    store = MessageStore(DATA_DIR, config)
+    records = [StoredRecord("orders", 0, body_of(number, 1500), {PROPERTY_MESSAGE_ID: f"m{number}"})
+               for number in range(30)]
+    store.put_batch(records)
+    store.close()
+    disk.faults_on = True
+    disk.power_loss()
+    [(_, first, end)] = disk.damaged
+    took = {number for number, record in enumerate(records)
+            if record.commit_log_offset < end and record.commit_log_offset + record.size > first}
+    assert took and len(took) < 30
+
+    report = inspect(DATA_DIR, fs=disk)  # no namer: the ids were on the page, the places are not
+    assert [gap.kind for gap in report.gaps] == ["unreadable"]
+    assert {lost.queue_offset for lost in report.lost} == took and report.lost_count == len(took)
+
+    store = MessageStore(DATA_DIR, config)
+    try:
+        read = {record.queue_offset for record in _read_all(store, "orders", 0)}
+        assert read == set(range(30)) - took
+        [loss] = store.losses.all()
+        assert loss.unreadable and {place[2] for place in loss.places} == took
+    finally:
+        store.close()
+
+    repair(DATA_DIR, fs=disk, config=config)
+    store = MessageStore(DATA_DIR, config)
+    try:
+        assert len(_read_all(store, "orders", 0)) == 30 - len(took)
+    finally:
+        store.close()
+
+
+def test_a_write_to_an_unreadable_page_heals_it_but_never_brings_its_old_bytes_back() -> None:
+    disk = _disk(faults=Faults(read_error=1.0))
+    disk.mkdir(Path("/d/commitlog"))
+    disk.fsync_directory(Path("/d"))
+    fd = disk.open(Path("/d/commitlog/0"), create=True)
+    disk.fsync_directory(Path("/d/commitlog"))
+    disk.pwrite(fd, b"o" * 4096, 0)
+    disk.fsync(fd)
+    disk.power_loss()
+    fd = disk.open(Path("/d/commitlog/0"))
+    with pytest.raises(OSError):
+        disk.pread(fd, 1, 0)
+    disk.pwrite(fd, b"new", 100)
+    assert disk.pread(fd, 4096, 0) == bytes(100) + b"new" + bytes(4096 - 103)
+
+
+def test_a_queue_retention_emptied_continues_after_a_crash_before_the_next_checkpoint() -> None:
+    """Retention checkpoints before it deletes: a crash after it, before any other
+    checkpoint, still finds the queue's count (else the queue starts again at 0)."""
+    disk = _disk()
+    config = dataclasses.replace(CONFIG, filesystem=disk, segment_size=16 * 1024)
+    store = MessageStore(DATA_DIR, config)
+    store.put(StoredRecord("rare", 0, b"r", {}))
+    for number in range(40):
+        store.put(StoredRecord("orders", 0, body_of(number, 1000), {}))
+    assert store.delete_expired_segments(now_ms=2**62) > 0  # every mtime is 0 here: all old
+    _abandon(store)
+    disk.process_crash()
+    store = MessageStore(DATA_DIR, config)
+    try:
+        assert store.put(StoredRecord("rare", 0, b"s", {})).queue_offset == 1
+    finally:
+        store.close()

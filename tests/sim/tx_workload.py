@@ -15,7 +15,10 @@ are queued by the broker's checker and answered at a step of the schedule with
 ``fence_and_read`` (whose fence is a commit of the database): UNKNOWN while the client's
 local transaction holds its row, else what the row says. A consumer group receives and
 acks. Process crashes and power losses fall at any step, and inside calls (a crash armed
-at the n-th next change to the disk), recovery included.
+at the n-th next change to the disk), recovery included. In the ``TIMED`` profiles clients
+also send delayed messages (delay levels of 1 s to 2 h), the clock also jumps by minutes
+and hours, and the broker's timers run retention (messages expire after half an hour; the
+simulated disk keeps each file's mtime by the simulated clock).
 
 After every recovery the checker holds the broker to a reference model:
 
@@ -29,7 +32,13 @@ After every recovery the checker holds the broker to a reference model:
   once, with its body, and no message of any other (the loss ledger stays empty: no
   media fault is injected); the consumer group of the schedule never receives a message
   of a transaction that is not committed;
-* a repeated END answers the resolution; the opposite one is refused.
+* a repeated END answers the resolution; the opposite one is refused;
+* a delayed message is never delivered before it is due; a fresh group reads it at most
+  once, and once a run of the timers at or after its due time has returned, exactly once;
+* retention excuses only what it may have taken: a message written to its topic (a
+  commit's copy, a delayed message's delivery, no earlier than the END or the due time)
+  before the last cutoff may be gone, and a transaction whose records were all written
+  before it may be unknown; nothing else.
 """
 
 from __future__ import annotations
@@ -49,7 +58,13 @@ from sqlalchemy.pool import NullPool
 from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.broker.facade import EmbeddedBroker
 from broker_embedded.errors import BrokerError, TransactionConflictError, UnknownTransactionError
-from broker_embedded.message import CheckRequest, Message, Resolution, TransactionState
+from broker_embedded.message import (
+    DELAY_LEVELS_S,
+    CheckRequest,
+    Message,
+    Resolution,
+    TransactionState,
+)
 from broker_embedded.store.config import StoreConfig
 from outbox.integrations.sqlalchemy.recorder import RECORDER
 from outbox.integrations.sqlalchemy.tables import transaction_log
@@ -60,7 +75,15 @@ from tests.sim.workload import Result, body_of
 PROFILES: dict[str, Faults] = {
     "power": Faults(),
     "io": Faults(write_error=0.03, fsync_error=0.03),
+    "clock": Faults(),
 }
+#: Profiles whose clients also send delayed messages, whose clock also jumps by up to hours
+#: and whose broker runs retention (``RETENTION_HOURS``; the others keep it off, so their
+#: seeds replay the schedules they always had).
+TIMED = frozenset({"clock"})
+#: Their store: messages expire after half an hour, in segments small enough that a
+#: schedule fills several.
+TIMED_STORE = {"retention_hours": 0.5, "segment_size": 16 * 1024}
 DATA_DIR = Path("/sim/broker")
 TOPIC = "orders"
 GROUPS = ("pg-a", "pg-b")
@@ -74,7 +97,7 @@ CONFIG = BrokerConfig(
         scrub_bytes_per_s=0,
         checkpoint_interval_s=1e9,
         async_flush_interval_s=1e9,
-        retention_hours=1e6,  # retention is not simulated (the disk keeps no file times)
+        retention_hours=1e6,  # off but in the TIMED profiles
     ),
     transaction_timeout_s=6.0,
     check_interval_s=5.0,
@@ -186,6 +209,12 @@ class Tx:
     #: The client ENDs once its local transaction ends (False: it died first).
     ends: bool = True
     ended: bool = False
+    #: The clock's time at the first END or check answer that asked for COMMIT: its
+    #: messages reach their topic no earlier (retention may take them once it is past).
+    commit_ms: int | None = None
+    #: The clock's time at its last call that may have written a record (a half, an END):
+    #: once retention's cutoff is past it, the broker may have forgotten the transaction.
+    touched_ms: int | None = None
 
     @property
     def final(self) -> TransactionState | None:
@@ -195,6 +224,17 @@ class Tx:
         if self.db in ("rolled back", "fenced"):
             return TransactionState.ROLLED_BACK
         return None
+
+
+@dataclass
+class Delayed:
+    """A delayed message a client sent (no transaction), as the model knows it."""
+
+    size: int
+    #: When it is due: never delivered before, written to its topic no earlier.
+    due_ms: int
+    #: Its send returned (else it failed or was cut: it may be there).
+    acked: bool = False
 
 
 _RESOLUTION = {TransactionState.COMMITTED: Resolution.COMMIT, TransactionState.ROLLED_BACK: Resolution.ROLLBACK}
@@ -207,12 +247,22 @@ class TxSimulation:
     schedule. ``rng`` decides what a step leaves open (how a failed call ends, a crash
     inside a recovery); the steps' arguments are the driver's."""
 
-    def __init__(self, rng: random.Random, disk: SimulatedDisk) -> None:
+    def __init__(self, rng: random.Random, disk: SimulatedDisk, timed: bool = False) -> None:
         self.rng = rng
         self.disk = disk
         self.clock = SimClock()
-        self.config = dataclasses.replace(
-            CONFIG, store=dataclasses.replace(CONFIG.store, filesystem=disk, clock=self.clock))
+        disk.clock = self.clock
+        store = dataclasses.replace(CONFIG.store, filesystem=disk, clock=self.clock, **(TIMED_STORE if timed else {}))
+        self.config = dataclasses.replace(CONFIG, store=store)
+        self.retention_ms = int(store.retention_hours * 3_600_000)
+        #: Messages written to their topic before this time may be gone (retention ran,
+        #: or may have, with this cutoff); None: it never ran.
+        self.expired_before: int | None = None
+        #: The clock's time at the last run of the timers that returned: every delayed
+        #: message due by then has been delivered (a delivery is a synced put: it outlives
+        #: crashes).
+        self.timers_ran_at: int | None = None
+        self.delayed: dict[int, Delayed] = {}  # message number -> a delayed message
         self.database = TransactionLog()
         self.checks = CheckQueue()
         self.steps: list[str] = []
@@ -247,6 +297,7 @@ class TxSimulation:
         what = f"{tx.transaction_id}: half m{number} ({size} bytes)"
         broker = self.broker
         assert broker is not None
+        tx.touched_ms = self.clock.time_ms()
         outcome = self.attempt(what, lambda: broker.send_half(
             message, producer_group=tx.group, transaction_id=tx.transaction_id), crash_at)
         if isinstance(outcome, TransactionConflictError):
@@ -281,6 +332,20 @@ class TxSimulation:
         tx.ended = True
         self._end(tx, _RESOLUTION[final], crash_at, from_check=False, opposite=opposite)
 
+    def send_delayed(self, level: int, size: int, crash_at: int | None) -> None:
+        """A client sends a message with delay level ``level`` (no transaction)."""
+        number = self.next_number
+        self.next_number += 1
+        delayed = self.delayed[number] = Delayed(size, self.clock.time_ms() + DELAY_LEVELS_S[level - 1] * 1000)
+        message = Message(TOPIC, body_of(number, size), message_id=f"m{number}", delay_level=level)
+        what = f"delayed m{number} (level {level}, due in {DELAY_LEVELS_S[level - 1]} s)"
+        broker = self.broker
+        assert broker is not None
+        outcome = self.attempt(what, lambda: broker.send(message), crash_at)
+        if not isinstance(outcome, BaseException) and outcome is not _CUT:
+            delayed.acked = True
+            self.step(f"{what}: stored")
+
     def _end(self, tx: Tx, resolution: Resolution, crash_at: int | None, *, from_check: bool,
              opposite: bool = False) -> None:
         broker = self.broker
@@ -290,12 +355,18 @@ class TxSimulation:
         wanted = _STATE.get(resolution)
         if wanted is not None and not opposite:
             tx.attempted.add(wanted)
+        if wanted is TransactionState.COMMITTED and not opposite and tx.commit_ms is None:
+            tx.commit_ms = self.clock.time_ms()
+        now = self.clock.time_ms()
         outcome = self.attempt(what, lambda: broker.end_transaction(
             tx.transaction_id, resolution, producer_group=tx.group, from_check=from_check), crash_at)
+        if outcome is _CUT or (isinstance(outcome, BaseException) and not isinstance(
+                outcome, UnknownTransactionError | TransactionConflictError)) or getattr(outcome, "applied", False):
+            tx.touched_ms = now  # it may have written the transaction's records
         if outcome is _CUT:
             return
         if isinstance(outcome, UnknownTransactionError):
-            if tx.halves:
+            if tx.halves and not self.expired(tx.touched_ms):
                 self.fail(f"{what}: the broker does not know {tx.transaction_id}, which has stored half "
                           f"messages {sorted(tx.halves)}: {outcome}")
             self.step(f"{what}: unknown (no half message stored)")
@@ -356,10 +427,13 @@ class TxSimulation:
         assert broker is not None
         self.clock.advance(seconds)
         asked = len(self.checks.requests)
+        now = self.clock.time_ms()
+        self.expired_before = now - self.retention_ms  # the round may run retention
         outcome = self.attempt(f"{seconds:g} s later: timers", broker.run_timers, crash_at)
         if outcome is not _CUT and not isinstance(outcome, BaseException):
+            self.timers_ran_at = now
             self.step(f"{seconds:g} s later: timers ran, {len(self.checks.requests) - asked} check-backs, "
-                      f"{broker.book.parked} parked")
+                      f"{broker.book.parked} parked, the log starts at {broker.store.commitlog.min_offset}")
 
     def snapshot(self, crash_at: int | None) -> None:
         broker = self.broker
@@ -382,19 +456,36 @@ class TxSimulation:
             self.attempt(f"{WORKERS}: ack {len(handles)}", lambda: broker.ack_many(WORKERS, handles), None)
         self.step(f"{WORKERS}: received {[m.message.message_id for m in received]}{', acked' if ack else ''}")
 
-    def _delivered(self, message_id: str, transaction_id: str | None, how: str) -> Tx:
+    def _delivered(self, message_id: str, transaction_id: str | None, how: str) -> int:
+        """Hold a delivery of ``message_id`` to the model; the message's body size."""
         number = int(message_id[1:])
+        delayed = self.delayed.get(number)
+        if delayed is not None:
+            if transaction_id is not None:
+                self.fail(f"{how} {message_id} as of {transaction_id}; it was sent with no transaction")
+            if self.clock.time_ms() < delayed.due_ms:
+                self.fail(f"{how} delayed {message_id} {(delayed.due_ms - self.clock.time_ms()) / 1000:g} s "
+                          "before it is due")
+            return delayed.size
         tx = self.tx_of.get(number)
         if tx is None or tx.transaction_id != transaction_id:
             self.fail(f"{how} {message_id} of {transaction_id}, which no client sent so")
         if number not in tx.halves and number not in tx.maybe:
             self.fail(f"{how} {message_id}, not a half message of {tx.transaction_id}")
         assert self.broker is not None
-        state = self.broker.transaction_state(tx.transaction_id)
+        try:
+            state = self.broker.transaction_state(tx.transaction_id)
+        except UnknownTransactionError:
+            if not self.expired(tx.touched_ms):
+                raise
+            # retention took the transaction's records, not yet the copy it committed: the
+            # model's word stands (an END for COMMIT was sent, and nothing decided otherwise)
+            state = tx.decided or (TransactionState.COMMITTED if TransactionState.COMMITTED in tx.attempted
+                                   else TransactionState.PENDING)
         if state is not TransactionState.COMMITTED:
             self.fail(f"{how} {message_id} of {tx.transaction_id}, which is {state.value}")
         self.decide(tx, state, f"{how} {message_id}")
-        return tx
+        return tx.halves.get(number, tx.maybe.get(number, -1))
 
     # -- calls, crashes, recovery ---------------------------------------------------------
     def attempt(self, what: str, call: Callable[[], Any], crash_at: int | None) -> Any:
@@ -489,7 +580,7 @@ class TxSimulation:
             try:
                 state = broker.transaction_state(tx.transaction_id)
             except UnknownTransactionError:
-                if tx.halves:
+                if tx.halves and not self.expired(tx.touched_ms):
                     self.fail(f"after a {cause} the broker does not know {tx.transaction_id}, whose half "
                               f"messages {sorted(tx.halves)} were stored")
                 continue
@@ -505,27 +596,38 @@ class TxSimulation:
         seen: dict[int, int] = {}
         while received := broker.receive(group, TOPIC, max_messages=64, invisible_duration_s=3600.0):
             for message in received:
-                tx = self._delivered(message.message.message_id, message.transaction_id, f"{group} read")
+                size = self._delivered(message.message.message_id, message.transaction_id, f"{group} read")
                 number = int(message.message.message_id[1:])
                 seen[number] = seen.get(number, 0) + 1
-                size = tx.halves.get(number, tx.maybe.get(number, -1))
                 if message.message.body != body_of(number, size):
                     self.fail(f"{group} read m{number} with a damaged body")
         twice = sorted(number for number, count in seen.items() if count > 1)
         if twice:
             self.fail(f"after a {cause} a fresh group reads {[f'm{n}' for n in twice]} more than once")
         for tx in self.txs.values():
-            if tx.decided is TransactionState.COMMITTED:
+            if tx.decided is TransactionState.COMMITTED and not self.expired(tx.commit_ms):
                 missing = sorted(set(tx.halves) - set(seen))
                 if missing:
                     self.fail(f"after a {cause} committed {tx.transaction_id} lacks {[f'm{n}' for n in missing]} "
                               f"(read {sorted(n for n in seen if self.tx_of[n] is tx)})")
+        due = self.timers_ran_at
+        late = sorted(number for number, delayed in self.delayed.items() if delayed.acked and number not in seen
+                      and due is not None and delayed.due_ms <= due and not self.expired(delayed.due_ms))
+        if late:
+            self.fail(f"after a {cause} delayed messages due and delivered by the timers are not read: "
+                      f"{[f'm{n}' for n in late]}")
         for number in seen:
-            tx = self.tx_of[number]
-            if number in tx.maybe:
+            tx = self.tx_of.get(number)
+            if tx is not None and number in tx.maybe:
                 tx.halves[number] = tx.maybe.pop(number)
-        self.step(f"{cause}, reopen: {len(seen)} committed messages read once, "
+        delayed = sum(1 for number in seen if number in self.delayed)
+        self.step(f"{cause}, reopen: {len(seen) - delayed} committed and {delayed} delayed messages read once, "
                   f"{len(broker.book.by_id)} open transactions")
+
+    def expired(self, written_ms: int | None) -> bool:
+        """Whether retention may have taken a message written to its topic no earlier than
+        ``written_ms``."""
+        return written_ms is not None and self.expired_before is not None and written_ms < self.expired_before
 
     def close(self) -> None:
         """End the schedule: stop the broker as a killed process, drop the database."""
@@ -550,13 +652,22 @@ def _abandon(broker: EmbeddedBroker) -> None:
         store._background.join()
 
 
+#: How far the seeded driver moves the clock in one step (seconds).
+ADVANCES = (0.5, 2.0, 5.0, 7.0, 15.0)
+#: In the TIMED profiles, also: past delay levels of minutes and hours, and retention's cutoff.
+LONG_ADVANCES = (60.0, 300.0, 900.0, 2400.0, 3600.0)
+#: The delay levels delayed messages are sent with (1 s to 2 h; the short ones oftener).
+LEVELS = (1, 1, 2, 3, 4, 5, 6, 9, 14, 16, 18)
+
+
 class _SeededSchedule:
     """The seeded driver: every step and its arguments drawn from one ``random.Random``."""
 
     def __init__(self, seed: int, profile: str) -> None:
         self.rng = random.Random(seed)
         disk = SimulatedDisk(random.Random(self.rng.getrandbits(64)), PROFILES[profile])
-        self.simulation = TxSimulation(self.rng, disk)
+        self.timed = profile in TIMED
+        self.simulation = TxSimulation(self.rng, disk, self.timed)
 
     def run(self, steps: int) -> None:
         sim, rng = self.simulation, self.rng
@@ -566,6 +677,13 @@ class _SeededSchedule:
             open_txs = [tx for tx in txs if tx.connection is not None]
             to_end = [tx for tx in txs if tx.final is not None and tx.ends and not tx.ended]
             ended = [tx for tx in txs if tx.ended and tx.decided is not None]
+            timed = rng.random() if self.timed else 1.0
+            if timed < 0.12:
+                sim.send_delayed(rng.choice(LEVELS), self.size(), self.crash_at())
+                continue
+            if timed < 0.2:
+                sim.advance(rng.choice(LONG_ADVANCES), self.crash_at())
+                continue
             choice = rng.random()
             if choice < 0.28 and open_txs:
                 tx = open_txs[0]
@@ -582,7 +700,7 @@ class _SeededSchedule:
             elif choice < 0.68:
                 sim.answer_checks(rng.randint(1, 4), self.crash_at())
             elif choice < 0.78:
-                sim.advance(rng.choice((0.5, 2.0, 5.0, 7.0, 15.0)), self.crash_at())
+                sim.advance(rng.choice(ADVANCES), self.crash_at())
             elif choice < 0.84:
                 sim.consume(rng.randint(1, 8), rng.random() < 0.8, self.crash_at())
             elif choice < 0.87:
@@ -595,7 +713,8 @@ class _SeededSchedule:
                 sim.restart()
 
     def size(self) -> int:
-        return self.rng.randrange(20_000) if self.rng.random() < 0.1 else self.rng.randrange(1500)
+        large = 12_000 if self.timed else 20_000  # within a TIMED profile's segment
+        return self.rng.randrange(large) if self.rng.random() < 0.1 else self.rng.randrange(1500)
 
     def crash_at(self) -> int | None:
         """Mostly none; else often at the first few changes of a call (its append, its

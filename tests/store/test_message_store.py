@@ -321,6 +321,23 @@ def test_retention_deletes_old_segments_below_the_guard_only(tmp_path: Path) -> 
         assert kept[-1].queue_offset == 99
 
 
+def test_a_queue_whose_every_record_retention_took_continues_after_them_on_restart(tmp_path: Path) -> None:
+    """The queue's files go with its records; a restart must not give its offsets again
+    (a consumer past them would skip the new records; the transaction book, replaying its
+    op queue from the offset it had applied, would skip a commit: simulation seed 126,
+    profile clock)."""
+    with MessageStore(tmp_path, SMALL) as store:
+        store.put(record("rare"))
+        for _ in range(60):
+            store.put(record())
+        assert store.delete_expired_segments(now_ms=2**62) > 0
+        assert store.queue_max_offset("rare", 0) == 1
+    with MessageStore(tmp_path, SMALL) as store:
+        assert store.queue_max_offset("rare", 0) == 1
+        assert store.put(record("rare")).queue_offset == 1
+        assert [r.queue_offset for r in store.read_queue("rare", 0, 0, 10)] == [1]
+
+
 @pytest.fixture
 def tiny_filesystem(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs (needs root and mount permission; skipped otherwise)."""
