@@ -161,6 +161,8 @@ class MessageStore:
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending: list[StoredRecord] = []
+        #: Records put without waiting (sync mode), written with the next put (``put_batch``).
+        self._held: list[StoredRecord] = []
         self._next_offset: dict[tuple[str, int], int] = {}
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._listeners: list[DispatchListener] = []
@@ -459,9 +461,13 @@ class MessageStore:
     def put_batch(self, records: list[StoredRecord], wait_for_flush: bool = True) -> list[StoredRecord]:
         """Append records in order, covered by one fsync in sync mode.
 
-        ``wait_for_flush=False`` returns before the fsync: the records become durable (and
-        dispatched) with the next flush, at most ``async_flush_interval_s`` later. For
-        bookkeeping whose loss in a crash is harmless (consumer progress)."""
+        ``wait_for_flush=False`` (sync mode) returns at once, the records not yet written:
+        they are held and written in the next put's one write, ahead of its records, and
+        made durable (and dispatched) by its fsync, or by ``flush`` (the background flush
+        does it within ``async_flush_interval_s``). So no unsynced write is ever followed by
+        another one: a power loss can tear the log's tail, never leave a hole before
+        records that survived it. For what nobody waits for and a crash may lose
+        (consumer progress, oneway ENDs); such records are returned as given, not stored."""
         for record in records:
             if len(record.body) > self.config.max_record_size:
                 raise MessageTooLargeError(
@@ -472,14 +478,27 @@ class MessageStore:
                 raise BrokerClosedError("the message store is closed")
             if self._flush_error is not None:
                 raise self._flush_error
+            if self.config.flush_mode == "sync" and not wait_for_flush:
+                self._held.extend(records)
+                return records
             self._check_free_space()
-            stored = self._append_all(records)
+            stored = self._append_with_held(records)
             end = self.commitlog.write_offset
             if self.config.flush_mode == "async":
                 self._dispatch_all(self._take_pending())
         if self.config.flush_mode == "sync" and wait_for_flush:
             self._sync_to(end)
         return stored
+
+    def _append_with_held(self, records: list[StoredRecord]) -> list[StoredRecord]:
+        """``records`` appended after the held ones, in one write (under the write lock);
+        the held ones are held again if it fails."""
+        held, self._held = self._held, []
+        try:
+            return self._append_all(held + records)[len(held):]
+        except BaseException:
+            self._held = held
+            raise
 
     def _append_all(self, records: list[StoredRecord]) -> list[StoredRecord]:
         """Encode and append records as one write per segment; all or nothing."""
@@ -552,6 +571,7 @@ class MessageStore:
             else:
                 return
         target = self._flushed
+        synced = False
         try:
             with self._flush_lock:
                 with self._write_lock:
@@ -565,6 +585,7 @@ class MessageStore:
                 if on_fsync is not None and dirty:
                     on_fsync(time.perf_counter() - started)
                 self._dispatch_all(pending)
+            synced = True
         except OSError as exc:
             log.exception("fsync of the commit log failed; the store refuses further writes")
             with self._flush_state:
@@ -572,10 +593,11 @@ class MessageStore:
             raise self._flush_error from exc
         finally:
             with self._flush_state:
-                self._flushed = max(self._flushed, target) if self._flush_error is None else self._flushed
+                if synced:  # not if cut short (the process dies), or failed (writes are refused)
+                    self._flushed = max(self._flushed, target)
                 self._flushing = False
                 self._flush_state.notify_all()
-                durable = self._take_durable_waiters()
+                durable = self._take_durable_waiters() if synced else []
             for callback in durable:
                 self._call_waiter(callback)
 
@@ -586,7 +608,8 @@ class MessageStore:
         ``wait_for_flush=False``). Never called if the fsync fails (the store refuses
         writes from then on)."""
         with self._write_lock:
-            end = self.commitlog.write_offset
+            # held records are written before anything else: an fsync past today's end covers them
+            end = self.commitlog.write_offset + (1 if self._held else 0)
         with self._flush_state:
             if self._flushed < end:
                 self._durable_waiters.append((end, callback))
@@ -595,8 +618,8 @@ class MessageStore:
 
     @property
     def unsynced(self) -> bool:
-        """Whether records were appended that no fsync covers yet."""
-        return self.commitlog.write_offset > self._flushed
+        """Whether records were held or appended that no fsync covers yet."""
+        return bool(self._held) or self.commitlog.write_offset > self._flushed
 
     def _take_durable_waiters(self) -> list[Callable[[], None]]:
         """The ``when_durable`` callbacks the last fsync covered (under ``_flush_state``)."""
@@ -651,8 +674,10 @@ class MessageStore:
         self._listeners.append(listener)
 
     def flush(self) -> None:
-        """fsync everything written so far and dispatch it."""
+        """Write the held records, fsync everything written so far and dispatch it."""
         with self._write_lock:
+            if self._held and self._flush_error is None:
+                self._append_with_held([])
             end = self.commitlog.write_offset
         self._sync_to(end)
 
@@ -709,7 +734,7 @@ class MessageStore:
         last_checkpoint = time.monotonic()
         while not self._stop.wait(self.config.async_flush_interval_s):
             try:
-                if self.config.flush_mode == "async" or self._pending:
+                if self.config.flush_mode == "async" or self._pending or self._held:
                     self.flush()
                 if time.monotonic() - last_checkpoint >= self.config.checkpoint_interval_s:
                     self.checkpoint()

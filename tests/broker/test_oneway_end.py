@@ -93,3 +93,17 @@ def test_a_refused_oneway_end_stores_nothing(tmp_path: Path) -> None:
         assert fsyncs == [] and not broker.unsynced
     finally:
         broker.close()
+
+
+def test_a_repeated_end_while_a_oneway_end_waits_for_its_fsync_is_answered_as_a_repeat(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(tmp_path, QUIET)
+    try:
+        broker.create_topic("orders", queues=1)
+        broker.send_half(Message("orders", b"paid"), producer_group="shop", transaction_id="tx-1")
+        broker.end_transaction("tx-1", Resolution.COMMIT, producer_group="shop", oneway=True)
+        assert broker.unsynced
+        again = broker.end_transaction("tx-1", Resolution.COMMIT, producer_group="shop")
+        assert not again.applied and again.state is TransactionState.COMMITTED
+        assert not broker.unsynced  # its answer waited for the first END's fsync
+    finally:
+        broker.close()

@@ -10,7 +10,11 @@ Clients are producers of the outbox kind, on the project's own transaction_log c
 (``outbox.integrations.sqlalchemy.recorder``, the fence rule of ``outbox.transaction_log``)
 over an in-memory SQLite database: a client's local transaction inserts its COMMITTED row
 first, sends 1 to 3 half messages, commits or rolls back (a step of the schedule), then
-ENDs, or never does (it died); some repeat their END, or send the opposite one. Check-backs
+ENDs, or never does (it died); some repeat their END, or send the opposite one. Half of
+the transactions (by their id, not by the schedule's random draws) END ``oneway``, as the
+outbox's producers do: written with no fsync of its own, such an END counts as kept only
+once a later call's fsync (or a clean close) covered it, and is lost like a cut one before
+that. Check-backs
 are queued by the broker's checker and answered at a step of the schedule with
 ``fence_and_read`` (whose fence is a commit of the database): UNKNOWN while the client's
 local transaction holds its row, else what the row says. A consumer group receives and
@@ -46,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +268,9 @@ class TxSimulation:
         #: crashes).
         self.timers_ran_at: int | None = None
         self.delayed: dict[int, Delayed] = {}  # message number -> a delayed message
+        #: Oneway ENDs an fsync covered since they were answered (``EmbeddedBroker.when_durable``),
+        #: kept from now on: decided by the model once the call that made them durable returns.
+        self.covered_ends: list[tuple[Tx, TransactionState, str]] = []
         self.database = TransactionLog()
         self.checks = CheckQueue()
         self.steps: list[str] = []
@@ -358,8 +366,9 @@ class TxSimulation:
         if wanted is TransactionState.COMMITTED and not opposite and tx.commit_ms is None:
             tx.commit_ms = self.clock.time_ms()
         now = self.clock.time_ms()
+        oneway = not from_check and zlib.crc32(tx.transaction_id.encode()) % 2 == 0
         outcome = self.attempt(what, lambda: broker.end_transaction(
-            tx.transaction_id, resolution, producer_group=tx.group, from_check=from_check), crash_at)
+            tx.transaction_id, resolution, producer_group=tx.group, from_check=from_check, oneway=oneway), crash_at)
         if outcome is _CUT or (isinstance(outcome, BaseException) and not isinstance(
                 outcome, UnknownTransactionError | TransactionConflictError)) or getattr(outcome, "applied", False):
             tx.touched_ms = now  # it may have written the transaction's records
@@ -386,8 +395,18 @@ class TxSimulation:
             self.fail(f"{what}: the opposite END was not refused ({tx.decided}): {outcome}")
         if state is not wanted:
             self.fail(f"{what}: answered {state.value}")
+        if oneway and outcome.applied and self.broker is not None and self.broker.unsynced:
+            self.step(f"{what}: {state.value} (applied oneway, its fsync to come)")
+            self.broker.when_durable(lambda: self.covered_ends.append((tx, state, what)))
+            return
         self.decide(tx, state, what)
         self.step(f"{what}: {state.value}{' (applied)' if outcome.applied else ''}")
+
+    def _keep_covered_ends(self) -> None:
+        """The oneway ENDs that an fsync covered are kept from now on."""
+        ends, self.covered_ends = self.covered_ends, []
+        for tx, state, what in ends:
+            self.decide(tx, state, f"{what}, made durable by a later fsync")
 
     def decide(self, tx: Tx, state: TransactionState, why: str) -> None:
         """The broker resolved ``tx``: hold it to its fenced row and to what it said before."""
@@ -494,7 +513,9 @@ class TxSimulation:
         if crash_at is not None:
             self.disk.crash_after(crash_at)
         try:
-            return call()
+            outcome = call()
+            self._keep_covered_ends()
+            return outcome
         except PowerCut as cut:
             self.disk.crash_after(None)
             self.step(f"{what}: cut short before {cut}")
@@ -515,6 +536,7 @@ class TxSimulation:
         """Kill the broker (``armed``: it stopped at a ``PowerCut``), lose power or not,
         reopen (maybe crashing inside the recovery, then once more)."""
         assert self.broker is not None
+        self._keep_covered_ends()  # an fsync that returned covered them: durable, whatever follows
         _abandon(self.broker)
         self.broker = None
         self._lose(power)
@@ -542,6 +564,9 @@ class TxSimulation:
             self.step(f"close: failed ({type(exc).__name__}: {exc})")
             _abandon(self.broker)
             self.disk.process_crash()
+            self.covered_ends = []
+        else:
+            self._keep_covered_ends()  # the close's fsync covered every oneway END
         self.broker = None
         self.open("clean restart")
 

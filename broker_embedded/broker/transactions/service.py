@@ -244,8 +244,10 @@ class TransactionService:
             ended.open()
 
     def _after_concurrent_end(self, call: EndCall, ended: Latch) -> EndTransactionResult:
-        """The answer to an END that arrived while the same resolution was being written."""
-        ended.wait(_CONCURRENT_END_WAIT_S)
+        """The answer to an END that arrived while the same resolution was being written
+        (or, a oneway END, was written and waits for the next fsync: made durable now)."""
+        if ended.wait(_CONCURRENT_END_WAIT_S) and self.book.get(call.transaction_id) is not None:
+            self.store.flush()  # the open transaction leaves the book once its op is dispatched
         if self.book.get(call.transaction_id) is not None:
             raise TransactionConflictError(
                 f"a concurrent {call.resolution.value} of transaction {call.transaction_id} failed; try again"
