@@ -188,9 +188,9 @@ class BrokerAPI(Protocol):
         the transaction to the check service.
 
         ``oneway``: the caller does not wait for the END (RocketMQ's
-        ``endTransactionOneway``), so it needs no fsync of its own: it is written at once and
-        made durable (its messages visible) by the broker's next fsync, within about a
-        millisecond behind a server; the answer comes then. A crash before that loses the
+        ``endTransactionOneway``), so it needs no write or fsync of its own: it is held and
+        written with the broker's next write, made durable (its messages visible) by that
+        write's fsync, within about a millisecond behind a server; the answer comes then. A crash before that loses the
         END, and check-back settles the transaction.
         """
         ...

@@ -60,8 +60,9 @@ class EndCall:
     """``end_transaction(transaction_id, resolution, producer_group=, from_check=, oneway=)``.
 
     ``oneway``: the caller does not wait for the END (RocketMQ's ``endTransactionOneway``),
-    so a batch of nothing but such ENDs is appended without an fsync of its own: the next
-    write's fsync (or ``EmbeddedBroker.flush``) makes it durable and its messages visible."""
+    so a batch of nothing but such ENDs is held, not written: the next write writes it ahead
+    of its own records and its fsync (or ``EmbeddedBroker.flush``) makes it durable and its
+    messages visible."""
 
     transaction_id: str
     resolution: Resolution
@@ -131,7 +132,7 @@ class Staged:
 
 @runtime_checkable
 class DeferredWrites(Protocol):
-    """A broker that writes a batch of oneway ENDs without an fsync of its own
+    """A broker that holds a batch of oneway ENDs for its next write (no fsync of their own)
     (``EmbeddedBroker``): a front answers them through ``when_durable`` and fsyncs with
     ``flush`` when no other write comes to do it."""
 

@@ -501,9 +501,10 @@ class BrokerServer:
         return True
 
     def _answer_when_durable(self, answer: Callable[[Any], None], outcome: Any) -> None:
-        """A oneway END's outcome, written without an fsync of its own: answered once an
-        fsync covers it (a refusal at once), the next write's or, ``DEFERRED_SYNC_S`` later,
-        the one ``_sync_deferred`` runs. The answer means what a waited END's means."""
+        """A oneway END's outcome, held for the next write (no write or fsync of its own):
+        answered once an fsync covers it (a refusal at once), the next write's or,
+        ``DEFERRED_SYNC_S`` later, the one ``_sync_deferred`` runs. The answer means what a
+        waited END's means."""
         deferring, loop = self._deferring, self._loop
         assert deferring is not None and loop is not None
         if isinstance(outcome, BaseException):
