@@ -310,7 +310,7 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
     rows, observed = events(read.transaction_log, read.messages, read.deliveries, read.consumed, read.stored,
                             producers, consumers, _delivery_ids_known(inputs.broker_export))
     if read.carried_in is not None:
-        rows = rows.unionByName(read.carried_in)
+        rows = rows.add(read.carried_in)
     if carry is not None:  # read again for the carry-over: kept, not read twice
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     # Kept for the two actions below: the narrow per-transaction table, not the classified one
@@ -343,7 +343,7 @@ def _run(spark: SparkSession, inputs: ReconcileInputs, options: ReconcileOptions
             "state_dir": options.state_dir, "history_since_ms": carry.history_ms, "from_ms": carry.from_ms,
             "until_ms": read.until_ms,
             "carried_in": carry.carried,
-            "carried_out": save(Path(options.state_dir), rows, classified, carry, read.until_ms,
+            "carried_out": save(Path(options.state_dir), rows.all(), classified, carry, read.until_ms,
                                 oldest - _margin(options)),
             "resolved": summarise([row for row in grouped if not row["carried"]], {})["counts"],
         }
