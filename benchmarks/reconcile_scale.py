@@ -135,19 +135,22 @@ SHUFFLE_WRITTEN = "internal.metrics.shuffle.write.bytesWritten"
 SHUFFLE_READ = ("internal.metrics.shuffle.read.remoteBytesRead", "internal.metrics.shuffle.read.localBytesRead")
 
 
-def stages(event_log: Path) -> list[tuple[int, str, float, float, float]]:
-    """Each completed stage of one Spark event log: id, name, seconds, shuffle MB written
-    and read."""
-    found = []
+def stages(event_log: Path) -> list[tuple[int, str, float, float, float, float]]:
+    """Each completed stage of one Spark event log: id, name, seconds, executor CPU seconds
+    (summed over its tasks: what the stage costs whatever else runs on the machine), shuffle
+    MB written and read."""
+    found, cpu_ns = [], {}
     for line in event_log.read_text().splitlines():
         event = json.loads(line)
+        if event["Event"] == "SparkListenerTaskEnd" and event.get("Task Metrics"):
+            cpu_ns[event["Stage ID"]] = cpu_ns.get(event["Stage ID"], 0) + event["Task Metrics"]["Executor CPU Time"]
         if event["Event"] != "SparkListenerStageCompleted":
             continue
         info = event["Stage Info"]
         metrics = {item["Name"]: float(item.get("Value") or 0) for item in info.get("Accumulables", [])
                    if isinstance(item.get("Value"), (int, float, str)) and str(item.get("Value")).isdigit()}
         found.append((info["Stage ID"], info["Stage Name"].split(" at ")[0],
-                      (info["Completion Time"] - info["Submission Time"]) / 1000,
+                      (info["Completion Time"] - info["Submission Time"]) / 1000, cpu_ns.get(info["Stage ID"], 0) / 1e9,
                       metrics.get(SHUFFLE_WRITTEN, 0) / 1e6, sum(metrics.get(name, 0) for name in SHUFFLE_READ) / 1e6))
     return found
 
@@ -270,10 +273,13 @@ def main() -> None:
                       f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
                       f"dup {counts['duplicate_delivery']}|{row[4]}  ({label})", flush=True)
             for label, _ in versions:
+                cpu = statistics.median(sum(stage[3] for stage in stages(log)) for _, _, _, log in runs[label])
+                print(f"  {label}: executor CPU s, all stages, median of {len(runs[label])}: {cpu:.1f}")
+            for label, _ in versions:
                 median_run = sorted(runs[label], key=lambda done: done[0])[len(runs[label]) // 2]
-                print(f"  stages of the median {label} run: id, seconds, shuffle MB written / read, name")
-                for stage, name, seconds, written, read in stages(median_run[3]):
-                    print(f"  {stage:>4}{seconds:>8.1f}{written:>9.1f}{read:>9.1f}  {name}")
+                print(f"  stages of the median {label} run: id, seconds, CPU s, shuffle MB written / read, name")
+                for stage, name, seconds, cpu_s, written, read in stages(median_run[3]):
+                    print(f"  {stage:>4}{seconds:>8.1f}{cpu_s:>8.1f}{written:>9.1f}{read:>9.1f}  {name}")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -37,9 +37,10 @@ A stored-then-relayed transaction is an ordinary one at the broker (the relay co
 messages under its transaction id), so it is delivered, never phantom.
 
 How (one pass): the five inputs are projected to one row shape (``events``: numbers
-only, besides the transaction id), shuffled once on the transaction id, and aggregated
-in three hash aggregations that need no further shuffle (per consumed message, per
-consumer group, per transaction). States, topics, consumer groups and databases travel
+only, besides the transaction id) and shuffled once on the transaction id (the consumed
+rows in a shuffle of their own, partitioned alike); the consumed rows are counted per
+message and per consumer group, then every row of a transaction goes through one hash
+aggregation (``per_transaction``), with no further shuffle. States, topics, consumer groups and databases travel
 as integer codes so every aggregate hashes; topic names come back through a dictionary
 observed while the messages are read. Input sanity counts are observed during the same
 scan (``Observation``), never by reading an input again.
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from py4j.protocol import Py4JJavaError
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
@@ -77,6 +79,34 @@ _MEASURES = ("local_code", "broker_code", "time_ms", "commit_ms", "topic_code", 
              "group_code", "message_code", "database_bit")
 #: The shape every input row takes (``events``), as a Spark DDL schema.
 EVENT_SCHEMA = ", ".join(["transaction_id string", "kind tinyint", *[f"{name} bigint" for name in _MEASURES]])
+
+
+@dataclass(frozen=True)
+class Events:
+    """The inputs' rows in the shape of ``EVENT_SCHEMA``: the consumed rows apart (they are
+    counted per consumer group and message before the rest, see ``per_transaction``)."""
+
+    others: DataFrame
+    consumed: DataFrame
+
+    def add(self, rows: DataFrame) -> Events:
+        """These and ``rows`` (of any kind), e.g. an incremental run's carried rows."""
+        kind = F.col("kind")
+        return Events(self.others.unionByName(rows.where(kind != CONSUMED)),
+                      self.consumed.unionByName(rows.where(kind == CONSUMED)))
+
+    def all(self) -> DataFrame:
+        """Every row, of every kind."""
+        return self.others.unionByName(self.consumed)
+
+    def persist(self, level: StorageLevel) -> Events:
+        """Both parts kept at ``level``."""
+        return Events(self.others.persist(level), self.consumed.persist(level))
+
+    def unpersist(self) -> None:
+        """Both parts no longer kept."""
+        self.others.unpersist()
+        self.consumed.unpersist()
 
 
 @dataclass
@@ -156,7 +186,7 @@ def _row(kind: int, **columns: Column) -> list[Column]:
 
 def events(transaction_log: DataFrame, messages: DataFrame, deliveries: DataFrame, consumed: DataFrame,
            stored: DataFrame, producer_labels: list[str], consumer_labels: list[str],
-           delivery_ids_known: bool) -> tuple[DataFrame, Observed]:
+           delivery_ids_known: bool) -> tuple[Events, Observed]:
     """The five inputs as rows of one shape, transactional rows only, and what their scan
     observes. ``delivery_ids_known``: the deliveries carry their transaction id (exports
     since it was added); otherwise it is found by joining the messages on message_id.
@@ -202,66 +232,70 @@ def events(transaction_log: DataFrame, messages: DataFrame, deliveries: DataFram
                              commit_ms=_millis("relayed_at"), topic_code=F.xxhash64("topic"),
                              database_bit=_database_bit(producer_labels))),
     ]
+    consumed_rows = rows.pop(3)
     union = rows[0]
     for frame in rows[1:]:
         union = union.unionByName(frame)
-    return union.where(F.col("transaction_id").isNotNull()), observed
+    present = F.col("transaction_id").isNotNull()
+    return Events(union.where(present), consumed_rows.where(present)), observed
 
 
-def _when(kind: int, column: str) -> Column:
-    return F.when(F.col("kind") == kind, F.col(column))
+def _kind(kind: int, column: Column | str) -> Column:
+    """``column`` of the rows of one kind (null on the others)."""
+    return F.when(F.col("kind") == kind, F.col(column) if isinstance(column, str) else column)
 
 
-def per_transaction(events_frame: DataFrame) -> DataFrame:
-    """One row per transaction id: one shuffle (``spark.sql.shuffle.partitions``, merged by
-    adaptive execution when small), then three hash aggregations."""
-    shuffled = events_frame.repartition("transaction_id")
-    per_key = shuffled.groupBy("transaction_id", "kind", "group_code", "message_code").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.min("local_code").alias("local_min"), F.max("local_code").alias("local_max"),
-        F.max((F.col("local_code") == LOCAL_STATES["ROLLED_BACK"]).cast("int")).alias("rolled_back_rows"),
-        F.min("broker_code").alias("broker_code"),
-        F.min("time_ms").alias("time_ms"), F.max("commit_ms").alias("commit_ms"),
-        F.max("topic_code").alias("topic_code"), F.max("copies").alias("copies"),
-        F.max("attempts").alias("attempts"),
-        F.sum((F.col("attempts") > 0).cast("int")).alias("delivered"),
-        F.bit_or("database_bit").alias("database_bits"),
-    )
-    per_group = per_key.groupBy("transaction_id", "kind", "group_code").agg(
-        F.sum("n").alias("n"),
-        F.sum((F.col("n") > 1).cast("int")).alias("duplicate_keys"),
-        F.min("local_min").alias("local_min"), F.max("local_max").alias("local_max"),
-        F.max("rolled_back_rows").alias("rolled_back_rows"), F.min("broker_code").alias("broker_code"),
-        F.min("time_ms").alias("time_ms"), F.max("commit_ms").alias("commit_ms"),
-        F.max("topic_code").alias("topic_code"), F.max("copies").alias("copies"),
-        F.max("attempts").alias("attempts"), F.sum("delivered").alias("delivered"),
-        F.bit_or("database_bits").alias("database_bits"),
-    )
-    return per_group.groupBy("transaction_id").agg(
-        F.min(_when(LOCAL, "local_min")).alias("local_code"),
-        F.sum(_when(LOCAL, "n")).alias("local_rows"),
-        (F.min(_when(LOCAL, "local_min")) != F.max(_when(LOCAL, "local_max"))).alias("conflicting_local_states"),
-        F.max(_when(LOCAL, "rolled_back_rows")).alias("rolled_back_somewhere"),
-        F.min(_when(LOCAL, "time_ms")).alias("local_ms"),
-        F.bit_or(F.when(F.col("kind").isin(LOCAL, STORED), F.col("database_bits"))).alias("producer_bits"),
-        F.min(_when(MESSAGE, "broker_code")).alias("broker_code"),
-        F.sum(_when(MESSAGE, "n")).alias("message_count"),
-        F.min(_when(MESSAGE, "time_ms")).alias("store_ms"),
-        F.max(_when(MESSAGE, "commit_ms")).alias("commit_ms"),
-        F.max(_when(MESSAGE, "copies")).alias("max_copies"),
-        F.max(_when(MESSAGE, "topic_code")).alias("message_topic"),
-        F.sum(_when(DELIVERY, "delivered")).alias("delivered"),
-        F.max(_when(DELIVERY, "attempts")).alias("max_attempts"),
-        F.sum(_when(CONSUMED, "n")).alias("consumed"),
-        F.max(_when(CONSUMED, "n")).alias("max_per_group"),
-        F.sum(_when(CONSUMED, "duplicate_keys")).alias("consumed_duplicate_keys"),
-        F.min(_when(CONSUMED, "time_ms")).alias("consumed_ms"),
-        F.max(_when(CONSUMED, "topic_code")).alias("consumed_topic"),
-        F.bit_or(_when(CONSUMED, "database_bits")).alias("consumer_bits"),
-        F.sum(_when(STORED, "n")).alias("stored"),
-        F.max(_when(STORED, "topic_code")).alias("stored_topic"),
-        F.min(_when(STORED, "time_ms")).alias("oldest_unrelayed_ms"),
-        F.max(_when(STORED, "commit_ms")).alias("relayed_ms"),
+def _consumer_groups(consumed: DataFrame) -> DataFrame:
+    """A transaction's consumed rows, one per consumer group: how many (``n``), how many of
+    its messages the group consumed more than once (``duplicate_keys``)."""
+    per_message = consumed.groupBy("transaction_id", "group_code", "message_code").agg(
+        F.count(F.lit(1)).alias("n"), F.min("time_ms").alias("time_ms"),
+        F.max("topic_code").alias("topic_code"), F.bit_or("database_bit").alias("database_bit"))
+    return per_message.groupBy("transaction_id", "group_code").agg(
+        F.lit(CONSUMED).cast("byte").alias("kind"), F.sum("n").alias("n"),
+        F.count_if(F.col("n") > 1).alias("duplicate_keys"), F.min("time_ms").alias("time_ms"),
+        F.max("topic_code").alias("topic_code"), F.bit_or("database_bit").alias("database_bit"))
+
+
+def per_transaction(rows: Events) -> DataFrame:
+    """One row per transaction id, from one shuffle on the id (``spark.sql.shuffle.partitions``,
+    merged by adaptive execution when small): the consumed rows are first counted per
+    consumer group and message (for the duplicates), then every row of a transaction is
+    aggregated once, each measure from the rows of the kind it belongs to."""
+    consumed = _consumer_groups(rows.consumed.repartition("transaction_id")).drop("group_code")
+    others = rows.others.select(
+        "transaction_id", "kind", "local_code", "broker_code", "time_ms", "commit_ms", "topic_code",
+        "copies", "attempts", "database_bit", F.lit(1).cast("long").alias("n"),
+        F.lit(None).cast("long").alias("duplicate_keys"))
+    # both sides hash-partitioned alike: the union keeps that, so the aggregation needs no shuffle
+    every = others.repartition("transaction_id").unionByName(consumed, allowMissingColumns=True)
+    local_code = _kind(LOCAL, "local_code")
+    rolled_back = (F.col("local_code") == LOCAL_STATES["ROLLED_BACK"]).cast("int")
+    return every.groupBy("transaction_id").agg(
+        F.min(local_code).alias("local_code"),
+        F.sum(_kind(LOCAL, "n")).alias("local_rows"),
+        (F.min(local_code) != F.max(local_code)).alias("conflicting_local_states"),
+        F.max(_kind(LOCAL, rolled_back)).alias("rolled_back_somewhere"),
+        F.min(_kind(LOCAL, "time_ms")).alias("local_ms"),
+        F.bit_or(F.when(F.col("kind").isin(LOCAL, STORED), F.col("database_bit"))).alias("producer_bits"),
+        F.min(_kind(MESSAGE, "broker_code")).alias("broker_code"),
+        F.sum(_kind(MESSAGE, "n")).alias("message_count"),
+        F.min(_kind(MESSAGE, "time_ms")).alias("store_ms"),
+        F.max(_kind(MESSAGE, "commit_ms")).alias("commit_ms"),
+        F.max(_kind(MESSAGE, "copies")).alias("max_copies"),
+        F.max(_kind(MESSAGE, "topic_code")).alias("message_topic"),
+        F.count_if((F.col("kind") == DELIVERY) & (F.col("attempts") > 0)).alias("delivered"),
+        F.max(_kind(DELIVERY, "attempts")).alias("max_attempts"),
+        F.sum(_kind(CONSUMED, "n")).alias("consumed"),
+        F.max(_kind(CONSUMED, "n")).alias("max_per_group"),
+        F.sum(_kind(CONSUMED, "duplicate_keys")).alias("consumed_duplicate_keys"),
+        F.min(_kind(CONSUMED, "time_ms")).alias("consumed_ms"),
+        F.max(_kind(CONSUMED, "topic_code")).alias("consumed_topic"),
+        F.bit_or(_kind(CONSUMED, "database_bit")).alias("consumer_bits"),
+        F.sum(_kind(STORED, "n")).alias("stored"),
+        F.max(_kind(STORED, "topic_code")).alias("stored_topic"),
+        F.min(_kind(STORED, "time_ms")).alias("oldest_unrelayed_ms"),
+        F.max(_kind(STORED, "commit_ms")).alias("relayed_ms"),
     )
 
 
