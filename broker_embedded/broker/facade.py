@@ -211,7 +211,7 @@ class EmbeddedBroker:
         records = [record for s in staged if isinstance(s, Staged) for record in s.records]
         waited = not all(isinstance(call, EndCall) and call.oneway for call in calls)
         try:
-            stored = self.store.put_batch(records, wait_for_flush=waited) if records else []
+            stored = self.store.put_batch(records, hold=not waited) if records else []
         except Exception as exc:
             for s in staged:
                 if isinstance(s, Staged):

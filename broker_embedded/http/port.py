@@ -215,7 +215,11 @@ class HttpPort:
             return
         sockets = self._map
         # the I/O thread closes what it polls, between two polls; its loop ends with nothing left
-        server.trigger.pull_trigger(lambda: wasyncore.close_all(sockets))
+        try:
+            server.trigger.pull_trigger(lambda: wasyncore.close_all(sockets))
+        except OSError as exc:  # the wake-up pipe is gone: close from here, the loop ends at its next poll
+            log.warning("HTTP port: cannot wake its I/O thread (%s); closing its sockets from this thread", exc)
+            wasyncore.close_all(sockets, ignore_all=True)
         if self._thread is not None:
             self._thread.join(timeout=5)
         server.task_dispatcher.shutdown(timeout=5)

@@ -161,7 +161,7 @@ class MessageStore:
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending: list[StoredRecord] = []
-        #: Records put without waiting (sync mode), written with the next put (``put_batch``).
+        #: Records put with ``hold`` (sync mode), written with the next put (``put_batch``).
         self._held: list[StoredRecord] = []
         self._next_offset: dict[tuple[str, int], int] = {}
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -458,16 +458,22 @@ class MessageStore:
         """Append one record; returns it completed, once durable per flush mode."""
         return self.put_batch([record])[0]
 
-    def put_batch(self, records: list[StoredRecord], wait_for_flush: bool = True) -> list[StoredRecord]:
+    def put_batch(self, records: list[StoredRecord], wait_for_flush: bool = True,
+                  hold: bool = False) -> list[StoredRecord]:
         """Append records in order, covered by one fsync in sync mode.
 
-        ``wait_for_flush=False`` (sync mode) returns at once, the records not yet written:
-        they are held and written in the next put's one write, ahead of its records, and
-        made durable (and dispatched) by its fsync, or by ``flush`` (the background flush
-        does it within ``async_flush_interval_s``). So no unsynced write is ever followed by
-        another one: a power loss can tear the log's tail, never leave a hole before
-        records that survived it. For what nobody waits for and a crash may lose
-        (consumer progress, oneway ENDs); such records are returned as given, not stored."""
+        ``wait_for_flush=False`` returns before the fsync: the records become durable (and
+        dispatched) with the next flush, at most ``async_flush_interval_s`` later. For
+        bookkeeping whose loss in a power loss is harmless (consumer progress).
+
+        ``hold=True`` (sync mode) returns at once, the records not yet written: they are
+        held and written in the next put's one write, ahead of its records, and made
+        durable (and dispatched) by its fsync, or by ``flush`` (the background flush does
+        it within ``async_flush_interval_s``); a process crash before that loses them. For
+        what nobody waits for and the broker settles otherwise if lost (oneway ENDs, which
+        check-back settles): two unsynced writes in a row would let a power loss keep the
+        second and drop the first, a hole before records that survived it. Held records are
+        returned as given, not stored."""
         for record in records:
             if len(record.body) > self.config.max_record_size:
                 raise MessageTooLargeError(
@@ -478,7 +484,7 @@ class MessageStore:
                 raise BrokerClosedError("the message store is closed")
             if self._flush_error is not None:
                 raise self._flush_error
-            if self.config.flush_mode == "sync" and not wait_for_flush:
+            if hold and self.config.flush_mode == "sync":
                 self._held.extend(records)
                 return records
             self._check_free_space()
