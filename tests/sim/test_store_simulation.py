@@ -79,6 +79,15 @@ def _disk(seed: int = 1, faults: Faults = Faults()) -> SimulatedDisk:
     return disk
 
 
+def _segment(disk: SimulatedDisk) -> int:
+    """A commit log segment file on ``disk``, its directory entries made durable: its fd."""
+    disk.mkdir(Path("/d/commitlog"))
+    disk.fsync_directory(Path("/d"))
+    fd = disk.open(Path("/d/commitlog/0"), create=True)
+    disk.fsync_directory(Path("/d/commitlog"))
+    return fd
+
+
 def test_synced_writes_survive_a_power_loss_and_unsynced_ones_may_not() -> None:
     outcomes = set()
     for seed in range(40):
@@ -125,10 +134,7 @@ def test_a_failed_fsync_loses_the_writes_it_covered_though_reads_still_see_them(
 
 def test_media_faults_damage_old_pages_of_the_commit_log() -> None:
     disk = _disk(faults=Faults(bit_flip=1.0, read_error=1.0))
-    disk.mkdir(Path("/d/commitlog"))
-    disk.fsync_directory(Path("/d"))
-    fd = disk.open(Path("/d/commitlog/0"), create=True)
-    disk.fsync_directory(Path("/d/commitlog"))
+    fd = _segment(disk)
     disk.pwrite(fd, bytes(4 * 4096), 0)
     disk.fsync(fd)
     disk.power_loss()
@@ -148,10 +154,7 @@ def test_media_faults_damage_old_pages_of_the_commit_log() -> None:
 
 def test_a_misdirected_write_lands_elsewhere_and_leaves_zeros_once_the_power_goes() -> None:
     disk = _disk(faults=Faults(misdirected_write=1.0))
-    disk.mkdir(Path("/d/commitlog"))
-    disk.fsync_directory(Path("/d"))
-    fd = disk.open(Path("/d/commitlog/0"), create=True)
-    disk.fsync_directory(Path("/d/commitlog"))
+    fd = _segment(disk)
     disk.faults_on = False
     disk.pwrite(fd, b"o" * 3 * 4096, 0)
     disk.fsync(fd)
@@ -207,10 +210,7 @@ def test_an_unreadable_page_is_reported_skipped_and_repaired_with_its_records_na
 
 def test_a_write_to_an_unreadable_page_heals_it_but_never_brings_its_old_bytes_back() -> None:
     disk = _disk(faults=Faults(read_error=1.0))
-    disk.mkdir(Path("/d/commitlog"))
-    disk.fsync_directory(Path("/d"))
-    fd = disk.open(Path("/d/commitlog/0"), create=True)
-    disk.fsync_directory(Path("/d/commitlog"))
+    fd = _segment(disk)
     disk.pwrite(fd, b"o" * 4096, 0)
     disk.fsync(fd)
     disk.power_loss()
