@@ -281,7 +281,8 @@ class EmbeddedBroker:
 
     @property
     def unsynced(self) -> bool:
-        """Whether oneway ENDs were written that no fsync covers yet (``flush`` does)."""
+        """Whether records were held (oneway ENDs) or written (consumer progress) that no
+        fsync covers yet (``flush`` does)."""
         return self.store.unsynced
 
     def flush(self) -> None:
