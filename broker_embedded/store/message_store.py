@@ -610,7 +610,7 @@ class MessageStore:
     def when_durable(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once everything written so far is durable and dispatched: now
         if it is, else in the thread whose fsync covers it (a put that waits, ``flush()``, or
-        the background flush, ``async_flush_interval_s``, for puts made with
+        the background flush, ``async_flush_interval_s``, for puts made with ``hold`` or
         ``wait_for_flush=False``). Never called if the fsync fails (the store refuses
         writes from then on)."""
         with self._write_lock:
