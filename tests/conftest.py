@@ -45,6 +45,30 @@ def _port_answers(host: str, port: int) -> bool:
         return False
 
 
+def xdist_worker_index() -> int:
+    """This process's pytest-xdist worker number (``gw1`` -> 1); 0 without xdist."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
+
+def redis_database(first: int) -> int:
+    """A Redis database number of this worker's own: ``first`` for worker 0, then one up per worker.
+
+    The suite's databases start at 9 (``redis_url``) and 13 (the Celery tests'), so up to four
+    workers keep apart; more would share, which this refuses.
+    """
+    index = xdist_worker_index()
+    if index > 3:
+        raise RuntimeError("the Redis-backed fixtures keep at most 4 xdist workers apart (-n 4)")
+    return first + index
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), run the Spark tests on one worker: one JVM."""
+    for item in items:
+        if item.get_closest_marker("spark") is not None or "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 def _with_database(url: str, database: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + database
 
@@ -75,7 +99,7 @@ def redis_url() -> Iterator[str]:
         unavailable("Redis is not answering on 127.0.0.1:6379")
     import redis
 
-    url = REDIS_URL.rsplit("/", 1)[0] + "/9"
+    url = REDIS_URL.rsplit("/", 1)[0] + f"/{redis_database(9)}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:

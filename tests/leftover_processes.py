@@ -6,7 +6,8 @@ it (orphans re-parented to init included) or descend from pytest are listed. Tho
 there after ``GRACE_S`` (a process legitimately shutting down has that long) are printed,
 killed, and the run's exit status becomes 1. Helpers that live exactly as long as pytest
 (multiprocessing's resource tracker, PySpark's gateway JVM) are pytest's own children and
-are not counted. Linux only (``/proc``); elsewhere it does nothing.
+are not counted. Under pytest-xdist each worker checks its own and the controller reports
+what they found. Linux only (``/proc``); elsewhere it does nothing.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 MARK = "HALFMOON_TEST_SESSION"
+#: Where an xdist worker hands its findings to the controller (``config.workeroutput``).
+WORKER_OUTPUT_KEY = "halfmoon_leftover_processes"
 GRACE_S = 10.0
 PROC = Path("/proc")
 #: Children of pytest that end when it does, by a fragment of their command line.
@@ -92,24 +96,30 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         os.environ[MARK] = str(os.getpid())
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if os.environ.get(MARK) != str(os.getpid()):
-        return
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    """True in the process that hands tests to pytest-xdist workers (and runs none itself)."""
+    return config.pluginmanager.hasplugin("dsession") and not hasattr(config, "workerinput")
+
+
+def _kill_leftovers() -> list[str]:
+    """Wait up to ``GRACE_S`` for this process's leftovers to end, kill the rest, describe them."""
     deadline = time.monotonic() + GRACE_S
     left = leftovers(os.getpid())
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = leftovers(os.getpid())
-    if not left:
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = [f"tests left {len(left)} process(es) running (killed now); a test must end every process it starts:",
-             *(f"  pid {p.pid} (parent {p.ppid}, group {p.pgid}): {p.command[:300]}" for p in left)]
     for process in left:
         try:
             os.kill(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    return [f"  pid {p.pid} (parent {p.ppid}, group {p.pgid}): {p.command[:300]}" for p in left]
+
+
+def _report(session: pytest.Session, found: list[str]) -> None:
+    lines = [f"tests left {len(found)} process(es) running (killed now); a test must end every process it starts:",
+             *found]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_sep("=", "left-over processes", red=True, bold=True)
         for line in lines:
@@ -117,3 +127,30 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     else:
         print("\n".join(lines))
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+#: What the workers of an xdist run found, gathered by the controller as each ends.
+_from_workers: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist controller: keep what a finished worker found (it runs only with pytest-xdist)."""
+    _from_workers.extend(getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY, []))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if _is_xdist_controller(config):
+        if _from_workers:
+            _report(session, _from_workers)
+        return
+    if os.environ.get(MARK) != str(os.getpid()):
+        return
+    found = _kill_leftovers()
+    if not found:
+        return
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its exit status is not the run's, so tell the controller
+        workeroutput[WORKER_OUTPUT_KEY] = found
+    _report(session, found)

@@ -13,6 +13,7 @@ from broker_embedded import BrokerConfig, EmbeddedBroker
 from broker_embedded.store.config import StoreConfig
 from outbox.integrations.sqlalchemy.engine import create_engine
 from outbox.integrations.sqlalchemy.tables import metadata
+from tests.conftest import redis_database
 
 
 def make_engine(url: str) -> Engine:
@@ -47,7 +48,7 @@ def celery_url(redis_url: str) -> Iterator[str]:
     """A Redis database of the Celery tests' own (``redis_url``'s is shared with other tests)."""
     import redis
 
-    url = redis_url.rsplit("/", 1)[0] + "/13"
+    url = redis_url.rsplit("/", 1)[0] + f"/{redis_database(13)}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url
