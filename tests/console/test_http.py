@@ -13,7 +13,7 @@ import pytest
 
 from broker_embedded import EmbeddedBroker, Message, Resolution, TransactionState
 from broker_embedded.http.console import make_console_app
-from broker_embedded.http.console.session import SignInThrottle
+from broker_embedded.http.console.session import Sessions, SignInThrottle
 
 from .conftest import (
     ACCESS_KEY,
@@ -191,12 +191,22 @@ def test_sign_out_ends_the_session(client: httpx.Client) -> None:
     assert client.get("/").headers["location"] == "/sign-in"
 
 
+def test_a_session_lasts_its_whole_ttl() -> None:
+    """The expiry is rounded up to a whole second: truncating it cut up to a second off the TTL."""
+    sessions = Sessions(ACCESS_KEY, SECRET_KEY, ttl_s=1)
+    for _ in range(20):
+        before = time.time()
+        expiry = int(sessions.new_session().split(".")[0])
+        assert expiry >= before + 1
+        time.sleep(0.013)
+
+
 def test_sessions_expire(broker: EmbeddedBroker, shop: Shop) -> None:
-    with serve(make_console_app(broker, access_key=ACCESS_KEY, secret_key=SECRET_KEY, session_ttl_s=1)) as url, \
+    with serve(make_console_app(broker, access_key=ACCESS_KEY, secret_key=SECRET_KEY, session_ttl_s=2)) as url, \
             httpx.Client(base_url=url) as c:
         sign_in(c)
         assert "Sign out" in c.get("/").text
-        time.sleep(2.1)
+        time.sleep(3.1)  # a 2 s session ends within 3 s (its expiry is a whole second, rounded up)
         assert c.get("/", follow_redirects=False).headers["location"] == "/sign-in"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import threading
 import time
@@ -91,8 +92,8 @@ class Sessions:
 
     # -- sessions -------------------------------------------------------------------------
     def new_session(self) -> str:
-        """A session cookie value good for ``ttl_s``."""
-        payload = f"{int(time.time() + self.ttl_s)}.{secrets.token_hex(16)}"
+        """A session cookie value good for ``ttl_s`` at least (its expiry is a whole second, rounded up)."""
+        payload = f"{math.ceil(time.time() + self.ttl_s)}.{secrets.token_hex(16)}"
         return f"{payload}.{self._sign('session', payload)}"
 
     def session_id(self, cookie: str | None) -> str | None:
