@@ -63,9 +63,10 @@ def redis_database(first: int) -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``), run the Spark tests on one worker: one JVM."""
+    """Under pytest-xdist (``--dist loadgroup``), run the tests of the shared SparkSession on
+    one worker: one JVM (those that start Spark in a process of their own go anywhere)."""
     for item in items:
-        if item.get_closest_marker("spark") is not None or "spark" in getattr(item, "fixturenames", ()):
+        if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 

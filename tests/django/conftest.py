@@ -27,7 +27,10 @@ def _postgres_answers() -> bool:
 # Settings are read once per process, so Django is set up when this conftest is imported
 # (before the test modules import models); the databases are made in the fixture.
 HAS_POSTGRES = _postgres_answers()
-os.environ.setdefault("HALFMOON_DJANGO_TEST_DIR", tempfile.mkdtemp(prefix="hm-django-"))
+# A directory of this process's own (an xdist worker's, when the controller made one too),
+# which the settings and the run's subprocesses (Celery workers, manage.py) read.
+os.environ["HALFMOON_DJANGO_TEST_DIR"] = tempfile.mkdtemp(
+    prefix="hm-django-", dir=os.environ.get("HALFMOON_DJANGO_TEST_DIR"))
 if HAS_POSTGRES:
     os.environ["HALFMOON_DJANGO_PG_NAME"] = PG_NAME
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.django.settings"
