@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.tx_workload import PROFILES, SimClock, run
+from tests.sim.clock import SimClock
+from tests.sim.tx_workload import PROFILES, run
 
 #: Seeds run on every test run, per profile, within CI's 3 minutes for the simulation:
 #: ``io`` gave 150 of its 400 to ``clock``, whose seeds take longer (its mutations and

@@ -73,6 +73,7 @@ from broker_embedded.message import (
 from broker_embedded.store.config import StoreConfig
 from outbox.integrations.sqlalchemy.recorder import RECORDER
 from outbox.integrations.sqlalchemy.tables import transaction_log
+from tests.sim.clock import SimClock
 from tests.sim.disk import Faults, PowerCut, SimulatedDisk
 from tests.sim.workload import Result, body_of
 
@@ -116,22 +117,6 @@ _DATABASES = itertools.count()
 
 class SimulationFailure(AssertionError):
     """The broker broke a promise under a seed's schedule."""
-
-
-class SimClock:
-    """The simulation's clock (``broker_embedded.clock.Clock``): it moves only when told."""
-
-    def __init__(self, start_ms: int = 1_800_000_000_000) -> None:
-        self.ms = start_ms
-
-    def time_ms(self) -> int:
-        return self.ms
-
-    def monotonic(self) -> float:
-        return self.ms / 1000
-
-    def advance(self, seconds: float) -> None:
-        self.ms += int(seconds * 1000)
 
 
 class CheckQueue:
