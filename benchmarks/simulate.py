@@ -122,7 +122,7 @@ TX_MUTATIONS: list[tuple[str, str, str, str]] = [
     ("retention deleting segments before a checkpoint counts their queues", "broker_embedded/store/message_store.py",
      "        self.checkpoint()\n        with self._flush_lock, self._write_lock:\n            deleted",
      "        with self._flush_lock, self._write_lock:\n            deleted"),
-    # delayed half messages and recalls (profile clock); not bugs the broker had
+    # delayed half messages and recalls (profile delays); not bugs the broker had
     ("a transactional message's delay counted from its half message", "broker_embedded/broker/transactions/service.py",
      "        return self.route(fields.real_topic, fields.real_queue_id, props, half.body, committed_ms,",
      "        return self.route(fields.real_topic, fields.real_queue_id, props, half.body, half.born_timestamp_ms,"),

@@ -20,13 +20,13 @@ are queued by the broker's checker and answered at a step of the schedule with
 local transaction holds its row, else what the row says. A consumer group receives and
 acks. Process crashes and power losses fall at any step, and inside calls (a crash armed
 at the n-th next change to the disk), recovery included. In the ``TIMED`` profiles clients
-also send delayed messages (delay levels of 1 s to 2 h), a third of the half messages
-carry a delay level too (its delay counts from the commit), some delayed messages are
-recalled (at the next move of the clock, before or after they are due), the clock also
-jumps by minutes and hours, and the broker's timers run retention (messages expire after
-half an hour; the simulated disk keeps each file's mtime by the simulated clock). Which
-half messages are delayed and which messages recalled follows from their numbers, not
-from the schedule's random draws.
+also send delayed messages (delay levels of 1 s to 2 h), the clock also jumps by minutes
+and hours, and the broker's timers run retention (messages expire after half an hour; the
+simulated disk keeps each file's mtime by the simulated clock). In the ``DELAYS`` profile
+a third of the half messages carry a delay level too (its delay counts from the commit),
+and a third of the delayed messages are recalled (at the next move of the clock or the
+one after, before or after they are due); which follows from their numbers, not from the
+schedule's random draws.
 
 After every recovery the checker holds the broker to a reference model:
 
@@ -99,11 +99,15 @@ PROFILES: dict[str, Faults] = {
     "power": Faults(),
     "io": Faults(write_error=0.03, fsync_error=0.03),
     "clock": Faults(),
+    "delays": Faults(),
 }
 #: Profiles whose clients also send delayed messages, whose clock also jumps by up to hours
 #: and whose broker runs retention (``RETENTION_HOURS``; the others keep it off, so their
 #: seeds replay the schedules they always had).
-TIMED = frozenset({"clock"})
+TIMED = frozenset({"clock", "delays"})
+#: Profiles whose half messages also carry delay levels and whose delayed messages are also
+#: recalled (``clock`` keeps the schedules it had: its seeds in ``REGRESSIONS`` replay).
+DELAYS = frozenset({"delays"})
 #: Their store: messages expire after half an hour, in segments small enough that a
 #: schedule fills several.
 TIMED_STORE = {"retention_hours": 0.5, "segment_size": 16 * 1024}
@@ -270,7 +274,7 @@ class TxSimulation:
     schedule. ``rng`` decides what a step leaves open (how a failed call ends, a crash
     inside a recovery); the steps' arguments are the driver's."""
 
-    def __init__(self, rng: random.Random, disk: SimulatedDisk, timed: bool = False) -> None:
+    def __init__(self, rng: random.Random, disk: SimulatedDisk, timed: bool = False, delays: bool = False) -> None:
         self.rng = rng
         self.disk = disk
         self.clock = SimClock()
@@ -281,7 +285,8 @@ class TxSimulation:
         #: Messages written to their topic before this time may be gone (retention ran,
         #: or may have, with this cutoff); None: it never ran.
         self.expired_before: int | None = None
-        self.timed = timed
+        #: Half messages with delay levels, and recalls (the ``DELAYS`` profiles).
+        self.delays = delays
         #: The clock's time at the last run of the timers that returned: every delayed
         #: message due by then has been delivered (a delivery is a synced put: it outlives
         #: crashes); which run that was (they count from 1 as they start); the time of the
@@ -324,7 +329,7 @@ class TxSimulation:
         self.next_number += 1
         self.tx_of[number] = tx
         tx.maybe[number] = size
-        level = _half_delay_level(number) if self.timed else 0
+        level = _half_delay_level(number) if self.delays else 0
         message = Message(TOPIC, body_of(number, size), message_id=f"m{number}", delay_level=level)
         what = f"{tx.transaction_id}: half m{number} ({size} bytes)"
         if level:
@@ -380,7 +385,7 @@ class TxSimulation:
         if not isinstance(outcome, BaseException) and outcome is not _CUT:
             delayed.acked = True
             delayed.handle = outcome.recall_handle
-            delayed.recall_in = _recall_in(number)
+            delayed.recall_in = _recall_in(number) if self.delays else 0
             if delayed.handle is None:
                 self.fail(f"{what}: stored with no recall handle")
             self.step(f"{what}: stored{', to be recalled' if delayed.recall_in else ''}")
@@ -391,7 +396,9 @@ class TxSimulation:
         broker = self.broker
         assert broker is not None and delayed.handle is not None
         handle = delayed.handle
-        what = f"recall of m{number} ({(delayed.due_ms - self.clock.time_ms()) / 1000:g} s before it is due)"
+        early_s = (delayed.due_ms - self.clock.time_ms()) / 1000
+        what = f"recall of m{number} ({early_s:g} s before it is due)" if early_s > 0 else \
+            f"recall of m{number} ({-early_s:g} s after it was due)"
         crash_at = 1 + number % 4 if number % 5 == 0 else None
         outcome = self.attempt(what, lambda: broker.recall(TOPIC, handle), crash_at)
         if isinstance(outcome, InvalidMessageError):
@@ -717,7 +724,7 @@ class TxSimulation:
                 missing = sorted(number for number in set(tx.halves) - set(seen) if self.due_and_kept(tx, number))
                 if missing:
                     self.fail(f"after a {cause} committed {tx.transaction_id} lacks {[f'm{n}' for n in missing]} "
-                              f"(read {sorted(n for n in seen if self.tx_of[n] is tx)})")
+                              f"(read {sorted(n for n in seen if self.tx_of.get(n) is tx)})")
         due = self.timers_ran_at
         late = sorted(number for number, delayed in self.delayed.items()
                       if delayed.acked and number not in seen and not self.expired(delayed.due_ms)
@@ -731,8 +738,10 @@ class TxSimulation:
             if tx is not None and number in tx.maybe:
                 tx.halves[number] = tx.maybe.pop(number)
         delayed = sum(1 for number in seen if number in self.delayed)
-        self.step(f"{cause}, reopen: {len(seen) - delayed} committed and {delayed} delayed messages read once, "
-                  f"{len(broker.book.by_id)} open transactions")
+        halves = sum(1 for number in seen if number in self.tx_of and number in self.tx_of[number].delays)
+        of_them = f" ({halves} of them delayed)" if self.delays else ""
+        self.step(f"{cause}, reopen: {len(seen) - delayed} committed{of_them} and {delayed} delayed messages read "
+                  f"once, {len(broker.book.by_id)} open transactions")
 
     def due_and_kept(self, tx: Tx, number: int) -> bool:
         """Whether a fresh group must read ``m{number}`` of ``tx``, committed: not delayed,
@@ -783,7 +792,7 @@ LEVELS = (1, 1, 2, 3, 4, 5, 6, 9, 14, 16, 18)
 
 
 def _half_delay_level(number: int) -> int:
-    """The delay level of half message ``m{number}`` in a TIMED profile (a third have one;
+    """The delay level of half message ``m{number}`` in a DELAYS profile (a third have one;
     0: none), from its number: the schedule's draws stay those of the seed."""
     digest = zlib.crc32(f"m{number}".encode())
     return LEVELS[digest // 3 % len(LEVELS)] if digest % 3 == 0 else 0
@@ -803,7 +812,7 @@ class _SeededSchedule:
         self.rng = random.Random(seed)
         disk = SimulatedDisk(random.Random(self.rng.getrandbits(64)), PROFILES[profile])
         self.timed = profile in TIMED
-        self.simulation = TxSimulation(self.rng, disk, self.timed)
+        self.simulation = TxSimulation(self.rng, disk, self.timed, profile in DELAYS)
 
     def run(self, steps: int) -> None:
         sim, rng = self.simulation, self.rng
