@@ -28,9 +28,9 @@ from broker_embedded.wire.auth import credentials
 from broker_embedded.wire.protocol import LENGTH, Kind, RequestCode, encode_frame
 from tests.server.conftest import ThreadServer
 from tests.server.test_limits import eventually, raw, take
+from tests.server.test_unauthenticated import KEYS
 from tests.sim.clock import SimClock
 
-KEYS = {"access_key": "ak", "secret_key": "sk"}
 LIMITS = ServerLimits()
 #: A millisecond: the clock's step past a deadline.
 PAST = 0.001
