@@ -122,6 +122,17 @@ TX_MUTATIONS: list[tuple[str, str, str, str]] = [
     ("retention deleting segments before a checkpoint counts their queues", "broker_embedded/store/message_store.py",
      "        self.checkpoint()\n        with self._flush_lock, self._write_lock:\n            deleted",
      "        with self._flush_lock, self._write_lock:\n            deleted"),
+    # delayed half messages and recalls (profile delays); not bugs the broker had
+    ("a transactional message's delay counted from its half message", "broker_embedded/broker/transactions/service.py",
+     "        return self.route(fields.real_topic, fields.real_queue_id, props, half.body, committed_ms,",
+     "        return self.route(fields.real_topic, fields.real_queue_id, props, half.body, half.born_timestamp_ms,"),
+    ("a commit's copy waiting in the delay topic redone on recovery", "broker_embedded/broker/transactions/service.py",
+     "topics: tuple[str, ...] = (fields.real_topic, SCHEDULE_TOPIC)", "topics: tuple[str, ...] = (fields.real_topic,)"),
+    ("a recall after the delivery answered as done", "broker_embedded/broker/delay.py",
+     "                if self.store.stored_after(message_id, offset, (RECALL_TOPIC,)):", "                if True:"),
+    ("a recalled message watched again after a restart", "broker_embedded/broker/delay.py",
+     "stored_after(message_id, record.commit_log_offset, (topic, RECALL_TOPIC))",
+     "stored_after(message_id, record.commit_log_offset, (topic,))"),
 ]
 
 

@@ -7,7 +7,10 @@ long-polling receives from blocking anything else. A producer connection that se
 HEART_BEAT for a group gets that group's check-backs pushed to it as
 CHECK_TRANSACTION_STATE until it disconnects. What clients can hold of the server
 (connections, requests, answers, long polls, partial frames, idle time) is bounded by
-``ServerLimits`` (docs/server.md, "Limits").
+``ServerLimits`` (docs/server.md, "Limits"). The deadlines (authentication, idle time,
+partial frames) read the broker's clock (``StoreConfig.clock``): the loop's own for the
+wall clock, a simulation's in tests, which closes the overdue connections
+(``close_overdue``) at the time it chooses.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from ..api import DEFAULT_PORT, BrokerAPI
 from ..broker.config import BrokerConfig, ServerLimits
 from ..broker.writes import DeferredWrites, EndCall, HalfCall, RelayCall, SendCall
+from ..clock import WALL, Clock
 from ..errors import (
     AuthenticationError,
     BrokerClosedError,
@@ -76,15 +80,17 @@ class _Connection:
     """One client connection: its writer, identity, the producer groups it answers for,
     and what it holds of the server, within ``limits``."""
 
-    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop,
+    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop, now: Callable[[], float],
                  authenticated: bool, limits: ServerLimits) -> None:
         self.writer = writer
         self.loop = loop
+        #: The time its deadlines count in (``BrokerServer.now``).
+        self.now = now
         self.authenticated = authenticated
         #: The AUTHENTICATE challenge issued on this connection and not yet answered.
         self.challenge: str | None = None
         self.limits = limits
-        self.opened = loop.time()
+        self.opened = now()
         self.peer = writer.get_extra_info("peername")
         self.producer_callbacks: list[tuple[str, Any]] = []
         self.outgoing: list[bytes] = []
@@ -94,9 +100,9 @@ class _Connection:
         self.calls = asyncio.Semaphore(limits.max_calls_per_connection)
         #: Bytes of the server's budget for incomplete frames held for the frame arriving.
         self.reserved = 0
-        #: Loop time of the last request or answer, and since when the frame arriving has
+        #: The time of the last request or answer, and since when the frame arriving has
         #: been arriving (None: none is, or it waits for the budget).
-        self.last_active = loop.time()
+        self.last_active = now()
         self.frame_started: float | None = None
         self._answered = asyncio.Event()
         self._work: set[asyncio.Task[Any]] = set()
@@ -113,7 +119,7 @@ class _Connection:
         with the answers queued before it: no other answer can join that write, and a
         sequential client's answer then costs no further loop iteration."""
         self.in_flight = in_flight = max(0, self.in_flight - 1)
-        self.last_active = self.loop.time()
+        self.last_active = self.now()
         self._answered.set()
         if in_flight:
             self._queue(frame)
@@ -147,7 +153,7 @@ class _Connection:
                 or self.writer.transport.get_write_buffer_size():
             return False
         self.in_flight += 1
-        self.last_active = self.loop.time()
+        self.last_active = self.now()
         return True
 
     async def admit(self) -> None:
@@ -159,7 +165,7 @@ class _Connection:
             await self._answered.wait()
         await self.writer.drain()
         self.in_flight += 1
-        self.last_active = self.loop.time()
+        self.last_active = self.now()
 
     async def call(self, executor: Executor, function: Callable[[], Any]) -> Any:
         """Run a broker call for this connection on ``executor``: at most
@@ -187,7 +193,7 @@ class _Connection:
                 self._work.discard(task)
 
     def overdue(self, now: float) -> str | None:
-        """Why this connection should be closed at loop time ``now``, or None."""
+        """Why this connection should be closed at time ``now`` (``BrokerServer.now``), or None."""
         limits = self.limits
         if not self.authenticated and now - self.opened > limits.auth_timeout_s:
             return f"it did not authenticate within {limits.auth_timeout_s:g}s"
@@ -262,7 +268,9 @@ _WRITE_CALLS: dict[str, type[SendCall] | type[HalfCall] | type[EndCall] | type[R
 
 class BrokerServer:
     """Serve ``broker`` on ``host:port`` (port 0 picks a free one; see ``port`` after start)
-    within ``limits``: by default those of the broker's ``BrokerConfig``."""
+    within ``limits``: by default those of the broker's ``BrokerConfig``. Connections'
+    deadlines count on ``clock``: by default the broker's (``StoreConfig.clock``), else
+    the wall clock."""
 
     def __init__(
         self,
@@ -273,6 +281,7 @@ class BrokerServer:
         secret_key: str | None = None,
         max_workers: int = 64,
         limits: ServerLimits | None = None,
+        clock: Clock | None = None,
     ) -> None:
         config = getattr(broker, "config", None)  # an EmbeddedBroker's; a remote broker has none
         if isinstance(config, BrokerConfig):
@@ -281,6 +290,10 @@ class BrokerServer:
         self.host = host
         self.port = port
         self.limits = limits or (config.limits if isinstance(config, BrokerConfig) else ServerLimits())
+        self.clock = clock or (config.store.clock if isinstance(config, BrokerConfig) else WALL)
+        #: Seconds on ``clock``'s monotonic time, set once the loop runs: the wall clock's
+        #: is the loop's own ``time`` (uvloop's costs no system call).
+        self.now: Callable[[], float] = self.clock.monotonic
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key, or neither")
         self._authenticator = (
@@ -325,6 +338,8 @@ class BrokerServer:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.clock is WALL:
+            self.now = self._loop.time
         self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.create_task(self._sweep())
@@ -367,7 +382,7 @@ class BrokerServer:
     # -- connections ----------------------------------------------------------------------
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
-        connection = _Connection(writer, loop, self._authenticator is None, self.limits)
+        connection = _Connection(writer, loop, self.now, self._authenticator is None, self.limits)
         if len(self._connections) >= self.limits.max_connections:
             self._refuse(connection)
             return
@@ -391,7 +406,7 @@ class BrokerServer:
                     if not self._on_frame(connection, payload):
                         return
                 if frames.buffered and connection.frame_started is None:
-                    connection.frame_started = loop.time()
+                    connection.frame_started = self.now()
         except MalformedFrameError as exc:
             self._reply_error(connection, 0, 0, exc)
         except ConnectionError:
@@ -417,7 +432,7 @@ class BrokerServer:
             connection.frame_started = None
             await self._frame_budget.take(expected)
             connection.reserved = expected
-            connection.frame_started = asyncio.get_running_loop().time()
+            connection.frame_started = self.now()
         return await reader.read(READ_CHUNK)
 
     def _wait_for_authentication(self, connection: _Connection) -> None:
@@ -442,23 +457,33 @@ class BrokerServer:
         connection.close()
 
     async def _sweep(self) -> None:
-        """Close the connections past ``idle_timeout_s`` or ``frame_timeout_s``."""
-        loop = asyncio.get_running_loop()
+        """Run ``close_overdue`` every quarter of the shortest deadline (at most 1 s)."""
         limits = self.limits
         interval = min(1.0, limits.idle_timeout_s / 4, limits.frame_timeout_s / 4, limits.auth_timeout_s / 4)
         while True:
             await asyncio.sleep(interval)
-            now = loop.time()
-            for connection in list(self._connections):
-                try:
-                    reason = connection.overdue(now)
-                except Exception:
-                    log.exception("cannot check the connection from %s", connection.peer)
-                    continue
-                if reason:  # unauthenticated ones may be a flood: not one line each
-                    (log.info if connection.authenticated else log.debug)(
-                        "closing the connection from %s: %s", connection.peer, reason)
-                    connection.drop()
+            self.close_overdue()
+
+    def close_overdue(self) -> int:
+        """Close the connections past ``auth_timeout_s``, ``idle_timeout_s`` or
+        ``frame_timeout_s`` at ``clock``'s time (on the server's loop); how many. A sweeper
+        task runs it every quarter of the shortest deadline; a simulation that moves its
+        own clock calls it."""
+        now, closed = self.now(), 0
+        for connection in list(self._connections):
+            if connection.dropped:
+                continue  # closing already
+            try:
+                reason = connection.overdue(now)
+            except Exception:
+                log.exception("cannot check the connection from %s", connection.peer)
+                continue
+            if reason:  # unauthenticated ones may be a flood: not one line each
+                (log.info if connection.authenticated else log.debug)(
+                    "closing the connection from %s: %s", connection.peer, reason)
+                connection.drop()
+                closed += 1
+        return closed
 
     def _on_frame(self, connection: _Connection, payload: bytes) -> bool:
         """Handle one frame; False when the connection must be closed. Every frame gets an

@@ -1,20 +1,22 @@
 """The transaction core on a simulated disk and clock: seeded clients with half messages,
 ENDs, check-backs answered from a fenced transaction_log (SQLite in memory), consumers,
-crashes and power losses anywhere, recovery included, and (profile ``clock``) delayed
-messages and retention over hours of simulated time (``tests/sim/tx_workload.py``). A
-failing seed prints the command that replays it; ``benchmarks/simulate.py --workload tx
---seconds N`` searches further."""
+crashes and power losses anywhere, recovery included, (profiles ``clock`` and ``delays``)
+delayed messages and retention over hours of simulated time, and (profile ``delays``)
+delayed half messages and recalls (``tests/sim/tx_workload.py``). A failing seed prints
+the command that replays it; ``benchmarks/simulate.py --workload tx --seconds N``
+searches further."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.sim.tx_workload import PROFILES, SimClock, run
+from tests.sim.clock import SimClock
+from tests.sim.tx_workload import PROFILES, run
 
 #: Seeds run on every test run, per profile, within CI's 3 minutes for the simulation:
 #: ``io`` gave 150 of its 400 to ``clock``, whose seeds take longer (its mutations and
-#: regressions are found by seed 41).
-SEED_BUDGET = {"power": 400, "io": 250, "clock": 100}
+#: regressions are found by seed 41); ``delays`` finds its mutations by seed 2.
+SEED_BUDGET = {"power": 400, "io": 250, "clock": 100, "delays": 60}
 
 #: The first seed that found each bug the transaction workload found (and that fails again
 #: when the bug is put back: ``benchmarks/simulate.py --mutations --workload tx``).
@@ -52,6 +54,14 @@ def test_the_clock_profile_delivers_delayed_messages_and_runs_retention() -> Non
     assert any("delayed" in step and "stored" in step for step in steps)
     assert any(" 0 delayed messages" not in step for step in steps if "delayed messages read once" in step)
     assert any("timers ran" in step and not step.endswith("the log starts at 0") for step in steps)
+
+
+def test_the_delays_profile_delivers_delayed_halves_and_recalls() -> None:
+    steps = [step for seed in range(6) for step in run(seed, "delays").steps]
+    assert any("after the commit" in step and step.endswith("stored") for step in steps)
+    assert any("(0 of them delayed)" not in step for step in steps if "of them delayed" in step)
+    assert any(step.startswith("recall of") and step.endswith("recalled") for step in steps)
+    assert any(step.startswith("recall of") and step.endswith("(delivered already)") for step in steps)
 
 
 def test_the_simulated_clock_moves_only_when_told() -> None:

@@ -22,7 +22,11 @@ acks. Process crashes and power losses fall at any step, and inside calls (a cra
 at the n-th next change to the disk), recovery included. In the ``TIMED`` profiles clients
 also send delayed messages (delay levels of 1 s to 2 h), the clock also jumps by minutes
 and hours, and the broker's timers run retention (messages expire after half an hour; the
-simulated disk keeps each file's mtime by the simulated clock).
+simulated disk keeps each file's mtime by the simulated clock). In the ``DELAYS`` profile
+a third of the half messages carry a delay level too (its delay counts from the commit),
+and a third of the delayed messages are recalled (at the next move of the clock or the
+one after, before or after they are due); which follows from their numbers, not from the
+schedule's random draws.
 
 After every recovery the checker holds the broker to a reference model:
 
@@ -39,6 +43,14 @@ After every recovery the checker holds the broker to a reference model:
 * a repeated END answers the resolution; the opposite one is refused;
 * a delayed message is never delivered before it is due; a fresh group reads it at most
   once, and once a run of the timers at or after its due time has returned, exactly once;
+* a delayed half message is never delivered before its transaction's first END or check
+  answer for COMMIT plus its delay, nor in a transaction that is not committed; once its
+  commit is known durable and a later run of the timers at or after its last possible due
+  time (the last COMMIT asked before, plus the delay) has returned, a fresh group reads it
+  exactly once;
+* a recall that returned is never followed by a delivery, and never comes after one; a
+  recall refused as too late comes after a run of the timers at or after the message's due
+  time, and that message is read; a recall repeated answers the same message id;
 * retention excuses only what it may have taken: a message written to its topic (a
   commit's copy, a delayed message's delivery, no earlier than the END or the due time)
   before the last cutoff may be gone, and a transaction whose records were all written
@@ -62,7 +74,12 @@ from sqlalchemy.pool import NullPool
 
 from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.broker.facade import EmbeddedBroker
-from broker_embedded.errors import BrokerError, TransactionConflictError, UnknownTransactionError
+from broker_embedded.errors import (
+    BrokerError,
+    InvalidMessageError,
+    TransactionConflictError,
+    UnknownTransactionError,
+)
 from broker_embedded.message import (
     DELAY_LEVELS_S,
     CheckRequest,
@@ -73,6 +90,7 @@ from broker_embedded.message import (
 from broker_embedded.store.config import StoreConfig
 from outbox.integrations.sqlalchemy.recorder import RECORDER
 from outbox.integrations.sqlalchemy.tables import transaction_log
+from tests.sim.clock import SimClock
 from tests.sim.disk import Faults, PowerCut, SimulatedDisk
 from tests.sim.workload import Result, body_of
 
@@ -81,11 +99,15 @@ PROFILES: dict[str, Faults] = {
     "power": Faults(),
     "io": Faults(write_error=0.03, fsync_error=0.03),
     "clock": Faults(),
+    "delays": Faults(),
 }
 #: Profiles whose clients also send delayed messages, whose clock also jumps by up to hours
 #: and whose broker runs retention (``RETENTION_HOURS``; the others keep it off, so their
 #: seeds replay the schedules they always had).
-TIMED = frozenset({"clock"})
+TIMED = frozenset({"clock", "delays"})
+#: Profiles whose half messages also carry delay levels and whose delayed messages are also
+#: recalled (``clock`` keeps the schedules it had: its seeds in ``REGRESSIONS`` replay).
+DELAYS = frozenset({"delays"})
 #: Their store: messages expire after half an hour, in segments small enough that a
 #: schedule fills several.
 TIMED_STORE = {"retention_hours": 0.5, "segment_size": 16 * 1024}
@@ -116,22 +138,6 @@ _DATABASES = itertools.count()
 
 class SimulationFailure(AssertionError):
     """The broker broke a promise under a seed's schedule."""
-
-
-class SimClock:
-    """The simulation's clock (``broker_embedded.clock.Clock``): it moves only when told."""
-
-    def __init__(self, start_ms: int = 1_800_000_000_000) -> None:
-        self.ms = start_ms
-
-    def time_ms(self) -> int:
-        return self.ms
-
-    def monotonic(self) -> float:
-        return self.ms / 1000
-
-    def advance(self, seconds: float) -> None:
-        self.ms += int(seconds * 1000)
 
 
 class CheckQueue:
@@ -217,6 +223,14 @@ class Tx:
     #: The clock's time at the first END or check answer that asked for COMMIT: its
     #: messages reach their topic no earlier (retention may take them once it is past).
     commit_ms: int | None = None
+    #: ... and at the last one asked before the model knew it committed: the commit's time
+    #: (from which its delayed messages count) is between the two.
+    last_commit_ms: int | None = None
+    #: Half messages with a delay level (number -> the delay, ms), counted from the commit.
+    delays: dict[int, int] = field(default_factory=dict)
+    #: Runs of the timers started when the model learnt it committed (durable): a run
+    #: that started before may have looked for due messages before the commit was there.
+    committed_after_runs: int = 0
     #: The clock's time at its last call that may have written a record (a half, an END):
     #: once retention's cutoff is past it, the broker may have forgotten the transaction.
     touched_ms: int | None = None
@@ -240,6 +254,14 @@ class Delayed:
     due_ms: int
     #: Its send returned (else it failed or was cut: it may be there).
     acked: bool = False
+    #: The recall handle its send returned; in how many moves of the clock a client
+    #: recalls it (at the start of that move; 0: never), and how that went: "" (not yet),
+    #: "recalled", "maybe" (the call failed or was cut), "too late" (refused: delivered).
+    handle: str | None = None
+    recall_in: int = 0
+    recall: str = ""
+    #: A group received it.
+    delivered: bool = False
 
 
 _RESOLUTION = {TransactionState.COMMITTED: Resolution.COMMIT, TransactionState.ROLLED_BACK: Resolution.ROLLBACK}
@@ -252,7 +274,7 @@ class TxSimulation:
     schedule. ``rng`` decides what a step leaves open (how a failed call ends, a crash
     inside a recovery); the steps' arguments are the driver's."""
 
-    def __init__(self, rng: random.Random, disk: SimulatedDisk, timed: bool = False) -> None:
+    def __init__(self, rng: random.Random, disk: SimulatedDisk, timed: bool = False, delays: bool = False) -> None:
         self.rng = rng
         self.disk = disk
         self.clock = SimClock()
@@ -263,10 +285,16 @@ class TxSimulation:
         #: Messages written to their topic before this time may be gone (retention ran,
         #: or may have, with this cutoff); None: it never ran.
         self.expired_before: int | None = None
+        #: Half messages with delay levels, and recalls (the ``DELAYS`` profiles).
+        self.delays = delays
         #: The clock's time at the last run of the timers that returned: every delayed
         #: message due by then has been delivered (a delivery is a synced put: it outlives
-        #: crashes).
+        #: crashes); which run that was (they count from 1 as they start); the time of the
+        #: last one started (returned or not).
         self.timers_ran_at: int | None = None
+        self.timer_runs = 0
+        self.last_returned_run = 0
+        self.timers_tried_at: int | None = None
         self.delayed: dict[int, Delayed] = {}  # message number -> a delayed message
         #: Oneway ENDs an fsync covered since they were answered (``EmbeddedBroker.when_durable``),
         #: kept from now on: decided by the model once the call that made them durable returns.
@@ -301,8 +329,12 @@ class TxSimulation:
         self.next_number += 1
         self.tx_of[number] = tx
         tx.maybe[number] = size
-        message = Message(TOPIC, body_of(number, size), message_id=f"m{number}")
+        level = _half_delay_level(number) if self.delays else 0
+        message = Message(TOPIC, body_of(number, size), message_id=f"m{number}", delay_level=level)
         what = f"{tx.transaction_id}: half m{number} ({size} bytes)"
+        if level:
+            tx.delays[number] = DELAY_LEVELS_S[level - 1] * 1000
+            what += f" (level {level}: due {DELAY_LEVELS_S[level - 1]} s after the commit)"
         broker = self.broker
         assert broker is not None
         tx.touched_ms = self.clock.time_ms()
@@ -352,7 +384,43 @@ class TxSimulation:
         outcome = self.attempt(what, lambda: broker.send(message), crash_at)
         if not isinstance(outcome, BaseException) and outcome is not _CUT:
             delayed.acked = True
-            self.step(f"{what}: stored")
+            delayed.handle = outcome.recall_handle
+            delayed.recall_in = _recall_in(number) if self.delays else 0
+            if delayed.handle is None:
+                self.fail(f"{what}: stored with no recall handle")
+            self.step(f"{what}: stored{', to be recalled' if delayed.recall_in else ''}")
+
+    def recall(self, number: int, delayed: Delayed) -> None:
+        """A client recalls delayed ``m{number}`` (its crash point and a repeat follow from
+        its number): never delivered once that returned; refused once it was delivered."""
+        broker = self.broker
+        assert broker is not None and delayed.handle is not None
+        handle = delayed.handle
+        early_s = (delayed.due_ms - self.clock.time_ms()) / 1000
+        what = f"recall of m{number} ({early_s:g} s before it is due)" if early_s > 0 else \
+            f"recall of m{number} ({-early_s:g} s after it was due)"
+        crash_at = 1 + number % 4 if number % 5 == 0 else None
+        outcome = self.attempt(what, lambda: broker.recall(TOPIC, handle), crash_at)
+        if isinstance(outcome, InvalidMessageError):
+            if self.timers_tried_at is None or self.timers_tried_at < delayed.due_ms:
+                self.fail(f"{what}: refused, though no run of the timers was due to deliver it: {outcome}")
+            delayed.recall = "too late"
+            self.step(f"{what}: refused (delivered already)")
+            return
+        if outcome is _CUT or isinstance(outcome, BaseException):
+            delayed.recall = "maybe"
+            return
+        if outcome != f"m{number}":
+            self.fail(f"{what}: answered {outcome!r}")
+        if delayed.delivered:
+            self.fail(f"{what}: recalled, though it was delivered")
+        delayed.recall = "recalled"
+        self.step(f"{what}: recalled")
+        if number % 2 == 0:  # once more: the same answer
+            again = self.attempt(f"{what}, again", lambda: broker.recall(TOPIC, handle), None)
+            if isinstance(again, InvalidMessageError) or (
+                    not isinstance(again, BaseException) and again is not _CUT and again != f"m{number}"):
+                self.fail(f"{what}, again: answered {again!r}")
 
     def _end(self, tx: Tx, resolution: Resolution, crash_at: int | None, *, from_check: bool,
              opposite: bool = False) -> None:
@@ -363,8 +431,11 @@ class TxSimulation:
         wanted = _STATE.get(resolution)
         if wanted is not None and not opposite:
             tx.attempted.add(wanted)
-        if wanted is TransactionState.COMMITTED and not opposite and tx.commit_ms is None:
-            tx.commit_ms = self.clock.time_ms()
+        if wanted is TransactionState.COMMITTED and not opposite:
+            if tx.commit_ms is None:
+                tx.commit_ms = self.clock.time_ms()
+            if tx.decided is None:
+                tx.last_commit_ms = self.clock.time_ms()
         now = self.clock.time_ms()
         oneway = not from_check and zlib.crc32(tx.transaction_id.encode()) % 2 == 0
         outcome = self.attempt(what, lambda: broker.end_transaction(
@@ -418,6 +489,8 @@ class TxSimulation:
                       f"(local transaction {tx.db})")
         if state is TransactionState.ROLLED_BACK and tx.db == "committed":
             self.fail(f"{why}: {tx.transaction_id} rolled back, its local transaction committed (row {row})")
+        if tx.decided is None:
+            tx.committed_after_runs = self.timer_runs
         tx.decided = state
 
     def answer_checks(self, count: int, crash_at: int | None) -> None:
@@ -442,15 +515,23 @@ class TxSimulation:
     # -- the broker's timers and consumers ------------------------------------------------
     def advance(self, seconds: float, crash_at: int | None) -> None:
         """Move the clock on and run the broker's timers (check rounds, parking, snapshots)."""
+        for number, delayed in self.delayed.items():
+            if delayed.recall_in:
+                delayed.recall_in -= 1
+                if not delayed.recall_in and self.broker is not None:
+                    self.recall(number, delayed)
         broker = self.broker
         assert broker is not None
         self.clock.advance(seconds)
         asked = len(self.checks.requests)
         now = self.clock.time_ms()
         self.expired_before = now - self.retention_ms  # the round may run retention
+        self.timers_tried_at = now
+        self.timer_runs += 1
         outcome = self.attempt(f"{seconds:g} s later: timers", broker.run_timers, crash_at)
         if outcome is not _CUT and not isinstance(outcome, BaseException):
             self.timers_ran_at = now
+            self.last_returned_run = self.timer_runs
             self.step(f"{seconds:g} s later: timers ran, {len(self.checks.requests) - asked} check-backs, "
                       f"{broker.book.parked} parked, the log starts at {broker.store.commitlog.min_offset}")
 
@@ -485,6 +566,9 @@ class TxSimulation:
             if self.clock.time_ms() < delayed.due_ms:
                 self.fail(f"{how} delayed {message_id} {(delayed.due_ms - self.clock.time_ms()) / 1000:g} s "
                           "before it is due")
+            if delayed.recall == "recalled":
+                self.fail(f"{how} delayed {message_id}, which was recalled")
+            delayed.delivered = True
             return delayed.size
         tx = self.tx_of.get(number)
         if tx is None or tx.transaction_id != transaction_id:
@@ -503,6 +587,11 @@ class TxSimulation:
                                    else TransactionState.PENDING)
         if state is not TransactionState.COMMITTED:
             self.fail(f"{how} {message_id} of {tx.transaction_id}, which is {state.value}")
+        delay = tx.delays.get(number)
+        if delay is not None and (tx.commit_ms is None or self.clock.time_ms() < tx.commit_ms + delay):
+            early = "with no COMMIT asked" if tx.commit_ms is None else \
+                f"{(tx.commit_ms + delay - self.clock.time_ms()) / 1000:g} s before its commit's delay ran out"
+            self.fail(f"{how} delayed {message_id} of {tx.transaction_id} {early}")
         self.decide(tx, state, f"{how} {message_id}")
         return tx.halves.get(number, tx.maybe.get(number, -1))
 
@@ -523,7 +612,7 @@ class TxSimulation:
             return _CUT
         except (OSError, BrokerError) as exc:
             self.disk.crash_after(None)
-            if isinstance(exc, TransactionConflictError | UnknownTransactionError):
+            if isinstance(exc, TransactionConflictError | UnknownTransactionError | InvalidMessageError):
                 return exc
             self.step(f"{what}: failed ({type(exc).__name__}: {exc})")
             if self.rng.random() < 0.5:
@@ -630,14 +719,16 @@ class TxSimulation:
         if twice:
             self.fail(f"after a {cause} a fresh group reads {[f'm{n}' for n in twice]} more than once")
         for tx in self.txs.values():
-            if tx.decided is TransactionState.COMMITTED and not self.expired(tx.commit_ms):
-                missing = sorted(set(tx.halves) - set(seen))
+            if tx.decided is TransactionState.COMMITTED:
+                missing = sorted(number for number in set(tx.halves) - set(seen) if self.due_and_kept(tx, number))
                 if missing:
                     self.fail(f"after a {cause} committed {tx.transaction_id} lacks {[f'm{n}' for n in missing]} "
-                              f"(read {sorted(n for n in seen if self.tx_of[n] is tx)})")
+                              f"(read {sorted(n for n in seen if self.tx_of.get(n) is tx)})")
         due = self.timers_ran_at
-        late = sorted(number for number, delayed in self.delayed.items() if delayed.acked and number not in seen
-                      and due is not None and delayed.due_ms <= due and not self.expired(delayed.due_ms))
+        late = sorted(number for number, delayed in self.delayed.items()
+                      if delayed.acked and number not in seen and not self.expired(delayed.due_ms)
+                      and (delayed.recall == "too late" or (
+                          not delayed.recall and due is not None and delayed.due_ms <= due)))
         if late:
             self.fail(f"after a {cause} delayed messages due and delivered by the timers are not read: "
                       f"{[f'm{n}' for n in late]}")
@@ -646,8 +737,22 @@ class TxSimulation:
             if tx is not None and number in tx.maybe:
                 tx.halves[number] = tx.maybe.pop(number)
         delayed = sum(1 for number in seen if number in self.delayed)
-        self.step(f"{cause}, reopen: {len(seen) - delayed} committed and {delayed} delayed messages read once, "
-                  f"{len(broker.book.by_id)} open transactions")
+        halves = sum(1 for number in seen if number in self.tx_of and number in self.tx_of[number].delays)
+        of_them = f" ({halves} of them delayed)" if self.delays else ""
+        self.step(f"{cause}, reopen: {len(seen) - delayed} committed{of_them} and {delayed} delayed messages read "
+                  f"once, {len(broker.book.by_id)} open transactions")
+
+    def due_and_kept(self, tx: Tx, number: int) -> bool:
+        """Whether a fresh group must read ``m{number}`` of ``tx``, committed: not delayed,
+        or the timers ran at or after its last possible due time since the model learnt of
+        the commit; and retention cannot have taken it."""
+        delay = tx.delays.get(number)
+        if delay is None:
+            return not self.expired(tx.commit_ms)
+        assert tx.commit_ms is not None and tx.last_commit_ms is not None
+        ran = self.timers_ran_at
+        return (self.last_returned_run > tx.committed_after_runs and ran is not None and ran >= tx.last_commit_ms + delay
+                and not self.expired(tx.commit_ms + delay))
 
     def expired(self, written_ms: int | None) -> bool:
         """Whether retention may have taken a message written to its topic no earlier than
@@ -685,6 +790,20 @@ LONG_ADVANCES = (60.0, 300.0, 900.0, 2400.0, 3600.0)
 LEVELS = (1, 1, 2, 3, 4, 5, 6, 9, 14, 16, 18)
 
 
+def _half_delay_level(number: int) -> int:
+    """The delay level of half message ``m{number}`` in a DELAYS profile (a third have one;
+    0: none), from its number: the schedule's draws stay those of the seed."""
+    digest = zlib.crc32(f"m{number}".encode())
+    return LEVELS[digest // 3 % len(LEVELS)] if digest % 3 == 0 else 0
+
+
+def _recall_in(number: int) -> int:
+    """In how many moves of the clock a client recalls delayed ``m{number}`` (a third of
+    them, at the next move or the one after; 0: never), from its number."""
+    digest = zlib.crc32(f"recall m{number}".encode())
+    return 1 + digest // 3 % 2 if digest % 3 == 0 else 0
+
+
 class _SeededSchedule:
     """The seeded driver: every step and its arguments drawn from one ``random.Random``."""
 
@@ -692,7 +811,7 @@ class _SeededSchedule:
         self.rng = random.Random(seed)
         disk = SimulatedDisk(random.Random(self.rng.getrandbits(64)), PROFILES[profile])
         self.timed = profile in TIMED
-        self.simulation = TxSimulation(self.rng, disk, self.timed)
+        self.simulation = TxSimulation(self.rng, disk, self.timed, profile in DELAYS)
 
     def run(self, steps: int) -> None:
         sim, rng = self.simulation, self.rng
