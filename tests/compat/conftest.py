@@ -79,7 +79,7 @@ def start_grpc_broker(data_dir: Path, *extra: str, grpc_port: int | None = None)
     """A broker process on ``data_dir`` serving gRPC on ``grpc_port`` (default: a free port)."""
     grpc_port = grpc_port or free_port()
     process = ServerProcess(data_dir, "--grpc-port", str(grpc_port), *TRANSACTION_OPTIONS, *extra).start()
-    wait_for_port(grpc_port)
+    wait_for_port(grpc_port, process=process)
     return GrpcBroker(process, grpc_port)
 
 

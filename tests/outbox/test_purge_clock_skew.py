@@ -206,7 +206,11 @@ def test_producers_an_hour_off_purged_at_the_smallest_age_lose_nothing_and_deliv
                 producers = [live.producer(skew, PREFIX=f"r{round_}p{n}", PAUSE_S="0.02",
                                            KILL_AT=str(rng.randint(20, 60)) if n < 2 else "0")
                              for n, skew in enumerate((-3600, 3600, -3600, 3600))]
-                time.sleep(rng.uniform(3, 4))
+                # the two that never kill themselves have done some work (a loaded machine
+                # starts processes slowly), then everyone dies at a random point
+                _wait(lambda: all(sum(order.startswith(f"r{round_}p{n}-") for order in live.committed_orders()) >= 20
+                                  for n in (2, 3)), 120, "each surviving producer's first 20 orders")
+                time.sleep(rng.uniform(0, 1))
                 for process in producers:
                     process.kill()
                     process.wait()

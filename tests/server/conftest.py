@@ -24,15 +24,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout_s: float = 20.0) -> None:
+def wait_for_port(port: int, timeout_s: float = 60.0, process: ServerProcess | None = None) -> None:
+    """Wait until something listens on ``port``; with ``process``, fail at once (with its log)
+    if it ends first. The bound is generous: a loaded machine starts Python and gRPC slowly."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
+            if process is not None and process.proc is not None and process.proc.poll() is not None:
+                raise RuntimeError(f"the broker exited ({process.proc.returncode}) before listening on port {port}:\n"
+                                   f"{process.log.read_text(errors='replace')[-3000:]}") from None
             time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on port {port}")
+    raise TimeoutError(f"nothing listens on port {port} after {timeout_s:g}s")
 
 
 class ServerProcess:
@@ -56,7 +61,7 @@ class ServerProcess:
                  "--port", str(self.port), *self.extra],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        wait_for_port(self.port)
+        wait_for_port(self.port, process=self)
         return self
 
     def kill(self) -> None:
