@@ -137,8 +137,9 @@ class CommitLog:
         self.fs.fsync(segment.fd)
 
     # -- appending ------------------------------------------------------------------------
-    def append_many(self, records: list[bytes]) -> list[int]:
-        """Write encoded records in order, one ``pwrite`` per segment touched; returns their
+    def append_many(self, records: list[bytearray]) -> list[int]:
+        """Write ``codec.encode``d records in order, each sealed with the offset it is
+        written at (``codec.seal``), one ``pwrite`` per segment touched; returns their
         commit log offsets. All or nothing: on ``StoreFullError`` or an ``OSError`` (EIO)
         everything this call wrote is removed again, so that the next append does not leave
         a hole behind it. Not thread-safe (the caller holds the store's write lock)."""
@@ -158,6 +159,7 @@ class CommitLog:
                     segment = self._segment_for_append(len(data))
                     position = self.write_offset - segment.base_offset
                     self._dirty.add(segment)
+                codec.seal(data, self.write_offset)
                 chunk.append(data)
                 offsets.append(self.write_offset)
                 self.write_offset += len(data)
@@ -192,7 +194,7 @@ class CommitLog:
         if remaining >= length:
             return segment
         if remaining > 0:
-            self._write_all(segment, segment.size - remaining, codec.encode_blank(remaining))
+            self._write_all(segment, segment.size - remaining, codec.encode_blank(remaining, self.write_offset))
         # The closed segment is whole on disk before the next one exists: else a crash could
         # leave it short (or torn) behind a newer segment, which recovery must take for
         # damage to acknowledged records, not for a torn tail.
@@ -255,11 +257,11 @@ class CommitLog:
 
     def read_head(self, offset: int) -> codec.RecordHead | None:
         """Topic, properties and place of the record at ``offset``, body unread; None when
-        no record starts there."""
+        no record written there starts there."""
         segment = self._segment_of(offset)
         position = offset - segment.base_offset
         try:
-            return codec.decode_head(lambda start, length: segment.pread(position + start, length))
+            return codec.decode_head(lambda start, length: segment.pread(position + start, length), offset)
         except codec.RecordError:
             return None
 
@@ -393,7 +395,7 @@ def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord |
     while pos < length:
         if size - pos < codec.HEAD_SIZE and data.count(0, pos) == length - pos:
             return  # the zero filler of a segment's last few bytes
-        filler = codec.blank_length(data, pos)
+        filler = codec.blank_length(data, pos, base + pos)
         if filler:
             pos += filler
             continue
@@ -423,14 +425,13 @@ def damage_kind(data: bytes, start: int, end: int) -> str:
 
 def next_intact(data: bytes, start: int, base: int) -> int:
     """Where the first intact record at or after ``start`` begins in ``data`` (``len(data)``
-    if none does). The C-level ``find`` for the magic keeps it fast over a whole segment."""
-    magic = codec.RECORD_MAGIC.to_bytes(4, "big")
-    found = data.find(magic, start + 4)
-    while found >= 0:
+    if none does; a misdirected write's copy is not one). The C-level ``find`` for the magic
+    keeps it fast over a whole segment."""
+    for found in codec.magic_positions(data, start + 4):
         try:
             codec.decode(data, found - 4, base + found - 4)
             return found - 4
         except codec.RecordError:
-            found = data.find(magic, found + 1)
+            continue
     return len(data)
 

@@ -74,6 +74,9 @@ class Report:
     lost: list[LostMessage] = field(default_factory=list)
     #: how many records the damage took, exactly: ``lost`` and those nothing names
     lost_count: int = 0
+    #: the starts of the ``gaps`` that may hold records no byte counts (an unreadable or a
+    #: zeroed header where one began): their count is a lower bound (``Loss.unreadable``)
+    uncountable: set[int] = field(default_factory=set)
     #: per queue, the entry count the checkpoint recorded
     queue_counts: dict[tuple[str, int], int] = field(default_factory=dict)
     #: losses found earlier (recovery, repair, the scrub) that nobody acknowledged yet
@@ -318,8 +321,9 @@ class _Inspection:
             lambda number, hash_: frozenset(self.index[number].lookup(hash_)))
         self.unindexed = [0, 0]  # records before / after the checkpoint missing from the index
         self.first_unindexed: int | None = None
-        #: where a damaged range's chain of lengths led to a header on an unreadable page
-        self.unreadable_heads: set[int] = set()
+        #: where a damaged range's chain of lengths led to a header on an unreadable page, or
+        #: a zeroed one (``_heads_in``)
+        self.uncountable_heads: set[int] = set()
 
     def run(self) -> None:
         report = self.report
@@ -464,9 +468,10 @@ class _Inspection:
                     place = salvaged
                     claimed.add(salvaged)
                 known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
-            elif message.topic is None and offset in self.unreadable_heads:
-                # a header on an unreadable page: the lost place of a record that may have lain
-                # there is the same record, as far as any byte tells (the count is a lower bound)
+            elif message.topic is None and offset in self.uncountable_heads:
+                # a header on an unreadable page, or zeroed past the checkpoint: the lost place
+                # of a record that may have lain there is the same record, as far as any byte
+                # tells (the count is a lower bound)
                 held = next((p for p in uncounted if p not in claimed
                              and self.queues[p[:2]].could_hold(p[2], offset)), None)
                 if held is not None:
@@ -546,20 +551,27 @@ class _Inspection:
     def _heads_in(self, gap: Gap) -> list[int]:
         """Where records began in a damaged range: its start, and each record after it
         that the headers before it lead to (the length of one to the next, each with its
-        magic); a damaged length ends the chain, and so does a header on an unreadable page
-        (a record began there, its length is lost: ``unreadable_heads``)."""
+        magic and offset); a damaged length ends the chain, and so does a header on an
+        unreadable page, or one of zeros past the checkpoint amid records (a record began
+        there, its length is lost: ``uncountable_heads``; zeros: the write of records that
+        never reached their place, such as a misdirected one's, whose queue and index entries
+        were not synced yet: below the checkpoint its queue counts tell of them)."""
         heads = [gap.start]
         base = gap.start - gap.start % self.config.segment_size
         path = self.data_dir / "commitlog" / f"{base:020d}"
         offset = gap.start
         while offset < gap.end:
             try:
-                head = codec.decode_head(functools.partial(self._read_at, path, offset - base))
+                head = codec.decode_head(functools.partial(self._read_at, path, offset - base), offset)
             except (codec.RecordError, FileNotFoundError):
-                if _UNREADABLE_HEAD in self._read_at(path, offset - base, 0, codec.HEAD_SIZE):
+                header = self._read_at(path, offset - base, 0, codec.HEAD_SIZE)
+                zeroed = not any(header) and offset >= self.report.checkpoint \
+                    and gap.end % self.config.segment_size != 0  # at a segment's end: the blank's place
+                if _UNREADABLE_HEAD in header or zeroed:
                     # a record began here (the range's start, or where a length led), its
-                    # header on an unreadable page
-                    self.unreadable_heads.add(offset)
+                    # header on an unreadable page or zeroed: how many more did is unknown
+                    self.uncountable_heads.add(offset)
+                    self.report.uncountable.add(gap.start)
                     if offset not in heads:
                         heads.append(offset)
                 break
@@ -577,7 +589,8 @@ class _Inspection:
         path = self.data_dir / "commitlog" / f"{base:020d}"
         try:
             return codec.decode_head(
-                lambda start, length: self.files.pread(path, length, offset - base + start), salvage=True)
+                lambda start, length: self.files.pread(path, length, offset - base + start), offset,
+                salvage=True)
         except (codec.RecordError, FileNotFoundError):
             return None
 
