@@ -47,7 +47,7 @@ HEAD_SIZE = _HEAD.size
 MIN_RECORD_SIZE = _HEAD.size + _FIXED.size + 2 * _U32.size
 _FIXED_AT = {RECORD_MAGIC: HEAD_SIZE + _OFFSET.size, LEGACY_MAGIC: HEAD_SIZE}  # where _FIXED starts
 _HEAD_AND_OFFSET = bytes(_FIXED_AT[RECORD_MAGIC])  # what ``seal`` fills in
-_MAGIC_BYTES = tuple(magic.to_bytes(4, "big") for magic in _FIXED_AT)
+_MAGIC_BYTES = tuple(magic.to_bytes(4, "big") for magic in (*_FIXED_AT, BLANK_MAGIC))
 _PEEK_SIZE = 512  # bytes read first by decode_head: the header, topic and properties mostly
 _SALVAGE_PROPERTIES = 64 * 1024  # the most property bytes decode_head reads from a damaged record
 
@@ -149,8 +149,9 @@ def is_record_magic(magic: int) -> bool:
 
 
 def magic_positions(buf: bytes, start: int, end: int | None = None) -> Iterator[int]:
-    """Where a record's magic (of either format) stands in ``buf[start:end]``, in order
-    (the record begins 4 bytes before): found with the C-level ``find``."""
+    """Where a record's magic (of either format) or a blank filler's stands in
+    ``buf[start:end]``, in order (the record begins 4 bytes before): found with the C-level
+    ``find``."""
     following = [buf.find(magic, start, end) for magic in _MAGIC_BYTES]
     while (live := [at for at in following if at >= 0]):
         at = min(live)

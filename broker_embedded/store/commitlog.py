@@ -390,7 +390,7 @@ def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord |
     """The intact records of a segment's ``data`` from ``pos`` on, and a ``Gap`` for each
     run of bytes between them that is neither a record nor a blank filler (``base``: the
     segment's start offset; ``size``: its full size). After a gap the walk goes on at the
-    next intact record, found by its magic and crc."""
+    next intact record or filler, found by its magic and crc (or tag)."""
     length = len(data)
     while pos < length:
         if size - pos < codec.HEAD_SIZE and data.count(0, pos) == length - pos:
@@ -424,13 +424,16 @@ def damage_kind(data: bytes, start: int, end: int) -> str:
 
 
 def next_intact(data: bytes, start: int, base: int) -> int:
-    """Where the first intact record at or after ``start`` begins in ``data`` (``len(data)``
-    if none does; a misdirected write's copy is not one). The C-level ``find`` for the magic
-    keeps it fast over a whole segment."""
+    """Where the first intact record or blank filler at or after ``start`` begins in
+    ``data`` (``len(data)`` if none does; a misdirected write's copy is neither). The C-level
+    ``find`` for the magic keeps it fast over a whole segment."""
     for found in codec.magic_positions(data, start + 4):
+        at = found - 4
+        if codec.blank_length(data, at, base + at):
+            return at
         try:
-            codec.decode(data, found - 4, base + found - 4)
-            return found - 4
+            codec.decode(data, at, base + at)
+            return at
         except codec.RecordError:
             continue
     return len(data)

@@ -145,9 +145,9 @@ class _SegmentReader:
         return total
 
     def _next_intact(self, pos: int) -> int:
-        """Where the first intact record at or after ``pos`` starts (``end`` if none does):
-        the magic found with ``bytes.find``, each candidate decoded."""
-        while pos + codec.MIN_RECORD_SIZE <= self.end:
+        """Where the first intact record or filler at or after ``pos`` starts (``end`` if
+        none does): the magic found with ``bytes.find``, each candidate decoded."""
+        while pos + codec.HEAD_SIZE <= self.end:
             data, index = self.window(pos, CHUNK // 2)
             found = next(codec.magic_positions(data, index + 4), -1)
             if found < 0:
@@ -156,7 +156,7 @@ class _SegmentReader:
                 pos = self._start + len(data) - 7  # a magic cut by the window's end is seen next
                 continue
             candidate = self._start + found - 4
-            if self._intact_length(candidate) > 0:
+            if self._intact_length(candidate):
                 return candidate
             pos = candidate + 1
         return self.end

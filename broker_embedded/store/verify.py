@@ -74,8 +74,9 @@ class Report:
     lost: list[LostMessage] = field(default_factory=list)
     #: how many records the damage took, exactly: ``lost`` and those nothing names
     lost_count: int = 0
-    #: the starts of the ``gaps`` that may hold records no byte counts (an unreadable or a
-    #: zeroed header where one began): their count is a lower bound (``Loss.unreadable``)
+    #: the starts of the ``gaps`` that may hold records no byte counts (an unreadable header,
+    #: or the chain of lengths broken past the checkpoint): their count is a lower bound
+    #: (``Loss.unreadable``)
     uncountable: set[int] = field(default_factory=set)
     #: per queue, the entry count the checkpoint recorded
     queue_counts: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -468,17 +469,18 @@ class _Inspection:
                     place = salvaged
                     claimed.add(salvaged)
                 known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
-            elif message.topic is None and offset in self.uncountable_heads:
-                # a header on an unreadable page, or zeroed past the checkpoint: the lost place
-                # of a record that may have lain there is the same record, as far as any byte
-                # tells (the count is a lower bound)
+            elif message.topic is None:
+                # a header on an unreadable page or zeroed, or a record past the checkpoint (an
+                # index entry's): the lost place of a record that may have lain there is the
+                # same record, as far as any byte tells (the count is a lower bound)
                 held = next((p for p in uncounted if p not in claimed
-                             and self.queues[p[:2]].could_hold(p[2], offset)), None)
+                             and self.queues[p[:2]].could_hold(p[2], offset)), None) \
+                    if offset in self.uncountable_heads or offset >= report.checkpoint else None
                 if held is not None:
                     claimed.add(held)
                     known[offset] = LostMessage(offset, *held)
-            elif message.topic is None and offset in starts:
-                del known[offset]  # damaged bytes at a gap's start that no entry says held a record
+                elif offset in starts and offset not in self.uncountable_heads:
+                    del known[offset]  # damaged bytes at a gap's start that no entry says held a record
         self._name(known, indexed)
         placed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         unplaced = [m for m in known.values() if m.topic is None]
@@ -555,7 +557,9 @@ class _Inspection:
         unreadable page, or one of zeros past the checkpoint amid records (a record began
         there, its length is lost: ``uncountable_heads``; zeros: the write of records that
         never reached their place, such as a misdirected one's, whose queue and index entries
-        were not synced yet: below the checkpoint its queue counts tell of them)."""
+        were not synced yet: below the checkpoint its queue counts tell of them). A chain that
+        ends before a range reaching past the checkpoint does leaves its count a lower bound
+        (``Report.uncountable``)."""
         heads = [gap.start]
         base = gap.start - gap.start % self.config.segment_size
         path = self.data_dir / "commitlog" / f"{base:020d}"
@@ -565,6 +569,10 @@ class _Inspection:
                 head = codec.decode_head(functools.partial(self._read_at, path, offset - base), offset)
             except (codec.RecordError, FileNotFoundError):
                 header = self._read_at(path, offset - base, 0, codec.HEAD_SIZE)
+                if gap.end > self.report.checkpoint:
+                    # no queue count tells how many records the rest of the range held past
+                    # the checkpoint (a misdirected write's copy over their headers, say)
+                    self.report.uncountable.add(gap.start)
                 zeroed = not any(header) and offset >= self.report.checkpoint \
                     and gap.end % self.config.segment_size != 0  # at a segment's end: the blank's place
                 if _UNREADABLE_HEAD in header or zeroed:

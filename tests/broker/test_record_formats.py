@@ -71,3 +71,11 @@ def test_a_record_read_where_it_was_not_written_is_no_record() -> None:
         record_codec.decode_head(lambda at, length: RECORD_AT_4096_BYTES[at:at + length], 8192)
     # a legacy record does not say where it was written: it is read wherever it is
     assert record_codec.decode(LEGACY_RECORD_BYTES, 0, 8192).commit_log_offset == 8192
+
+
+def test_a_blank_filler_is_one_where_it_was_written_and_a_legacy_one_anywhere() -> None:
+    blank, legacy = b"\x00\x00\x00@\xcb\xd41\x94\xaa\x17\x98\xdf" + bytes(52), b"\x00\x00\x00@\xcb\xd41\x94" + bytes(56)
+    assert record_codec.encode_blank(64, 4096) == blank
+    assert record_codec.blank_length(b"\0" * 8 + blank, 8, 4096) == 64
+    assert record_codec.blank_length(blank, 0, 8192) == 0  # a misdirected write's copy
+    assert record_codec.blank_length(legacy, 0, 8192) == 64
