@@ -117,19 +117,22 @@ class CommitLog:
                 continue
             data = segment.pread(0, segment.size)
             end = segment.base_offset + len(data)
+            torn: Gap | None = None  # the first bad range, a torn tail unless a record follows
             for item in walk(data, segment.base_offset, offset - segment.base_offset, segment.size):
                 if isinstance(item, StoredRecord):
+                    if torn is not None:
+                        raise LogDamageError(self.directory, torn, "followed by intact records", self.fs)
                     yield item
-                    continue
-                if index < len(self.segments) - 1:
+                elif index < len(self.segments) - 1:
                     raise LogDamageError(self.directory, item, "a closed segment", self.fs)
-                if item.end < end:
-                    raise LogDamageError(self.directory, item, "followed by intact records", self.fs)
+                else:
+                    torn = torn or item
+            if torn is not None:  # nothing after it but fillers (of the same interrupted append)
                 log.warning("truncating a torn tail at commit log offset %d (%s, %d bytes)",
-                            item.start, item.detail, item.end - item.start)
-                self.truncated = (item.start, data[item.start - segment.base_offset:])
-                self._zero_from(segment, item.start - segment.base_offset)
-                end = item.start
+                            torn.start, torn.detail, end - torn.start)
+                self.truncated = (torn.start, data[torn.start - segment.base_offset:])
+                self._zero_from(segment, torn.start - segment.base_offset)
+                end = torn.start
             offset = self.write_offset = end
 
     def _zero_from(self, segment: Segment, position: int) -> None:
@@ -145,7 +148,7 @@ class CommitLog:
         a hole behind it. Not thread-safe (the caller holds the store's write lock)."""
         start_offset, start_segments = self.write_offset, len(self.segments)
         offsets: list[int] = []
-        chunk: list[bytes] = []
+        chunk: list[bytearray] = []
         segment: Segment | None = None
         position = 0
         try:

@@ -337,20 +337,24 @@ class _Inspection:
         gaps = layout_gaps(layout, self.config.segment_size, report.checkpoint)
         for number, (path, (base, size)) in enumerate(zip(paths, layout, strict=True)):
             data = self.files.pread(path, size, 0)
-            tail: StoredRecord | Gap | None = None
-            for tail in walk(data, base, 0, self.config.segment_size):
-                if isinstance(tail, StoredRecord):
-                    self._record(tail)
+            trailing: list[Gap] = []  # the ranges after the last intact record
+            for item in walk(data, base, 0, self.config.segment_size):
+                if isinstance(item, StoredRecord):
+                    self._record(item)
+                    trailing = []
                 else:
-                    gaps.append(tail)
+                    gaps.append(item)
+                    trailing.append(item)
             report.log_end = base + len(data)
-            if (number == len(paths) - 1 and isinstance(tail, Gap) and tail.end == report.log_end
-                    and tail.start >= report.checkpoint):
-                gaps.remove(tail)
-                report.torn_tail = tail
-                report.log_end = tail.start
-                report.notes.append(f"torn tail of {tail.end - tail.start} bytes at offset {tail.start} "
-                                    f"({tail.detail}): never acknowledged, start-up truncates it")
+            # from the first range with nothing but fillers after it (an interrupted append's),
+            # as recovery truncates
+            if number == len(paths) - 1 and trailing and trailing[0].start >= report.checkpoint:
+                gaps = [gap for gap in gaps if gap not in trailing]
+                first = trailing[0]
+                report.torn_tail = Gap(first.start, report.log_end, first.kind, first.detail)
+                report.log_end = first.start
+                report.notes.append(f"torn tail of {report.torn_tail.end - first.start} bytes at offset "
+                                    f"{first.start} ({first.detail}): never acknowledged, start-up truncates it")
         report.gaps = sorted(gaps, key=lambda gap: gap.start)
         for gap in report.gaps:
             report.problems.append(f"commit log: {gap.end - gap.start} bytes {gap.kind} at offset "
@@ -471,11 +475,14 @@ class _Inspection:
                 known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
             elif message.topic is None:
                 # a header on an unreadable page or zeroed, or a record past the checkpoint (an
-                # index entry's): the lost place of a record that may have lain there is the
-                # same record, as far as any byte tells (the count is a lower bound)
+                # index entry's; a lost place past its queue's checkpoint count): the lost place
+                # of a record that may have lain there is the same record, as far as any byte
+                # tells (the count is a lower bound)
+                uncountable = offset in self.uncountable_heads
                 held = next((p for p in uncounted if p not in claimed
+                             and (uncountable or p[2] >= report.queue_counts.get(p[:2], 0))
                              and self.queues[p[:2]].could_hold(p[2], offset)), None) \
-                    if offset in self.uncountable_heads or offset >= report.checkpoint else None
+                    if uncountable or offset >= report.checkpoint else None
                 if held is not None:
                     claimed.add(held)
                     known[offset] = LostMessage(offset, *held)
