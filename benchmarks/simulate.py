@@ -97,8 +97,10 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     # found with misdirected writes (profile misdirected)
     ("a record's own offset not checked (a misdirected write's copy read as records)",
      "broker_embedded/store/codec.py",
-     "        (stored,) = _OFFSET.unpack_from(rest, 0)\n        if stored != commit_log_offset:\n",
-     "        (stored,) = _OFFSET.unpack_from(rest, 0)\n        if False:\n"),
+     "        stored, queue_id, flags, queue_offset, born, store, topic_len = _PLACED_FIXED.unpack_from(rest, 0)\n"
+     "        if stored != commit_log_offset:\n",
+     "        stored, queue_id, flags, queue_offset, born, store, topic_len = _PLACED_FIXED.unpack_from(rest, 0)\n"
+     "        if False:\n"),
     ("a blank filler's tag not checked (a misdirected filler hiding records)", "broker_embedded/store/codec.py",
      "            or crc not in (0, blank_tag(commit_log_offset, total)):\n", "            or False:\n"),
     ("the walk not resuming at an intact filler after damage", "broker_embedded/store/commitlog.py",

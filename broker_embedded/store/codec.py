@@ -41,12 +41,15 @@ BLANK_MAGIC = 0xCBD43194
 _HEAD = struct.Struct(">III")  # total_length, magic, crc
 _OFFSET = struct.Struct(">Q")  # commit_log_offset, in RECORD_MAGIC records
 _FIXED = struct.Struct(">IIQQQH")  # queue_id, flags, queue_offset, born, store, topic_len
+_PLACED_FIXED = struct.Struct(">QIIQQQH")  # commit_log_offset, then _FIXED's
 _U32 = struct.Struct(">I")
 HEAD_SIZE = _HEAD.size
 #: The smallest record of either format (a legacy one; the current one is 8 bytes longer).
 MIN_RECORD_SIZE = _HEAD.size + _FIXED.size + 2 * _U32.size
 _FIXED_AT = {RECORD_MAGIC: HEAD_SIZE + _OFFSET.size, LEGACY_MAGIC: HEAD_SIZE}  # where _FIXED starts
-_HEAD_AND_OFFSET = bytes(_FIXED_AT[RECORD_MAGIC])  # what ``seal`` fills in
+#: What ``seal`` puts before a record's ``encode``d fields.
+SEAL_SIZE = _FIXED_AT[RECORD_MAGIC]
+_PLACED_MIN = MIN_RECORD_SIZE + _OFFSET.size  # the smallest record of the current format
 _MAGIC_BYTES = tuple(magic.to_bytes(4, "big") for magic in (*_FIXED_AT, BLANK_MAGIC))
 _PEEK_SIZE = 512  # bytes read first by decode_head: the header, topic and properties mostly
 _SALVAGE_PROPERTIES = 64 * 1024  # the most property bytes decode_head reads from a damaged record
@@ -78,13 +81,13 @@ def encode(
     store_ms: int,
     properties: Mapping[str, str],
     body: bytes,
-) -> bytearray:
-    """The bytes of one record, its offset and crc left to ``seal``."""
+) -> bytes:
+    """A record's fields, from its queue id on: ``seal`` makes them a record at an offset
+    (``SEAL_SIZE`` bytes more)."""
     topic_bytes = topic.encode()
     props = _encode_props(properties if type(properties) is dict else dict(properties)) if properties else b""
-    return bytearray().join(
+    return b"".join(
         (
-            _HEAD_AND_OFFSET,
             _FIXED.pack(queue_id, flags, queue_offset, born_ms, store_ms, len(topic_bytes)),
             topic_bytes,
             _U32.pack(len(props)),
@@ -95,13 +98,13 @@ def encode(
     )
 
 
-
-def seal(record: bytearray, commit_log_offset: int) -> None:
-    """Complete an ``encode``d record with its length, magic, the commit log offset it is
-    written at and its crc."""
-    _OFFSET.pack_into(record, HEAD_SIZE, commit_log_offset)
-    crc = crc32c.crc32c(memoryview(record)[HEAD_SIZE:])
-    _HEAD.pack_into(record, 0, len(record), RECORD_MAGIC, crc)
+def seal(fields: bytes, commit_log_offset: int) -> bytes:
+    """The record of ``encode``d ``fields`` written at ``commit_log_offset``: its length,
+    magic, crc and offset before them (the crc over the offset and the fields, computed
+    without joining them first)."""
+    offset = _OFFSET.pack(commit_log_offset)
+    crc = crc32c.crc32c(fields, crc32c.crc32c(offset))
+    return b"".join((_HEAD.pack(SEAL_SIZE + len(fields), RECORD_MAGIC, crc), offset, fields))
 
 
 def encode_blank(length: int, commit_log_offset: int) -> bytes:
@@ -229,21 +232,22 @@ def decode(buf: bytes | memoryview, pos: int, commit_log_offset: int) -> StoredR
     if len(buf) - pos < MIN_RECORD_SIZE:
         raise RecordError("truncated header")
     total, magic, crc = _HEAD.unpack_from(buf, pos)
-    fixed_at = _FIXED_AT.get(magic)
-    if fixed_at is None:
+    placed = magic == RECORD_MAGIC
+    if not placed and magic != LEGACY_MAGIC:
         raise RecordError(f"bad magic {magic:#x}")
-    if total < fixed_at + _FIXED.size + 2 * _U32.size or pos + total > len(buf):
+    if total < (_PLACED_MIN if placed else MIN_RECORD_SIZE) or pos + total > len(buf):
         raise RecordError(f"bad length {total}")
     rest = bytes(buf[pos + HEAD_SIZE : pos + total])
     if crc32c.crc32c(rest) != crc:
         raise RecordError("crc mismatch")
-    cursor = fixed_at - HEAD_SIZE
-    if cursor:
-        (stored,) = _OFFSET.unpack_from(rest, 0)
+    if placed:
+        stored, queue_id, flags, queue_offset, born, store, topic_len = _PLACED_FIXED.unpack_from(rest, 0)
         if stored != commit_log_offset:
             raise _misplaced(stored, commit_log_offset)
-    queue_id, flags, queue_offset, born, store, topic_len = _FIXED.unpack_from(rest, cursor)
-    cursor += _FIXED.size
+        cursor = _PLACED_FIXED.size
+    else:
+        queue_id, flags, queue_offset, born, store, topic_len = _FIXED.unpack_from(rest, 0)
+        cursor = _FIXED.size
     topic = rest[cursor : cursor + topic_len].decode()
     cursor += topic_len
     (props_len,) = _U32.unpack_from(rest, cursor)

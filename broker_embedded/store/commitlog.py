@@ -140,32 +140,32 @@ class CommitLog:
         self.fs.fsync(segment.fd)
 
     # -- appending ------------------------------------------------------------------------
-    def append_many(self, records: list[bytearray]) -> list[int]:
-        """Write ``codec.encode``d records in order, each sealed with the offset it is
-        written at (``codec.seal``), one ``pwrite`` per segment touched; returns their
+    def append_many(self, records: list[bytes]) -> list[int]:
+        """Write records in order, each ``codec.encode``d and sealed here with the offset
+        it is written at (``codec.seal``), one ``pwrite`` per segment touched; returns their
         commit log offsets. All or nothing: on ``StoreFullError`` or an ``OSError`` (EIO)
         everything this call wrote is removed again, so that the next append does not leave
         a hole behind it. Not thread-safe (the caller holds the store's write lock)."""
         start_offset, start_segments = self.write_offset, len(self.segments)
         offsets: list[int] = []
-        chunk: list[bytearray] = []
+        chunk: list[bytes] = []
         segment: Segment | None = None
         position = 0
         try:
-            for data in records:
-                if len(data) > self.segment_size:
-                    raise ValueError(f"record of {len(data)} bytes exceeds the segment size")
-                if segment is None or segment.end_offset - self.write_offset < len(data):
+            for fields in records:
+                length = codec.SEAL_SIZE + len(fields)
+                if length > self.segment_size:
+                    raise ValueError(f"record of {length} bytes exceeds the segment size")
+                if segment is None or segment.end_offset - self.write_offset < length:
                     if segment is not None and chunk:
                         self._write_all(segment, position, b"".join(chunk))
                         chunk = []
-                    segment = self._segment_for_append(len(data))
+                    segment = self._segment_for_append(length)
                     position = self.write_offset - segment.base_offset
                     self._dirty.add(segment)
-                codec.seal(data, self.write_offset)
-                chunk.append(data)
+                chunk.append(codec.seal(fields, self.write_offset))
                 offsets.append(self.write_offset)
-                self.write_offset += len(data)
+                self.write_offset += length
             if segment is not None and chunk:
                 self._write_all(segment, position, b"".join(chunk))
         except (StoreFullError, OSError):

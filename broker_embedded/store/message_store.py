@@ -516,7 +516,7 @@ class MessageStore:
         store_ms = self.config.clock.time_ms()
         next_offset = self._next_offset
         assigned: dict[tuple[str, int], int] = {}
-        encoded: list[bytearray] = []
+        encoded: list[bytes] = []
         queue_offsets: list[int] = []
         for record in records:
             key = (record.topic, record.queue_id)
@@ -529,10 +529,8 @@ class MessageStore:
                 record.topic, record.queue_id, queue_offset, record.flags,
                 record.born_timestamp_ms or store_ms, store_ms, record.properties, record.body,
             )
-            if len(data) > self.config.segment_size:
-                raise MessageTooLargeError(
-                    f"record of {len(data)} bytes exceeds the segment size {self.config.segment_size}"
-                )
+            if (size := codec.SEAL_SIZE + len(data)) > self.config.segment_size:
+                raise MessageTooLargeError(f"record of {size} bytes exceeds the segment size {self.config.segment_size}")
             assigned[key] = queue_offset + 1
             encoded.append(data)
             queue_offsets.append(queue_offset)
@@ -546,7 +544,7 @@ class MessageStore:
             record.store_timestamp_ms = store_ms
             record.queue_offset = queue_offset
             record.commit_log_offset = offset
-            record.size = len(data)
+            record.size = codec.SEAL_SIZE + len(data)
             stored.append(record)
         self._pending.extend(stored)
         return stored

@@ -59,6 +59,8 @@ REGRESSIONS = {
     "a misdirected write's zeros past the checkpoint counted by nothing": ("misdirected", 37),
     "a misdirected write's zeros reached by a chain of lengths counted by nothing": ("misdirected", 265),
     "a damaged range swallowing the filler after it, with a misdirected write's zeros": ("misdirected", 849),
+    "a torn append's roll-over filler taken for an intact record after it": ("io", 145),
+    "a torn append's roll-over filler taken for an intact record after it, power losses only": ("power", 148),
     "a count taken for exact where a misdirected copy broke the chain of lengths": ("misdirected", 378),
     "a count taken for exact where a copy broke the chain below the checkpoint, reaching past it": ("misdirected", 490),
     "an index entry's record past the checkpoint counted beside the lost place it held": ("misdirected", 912),

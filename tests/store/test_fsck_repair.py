@@ -206,8 +206,8 @@ def test_a_crash_image_with_a_torn_tail_is_clean_for_fsck(tmp_path: Path, capsys
             store.put(record(n))
         data = crash_image(tmp_path / "live", tmp_path / "crashed")
     last = segments(data)[-1]
-    torn = codec.encode("orders", 0, 50, 0, 1, 1, {"UNIQ_KEY": "id50"}, b"x" * 500)
-    codec.seal(torn, int(last.name) + last.stat().st_size)
+    torn = codec.seal(codec.encode("orders", 0, 50, 0, 1, 1, {"UNIQ_KEY": "id50"}, b"x" * 500),
+                      int(last.name) + last.stat().st_size)
     with last.open("ab") as f:  # an append the crash cut: never fsync'd, never acknowledged
         f.write(torn[: len(torn) // 2])
     code, report = tool(capsys, "fsck", "--data-dir", str(data))
