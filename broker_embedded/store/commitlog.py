@@ -117,19 +117,22 @@ class CommitLog:
                 continue
             data = segment.pread(0, segment.size)
             end = segment.base_offset + len(data)
+            torn: Gap | None = None  # the first bad range, a torn tail unless a record follows
             for item in walk(data, segment.base_offset, offset - segment.base_offset, segment.size):
                 if isinstance(item, StoredRecord):
+                    if torn is not None:
+                        raise LogDamageError(self.directory, torn, "followed by intact records", self.fs)
                     yield item
-                    continue
-                if index < len(self.segments) - 1:
+                elif index < len(self.segments) - 1:
                     raise LogDamageError(self.directory, item, "a closed segment", self.fs)
-                if item.end < end:
-                    raise LogDamageError(self.directory, item, "followed by intact records", self.fs)
+                else:
+                    torn = torn or item
+            if torn is not None:  # nothing after it but fillers (of the same interrupted append)
                 log.warning("truncating a torn tail at commit log offset %d (%s, %d bytes)",
-                            item.start, item.detail, item.end - item.start)
-                self.truncated = (item.start, data[item.start - segment.base_offset:])
-                self._zero_from(segment, item.start - segment.base_offset)
-                end = item.start
+                            torn.start, torn.detail, end - torn.start)
+                self.truncated = (torn.start, data[torn.start - segment.base_offset:])
+                self._zero_from(segment, torn.start - segment.base_offset)
+                end = torn.start
             offset = self.write_offset = end
 
     def _zero_from(self, segment: Segment, position: int) -> None:
@@ -138,7 +141,8 @@ class CommitLog:
 
     # -- appending ------------------------------------------------------------------------
     def append_many(self, records: list[bytes]) -> list[int]:
-        """Write encoded records in order, one ``pwrite`` per segment touched; returns their
+        """Write records in order, each ``codec.encode``d and sealed here with the offset
+        it is written at (``codec.seal``), one ``pwrite`` per segment touched; returns their
         commit log offsets. All or nothing: on ``StoreFullError`` or an ``OSError`` (EIO)
         everything this call wrote is removed again, so that the next append does not leave
         a hole behind it. Not thread-safe (the caller holds the store's write lock)."""
@@ -148,19 +152,20 @@ class CommitLog:
         segment: Segment | None = None
         position = 0
         try:
-            for data in records:
-                if len(data) > self.segment_size:
-                    raise ValueError(f"record of {len(data)} bytes exceeds the segment size")
-                if segment is None or segment.end_offset - self.write_offset < len(data):
+            for fields in records:
+                length = codec.SEAL_SIZE + len(fields)
+                if length > self.segment_size:
+                    raise ValueError(f"record of {length} bytes exceeds the segment size")
+                if segment is None or segment.end_offset - self.write_offset < length:
                     if segment is not None and chunk:
                         self._write_all(segment, position, b"".join(chunk))
                         chunk = []
-                    segment = self._segment_for_append(len(data))
+                    segment = self._segment_for_append(length)
                     position = self.write_offset - segment.base_offset
                     self._dirty.add(segment)
-                chunk.append(data)
+                chunk.append(codec.seal(fields, self.write_offset))
                 offsets.append(self.write_offset)
-                self.write_offset += len(data)
+                self.write_offset += length
             if segment is not None and chunk:
                 self._write_all(segment, position, b"".join(chunk))
         except (StoreFullError, OSError):
@@ -192,7 +197,7 @@ class CommitLog:
         if remaining >= length:
             return segment
         if remaining > 0:
-            self._write_all(segment, segment.size - remaining, codec.encode_blank(remaining))
+            self._write_all(segment, segment.size - remaining, codec.encode_blank(remaining, self.write_offset))
         # The closed segment is whole on disk before the next one exists: else a crash could
         # leave it short (or torn) behind a newer segment, which recovery must take for
         # damage to acknowledged records, not for a torn tail.
@@ -255,11 +260,11 @@ class CommitLog:
 
     def read_head(self, offset: int) -> codec.RecordHead | None:
         """Topic, properties and place of the record at ``offset``, body unread; None when
-        no record starts there."""
+        no record written there starts there."""
         segment = self._segment_of(offset)
         position = offset - segment.base_offset
         try:
-            return codec.decode_head(lambda start, length: segment.pread(position + start, length))
+            return codec.decode_head(lambda start, length: segment.pread(position + start, length), offset)
         except codec.RecordError:
             return None
 
@@ -388,12 +393,12 @@ def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord |
     """The intact records of a segment's ``data`` from ``pos`` on, and a ``Gap`` for each
     run of bytes between them that is neither a record nor a blank filler (``base``: the
     segment's start offset; ``size``: its full size). After a gap the walk goes on at the
-    next intact record, found by its magic and crc."""
+    next intact record or filler, found by its magic and crc (or tag)."""
     length = len(data)
     while pos < length:
         if size - pos < codec.HEAD_SIZE and data.count(0, pos) == length - pos:
             return  # the zero filler of a segment's last few bytes
-        filler = codec.blank_length(data, pos)
+        filler = codec.blank_length(data, pos, base + pos)
         if filler:
             pos += filler
             continue
@@ -422,15 +427,17 @@ def damage_kind(data: bytes, start: int, end: int) -> str:
 
 
 def next_intact(data: bytes, start: int, base: int) -> int:
-    """Where the first intact record at or after ``start`` begins in ``data`` (``len(data)``
-    if none does). The C-level ``find`` for the magic keeps it fast over a whole segment."""
-    magic = codec.RECORD_MAGIC.to_bytes(4, "big")
-    found = data.find(magic, start + 4)
-    while found >= 0:
+    """Where the first intact record or blank filler at or after ``start`` begins in
+    ``data`` (``len(data)`` if none does; a misdirected write's copy is neither). The C-level
+    ``find`` for the magic keeps it fast over a whole segment."""
+    for found in codec.magic_positions(data, start + 4):
+        at = found - 4
+        if codec.blank_length(data, at, base + at):
+            return at
         try:
-            codec.decode(data, found - 4, base + found - 4)
-            return found - 4
+            codec.decode(data, at, base + at)
+            return at
         except codec.RecordError:
-            found = data.find(magic, found + 1)
+            continue
     return len(data)
 

@@ -71,10 +71,12 @@ class Loss:
     #: The queue places of the lost records, where known: once a rebuilt or deleted consume
     #: queue forgets the hole a lost record left, these keep it from being counted again.
     places: tuple[Place, ...] = ()
-    #: Part of the range could not be read (EIO, a latent sector error): every record that
-    #: lay in it is lost, and ``records`` counts those some surviving byte tells of, at least
-    #: one; a record of which no other byte (queue entry, index entry, checkpoint count)
-    #: tells is lost uncounted, known only by lying in the range.
+    #: Part of the range could not be read (EIO, a latent sector error), or it lies past the
+    #: checkpoint where the headers that would count its records are gone (zeros where a
+    #: write never reached its place, a misdirected write's copy over them): every record
+    #: that lay in it is lost, and ``records`` counts those some surviving
+    #: byte tells of, at least one; a record of which no other byte (queue entry, index entry,
+    #: checkpoint count) tells is lost uncounted, known only by lying in the range.
     unreadable: bool = False
 
     @property

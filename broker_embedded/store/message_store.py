@@ -85,7 +85,7 @@ from .filesystem import REAL, FileSystem
 from .index import IndexedRecord, MessageIndex
 from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
-from .scrub import Scrub
+from .scrub import Scrub, uncovered
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -309,7 +309,9 @@ class MessageStore:
                       skipped: dict[int, set[Place]]) -> None:
         """Count the queue offsets ``offsets`` of queue ``key``, whose records lay between the
         queue's last entry and commit log offset ``before``, to the first damaged range there
-        (none: they were not lost to damage, e.g. holes a repair left)."""
+        that the ledger does not hold whole yet (else the first: a range the ledger holds is not
+        recorded again, and the places would go with it), none: they were not lost to damage,
+        e.g. holes a repair left."""
         queue = self._queues[key]
         if queue.max_offset > queue.min_offset:
             after = queue.entry(queue.max_offset - 1)[0]
@@ -317,7 +319,9 @@ class MessageStore:
             after = 0  # the queue's first records were lost
         else:
             return  # below the queue's first entry retention may have deleted records: not counted
-        number = next((n for n, gap in enumerate(gaps) if gap.start >= after and gap.end <= before), None)
+        between = [n for n, gap in enumerate(gaps) if gap.start >= after and gap.end <= before]
+        losses = self.losses.all()
+        number = next((n for n in between if uncovered(gaps[n].start, gaps[n].end, losses)), between[0] if between else None)
         if number is not None:
             # not a record the ledger has already: a hole a repair left, forgotten by a queue
             # rebuilt from the log
@@ -364,7 +368,8 @@ class MessageStore:
         if not 0 <= position < len(data):
             return None
         try:
-            head = codec.decode_head(lambda at, length: data[position + at: position + at + length], salvage=True)
+            head = codec.decode_head(lambda at, length: data[position + at: position + at + length], offset,
+                                     salvage=True)
         except codec.RecordError:
             return None
         return head.properties.get(PROPERTY_MESSAGE_ID)
@@ -524,10 +529,8 @@ class MessageStore:
                 record.topic, record.queue_id, queue_offset, record.flags,
                 record.born_timestamp_ms or store_ms, store_ms, record.properties, record.body,
             )
-            if len(data) > self.config.segment_size:
-                raise MessageTooLargeError(
-                    f"record of {len(data)} bytes exceeds the segment size {self.config.segment_size}"
-                )
+            if (size := codec.SEAL_SIZE + len(data)) > self.config.segment_size:
+                raise MessageTooLargeError(f"record of {size} bytes exceeds the segment size {self.config.segment_size}")
             assigned[key] = queue_offset + 1
             encoded.append(data)
             queue_offsets.append(queue_offset)
@@ -541,7 +544,7 @@ class MessageStore:
             record.store_timestamp_ms = store_ms
             record.queue_offset = queue_offset
             record.commit_log_offset = offset
-            record.size = len(data)
+            record.size = codec.SEAL_SIZE + len(data)
             stored.append(record)
         self._pending.extend(stored)
         return stored

@@ -141,7 +141,7 @@ def _record_losses(ledger: LossLedger, check: Report) -> None:
                       + (f"; queue offsets {', '.join(places)}" if places else ""),
                       [(m.topic, m.queue_id, m.queue_offset) for m in lost
                        if m.topic is not None and m.queue_id is not None and m.queue_offset is not None],
-                      unreadable=gap is not None and gap.kind == "unreadable")
+                      unreadable=gap is not None and (gap.kind == "unreadable" or gap.start in check.uncountable))
 
 
 def _queue_ranges(lost: list[LostMessage]) -> list[str]:
@@ -195,7 +195,7 @@ def _fill(directory: Path, segment_size: int, gap: Gap, last_base: int, fs: File
             if base == last_base and end >= size:
                 fs.ftruncate(fd, min(start, size))
             else:
-                fs.pwrite(fd, codec.encode_blank(end - start), start)
+                fs.pwrite(fd, codec.encode_blank(end - start, base + start), start)
             fs.fsync(fd)
         finally:
             fs.close(fd)

@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 CHUNK = 1024 * 1024
 #: A progress line at INFO after every this many bytes checked (besides a pass's start and end).
 PROGRESS_BYTES = 256 * 1024 * 1024
-_MAGIC = codec.RECORD_MAGIC.to_bytes(4, "big")
 
 
 class _Stopped(Exception):
@@ -133,11 +132,12 @@ class _SegmentReader:
         when there is neither."""
         data, index = self.window(pos, codec.HEAD_SIZE)
         total, magic = codec.peek_length(data, index)
-        if not codec.HEAD_SIZE <= total <= self.end - pos or magic not in (codec.RECORD_MAGIC, codec.BLANK_MAGIC):
+        if not (codec.HEAD_SIZE <= total <= self.end - pos
+                and (codec.is_record_magic(magic) or magic == codec.BLANK_MAGIC)):
             return 0
         data, index = self.window(pos, total)
         if magic == codec.BLANK_MAGIC:
-            return -total if codec.blank_length(data, index) == total else 0
+            return -total if codec.blank_length(data, index, self.base + pos) == total else 0
         try:
             codec.decode(data, index, self.base + pos)
         except codec.RecordError:
@@ -145,18 +145,18 @@ class _SegmentReader:
         return total
 
     def _next_intact(self, pos: int) -> int:
-        """Where the first intact record at or after ``pos`` starts (``end`` if none does):
-        the magic found with ``bytes.find``, each candidate decoded."""
-        while pos + codec.MIN_RECORD_SIZE <= self.end:
+        """Where the first intact record or filler at or after ``pos`` starts (``end`` if
+        none does): the magic found with ``bytes.find``, each candidate decoded."""
+        while pos + codec.HEAD_SIZE <= self.end:
             data, index = self.window(pos, CHUNK // 2)
-            found = data.find(_MAGIC, index + 4)
+            found = next(codec.magic_positions(data, index + 4), -1)
             if found < 0:
                 if self._start + len(data) >= self.end:
                     break
                 pos = self._start + len(data) - 7  # a magic cut by the window's end is seen next
                 continue
             candidate = self._start + found - 4
-            if self._intact_length(candidate) > 0:
+            if self._intact_length(candidate):
                 return candidate
             pos = candidate + 1
         return self.end
@@ -265,7 +265,7 @@ class Scrub:
     def damaged_record(self, offset: int, size: int, problem: str) -> None:
         """A reader skips the unreadable record at ``offset`` (``problem``: why): record the
         damaged range it starts unless the ledger has it already (cheap then: no read)."""
-        if _uncovered(offset, offset + size, self.store.losses.all()) == []:
+        if uncovered(offset, offset + size, self.store.losses.all()) == []:
             log.debug("skipping the record at commit log offset %d, a known loss: %s", offset, problem)
             return
         segment = self._segment_holding(offset)
@@ -301,7 +301,7 @@ class Scrub:
         with self._lock:
             if gap.end <= store.commitlog.min_offset:
                 return recorded  # retention deleted it
-            for start, end in _uncovered(gap.start, gap.end, store.losses.all()):
+            for start, end in uncovered(gap.start, gap.end, store.losses.all()):
                 entries = store.queue_entries_between(start, end)
                 named = [message_id for topic, queue_id, queue_offset, offset, _ in entries
                          if (message_id := self._salvage_id(offset, {(topic, queue_id, queue_offset)}))]
@@ -330,7 +330,8 @@ class Scrub:
             return None
         position = offset - segment.base_offset
         try:
-            head = codec.decode_head(lambda start, length: segment.pread(position + start, length), salvage=True)
+            head = codec.decode_head(lambda start, length: segment.pread(position + start, length), offset,
+                                     salvage=True)
         except (codec.RecordError, OSError):
             return None
         if (head.topic, head.queue_id, head.queue_offset) not in places:
@@ -353,7 +354,7 @@ def damage_reasons(store: MessageStore) -> list[str]:
     return reasons
 
 
-def _uncovered(start: int, end: int, losses: list[Loss]) -> list[tuple[int, int]]:
+def uncovered(start: int, end: int, losses: list[Loss]) -> list[tuple[int, int]]:
     """The parts of ``[start, end)`` that no loss in ``losses`` covers."""
     parts = [(start, end)]
     for loss in losses:

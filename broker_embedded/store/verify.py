@@ -74,6 +74,10 @@ class Report:
     lost: list[LostMessage] = field(default_factory=list)
     #: how many records the damage took, exactly: ``lost`` and those nothing names
     lost_count: int = 0
+    #: the starts of the ``gaps`` that may hold records no byte counts (an unreadable header,
+    #: or the chain of lengths broken past the checkpoint): their count is a lower bound
+    #: (``Loss.unreadable``)
+    uncountable: set[int] = field(default_factory=set)
     #: per queue, the entry count the checkpoint recorded
     queue_counts: dict[tuple[str, int], int] = field(default_factory=dict)
     #: losses found earlier (recovery, repair, the scrub) that nobody acknowledged yet
@@ -318,8 +322,9 @@ class _Inspection:
             lambda number, hash_: frozenset(self.index[number].lookup(hash_)))
         self.unindexed = [0, 0]  # records before / after the checkpoint missing from the index
         self.first_unindexed: int | None = None
-        #: where a damaged range's chain of lengths led to a header on an unreadable page
-        self.unreadable_heads: set[int] = set()
+        #: where a damaged range's chain of lengths led to a header on an unreadable page, or
+        #: a zeroed one (``_heads_in``)
+        self.uncountable_heads: set[int] = set()
 
     def run(self) -> None:
         report = self.report
@@ -332,20 +337,24 @@ class _Inspection:
         gaps = layout_gaps(layout, self.config.segment_size, report.checkpoint)
         for number, (path, (base, size)) in enumerate(zip(paths, layout, strict=True)):
             data = self.files.pread(path, size, 0)
-            tail: StoredRecord | Gap | None = None
-            for tail in walk(data, base, 0, self.config.segment_size):
-                if isinstance(tail, StoredRecord):
-                    self._record(tail)
+            trailing: list[Gap] = []  # the ranges after the last intact record
+            for item in walk(data, base, 0, self.config.segment_size):
+                if isinstance(item, StoredRecord):
+                    self._record(item)
+                    trailing = []
                 else:
-                    gaps.append(tail)
+                    gaps.append(item)
+                    trailing.append(item)
             report.log_end = base + len(data)
-            if (number == len(paths) - 1 and isinstance(tail, Gap) and tail.end == report.log_end
-                    and tail.start >= report.checkpoint):
-                gaps.remove(tail)
-                report.torn_tail = tail
-                report.log_end = tail.start
-                report.notes.append(f"torn tail of {tail.end - tail.start} bytes at offset {tail.start} "
-                                    f"({tail.detail}): never acknowledged, start-up truncates it")
+            # from the first range with nothing but fillers after it (an interrupted append's),
+            # as recovery truncates
+            if number == len(paths) - 1 and trailing and trailing[0].start >= report.checkpoint:
+                gaps = [gap for gap in gaps if gap not in trailing]
+                first = trailing[0]
+                report.torn_tail = Gap(first.start, report.log_end, first.kind, first.detail)
+                report.log_end = first.start
+                report.notes.append(f"torn tail of {report.torn_tail.end - first.start} bytes at offset "
+                                    f"{first.start} ({first.detail}): never acknowledged, start-up truncates it")
         report.gaps = sorted(gaps, key=lambda gap: gap.start)
         for gap in report.gaps:
             report.problems.append(f"commit log: {gap.end - gap.start} bytes {gap.kind} at offset "
@@ -464,16 +473,21 @@ class _Inspection:
                     place = salvaged
                     claimed.add(salvaged)
                 known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
-            elif message.topic is None and offset in self.unreadable_heads:
-                # a header on an unreadable page: the lost place of a record that may have lain
-                # there is the same record, as far as any byte tells (the count is a lower bound)
+            elif message.topic is None:
+                # a header on an unreadable page or zeroed, or a record past the checkpoint (an
+                # index entry's; a lost place past its queue's checkpoint count): the lost place
+                # of a record that may have lain there is the same record, as far as any byte
+                # tells (the count is a lower bound)
+                uncountable = offset in self.uncountable_heads
                 held = next((p for p in uncounted if p not in claimed
-                             and self.queues[p[:2]].could_hold(p[2], offset)), None)
+                             and (uncountable or p[2] >= report.queue_counts.get(p[:2], 0))
+                             and self.queues[p[:2]].could_hold(p[2], offset)), None) \
+                    if uncountable or offset >= report.checkpoint else None
                 if held is not None:
                     claimed.add(held)
                     known[offset] = LostMessage(offset, *held)
-            elif message.topic is None and offset in starts:
-                del known[offset]  # damaged bytes at a gap's start that no entry says held a record
+                elif offset in starts and offset not in self.uncountable_heads:
+                    del known[offset]  # damaged bytes at a gap's start that no entry says held a record
         self._name(known, indexed)
         placed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         unplaced = [m for m in known.values() if m.topic is None]
@@ -546,20 +560,33 @@ class _Inspection:
     def _heads_in(self, gap: Gap) -> list[int]:
         """Where records began in a damaged range: its start, and each record after it
         that the headers before it lead to (the length of one to the next, each with its
-        magic); a damaged length ends the chain, and so does a header on an unreadable page
-        (a record began there, its length is lost: ``unreadable_heads``)."""
+        magic and offset); a damaged length ends the chain, and so does a header on an
+        unreadable page, or one of zeros past the checkpoint amid records (a record began
+        there, its length is lost: ``uncountable_heads``; zeros: the write of records that
+        never reached their place, such as a misdirected one's, whose queue and index entries
+        were not synced yet: below the checkpoint its queue counts tell of them). A chain that
+        ends before a range reaching past the checkpoint does leaves its count a lower bound
+        (``Report.uncountable``)."""
         heads = [gap.start]
         base = gap.start - gap.start % self.config.segment_size
         path = self.data_dir / "commitlog" / f"{base:020d}"
         offset = gap.start
         while offset < gap.end:
             try:
-                head = codec.decode_head(functools.partial(self._read_at, path, offset - base))
+                head = codec.decode_head(functools.partial(self._read_at, path, offset - base), offset)
             except (codec.RecordError, FileNotFoundError):
-                if _UNREADABLE_HEAD in self._read_at(path, offset - base, 0, codec.HEAD_SIZE):
+                header = self._read_at(path, offset - base, 0, codec.HEAD_SIZE)
+                if gap.end > self.report.checkpoint:
+                    # no queue count tells how many records the rest of the range held past
+                    # the checkpoint (a misdirected write's copy over their headers, say)
+                    self.report.uncountable.add(gap.start)
+                zeroed = not any(header) and offset >= self.report.checkpoint \
+                    and gap.end % self.config.segment_size != 0  # at a segment's end: the blank's place
+                if _UNREADABLE_HEAD in header or zeroed:
                     # a record began here (the range's start, or where a length led), its
-                    # header on an unreadable page
-                    self.unreadable_heads.add(offset)
+                    # header on an unreadable page or zeroed: how many more did is unknown
+                    self.uncountable_heads.add(offset)
+                    self.report.uncountable.add(gap.start)
                     if offset not in heads:
                         heads.append(offset)
                 break
@@ -577,7 +604,8 @@ class _Inspection:
         path = self.data_dir / "commitlog" / f"{base:020d}"
         try:
             return codec.decode_head(
-                lambda start, length: self.files.pread(path, length, offset - base + start), salvage=True)
+                lambda start, length: self.files.pread(path, length, offset - base + start), offset,
+                salvage=True)
         except (codec.RecordError, FileNotFoundError):
             return None
 

@@ -1,12 +1,17 @@
-"""The broker's own stored records keep their bytes: op records and consumer progress
-events are read back by every later version, so their Python field names may change but
-what they encode to (short msgpack keys) may not. The literals were encoded by the code
-before the fields got descriptive names."""
+"""The broker's own stored records keep their bytes: commit log records, op records and
+consumer progress events are read back by every later version, so their Python field names
+may change but what they encode to (short msgpack keys) may not. The literals were encoded by
+the code before the fields got descriptive names (the legacy commit log record: before records
+carried their own commit log offset)."""
 
 from __future__ import annotations
 
+import pytest
+
 from broker_embedded.broker.consumption import Event, decode_events, encode_events
 from broker_embedded.broker.transactions.ops import Op, decode_op, encode_op
+from broker_embedded.store import codec as record_codec
+from broker_embedded.store.record import StoredRecord
 
 COMMIT_OP = Op(transaction_id="tx-1", kind="commit", check_times=2, timestamp_ms=1_700_000_000_000,
                producer_group="shop", half_offsets=[10, 20], message_ids=["m1", "m2"])
@@ -30,3 +35,45 @@ def test_op_records_encode_to_the_bytes_older_versions_wrote_and_read() -> None:
 def test_progress_events_encode_to_the_bytes_older_versions_wrote_and_read() -> None:
     assert encode_events([EVENT]) == EVENTS_BYTES
     assert decode_events(EVENTS_BYTES) == [EVENT]
+
+
+# The store's commit log record, in its two formats: data directories written before a record
+# carried its own commit log offset are read by every later version.
+RECORD_FIELDS = ("orders", 3, 42, 1, 1_700_000_000_000, 1_700_000_000_001, {"UNIQ_KEY": "m1"}, b"hello")
+LEGACY_RECORD_BYTES = (b"\x00\x00\x00N\xda\xa3 \xa7<\xcc\xbb6\x00\x00\x00\x03\x00\x00\x00\x01\x00\x00\x00\x00"
+                       b"\x00\x00\x00*\x00\x00\x01\x8b\xcf\xe5h\x00\x00\x00\x01\x8b\xcf\xe5h\x01\x00\x06orders"
+                       b"\x00\x00\x00\r\x81\xa8UNIQ_KEY\xa2m1\x00\x00\x00\x05hello")
+RECORD_AT_4096_BYTES = (b"\x00\x00\x00V\xda\xa3 \xa8\xda\xeb\xcc\x14\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00"
+                        b"\x03\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00*\x00\x00\x01\x8b\xcf\xe5h\x00\x00\x00"
+                        b"\x01\x8b\xcf\xe5h\x01\x00\x06orders\x00\x00\x00\r\x81\xa8UNIQ_KEY\xa2m1\x00\x00\x00\x05hello")
+
+
+def _fields(record: StoredRecord) -> tuple[object, ...]:
+    return (record.topic, record.queue_id, record.queue_offset, record.flags, record.born_timestamp_ms,
+            record.store_timestamp_ms, record.properties, record.body)
+
+
+def test_a_commit_log_record_encodes_to_the_bytes_this_version_writes_and_reads_both_formats() -> None:
+    assert record_codec.seal(record_codec.encode(*RECORD_FIELDS), 4096) == RECORD_AT_4096_BYTES  # type: ignore[arg-type]
+    for data, size in ((RECORD_AT_4096_BYTES, 86), (LEGACY_RECORD_BYTES, 78)):
+        decoded = record_codec.decode(b"\0" * 8 + data, 8, 4096)
+        assert _fields(decoded) == RECORD_FIELDS and (decoded.commit_log_offset, decoded.size) == (4096, size)
+        head = record_codec.decode_head(lambda at, length, data=data: data[at:at + length], 4096)
+        assert head == ("orders", {"UNIQ_KEY": "m1"}, 3, 42, size)
+
+
+def test_a_record_read_where_it_was_not_written_is_no_record() -> None:
+    with pytest.raises(record_codec.RecordError, match="misplaced"):
+        record_codec.decode(RECORD_AT_4096_BYTES, 0, 8192)
+    with pytest.raises(record_codec.RecordError, match="misplaced"):
+        record_codec.decode_head(lambda at, length: RECORD_AT_4096_BYTES[at:at + length], 8192)
+    # a legacy record does not say where it was written: it is read wherever it is
+    assert record_codec.decode(LEGACY_RECORD_BYTES, 0, 8192).commit_log_offset == 8192
+
+
+def test_a_blank_filler_is_one_where_it_was_written_and_a_legacy_one_anywhere() -> None:
+    blank, legacy = b"\x00\x00\x00@\xcb\xd41\x94\xaa\x17\x98\xdf" + bytes(52), b"\x00\x00\x00@\xcb\xd41\x94" + bytes(56)
+    assert record_codec.encode_blank(64, 4096) == blank
+    assert record_codec.blank_length(b"\0" * 8 + blank, 8, 4096) == 64
+    assert record_codec.blank_length(blank, 0, 8192) == 0  # a misdirected write's copy
+    assert record_codec.blank_length(legacy, 0, 8192) == 64

@@ -21,7 +21,8 @@ Faults (``Faults``): a ``pwrite`` may fail with EIO or ENOSPC (ENOSPC sometimes 
 short write); an fsync may fail with EIO, and then the writes it covered never reach the
 disk, though reads still see them (Linux's behaviour since the "fsyncgate" discussion);
 at a power loss an old, synced page of a commit log segment may take a bit flip, or turn
-into a latent sector error (a read of it fails with EIO until it is written again); a
+into a latent sector error (a read of it fails with EIO until a write covers it whole; a
+write to a part of it fails with EIO too, as the kernel must read the page first); a
 write to a commit log segment may be misdirected: its data lands at another place (a
 wrong offset of the same segment, or the same offset of another one) over what was there,
 while the place it was meant for keeps zeros. The process reads what it wrote (the page
@@ -367,6 +368,8 @@ class SimulatedDisk:
             if not short:
                 raise OSError(errno.ENOSPC, "no space left on device")
             data = data[:short]
+        if data and inode.bad_pages:
+            self._rewrite_pages(inode, position, position + len(data))
         op = ("write", position, data)
         _apply(inode.data, op)
         self._touch(inode)
@@ -374,22 +377,19 @@ class SimulatedDisk:
                 and self._misdirected():
             op = ("write", position, self._misdirect(inode, position, data))
         inode.unsynced.append(op)
-        if data and inode.bad_pages:
-            self._remap(inode, position, position + len(data))
         return len(data)
 
-    @staticmethod
-    def _remap(inode: _Inode, start: int, end: int) -> None:
-        """A write to an unreadable page heals it (the drive remaps the sector), but what it
-        held is gone: the bytes of the page the write does not cover read as zeros from now on,
-        never as the old ones."""
-        for page in sorted(inode.bad_pages & set(range(start // PAGE, (end - 1) // PAGE + 1))):
-            for image in (inode.data, inode.durable):
-                low, high = page * PAGE, min((page + 1) * PAGE, len(image))
-                image[low:min(start, high)] = bytes(max(0, min(start, high) - low))
-                if end < high:
-                    image[end:high] = bytes(high - end)
-            inode.bad_pages.discard(page)
+    def _rewrite_pages(self, inode: _Inode, start: int, end: int) -> None:
+        """A write over unreadable pages: one it covers whole heals (the drive remaps the
+        sector on the write; the page reads the new bytes from now on). One it covers only
+        in part fails the write with EIO, before any byte of it is written: the kernel reads
+        the page first, to merge the bytes the write leaves as they were (a 4 KiB-sector
+        disk, pages of one block), and that read fails."""
+        touched = inode.bad_pages & set(range(start // PAGE, (end - 1) // PAGE + 1))
+        if any(start > page * PAGE or end < (page + 1) * PAGE for page in touched):
+            self.events.append(f"pwrite of {end - start} bytes at {start}: EIO (a part of an unreadable page)")
+            raise OSError(errno.EIO, "input/output error (a partial write to an unreadable page)")
+        inode.bad_pages -= touched
 
     def fsync(self, fd: int) -> None:
         inode = self._inode(fd)

@@ -205,8 +205,10 @@ def test_a_crash_image_with_a_torn_tail_is_clean_for_fsck(tmp_path: Path, capsys
         for n in range(50):
             store.put(record(n))
         data = crash_image(tmp_path / "live", tmp_path / "crashed")
-    torn = codec.encode("orders", 0, 50, 0, 1, 1, {"UNIQ_KEY": "id50"}, b"x" * 500)
-    with segments(data)[-1].open("ab") as f:  # an append the crash cut: never fsync'd, never acknowledged
+    last = segments(data)[-1]
+    torn = codec.seal(codec.encode("orders", 0, 50, 0, 1, 1, {"UNIQ_KEY": "id50"}, b"x" * 500),
+                      int(last.name) + last.stat().st_size)
+    with last.open("ab") as f:  # an append the crash cut: never fsync'd, never acknowledged
         f.write(torn[: len(torn) // 2])
     code, report = tool(capsys, "fsck", "--data-dir", str(data))
     assert code == 0 and report["records"] == 50 and report["lost_count"] == 0
