@@ -208,8 +208,13 @@ def test_producers_an_hour_off_purged_at_the_smallest_age_lose_nothing_and_deliv
                              for n, skew in enumerate((-3600, 3600, -3600, 3600))]
                 # the two that never kill themselves have done some work (a loaded machine
                 # starts processes slowly), then everyone dies at a random point
-                _wait(lambda: all(sum(order.startswith(f"r{round_}p{n}-") for order in live.committed_orders()) >= 20
-                                  for n in (2, 3)), 120, "each surviving producer's first 20 orders")
+                survivors = (f"r{round_}p2-", f"r{round_}p3-")
+
+                def survivors_busy(prefixes: tuple[str, ...] = survivors) -> bool:
+                    orders = live.committed_orders()
+                    return all(sum(order.startswith(prefix) for order in orders) >= 20 for prefix in prefixes)
+
+                _wait(survivors_busy, 120, "each surviving producer's first 20 orders")
                 time.sleep(rng.uniform(0, 1))
                 for process in producers:
                     process.kill()
