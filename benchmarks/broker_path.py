@@ -20,6 +20,13 @@ long-lived child process, in alternating rounds; medians and per-round ratios:
 Each checkout's END is sent as its producer sends it: ``oneway`` (no fsync of its own, the
 next write's covers it) where the checkout has it.
 
+``--client`` measures the other end instead: ``BrokerClient`` (sync, over TCP) of each
+checkout, each in its own child process, against one server (this checkout's), as a decorated
+call uses it: ``send_half`` waited for, then ``start_end_transaction(oneway=True)`` not waited
+for; from one thread and from ``--client-threads`` threads sharing the client. The client
+process's CPU per call (every thread of it) and calls per second; ``--profile`` then profiles
+the one-thread loop of each checkout.
+
 ``--profile`` prints the top functions per transaction of the ``+frames`` loop for both
 checkouts. Run: ``python benchmarks/broker_path.py [--rounds 9] [--tx 1000] [--profile]``.
 """
@@ -127,19 +134,65 @@ def _child() -> None:
             print(json.dumps({"per_tx": per_tx}), flush=True)
 
 
+def _client_child(port: int) -> None:
+    """A child running checkout under test's ``BrokerClient`` against the server on ``port``;
+    each line on stdin (``calls N THREADS``, or ``profile N PATH``: one thread under cProfile)
+    runs N decorated-call-like calls spread over THREADS threads sharing the client and prints
+    the process's CPU seconds per call (every thread's) and the calls per second."""
+    import cProfile
+    import threading
+
+    from broker_embedded import BrokerClient
+    from broker_embedded.message import Message, Resolution
+
+    client = BrokerClient(f"tcp://127.0.0.1:{port}")
+    numbers = iter(range(1, 1 << 62))
+
+    def calls(count: int) -> None:
+        for _ in range(count):
+            transaction_id = f"c{os.getpid()}-{next(numbers)}"
+            client.send_half(Message(TOPIC, BODY), producer_group=GROUP, transaction_id=transaction_id)
+            client.start_end_transaction(transaction_id, Resolution.COMMIT, producer_group=GROUP, oneway=True)
+
+    calls(300)  # warm-up: the connection, the topic
+    for line in sys.stdin:
+        command, count, argument = line.split()
+        if command == "profile":
+            profile = cProfile.Profile(time.thread_time)
+            profile.runcall(calls, int(count))
+            profile.dump_stats(argument)
+            print(json.dumps({"per_tx": 0.0, "per_s": 0.0}), flush=True)
+            continue
+        threads = int(argument)
+        workers = [threading.Thread(target=calls, args=(int(count) // threads,)) for _ in range(threads)]
+        began, cpu_began = time.perf_counter(), time.process_time()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+        print(json.dumps({"per_tx": cpu / int(count), "per_s": int(count) / wall}), flush=True)
+    client.close()
+
+
 class _Child:
-    """A ``_child`` process of checkout ``code``."""
+    """A ``_child`` process of checkout ``code`` (or a ``_client_child`` of the server on ``port``)."""
 
-    def __init__(self, code: Path) -> None:
-        self.process = subprocess.Popen([sys.executable, str(HERE / "broker_path.py"), "--child"],
+    def __init__(self, code: Path, port: int | None = None) -> None:
+        mode = ["--child"] if port is None else ["--client-child", str(port)]
+        self.process = subprocess.Popen([sys.executable, str(HERE / "broker_path.py"), *mode],
                                         env=code_env(code), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.per_s = 0.0
 
-    def run(self, command: str, transactions: int, profile_to: Path | None = None) -> float:
-        """Microseconds of CPU per transaction of ``transactions`` run by ``command``."""
+    def run(self, command: str, transactions: int, profile_to: Path | str | None = None) -> float:
+        """Microseconds of CPU per transaction of ``transactions`` run by ``command`` (a
+        client child: their calls per second in ``per_s``)."""
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(f"{command} {transactions} {profile_to or ''}\n")
         self.process.stdin.flush()
-        return float(json.loads(self.process.stdout.readline())["per_tx"]) * 1e6
+        answer = json.loads(self.process.stdout.readline())
+        self.per_s = float(answer.get("per_s", 0.0))
+        return float(answer["per_tx"]) * 1e6
 
     def close(self) -> None:
         assert self.process.stdin is not None
@@ -251,6 +304,40 @@ def fdatasync_cpu(appends: int = 2000) -> dict[str, float]:
     return costs
 
 
+def client_main(args: argparse.Namespace) -> None:
+    """``--client``: both checkouts' clients against one server of this checkout, alternating."""
+    checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
+    print(machine_load("at start"))
+    print(f"old: {checkouts['old']}, new: {checkouts['new']}; clients against one server ({NEW}); {args.tx} calls "
+          f"per round, {args.rounds} alternating rounds; a call: send_half (256 B, waited for) + "
+          "start_end_transaction(oneway=True) (not waited for); client process CPU (all its threads) per call")
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as scratch, halfmoon_process(Path(scratch) / "server", code=NEW) as (_, port):
+        children = {name: _Child(code, port) for name, code in checkouts.items()}
+        try:
+            for round_number in range(args.rounds):
+                for threads in (1, args.client_threads):
+                    for name in (["old", "new"] if round_number % 2 == 0 else ["new", "old"]):
+                        results.setdefault(f"{threads} cpu {name}", []).append(
+                            children[name].run("calls", args.tx, str(threads)))
+                        results.setdefault(f"{threads} rate {name}", []).append(children[name].per_s)
+            if args.profile:
+                for name, child in children.items():
+                    path = Path(scratch) / f"{name}.prof"
+                    child.run("profile", args.tx, path)
+                    print_profile(path, f"{name}: one thread's calls, per call (the calling thread only)", args.tx)
+        finally:
+            for child in children.values():
+                child.close()
+    print(f"\n{'measure':<26} {'old':>24} {'new':>24} {'new/old (per round)':>20}")
+    for threads in (1, args.client_threads):
+        for kind, label in (("cpu", "client CPU us/call"), ("rate", "calls/s")):
+            old, new = results[f"{threads} {kind} old"], results[f"{threads} {kind} new"]
+            print(f"{f'{threads} thread(s): {label}':<26} {summary(old):>24} {summary(new):>24} "
+                  f"{statistics.median(ratios(new, old)):>20.3f}")
+    print(machine_load("at end"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", type=Path, default=Path("/work/main"), help="the checkout to compare with")
@@ -264,10 +351,20 @@ def main() -> None:
     parser.add_argument("--no-core", action="store_true", help="skip the in-process measures")
     parser.add_argument("--breakdown", action="store_true",
                         help="also the path without its fdatasyncs, and an fdatasync's CPU appending vs preallocated")
+    parser.add_argument("--client", action="store_true",
+                        help="measure the checkouts' BrokerClient (CPU per call, calls/s) instead of the broker")
+    parser.add_argument("--client-threads", type=int, default=8, help="--client: threads sharing one client")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--client-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child()
+        return
+    if args.client_child:
+        _client_child(args.client_child)
+        return
+    if args.client:
+        client_main(args)
         return
     checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
     print(machine_load("at start"))
