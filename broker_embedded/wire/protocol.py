@@ -288,7 +288,7 @@ def to_wire(value: Any) -> Any:
 def request_body(arguments: dict[str, Any]) -> dict[str, Any]:
     """A request body of keyword arguments; one left None takes the server's default (so
     a server that does not know an optional argument is only sent it when it is used)."""
-    return {name: to_wire(value) for name, value in arguments.items() if value is not None}
+    return to_wire({name: value for name, value in arguments.items() if value is not None})
 
 
 def unwrap_response(body: Any) -> Any:
