@@ -5,6 +5,10 @@
 sent, restarted on the same data dir, and the transaction must be COMMITTED with all three
 messages readable once, or not committed with none; a COMMIT sent again (the producer's
 retry, or a check-back answer) then delivers all three once.
+
+The oneway variant sends the END as ``@transactional_message`` does (``oneway=True``, not
+waited for: the broker holds its record for the next write) and at once the next
+transaction's 3 MiB half message, which carries the held END in its one append.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .crashcut import describe, exactly_once, kill_delays, kill_later, visible
 TOPIC = "orders"
 PRODUCER_GROUP = "pg"
 TX = "tx-killed"
+NEXT_TX = "tx-next"
 BODY_SIZE = 3 * 1024 * 1024
 SEGMENT_SIZE = 5 * 1024 * 1024
 #: Each kill delay of 0..20 ms about three times. With the bug 12 of 40 tries left a
@@ -30,7 +35,7 @@ SEGMENT_SIZE = 5 * 1024 * 1024
 TRIES = 60
 
 
-def kill_during_commit(data: Path, delay_s: float) -> str:
+def kill_during_commit(data: Path, delay_s: float, oneway: bool = False) -> str:
     """One try; its outcome: "committed", "pending" or a description of the violation."""
     server = ServerProcess(data, "--segment-size", str(SEGMENT_SIZE), "--transaction-timeout", "600",
                            "--log-level", "WARNING")
@@ -41,7 +46,12 @@ def kill_during_commit(data: Path, delay_s: float) -> str:
                                     transaction_id=TX).message_id for _ in range(3)]
             killer = kill_later(server, delay_s)
             try:
-                client.end_transaction(TX, Resolution.COMMIT, producer_group=PRODUCER_GROUP)
+                if oneway:
+                    client.start_end_transaction(TX, Resolution.COMMIT, producer_group=PRODUCER_GROUP, oneway=True)
+                    client.send_half(Message(TOPIC, os.urandom(BODY_SIZE)), producer_group=PRODUCER_GROUP,
+                                     transaction_id=NEXT_TX)
+                else:
+                    client.end_transaction(TX, Resolution.COMMIT, producer_group=PRODUCER_GROUP)
             except BrokerError:
                 pass  # killed before the answer: the broker decides on restart
             killer.join()
@@ -64,8 +74,9 @@ def kill_during_commit(data: Path, delay_s: float) -> str:
 
 
 @pytest.mark.slow
-def test_sigkill_during_commit_never_leaves_a_partial_transaction(tmp_path: Path) -> None:
-    outcomes = [(delay, kill_during_commit(tmp_path / f"try-{n}", delay))
+@pytest.mark.parametrize("oneway", [False, True], ids=["end-waited", "end-oneway-held"])
+def test_sigkill_during_commit_never_leaves_a_partial_transaction(tmp_path: Path, oneway: bool) -> None:
+    outcomes = [(delay, kill_during_commit(tmp_path / f"try-{n}", delay, oneway))
                 for n, delay in enumerate(kill_delays(TRIES))]
     bad = [f"killed after {delay * 1000:.0f} ms: {outcome}" for delay, outcome in outcomes
            if outcome not in ("committed", "pending")]
