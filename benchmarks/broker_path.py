@@ -304,6 +304,14 @@ def fdatasync_cpu(appends: int = 2000) -> dict[str, float]:
     return costs
 
 
+def profile_each(children: dict[str, _Child], scratch: Path, title: str, operations: int) -> None:
+    """Each checkout's child profiles ``operations`` of its work; print its top functions."""
+    for name, child in children.items():
+        path = scratch / f"{name}.prof"
+        child.run("profile", operations, path)
+        print_profile(path, f"{name}: {title}", operations)
+
+
 def client_main(args: argparse.Namespace) -> None:
     """``--client``: both checkouts' clients against one server of this checkout, alternating."""
     checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
@@ -322,10 +330,7 @@ def client_main(args: argparse.Namespace) -> None:
                             children[name].run("calls", args.tx, str(threads)))
                         results.setdefault(f"{threads} rate {name}", []).append(children[name].per_s)
             if args.profile:
-                for name, child in children.items():
-                    path = Path(scratch) / f"{name}.prof"
-                    child.run("profile", args.tx, path)
-                    print_profile(path, f"{name}: one thread's calls, per call (the calling thread only)", args.tx)
+                profile_each(children, Path(scratch), "one thread's calls, per call (the calling thread only)", args.tx)
         finally:
             for child in children.values():
                 child.close()
@@ -382,10 +387,7 @@ def main() -> None:
                     results.setdefault(f"{label} {name}", []).append(children[name].run(command, args.tx))
         if args.profile:
             with tempfile.TemporaryDirectory() as scratch:
-                for name, child in children.items():
-                    path = Path(scratch) / f"{name}.prof"
-                    child.run("profile", args.tx, path)
-                    print_profile(path, f"{name}: +frames, per transaction", args.tx)
+                profile_each(children, Path(scratch), "+frames, per transaction", args.tx)
     finally:
         for child in children.values():
             child.close()
