@@ -27,7 +27,7 @@ from broker_embedded.store.config import StoreConfig
 from broker_embedded.wire.auth import credentials
 from broker_embedded.wire.protocol import LENGTH, Kind, RequestCode, encode_frame
 from tests.server.conftest import ThreadServer
-from tests.server.test_limits import eventually, raw, take
+from tests.server.test_limits import closed_by_server, eventually, raw, take
 from tests.server.test_unauthenticated import KEYS
 from tests.sim.clock import SimClock
 
@@ -75,18 +75,6 @@ def sim_server(thread_server: Callable[..., ThreadServer]) -> Callable[..., SimS
     return start
 
 
-def closed(sock: socket.socket) -> bool:
-    """True once the server has closed ``sock`` (a dropped connection may be reset)."""
-    try:
-        while sock.recv(65536):
-            pass
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        return False
-    return True
-
-
 def authenticated(port: int) -> socket.socket:
     """A raw connection that has authenticated with ``KEYS`` (its last request answered)."""
     sock = raw(port)
@@ -106,7 +94,7 @@ def test_an_idle_authenticated_connection_is_closed_at_its_idle_timeout(sim_serv
     assert take(sock, 1) == [(1, {"ok": []})]
     assert server.later(LIMITS.idle_timeout_s) == 0, "closed at its idle timeout, not past it"
     assert server.later(PAST) == 1
-    assert closed(sock)
+    assert closed_by_server(sock)
 
 
 def test_an_unauthenticated_connection_is_closed_at_its_shorter_deadline(sim_server) -> None:
@@ -118,7 +106,7 @@ def test_an_unauthenticated_connection_is_closed_at_its_shorter_deadline(sim_ser
         assert answered == request_id and "challenge" in challenge["ok"]
         assert server.later(LIMITS.auth_timeout_s / 2) == 0
     assert server.later(PAST) == 1
-    assert closed(waiting)
+    assert closed_by_server(waiting)
 
 
 def test_a_request_that_never_arrives_whole_is_closed_at_the_frame_deadline(sim_server) -> None:
@@ -130,7 +118,7 @@ def test_a_request_that_never_arrives_whole_is_closed_at_the_frame_deadline(sim_
     assert take(slow, 1) == [(1, {"ok": []})]
     assert server.later(LIMITS.frame_timeout_s) == 0
     assert server.later(PAST) == 1, "a half-sent request kept its connection past the frame deadline"
-    assert closed(slow)
+    assert closed_by_server(slow)
 
 
 def test_a_long_poll_is_not_idle_and_its_answer_is_activity(sim_server) -> None:
@@ -147,7 +135,7 @@ def test_a_long_poll_is_not_idle_and_its_answer_is_activity(sim_server) -> None:
     assert request_id == 2 and [m["message"]["body"] for m in answer["ok"]] == [b"at last"]
     assert server.later(LIMITS.idle_timeout_s) == 0
     assert server.later(PAST) == 1
-    assert closed(polling)
+    assert closed_by_server(polling)
 
 
 def test_a_producer_closed_while_idle_reconnects_and_answers_check_backs(sim_server) -> None:

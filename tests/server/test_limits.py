@@ -73,11 +73,14 @@ def answered_ok(sock: socket.socket, request_id: int) -> bool:
 
 
 def closed_by_server(sock: socket.socket) -> bool:
-    """True once the server closes ``sock`` (after any answers it sent), False if it keeps
-    it open for the socket's whole timeout."""
+    """True once the server closes ``sock`` (after any answers it sent; a connection it
+    drops with requests unread may be reset), False if it keeps it open for the socket's
+    whole timeout."""
     try:
         for _ in answers(sock):
             pass
+    except ConnectionResetError:
+        pass
     except TimeoutError:
         return False
     return True
