@@ -34,6 +34,7 @@ checkouts. Run: ``python benchmarks/broker_path.py [--rounds 9] [--tx 1000] [--p
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 
 from _common import (
+    alternating_rounds,
     code_env,
     cpu_seconds,
     halfmoon_process,
@@ -194,6 +196,10 @@ class _Child:
         self.per_s = float(answer.get("per_s", 0.0))
         return float(answer["per_tx"]) * 1e6
 
+    def calls(self, count: int, threads: int) -> tuple[float, float]:
+        """A client child's ``count`` calls over ``threads`` threads: CPU us per call, calls/s."""
+        return self.run("calls", count, str(threads)), self.per_s
+
     def close(self) -> None:
         assert self.process.stdin is not None
         self.process.stdin.close()
@@ -319,25 +325,22 @@ def client_main(args: argparse.Namespace) -> None:
     print(f"old: {checkouts['old']}, new: {checkouts['new']}; clients against one server ({NEW}); {args.tx} calls "
           f"per round, {args.rounds} alternating rounds; a call: send_half (256 B, waited for) + "
           "start_end_transaction(oneway=True) (not waited for); client process CPU (all its threads) per call")
-    results: dict[str, list[float]] = {}
+    measured: dict[int, dict[str, list[tuple[float, float]]]] = {}
     with tempfile.TemporaryDirectory() as scratch, halfmoon_process(Path(scratch) / "server", code=NEW) as (_, port):
         children = {name: _Child(code, port) for name, code in checkouts.items()}
         try:
-            for round_number in range(args.rounds):
-                for threads in (1, args.client_threads):
-                    for name in (["old", "new"] if round_number % 2 == 0 else ["new", "old"]):
-                        results.setdefault(f"{threads} cpu {name}", []).append(
-                            children[name].run("calls", args.tx, str(threads)))
-                        results.setdefault(f"{threads} rate {name}", []).append(children[name].per_s)
+            for threads in (1, args.client_threads):
+                measured[threads] = alternating_rounds(args.rounds, {
+                    name: functools.partial(child.calls, args.tx, threads) for name, child in children.items()})
             if args.profile:
                 profile_each(children, Path(scratch), "one thread's calls, per call (the calling thread only)", args.tx)
         finally:
             for child in children.values():
                 child.close()
     print(f"\n{'measure':<26} {'old':>24} {'new':>24} {'new/old (per round)':>20}")
-    for threads in (1, args.client_threads):
-        for kind, label in (("cpu", "client CPU us/call"), ("rate", "calls/s")):
-            old, new = results[f"{threads} {kind} old"], results[f"{threads} {kind} new"]
+    for threads, results in measured.items():
+        for kind, label in enumerate(("client CPU us/call", "calls/s")):
+            old, new = ([run[kind] for run in results[name]] for name in ("old", "new"))
             print(f"{f'{threads} thread(s): {label}':<26} {summary(old):>24} {summary(new):>24} "
                   f"{statistics.median(ratios(new, old)):>20.3f}")
     print(machine_load("at end"))
