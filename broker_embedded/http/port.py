@@ -140,11 +140,11 @@ def _plain(start_response: StartResponse, status: str, text: str, method: str,
 
 class _Server(TcpWSGIServer):
     """waitress's server on one listening socket, except that closing it leaves the wake-up
-    pipe (``trigger``) open. waitress closes both at once, in ``stop`` and when the listening
-    socket fails (POLLHUP, POLLERR, an exception while accepting), while worker threads still
-    answering write to the pipe and ``HttpPort.stop`` has to write to it to wake the I/O
-    thread: a descriptor number closed under a thread that writes to it may be another
-    file's by then. ``HttpPort.stop`` closes the pipe, once no thread can write to it."""
+    pipe (``trigger``) open. waitress's ``close`` closes both, also when the I/O thread sees
+    the listening socket fail (POLLHUP, POLLERR, an exception while accepting), while worker
+    threads still answering write to the pipe and ``HttpPort.stop`` writes to it to wake the
+    I/O thread: a descriptor number closed under a thread that writes to it may be another
+    file's by then. ``HttpPort.stop`` closes the pipe once no thread can write to it."""
 
     def close(self) -> None:
         wasyncore.dispatcher.close(self)

@@ -148,6 +148,31 @@ def test_stop_wakes_a_worker_waiting_for_a_client_that_does_not_read() -> None:
         started = time.monotonic()
         port.stop()
         assert time.monotonic() - started < 2.0, "stop waited for the worker"
-        assert generator_closed.wait(1) and waitress_threads() == threads
+        assert generator_closed.wait(1) and waitress_threads() <= threads
     finally:
+        client.close()
+
+
+def test_a_worker_still_answering_after_5_s_keeps_the_wake_up_pipe(caplog: pytest.LogCaptureFixture) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        entered.set()
+        release.wait(30)
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "4")])
+        return [b"late"]
+
+    port = HttpPort("127.0.0.1", 0, CollectorRegistry(), lambda: None, {"/": stuck})
+    port.start()
+    _, pipe = port_descriptors(port)
+    client = socket.create_connection(("127.0.0.1", port.port), timeout=10)
+    try:
+        client.sendall(b"GET / HTTP/1.1\r\nHost: broker\r\n\r\n")
+        assert entered.wait(10)
+        with caplog.at_level(logging.WARNING, logger="broker_embedded"):
+            port.stop()  # gives the worker 5 s
+        assert "threads still running after 5 s" in caplog.text
+        assert pipe in open_descriptors()  # the worker may still write to it: left open, never closed under it
+    finally:
+        release.set()
         client.close()
