@@ -43,7 +43,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from waitress import wasyncore
-from waitress.server import BaseWSGIServer, create_server
+from waitress.server import TcpWSGIServer
 
 from .console.session import Sessions
 
@@ -138,6 +138,18 @@ def _plain(start_response: StartResponse, status: str, text: str, method: str,
     return [] if method == "HEAD" else [body]
 
 
+class _Server(TcpWSGIServer):
+    """waitress's server on one listening socket, except that closing it leaves the wake-up
+    pipe (``trigger``) open. waitress's ``close`` closes both, also when the I/O thread sees
+    the listening socket fail (POLLHUP, POLLERR, an exception while accepting), while worker
+    threads still answering write to the pipe and ``HttpPort.stop`` writes to it to wake the
+    I/O thread: a descriptor number closed under a thread that writes to it may be another
+    file's by then. ``HttpPort.stop`` closes the pipe once no thread can write to it."""
+
+    def close(self) -> None:
+        wasyncore.dispatcher.close(self)
+
+
 class HttpPort:
     """Serve ``registry`` at ``/metrics``, health at ``/healthz`` and ``/readyz`` (its
     answer is ``readiness()``: None when ready, else the reason), and each WSGI app of
@@ -163,9 +175,10 @@ class HttpPort:
         self._mounts: list[tuple[str, WSGIApp]] = []
         for prefix, app in (mounts or {}).items():
             self.mount(prefix, app)
-        self._server: BaseWSGIServer | None = None  # one socket: never a MultiSocketServer
+        self._server: _Server | None = None
         self._map: dict[int, Any] = {}
         self._thread: threading.Thread | None = None
+        self._stop_lock = threading.Lock()
 
     def mount(self, prefix: str, app: WSGIApp) -> None:
         """Serve ``app`` under ``prefix`` (``/`` for everything the built-in paths do not
@@ -197,32 +210,43 @@ class HttpPort:
             proxy = {"trusted_proxy": self.trusted_proxy, "trusted_proxy_count": 1,
                      "trusted_proxy_headers": {"x-forwarded-for", "x-forwarded-proto"}}
         self._map = {}
-        self._server = create_server(
-            self, map=self._map, sockets=[sock], threads=limits.threads, connection_limit=limits.max_connections,
+        self._server = _Server(
+            self, map=self._map, _sock=sock, bind_socket=False,
+            sockinfo=(sock.family, sock.type, sock.proto, sock.getsockname()),
+            sockets=[sock], threads=limits.threads, connection_limit=limits.max_connections,
             channel_timeout=timeout_s, cleanup_interval=max(1, min(timeout_s // 2, 30)),
             max_request_header_size=limits.max_header_bytes, max_request_body_size=limits.max_body_bytes,
-            asyncore_use_poll=True,  # select() fails past file descriptor 1023
             ident="halfmoon-broker", **proxy)
-        self._thread = threading.Thread(target=self._server.run, name="broker-http", daemon=True)
+        self._thread = threading.Thread(target=self._serve, args=(self._server, self._map), name="broker-http",
+                                        daemon=True)
         self._thread.start()
         log.debug("HTTP port listening on %s (/metrics, /healthz, /readyz)", self.url)  # serve prints it
 
+    def _serve(self, server: _Server, sockets: dict[int, Any]) -> None:
+        """The I/O thread: poll until ``stop``, then close the listening socket and every
+        connection, here, in the one thread that polls them."""
+        try:
+            while sockets and self._server is server:
+                wasyncore.poll2(server.adj.asyncore_loop_timeout, sockets)  # poll(): select() fails past fd 1023
+        finally:
+            server.close()
+            for channel in list(server.active_channels.values()):
+                channel.handle_close()  # also wakes a worker waiting for the client to read
+
     def stop(self) -> None:
         """Stop serving: close the socket and every connection (idempotent); requests being
-        answered get up to 5 s to finish."""
-        server, self._server = self._server, None
-        if server is None:
+        answered get up to 5 s to finish (their answers are not sent)."""
+        with self._stop_lock:
+            server, thread, self._server = self._server, self._thread, None
+        if server is None or thread is None:
             return
-        sockets = self._map
-        # the I/O thread closes what it polls, between two polls; its loop ends with nothing left
-        try:
-            server.trigger.pull_trigger(lambda: wasyncore.close_all(sockets))
-        except OSError as exc:  # the wake-up pipe is gone: close from here, the loop ends at its next poll
-            log.warning("HTTP port: cannot wake its I/O thread (%s); closing its sockets from this thread", exc)
-            wasyncore.close_all(sockets, ignore_all=True)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        server.pull_trigger()  # the I/O thread's poll returns, its loop ends and it closes the sockets
+        thread.join(timeout=5)
         server.task_dispatcher.shutdown(timeout=5)
+        if thread.is_alive() or server.task_dispatcher.threads:
+            log.warning("HTTP port: threads still running after 5 s; its wake-up pipe stays open for them")
+        else:
+            server.trigger.close()
         log.info("HTTP port stopped")
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
