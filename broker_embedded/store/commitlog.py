@@ -38,12 +38,12 @@ log = logging.getLogger(__name__)
 class Segment:
     """One segment file, opened for reading and, if it is the last, for appending."""
 
-    def __init__(self, path: Path, base_offset: int, size: int, fs: FileSystem = REAL) -> None:
+    def __init__(self, path: Path, base_offset: int, size: int, fs: FileSystem = REAL, truncate: bool = False) -> None:
         self.path = path
         self.base_offset = base_offset
         self.size = size
         self.fs = fs
-        self.fd = fs.open(path, create=True)
+        self.fd = fs.open(path, create=True, truncate=truncate)
 
     @property
     def end_offset(self) -> int:
@@ -55,7 +55,10 @@ class Segment:
         return read_salvaging(self.fs, self.fd, length, position, self.path)
 
     def close(self) -> None:
-        self.fs.close(self.fd)
+        """Close its descriptor, once: a number closed twice may be another file's by then."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            self.fs.close(fd)
 
 
 class CommitLog:
@@ -174,17 +177,22 @@ class CommitLog:
         return offsets
 
     def _roll_back(self, offset: int, segment_count: int) -> None:
-        """Undo appends back to ``offset``: drop segments created since, cut the last one."""
+        """Undo appends back to ``offset``: drop segments created since, cut the last one.
+        The dropped segments leave the log and are closed first, whatever fails after: a
+        file that cannot be deleted is left behind, out of use (``_new_segment`` empties it
+        when its offset comes again), never a closed descriptor in the log."""
         self.write_offset = offset  # even if a cut fails: the next append writes over it
-        for segment in self.segments[segment_count:]:
-            segment.close()
-            self.fs.unlink(segment.path)
+        dropped = self.segments[segment_count:]
+        del self.segments[segment_count:]
+        for segment in dropped:
             self._dirty.discard(segment)
-        if len(self.segments) > segment_count:
+            segment.close()
+        for segment in dropped:
+            self.fs.unlink(segment.path)
+        if dropped:
             # gone for good before the segment before them is cut: else a crash could leave
             # that one short, a closed segment with a hole, behind them
             self.fs.fsync_directory(self.directory)
-        del self.segments[segment_count:]
         if self.segments and offset < self.segments[-1].end_offset:
             last = self.segments[-1]
             self.fs.ftruncate(last.fd, offset - last.base_offset)
@@ -207,9 +215,12 @@ class CommitLog:
         return self._new_segment(self.write_offset)
 
     def _new_segment(self, base_offset: int) -> Segment:
+        """The segment starting at ``base_offset``, the log's end, created empty: a file
+        already there holds only what a rolled-back append left (nothing acknowledged lies
+        past the end)."""
         path = self.directory / f"{base_offset:020d}"
         try:
-            segment = Segment(path, base_offset, self.segment_size, self.fs)
+            segment = Segment(path, base_offset, self.segment_size, self.fs, truncate=True)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFullError(f"disk full while creating {path}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,7 +12,10 @@ from typing import Any
 import pytest
 
 from broker_embedded.errors import MessageTooLargeError
+from broker_embedded.store import codec
+from broker_embedded.store.commitlog import CommitLog
 from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.filesystem import OsFileSystem
 from broker_embedded.store.index import MessageIndex
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
@@ -95,3 +99,61 @@ def test_chains_past_the_last_written_slots_are_linked_again_on_open(tmp_path: P
     assert index.lookup_key("t", "k1") == [*range(1, 25, 2), 25]
     crashed.close()
     index.close()
+
+
+class _FailingNewSegments(OsFileSystem):
+    """The real file system, except that, once ``armed``, a write to a segment created
+    after arming and every unlink fail with EIO (a disk that failed under a segment roll)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.new: set[int] = set()
+
+    def open(self, path: Path, *, create: bool = False, truncate: bool = False, read_only: bool = False) -> int:
+        fd = super().open(path, create=create, truncate=truncate, read_only=read_only)
+        self.new.discard(fd)
+        if self.armed and path.name.isdigit():
+            self.new.add(fd)
+        return fd
+
+    def pwrite(self, fd: int, data: bytes | memoryview, position: int) -> int:
+        if self.armed and fd in self.new:
+            super().pwrite(fd, data[: len(data) // 2], position)  # part of it reached the file
+            raise OSError(errno.EIO, "input/output error")
+        return super().pwrite(fd, data, position)
+
+    def unlink(self, path: Path, missing_ok: bool = False) -> None:
+        if self.armed:
+            raise OSError(errno.EIO, "input/output error")
+        super().unlink(path, missing_ok=missing_ok)
+
+
+def test_a_rolled_back_segment_that_cannot_be_deleted_is_never_used_or_closed_again(tmp_path: Path) -> None:
+    """An append that rolls into a new segment and fails there is rolled back: the new
+    segment is closed and deleted. When the delete fails too, the closed segment must not
+    stay in the log: its descriptor number, reused by another file, would be written to by
+    the next append and closed under its owner when the log closes."""
+    fs = _FailingNewSegments()
+    log = CommitLog(tmp_path / "commitlog", 4096, fs)
+    first = log.append_many([codec.encode("t", 0, 0, 0, 1, 1, {}, b"a" * 3000)])
+    fs.armed = True
+    with pytest.raises(OSError):
+        log.append_many([codec.encode("t", 0, 1, 0, 1, 1, {}, b"b" * 3000)])  # into a second segment
+    fs.armed = False
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched")
+    victim_fd = os.open(victim, os.O_RDWR)  # takes the lowest free number: the closed segment's
+    try:
+        again = log.append_many([codec.encode("t", 0, 1, 0, 1, 1, {}, b"c" * 3000)])
+        log.flush()
+        assert os.pread(victim_fd, 100, 0) == b"untouched"
+        log.close()
+        os.fstat(victim_fd)  # still open: the log closed only its own descriptors
+    finally:
+        os.close(victim_fd)
+    reopened = CommitLog(tmp_path / "commitlog", 4096)
+    try:
+        assert again == [4096]
+        assert [reopened.read_at(offset).body for offset in (*first, *again)] == [b"a" * 3000, b"c" * 3000]
+    finally:
+        reopened.close()
