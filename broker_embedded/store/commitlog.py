@@ -76,6 +76,8 @@ class CommitLog:
         ]
         self.write_offset = self.segments[0].base_offset if self.segments else 0
         self._dirty: set[Segment] = set()
+        #: Segment files a roll-back could not delete (``_roll_back``).
+        self._left_behind: set[Path] = set()
         #: The torn tail ``recover`` truncated: its start offset and its bytes (what may
         #: still name a record that was cut there); None if there was none.
         self.truncated: tuple[int, bytes] | None = None
@@ -180,7 +182,8 @@ class CommitLog:
         """Undo appends back to ``offset``: drop segments created since, cut the last one.
         The dropped segments leave the log and are closed first, whatever fails after: a
         file that cannot be deleted is left behind, out of use (``_new_segment`` empties it
-        when its offset comes again), never a closed descriptor in the log."""
+        when its offset comes again: its rolled-back records must not look written), never a
+        closed descriptor in the log."""
         self.write_offset = offset  # even if a cut fails: the next append writes over it
         dropped = self.segments[segment_count:]
         del self.segments[segment_count:]
@@ -188,7 +191,11 @@ class CommitLog:
             self._dirty.discard(segment)
             segment.close()
         for segment in dropped:
-            self.fs.unlink(segment.path)
+            try:
+                self.fs.unlink(segment.path)
+            except OSError:
+                self._left_behind.add(segment.path)
+                raise
         if dropped:
             # gone for good before the segment before them is cut: else a crash could leave
             # that one short, a closed segment with a hole, behind them
@@ -215,16 +222,16 @@ class CommitLog:
         return self._new_segment(self.write_offset)
 
     def _new_segment(self, base_offset: int) -> Segment:
-        """The segment starting at ``base_offset``, the log's end, created empty: a file
-        already there holds only what a rolled-back append left (nothing acknowledged lies
-        past the end)."""
+        """The segment starting at ``base_offset``, the log's end; emptied first if a
+        rolled-back append left its file behind (``_roll_back``)."""
         path = self.directory / f"{base_offset:020d}"
         try:
-            segment = Segment(path, base_offset, self.segment_size, self.fs, truncate=True)
+            segment = Segment(path, base_offset, self.segment_size, self.fs, truncate=path in self._left_behind)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFullError(f"disk full while creating {path}") from exc
             raise
+        self._left_behind.discard(path)
         self.segments.append(segment)
         self.fs.fsync_directory(self.directory)
         return segment
