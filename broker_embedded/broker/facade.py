@@ -210,12 +210,16 @@ class EmbeddedBroker:
                 staged.append(exc)
         records = [record for s in staged if isinstance(s, Staged) for record in s.records]
         waited = not all(isinstance(call, EndCall) and call.oneway for call in calls)
-        try:
-            stored = self.store.put_batch(records, hold=not waited) if records else []
-        except Exception as exc:
+
+        def abort() -> None:  # a failed write, or held oneway ENDs dropped: each transaction stays pending
             for s in staged:
                 if isinstance(s, Staged):
                     s.abort()
+
+        try:
+            stored = self.store.put_batch(records, hold=not waited, on_dropped=abort) if records else []
+        except Exception as exc:
+            abort()
             return [s if isinstance(s, Exception) else exc for s in staged]
         outcomes: list[Any] = []
         position = 0
@@ -273,11 +277,13 @@ class EmbeddedBroker:
         return self._one(EndCall(transaction_id, resolution, producer_group, from_check,  # type: ignore[no-any-return]
                                  oneway))
 
-    def when_durable(self, callback: Callable[[], None]) -> None:
+    def when_durable(self, callback: Callable[[], None], lost: Callable[[Exception], None] | None = None) -> None:
         """Call ``callback`` once everything written so far is durable and visible: at
         once, or in the thread of the fsync that covers it (the next write's, ``flush``'s,
-        or the store's background flush for oneway ENDs)."""
-        self.store.when_durable(callback)
+        or the store's background flush for oneway ENDs). Held oneway ENDs that cannot be
+        written are dropped (their transactions stay pending, for the check-back): then
+        ``lost`` is called instead, with why (``MessageStore.put_batch``)."""
+        self.store.when_durable(callback, lost)
 
     @property
     def unsynced(self) -> bool:

@@ -123,7 +123,7 @@ def _nothing() -> None:
 class Staged:
     """A validated call: the records it writes, what it answers once they are durable
     (``finish`` gets them back completed, in the same order), and what to undo when the
-    write fails (``abort``)."""
+    write fails, or when held records (oneway ENDs) are dropped unwritten (``abort``)."""
 
     records: list[StoredRecord]
     finish: Callable[[list[StoredRecord]], Any]
@@ -133,10 +133,12 @@ class Staged:
 @runtime_checkable
 class DeferredWrites(Protocol):
     """A broker that holds a batch of oneway ENDs for its next write (no fsync of their own)
-    (``EmbeddedBroker``): a front answers them through ``when_durable`` and fsyncs with
-    ``flush`` when no other write comes to do it."""
+    (``EmbeddedBroker``): a front answers them through ``when_durable`` (with ``lost``'s
+    error if they were dropped, not written) and fsyncs with ``flush`` when no other write
+    comes to do it."""
 
-    def when_durable(self, callback: Callable[[], None]) -> None: ...
+    def when_durable(self, callback: Callable[[], None],
+                     lost: Callable[[Exception], None] | None = None) -> None: ...
 
     @property
     def unsynced(self) -> bool: ...

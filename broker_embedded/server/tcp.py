@@ -529,7 +529,8 @@ class BrokerServer:
         """A oneway END's outcome, held for the next write (no write or fsync of its own):
         answered once an fsync covers it (a refusal at once), the next write's or,
         ``DEFERRED_SYNC_S`` later, the one ``_sync_deferred`` runs. The answer means what a
-        waited END's means."""
+        waited END's means; an END dropped because it could not be written is answered
+        with an error (its transaction stays pending, for the check-back)."""
         deferring, loop = self._deferring, self._loop
         assert deferring is not None and loop is not None
         if isinstance(outcome, BaseException):
@@ -537,19 +538,23 @@ class BrokerServer:
             return
         on_loop = threading.get_ident()
 
-        def durable() -> None:
+        def durable(result: Any = outcome) -> None:
             if threading.get_ident() == on_loop:  # a batch synced on the loop: no self-pipe
-                self._durable(answer, outcome)
+                self._durable(answer, result)
                 return
             with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone
-                loop.call_soon_threadsafe(self._durable, answer, outcome)
+                loop.call_soon_threadsafe(self._durable, answer, result)
 
-        deferring.when_durable(durable)
+        def lost(cause: Exception) -> None:
+            durable(BrokerError(f"the oneway END could not be written and was dropped ({cause}); "
+                                "its transaction stays pending until the check-back settles it"))
+
+        deferring.when_durable(durable, lost)
         if self._deferred_sync is None and deferring.unsynced:
             self._deferred_sync = loop.call_later(DEFERRED_SYNC_S, self._sync_deferred)
 
     def _durable(self, answer: Callable[[Any], None], outcome: Any) -> None:
-        """On the loop: answer a oneway END an fsync covered; no timer is left for nothing."""
+        """On the loop: answer a oneway END an fsync covered (or dropped); no timer is left for nothing."""
         answer(outcome)
         if self._deferred_sync is not None and self._deferring is not None and not self._deferring.unsynced:
             self._deferred_sync.cancel()

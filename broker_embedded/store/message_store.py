@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import threading
@@ -89,6 +90,8 @@ from .scrub import Scrub, uncovered
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: A ``when_durable`` callback: the commit log offset it waits for, the callback, its ``lost``.
+_Waiter = tuple[int, Callable[[], None], Callable[[Exception], None] | None]
 
 #: Told of the records made durable together, once per batch, in commit log order, after
 #: they are dispatched to their consume queues (not of records replayed during recovery).
@@ -161,8 +164,13 @@ class MessageStore:
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending: list[StoredRecord] = []
-        #: Records put with ``hold`` (sync mode), written with the next put (``put_batch``).
+        #: Records put with ``hold`` (sync mode), written with the next put (``put_batch``),
+        #: and what to call if they are dropped instead (their ``on_dropped``).
         self._held: list[StoredRecord] = []
+        self._on_held_dropped: list[Callable[[], None]] = []
+        #: The callbacks a drop of held records made due, called outside the write lock
+        #: (``_tell_dropped``).
+        self._dropped: list[Callable[[], None]] = []
         self._next_offset: dict[tuple[str, int], int] = {}
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._listeners: list[DispatchListener] = []
@@ -192,9 +200,8 @@ class MessageStore:
         self._stop = threading.Event()
         self._flush_state = threading.Condition()
         self._flushing = False
-        #: ``when_durable`` callbacks and the commit log offset each waits for, oldest first
-        #: (under ``_flush_state``).
-        self._durable_waiters: list[tuple[int, Callable[[], None]]] = []
+        #: ``when_durable`` callbacks, oldest first (under ``_flush_state``).
+        self._durable_waiters: list[_Waiter] = []
         self._flush_error: BrokerClosedError | None = None
         self._background = threading.Thread(
             target=self._run_background, name="store-flush-checkpoint", daemon=True
@@ -464,7 +471,7 @@ class MessageStore:
         return self.put_batch([record])[0]
 
     def put_batch(self, records: list[StoredRecord], wait_for_flush: bool = True,
-                  hold: bool = False) -> list[StoredRecord]:
+                  hold: bool = False, on_dropped: Callable[[], None] | None = None) -> list[StoredRecord]:
         """Append records in order, covered by one fsync in sync mode.
 
         ``wait_for_flush=False`` returns before the fsync: the records become durable (and
@@ -478,38 +485,95 @@ class MessageStore:
         what nobody waits for and the broker settles otherwise if lost (oneway ENDs, which
         check-back settles): two unsynced writes in a row would let a power loss keep the
         second and drop the first, a hole before records that survived it. Held records are
-        returned as given, not stored."""
+        returned as given, not stored. When the write of held records fails (a committed
+        copy over the segment size, a write error), the put's own records are written alone
+        and the held ones dropped (by ``flush``, which has none of its own, at once), never
+        held again: a held batch that can never be written does not refuse every write
+        after it. A dropped batch's ``on_dropped`` is called, and the ``lost`` of the
+        ``when_durable`` callbacks that waited for it; a lost oneway END leaves its
+        transaction pending, which check-back settles. If the put's records fail alone
+        too, the held ones are kept for the next put and that failure is raised."""
         for record in records:
             if len(record.body) > self.config.max_record_size:
                 raise MessageTooLargeError(
                     f"body of {len(record.body)} bytes exceeds {self.config.max_record_size}"
                 )
-        with self._write_lock:
-            if self._closed:
-                raise BrokerClosedError("the message store is closed")
-            if self._flush_error is not None:
-                raise self._flush_error
-            if hold and self.config.flush_mode == "sync":
-                self._held.extend(records)
-                return records
-            self._check_free_space()
-            stored = self._append_with_held(records)
-            end = self.commitlog.write_offset
-            if self.config.flush_mode == "async":
-                self._dispatch_all(self._take_pending())
+        try:
+            with self._write_lock:
+                if self._closed:
+                    raise BrokerClosedError("the message store is closed")
+                if self._flush_error is not None:
+                    raise self._flush_error
+                if hold and self.config.flush_mode == "sync":
+                    self._held.extend(records)
+                    if on_dropped is not None:
+                        self._on_held_dropped.append(on_dropped)
+                    return records
+                self._check_free_space()
+                stored = self._append_with_held(records)
+                end = self.commitlog.write_offset
+                if self.config.flush_mode == "async":
+                    self._dispatch_all(self._take_pending())
+        finally:
+            self._tell_dropped()
         if self.config.flush_mode == "sync" and wait_for_flush:
             self._sync_to(end)
         return stored
 
     def _append_with_held(self, records: list[StoredRecord]) -> list[StoredRecord]:
-        """``records`` appended after the held ones, in one write (under the write lock);
-        the held ones are held again if it fails."""
+        """``records`` appended after the held ones, in one write (under the write lock).
+
+        If that fails, ``records`` are appended alone, once, and the held ones dropped if
+        that works (``_drop_held``: they failed, or the disk did and is back), held again if
+        not (``records`` fail too: the held ones may not be at fault; a ``flush``, which has
+        no records of its own, drops them). A failed append wrote nothing (``_append_all``
+        checks every record before writing, ``CommitLog.append_many`` rolls its writes
+        back), so the retry is the put that would follow a refused one: all or nothing, at
+        the same write offset."""
         held, self._held = self._held, []
+        if not held:
+            return self._append_all(records)
         try:
             return self._append_all(held + records)[len(held):]
+        except Exception as exc:
+            failure = exc
+        except BaseException:  # the process dies here: they are lost with it
+            self._held = held
+            raise
+        start = self.commitlog.write_offset
+        try:
+            stored = self._append_all(records) if records else []
         except BaseException:
             self._held = held
             raise
+        self._drop_held(len(held), failure, start)
+        return stored
+
+    def _drop_held(self, count: int, cause: Exception, start: int) -> None:
+        """Give up the ``count`` held records whose write failed with ``cause`` when the
+        commit log ended at ``start`` (under the write lock): their ``on_dropped`` and the
+        ``lost`` of the ``when_durable`` callbacks that waited for them become due
+        (``_tell_dropped``)."""
+        log.warning("dropped %d held record(s), not written: %s (their transactions stay pending and "
+                    "the check-back settles them, as for a lost oneway END)", count, cause)
+        due, self._on_held_dropped = self._on_held_dropped, []
+        with self._flush_state:
+            # nothing is written while records are held: the callbacks that wait past where
+            # the commit log ended then are those that waited for them (``when_durable``)
+            waiters = self._durable_waiters
+            self._durable_waiters = [waiter for waiter in waiters if waiter[0] <= start]
+        due += [functools.partial(lost, cause) for end, _, lost in waiters if end > start and lost is not None]
+        self._dropped += due
+
+    def _tell_dropped(self) -> None:
+        """Call the callbacks a drop of held records made due (not under the write lock:
+        they may take the broker's locks)."""
+        if not self._dropped:
+            return
+        with self._write_lock:
+            due, self._dropped = self._dropped, []
+        for callback in due:
+            self._call_waiter(callback)
 
     def _append_all(self, records: list[StoredRecord]) -> list[StoredRecord]:
         """Encode and append records as one write per segment; all or nothing."""
@@ -610,19 +674,23 @@ class MessageStore:
             for callback in durable:
                 self._call_waiter(callback)
 
-    def when_durable(self, callback: Callable[[], None]) -> None:
+    def when_durable(self, callback: Callable[[], None],
+                     lost: Callable[[Exception], None] | None = None) -> None:
         """Call ``callback`` once everything written so far is durable and dispatched: now
         if it is, else in the thread whose fsync covers it (a put that waits, ``flush()``, or
         the background flush, ``async_flush_interval_s``, for puts made with ``hold`` or
         ``wait_for_flush=False``). Never called if the fsync fails (the store refuses
-        writes from then on)."""
+        writes from then on). If the held records it waits for are dropped (``put_batch``),
+        ``lost`` is called instead (nothing if None), with why, in the thread that tried to
+        write them."""
         with self._write_lock:
-            # held records are written before anything else: an fsync past today's end covers them
+            # held records are written before anything else: an fsync past today's end covers
+            # them (registered under the write lock: a drop of them finds this callback)
             end = self.commitlog.write_offset + (1 if self._held else 0)
-        with self._flush_state:
-            if self._flushed < end:
-                self._durable_waiters.append((end, callback))
-                return
+            with self._flush_state:
+                if self._flushed < end:
+                    self._durable_waiters.append((end, callback, lost))
+                    return
         self._call_waiter(callback)
 
     @property
@@ -635,16 +703,15 @@ class MessageStore:
         waiters, flushed = self._durable_waiters, self._flushed
         if not waiters or waiters[0][0] > flushed:
             return []
-        covered = [callback for end, callback in waiters if end <= flushed]
-        self._durable_waiters = [(end, callback) for end, callback in waiters if end > flushed]
-        return covered
+        self._durable_waiters = [waiter for waiter in waiters if waiter[0] > flushed]
+        return [callback for end, callback, _ in waiters if end <= flushed]
 
     @staticmethod
     def _call_waiter(callback: Callable[[], None]) -> None:
         try:
             callback()
         except Exception:
-            log.exception("a when_durable callback failed")
+            log.exception("a when_durable (or on_dropped) callback failed")
 
     def _dispatch_all(self, records: list[StoredRecord]) -> None:
         """Dispatch records made durable together, then tell the listeners of them: when a
@@ -683,11 +750,15 @@ class MessageStore:
         self._listeners.append(listener)
 
     def flush(self) -> None:
-        """Write the held records, fsync everything written so far and dispatch it."""
-        with self._write_lock:
-            if self._held and self._flush_error is None:
-                self._append_with_held([])
-            end = self.commitlog.write_offset
+        """Write the held records (or drop them if that fails, ``put_batch``), fsync
+        everything written so far and dispatch it."""
+        try:
+            with self._write_lock:
+                if self._held and self._flush_error is None:
+                    self._append_with_held([])
+                end = self.commitlog.write_offset
+        finally:
+            self._tell_dropped()
         self._sync_to(end)
 
     def checkpoint(self) -> None:

@@ -1,6 +1,7 @@
 """A oneway END_TRANSACTION over TCP: written without an fsync of its own, answered once an
 fsync covers it (the next write's, or the server's own a millisecond later), so an answer
-means what a waited END's means; a hostile ``oneway`` value is refused and stores nothing."""
+means what a waited END's means (one that could not be written is answered with an error);
+a hostile ``oneway`` value is refused and stores nothing."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_embedded import BrokerClient, Message, Resolution, TransactionState
-from broker_embedded.errors import MalformedFrameError
+from broker_embedded import BrokerClient, BrokerConfig, Message, Resolution, TransactionState
+from broker_embedded.errors import BrokerError, MalformedFrameError
+from broker_embedded.store.config import StoreConfig
 from broker_embedded.wire.protocol import RequestCode
+from tests.broker.test_oneway_end import POISON, PoisonedWrites
 
 from .conftest import ThreadServer
 
@@ -71,3 +74,21 @@ def test_a_oneway_that_is_not_a_bool_is_refused_and_stores_nothing(
                 "transaction_id": "tx-1", "resolution": "COMMIT", "producer_group": "shop", "oneway": oneway})
         assert server.broker.transaction_state("tx-1") is TransactionState.PENDING
         assert client.end_transaction("tx-1", Resolution.COMMIT, producer_group="shop").applied
+
+
+def test_a_oneway_end_that_cannot_be_written_is_answered_with_an_error(
+        thread_server: Callable[..., ThreadServer]) -> None:
+    fs = PoisonedWrites()
+    server = thread_server(BrokerConfig(store=StoreConfig(filesystem=fs)))
+    with BrokerClient(server.url) as client:
+        client.create_topic("orders", queues=1)
+        client.send_half(Message("orders", POISON), producer_group="shop", transaction_id="tx-1")
+        fs.armed = True  # the committed copy can never be written: the server's own flush drops the END
+        answer = client.start_end_transaction("tx-1", Resolution.COMMIT, producer_group="shop", oneway=True)
+        with pytest.raises(BrokerError, match="dropped"):
+            answer.result(10)
+        assert server.broker.transaction_state("tx-1") is TransactionState.PENDING
+        assert client.send(Message("orders", b"next")).queue_offset == 0
+        fs.armed = False
+        assert client.end_transaction("tx-1", Resolution.COMMIT, producer_group="shop").applied
+        assert [r.message.body for r in client.receive("points", "orders", wait_s=0)] == [b"next", POISON]

@@ -27,5 +27,5 @@ class Latch:
         """Whether the latch opened within ``timeout_s`` seconds."""
         if not self._lock.acquire(timeout=timeout_s):
             return False
-        self._lock.release()  # open again for the next waiter
+        self.open()  # open again for the next waiter (unless an ``open`` meanwhile did)
         return True

@@ -230,8 +230,10 @@ class TransactionService:
             raise
 
         def finish(_: list[StoredRecord]) -> EndTransactionResult:
-            assert tx is not None and tx.ended is not None
-            tx.ended.open()
+            assert tx is not None
+            ended = tx.ended
+            if ended is not None:  # None: held (oneway) and dropped already, ``_end_failed``
+                ended.open()
             log.info("transaction %s %s by %s", call.transaction_id, FINAL_STATES[op.kind].value, source)
             return EndTransactionResult(call.transaction_id, FINAL_STATES[op.kind], True, tx.message_ids)
 
