@@ -89,17 +89,24 @@ def test_stop_after_the_listening_socket_failed(caplog: pytest.LogCaptureFixture
     assert {listening, pipe} & open_descriptors() == set()
 
 
-def test_the_wake_up_pipe_outlives_the_workers_still_answering() -> None:
-    entered, release = threading.Event(), threading.Event()
+def held_port(entered: threading.Event, release: threading.Event, wait_s: float) -> HttpPort:
+    """A started port whose app sets ``entered``, then answers once ``release`` is set (or
+    ``wait_s`` passed)."""
 
-    def slow(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+    def held(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         entered.set()
-        release.wait(10)
+        release.wait(wait_s)
         start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "4")])
         return [b"late"]
 
-    port = HttpPort("127.0.0.1", 0, CollectorRegistry(), lambda: None, {"/": slow})
+    port = HttpPort("127.0.0.1", 0, CollectorRegistry(), lambda: None, {"/": held})
     port.start()
+    return port
+
+
+def test_the_wake_up_pipe_outlives_the_workers_still_answering() -> None:
+    entered, release = threading.Event(), threading.Event()
+    port = held_port(entered, release, 10)
     listening, pipe = port_descriptors(port)
     client = http.client.HTTPConnection("127.0.0.1", port.port, timeout=10)
     client.request("GET", "/slow")
@@ -155,15 +162,7 @@ def test_stop_wakes_a_worker_waiting_for_a_client_that_does_not_read() -> None:
 
 def test_a_worker_still_answering_after_5_s_keeps_the_wake_up_pipe(caplog: pytest.LogCaptureFixture) -> None:
     entered, release = threading.Event(), threading.Event()
-
-    def stuck(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        entered.set()
-        release.wait(30)
-        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "4")])
-        return [b"late"]
-
-    port = HttpPort("127.0.0.1", 0, CollectorRegistry(), lambda: None, {"/": stuck})
-    port.start()
+    port = held_port(entered, release, 30)
     _, pipe = port_descriptors(port)
     client = socket.create_connection(("127.0.0.1", port.port), timeout=10)
     try:
