@@ -4,6 +4,7 @@
 
     ./dev bench reconcile_scale --sizes --incremental 100000 [--days 30]
     ./dev bench reconcile_scale --sizes 1000000 --repeat 3 --baseline /tmp/before   # before/after
+    ./dev bench reconcile_scale --sizes 1000000 10000000 --repeat 3 --floor  # and Spark's own floor
 
 For each size: synthetic inputs with every anomaly kind written as Parquet, then the
 whole job (``python -m outbox.reconcile``, Spark start included, wall time) and the same
@@ -14,7 +15,10 @@ the SparkContext), ``to job`` from there to the first Spark job (session, schema
 planning), ``jobs`` from there to the end; then each stage of the median run (seconds,
 shuffle written and read). ``--baseline DIR`` runs another checkout (e.g. ``git archive
 <commit> outbox broker_embedded | tar -x -C DIR``) in turns with this one over the same
-inputs, so a change is measured before and after under the same load.
+inputs, so a change is measured before and after under the same load. ``--floor`` also
+times, from launch, the least any Spark job over these inputs costs here: the session and
+one trivial job (``start``), and every input's transaction id shuffled once and counted
+per id (``ids + 1 shuffle``), the one shuffle the classification cannot avoid.
 """
 
 from __future__ import annotations
@@ -187,6 +191,34 @@ def run_spark(folder: Path, run: str, code: str | None = None) -> tuple[float, d
     return wall, summary, startup(log, launched_ms), log
 
 
+FLOOR_JOBS = ("start", "ids + 1 shuffle")
+
+
+def floor_job(folder: Path, which: str) -> None:
+    """One of ``FLOOR_JOBS`` over ``folder``'s inputs, in this process (run it as a fresh one)."""
+    from pyspark.sql import functions as F  # only the floor's own process starts Spark
+
+    from outbox.reconcile.session import build_session
+
+    spark = build_session("local[2]", {"spark.driver.memory": "6g"})
+    if which == "start":
+        spark.read.parquet(str(folder / "transaction_log.parquet")).where("state = 'none'").count()
+    else:
+        ids = [spark.read.parquet(str(folder / path)).select("transaction_id")
+               for path in ("transaction_log.parquet", "consumed_message.parquet", "export/messages.parquet",
+                            "export/deliveries.parquet")]
+        union = ids[0].unionByName(ids[1]).unionByName(ids[2]).unionByName(ids[3])
+        union.groupBy("transaction_id").count().where(F.col("count") > 100).count()
+    spark.stop()
+
+
+def run_floor(folder: Path, which: str) -> float:
+    """Wall seconds of one ``floor_job`` from its process's launch to its end."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, __file__, "--floor-job", which, str(folder)], check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
@@ -238,7 +270,12 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--baseline", help="a checkout of another version (its root folder) to run in turns "
                         "with this one over the same inputs: before/after in one run")
+    parser.add_argument("--floor", action="store_true", help="also Spark's floor over the same inputs, in turns")
+    parser.add_argument("--floor-job", nargs=2, metavar=("WHICH", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_job:
+        floor_job(Path(args.floor_job[1]), args.floor_job[0])
+        return
     if args.incremental:
         incremental(args.incremental, args.days, args.repeat)
     if args.sizes:
@@ -251,9 +288,12 @@ def main() -> None:
             write_inputs(n, folder)
             runs: dict[str, list[tuple[float, dict[str, object], tuple[float, float, float], Path]]] = {
                 label: [] for label, _ in versions}
+            floors: dict[str, list[float]] = {which: [] for which in FLOOR_JOBS}
             for run in range(args.repeat):  # the versions in turns, so that both see the same load
                 for label, code in versions:
                     runs[label].append(run_spark(folder, f"{label}-{run}", code))
+                for which in floors if args.floor else ():
+                    floors[which].append(run_floor(folder, which))
             duck = []
             for _ in range(args.repeat):
                 start = time.perf_counter()
@@ -272,6 +312,9 @@ def main() -> None:
                       f"{summary.get('spark_jobs', '?'):>12}{duck_s:>10.2f}{spark_s / duck_s:>8.1f}  "
                       f"phantom {counts['phantom']}|{row[2]} lost {counts['lost']}|{row[3]} "
                       f"dup {counts['duplicate_delivery']}|{row[4]}  ({label})", flush=True)
+            for which, walls in floors.items() if args.floor else ():
+                print(f"  Spark's floor, {which}: {statistics.median(walls):.1f} s from launch "
+                      f"({', '.join(f'{wall:.1f}' for wall in walls)}); {statistics.median(walls) / duck_s:.1f}x DuckDB")
             for label, _ in versions:
                 cpu = statistics.median(sum(stage[3] for stage in stages(log)) for _, _, _, log in runs[label])
                 print(f"  {label}: executor CPU s, all stages, median of {len(runs[label])}: {cpu:.1f}")
