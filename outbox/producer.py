@@ -235,7 +235,7 @@ class Producer:
                    start: Callable[[Any, Future[S] | None], Future[S]]) -> Future[S]:
         """The step ``make_step()`` makes (a ``producer_protocol`` block announcing
         ``event``) around the request ``start`` writes, ended when its answer arrives (in
-        the client's reader thread): the ``Future`` of the answer, or of the error the block
+        the thread that reads it: the client's reader thread, or a caller reading for its own answer): the ``Future`` of the answer, or of the error the block
         raises. ``start`` is given what the block yields and the ``Future`` to complete (None:
         its own).
 
@@ -243,7 +243,7 @@ class Producer:
         current (a span) stays out of the caller's; it ends in a done-callback of the client's
         ``Future``. Unobserved, nothing has to run on success: ``start`` is given
         ``unobserved`` (what the block would yield) and a ``_Settled`` future, which the
-        reader thread completes with the answer, or with what the block makes of an error."""
+        thread reading the answer completes with it, or with what the block makes of an error."""
         if not instrumentation.observed(event):
             settled: Future[S] = _Settled(functools.partial(_through, make_step))
             try:
@@ -399,7 +399,7 @@ class Producer:
 
 class _Settled(Future[S]):
     """A request's ``Future`` when nobody observes its step: its failure becomes what
-    ``failed`` makes of it (in the client's reader thread): the error ``failed`` raises
+    ``failed`` makes of it (in the thread reading the answer): the error ``failed`` raises
     (the outbox's typed error), or, if it returns, a result (the step swallowed it)."""
 
     def __init__(self, failed: Callable[[BaseException], Any]) -> None:

@@ -1,11 +1,15 @@
 """``BrokerClient``: the ``BrokerAPI`` over TCP, synchronous and thread-safe.
 
-One connection, pipelined: any number of threads may have requests in flight; a reader
-thread matches answers to their requests by request id and completes each request's
-``Future`` with its result (``start_send_half`` and ``start_end_transaction`` return that
-``Future`` without waiting: the request is on the wire, its answer comes later). A dropped connection fails the
-requests in flight with ``BrokerUnavailableError`` and is re-opened by the next call
-(producer registrations are renewed then). Check-backs pushed by the server run the
+One connection, pipelined: any number of threads may have requests in flight. Answers
+are matched to their requests by request id, whoever reads them: a thread that waits for
+its own answer reads the socket itself while no other thread does (the answer of a lone
+call then needs no hand-off between threads), and completes the answers of the others it
+reads on the way; a reader thread reads when no caller does: the answers nobody waits for
+in a call (``start_send_half`` and ``start_end_transaction`` return a ``Future`` without
+waiting: the request is on the wire, its answer comes later), and the check-backs pushed
+while the client is idle, from ``LINGER_S`` after its last call. A dropped connection
+fails the requests in flight with ``BrokerUnavailableError`` and is re-opened by the next
+call (producer registrations are renewed then). Check-backs pushed by the server run the
 registered callbacks on a worker thread. The protocol state is the shared
 ``broker_embedded.wire.session.ClientSession``; this module does the socket I/O.
 """
@@ -13,8 +17,12 @@ registered callbacks on a worker thread. The protocol state is the shared
 from __future__ import annotations
 
 import logging
+import os
+import select
 import socket
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Generic, TypeVar
@@ -63,13 +71,188 @@ class _Answer(Generic[T]):
         self.future.set_exception(exception)
 
 
-class _Link:
-    """One TCP connection and the requests waiting for an answer on it."""
+#: How long after a call the reader thread leaves the socket to the calling threads (calls
+#: in a row read their own answers) unless an answer nobody waits for in a call is due.
+LINGER_S = 0.05
+#: The longest a thread waiting for another's read sleeps before looking again (a safety
+#: net: the reader wakes it when it is done).
+_NAP_S = 0.05
+_POLL_SLICE_MS = 60_000
 
-    def __init__(self, sock: socket.socket) -> None:
+
+class _Link:
+    """One TCP connection, the requests waiting for an answer on it, and who reads it.
+
+    ``reading`` is held by the one thread that reads the socket: a caller waiting for its
+    own answer (``await_answer``), or the reader thread (``read_in_background``) while no
+    caller does. Each reads whole frames into ``frames`` and hands each to ``take_in``."""
+
+    def __init__(self, sock: socket.socket, take_in: Callable[[_Link, bytes], None]) -> None:
         self.sock = sock
         self.send_lock = threading.Lock()
         self.replies: Replies[_Answer[Any]] = Replies()
+        self.take_in = take_in
+        self.frames = FrameBuffer()
+        self.reading = threading.Lock()
+        self.poller = select.poll()  # the socket, for the caller that reads
+        self.poller.register(sock, select.POLLIN)
+        #: Callers waiting while another thread reads, each with the event that wakes it: set
+        #: when its answer arrives (by a done-callback), or when the reader stops and it is the
+        #: first still waiting (it reads next).
+        self.sleepers: list[tuple[Future[Any], threading.Event]] = []
+        self.sleepers_lock = threading.Lock()
+        #: The reader thread's state, under ``idle``: whether it reads, how many callers read
+        #: their own answers (or wait to), when the last of them ended, whether it waits.
+        self.idle = threading.Condition()
+        self.background = False
+        self.lingering = False
+        self.callers = 0
+        self.last_call = time.monotonic()
+        self.wake_r, self.wake_w = os.pipe()  # takes the reader thread out of its poll
+        os.set_blocking(self.wake_w, False)
+
+    # -- callers ---------------------------------------------------------------------------
+    def calling(self) -> None:
+        """A caller is about to send a request and read its answer."""
+        with self.idle:
+            self.callers += 1
+
+    def called(self) -> None:
+        """That caller has its answer (or gave up): the reader thread reads again at once if
+        answers nobody waits for in a call are due, else ``LINGER_S`` after the last call."""
+        with self.idle:
+            self.callers -= 1
+            self.last_call = time.monotonic()
+            if self.lingering and not self.callers and self.replies.pending:
+                self.idle.notify()
+
+    def expecting(self) -> None:
+        """An answer nobody waits for in a call is due: the reader thread reads it (``_linger``
+        saw it due, or waits and is woken: both under ``idle``)."""
+        with self.idle:
+            if self.lingering:
+                self.idle.notify()
+
+    def await_answer(self, future: Future[Any], deadline: float | None) -> None:
+        """Until ``future`` is done, reading the socket whenever no other thread does;
+        ``FutureTimeout`` at ``deadline`` (monotonic)."""
+        woken: threading.Event | None = None
+        while not future.done():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise FutureTimeout
+            if self.reading.acquire(blocking=False):
+                try:
+                    self._read_until(future, deadline)
+                finally:
+                    self.reading.release()
+                    self._pass_on()
+                continue
+            self._evict()
+            if woken is None:
+                woken = threading.Event()
+                future.add_done_callback(lambda _, event=woken: event.set())  # type: ignore[misc]
+            sleeper = (future, woken)
+            with self.sleepers_lock:
+                self.sleepers.append(sleeper)
+            try:
+                if self.reading.locked():  # else the reader left before this one slept: read
+                    woken.wait(_NAP_S if remaining is None else min(remaining, _NAP_S))
+            finally:
+                with self.sleepers_lock:
+                    self.sleepers.remove(sleeper)
+                if not future.done():
+                    woken.clear()
+
+    def _read_until(self, future: Future[Any], deadline: float | None) -> None:
+        poller = self.poller
+        while not future.done() and self.replies.alive:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            # in slices of a minute at most: poll takes up to about 24 days
+            if poller.poll(_POLL_SLICE_MS if remaining is None else min(_POLL_SLICE_MS, int(remaining * 1000) + 1)):
+                self._receive()
+
+    def _pass_on(self) -> None:
+        """The reading thread stopped: the first caller still waiting for its answer reads next."""
+        if self.sleepers:
+            with self.sleepers_lock:
+                for future, woken in self.sleepers:
+                    if not future.done():
+                        woken.set()
+                        break
+
+    def _evict(self) -> None:
+        """Have the reader thread leave the socket to the callers."""
+        with self.idle:
+            if self.background:
+                try:
+                    os.write(self.wake_w, b"\0")
+                except BlockingIOError:  # the pipe is full of wake-ups already
+                    pass
+
+    # -- the reader thread -----------------------------------------------------------------
+    def read_in_background(self) -> None:
+        """The reader thread: read whenever no caller does, until the link dies; then close
+        the wake-up pipe (nobody writes it once ``background`` is off under ``idle``)."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        try:
+            while self._linger():
+                if not self.reading.acquire(blocking=False):
+                    continue
+                try:
+                    with self.idle:
+                        self.background = True
+                    while self.replies.alive:
+                        ready = {fd for fd, _ in poller.poll()}
+                        if self.wake_r in ready:
+                            os.read(self.wake_r, 4096)
+                            break
+                        self._receive()
+                finally:
+                    with self.idle:
+                        self.background = False
+                    self.reading.release()
+                    self._pass_on()
+        finally:
+            with self.idle:
+                os.close(self.wake_r)
+                os.close(self.wake_w)
+
+    def _linger(self) -> bool:
+        """Wait until the reader thread may read (no caller reads, and an answer nobody
+        waits for is due or the last call was ``LINGER_S`` ago); False once the link died."""
+        with self.idle:
+            while self.replies.alive:
+                quiet_s = time.monotonic() - self.last_call
+                if not self.callers and (self.replies.pending or quiet_s >= LINGER_S):
+                    return True
+                self.lingering = True
+                try:
+                    self.idle.wait(LINGER_S - quiet_s if not self.callers else LINGER_S)
+                finally:
+                    self.lingering = False
+            return False
+
+    # -- both --------------------------------------------------------------------------------
+    def _receive(self) -> None:
+        """One read from the socket (it is readable), its whole frames handed on; a closed
+        or broken connection fails the link."""
+        try:
+            data = self.sock.recv(READ_CHUNK)
+            if not data:
+                self.fail("connection closed by the broker")
+                return
+            for payload in self.frames.feed(data):
+                self.take_in(self, payload)
+                if not self.replies.alive:  # refused, or failed by a sender
+                    self.close()
+                    return
+        except (OSError, MalformedFrameError, ValueError) as exc:
+            self.fail(f"connection lost: {exc}")
 
     def fail(self, reason: str, error: type[BrokerUnavailableError] = BrokerUnavailableError) -> None:
         """Mark the link dead and fail everything waiting on it with ``error``."""
@@ -78,10 +261,12 @@ class _Link:
 
     def close(self) -> None:
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread, sends FIN now
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reading thread, sends FIN now
         except OSError:
             pass
         self.sock.close()
+        with self.idle:
+            self.idle.notify_all()
 
 
 class BrokerClient(SessionClient[CheckCallback, _Link]):
@@ -105,8 +290,8 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
                 raise BrokerUnavailableError(f"cannot connect to {self.url}: {exc}") from None
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            link = _Link(sock)
-            threading.Thread(target=self._read_loop, args=(link,), daemon=True,
+            link = _Link(sock, self._take_in)
+            threading.Thread(target=link.read_in_background, daemon=True,
                              name=f"broker-client-{self.port}").start()
             try:
                 ask = self._session.challenge()
@@ -119,19 +304,10 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
             self._link = link
             return link
 
-    def _read_loop(self, link: _Link) -> None:
-        frames = FrameBuffer()
-        try:
-            while data := link.sock.recv(READ_CHUNK):
-                for payload in frames.feed(data):
-                    if (check := self._session.received(link.replies, payload)) is not None:
-                        self._callbacks.submit(self._run_callback, *check)
-                    if not link.replies.alive:  # refused, or failed by a sender
-                        link.close()
-                        return
-            link.fail(f"connection to {self.url} closed by the broker")
-        except (OSError, MalformedFrameError, ValueError) as exc:
-            link.fail(f"connection to {self.url} lost: {exc}")
+    def _take_in(self, link: _Link, payload: bytes) -> None:
+        """One frame read on ``link``: an answer goes to its waiter, a check-back to a worker thread."""
+        if (check := self._session.received(link.replies, payload)) is not None:
+            self._callbacks.submit(self._run_callback, *check)
 
     @staticmethod
     def _run_callback(callback: CheckCallback, request: CheckRequest) -> None:
@@ -155,14 +331,28 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
             link.fail(f"cannot send to {self.url}: {exc}")
         return request_id, future
 
+    def _put_on_wire(self, call: Call[T], future: Future[T] | None = None) -> Future[T]:
+        """Write ``call`` without waiting: the reader thread reads its answer."""
+        link = self._connection()
+        started = self._submit(link, call, future)[1]
+        link.expecting()
+        return started
+
     def _exchange(self, link: _Link, call: Call[T]) -> T:
-        """Send ``call`` on ``link`` and wait for its result."""
-        request_id, future = self._submit(link, call)
+        """Send ``call`` on ``link`` and wait for its result, reading it in this thread
+        unless another one reads."""
+        wait_s = self._session.wait_s(call)
+        link.calling()
         try:
-            return future.result(self._session.wait_s(call))
-        except FutureTimeout:
-            link.replies.forget(request_id)
-            raise self._session.timed_out(call) from None
+            request_id, future = self._submit(link, call)
+            try:
+                link.await_answer(future, None if wait_s is None else time.monotonic() + wait_s)
+            except FutureTimeout:
+                link.replies.forget(request_id)
+                raise self._session.timed_out(call) from None
+            return future.result(0)
+        finally:
+            link.called()
 
     def _do(self, call: Call[T]) -> T:
         return self._exchange(self._connection(), call)
@@ -216,7 +406,7 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
         """``relay_committed`` without waiting, as ``start_send_half``: a relay puts many
         transactions on the wire and the server stores them in one group commit."""
         call = self._session.relay_committed(messages, producer_group=producer_group, transaction_id=transaction_id)
-        return self._submit(self._connection(), call)[1]
+        return self._put_on_wire(call)
 
     def start_send_half(self, message: Message, *, producer_group: str, transaction_id: str,
                         future: Future[SendResult] | None = None) -> Future[SendResult]:
@@ -227,7 +417,7 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
         ``future``: the (new, pending) ``Future`` to complete, of the caller's own kind, so
         the answer needs no second ``Future`` chained to this one."""
         call = self._session.send_half(message, producer_group=producer_group, transaction_id=transaction_id)
-        return self._submit(self._connection(), call, future)[1]
+        return self._put_on_wire(call, future)
 
     def start_end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
                               from_check: bool = False, oneway: bool = False,
@@ -237,7 +427,7 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
         for it, and answers once its next fsync covers it)."""
         call = self._session.end_transaction(transaction_id, resolution, producer_group=producer_group,
                                              from_check=from_check, oneway=oneway)
-        return self._submit(self._connection(), call, future)[1]
+        return self._put_on_wire(call, future)
 
     def recall(self, topic: str, recall_handle: str) -> str:
         return self._do(self._session.recall(topic, recall_handle))
