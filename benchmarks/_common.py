@@ -201,6 +201,17 @@ finally:
 
 
 @contextmanager
+def listening(server: subprocess.Popen[bytes], port: int) -> Iterator[None]:
+    """Once ``server`` listens on ``port``; terminates it (and waits for it) on exit."""
+    try:
+        wait_port(port)
+        yield
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+@contextmanager
 def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None, profile_to: Path | None = None,
                      port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A ``python -m broker_embedded serve`` process on ``port`` (default: a free one) (sync flush unless
@@ -215,12 +226,8 @@ def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None, prof
          "--log-level", "WARNING", *extra],
         env=code_env(code) if code else None, cwd=code,
     )
-    try:
-        wait_port(port)
+    with listening(server, port):
         yield server, port
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
 
 @contextmanager
@@ -266,9 +273,5 @@ def redis_process(folder: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]
     server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
                                "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
                               stdout=subprocess.DEVNULL)
-    try:
-        wait_port(port)
+    with listening(server, port):
         yield server, port
-    finally:
-        server.terminate()
-        server.wait(timeout=60)

@@ -40,12 +40,12 @@ from _common import (
     cpu_seconds,
     free_port,
     halfmoon_process,
+    listening,
     machine_load,
     ratios,
     redis_process,
     repeat,
     timed,
-    wait_port,
 )
 
 from broker_embedded import BrokerClient, Message
@@ -93,12 +93,8 @@ def floor_process(folder: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]
     folder.mkdir(parents=True)
     server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--floor-server", str(port),
                                str(folder / "log")])
-    try:
-        wait_port(port)
+    with listening(server, port):
         yield server, port
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
 
 def _floor_send(sock: socket.socket) -> None:
