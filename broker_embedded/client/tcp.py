@@ -307,7 +307,10 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
     def _take_in(self, link: _Link, payload: bytes) -> None:
         """One frame read on ``link``: an answer goes to its waiter, a check-back to a worker thread."""
         if (check := self._session.received(link.replies, payload)) is not None:
-            self._callbacks.submit(self._run_callback, *check)
+            try:
+                self._callbacks.submit(self._run_callback, *check)
+            except RuntimeError:  # the client is closing: its callbacks no longer run
+                log.debug("check-back for %s dropped: the client is closed", check[1].transaction_id)
 
     @staticmethod
     def _run_callback(callback: CheckCallback, request: CheckRequest) -> None:
