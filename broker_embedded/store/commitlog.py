@@ -190,12 +190,15 @@ class CommitLog:
         for segment in dropped:
             self._dirty.discard(segment)
             segment.close()
-        for segment in dropped:
+        failure: OSError | None = None
+        for segment in dropped:  # each one tried: every file not deleted must be known
             try:
                 self.fs.unlink(segment.path)
-            except OSError:
+            except OSError as exc:
                 self._left_behind.add(segment.path)
-                raise
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         if dropped:
             # gone for good before the segment before them is cut: else a crash could leave
             # that one short, a closed segment with a hole, behind them

@@ -157,3 +157,44 @@ def test_a_rolled_back_segment_that_cannot_be_deleted_is_never_used_or_closed_ag
         assert [reopened.read_at(offset).body for offset in (*first, *again)] == [b"a" * 3000, b"c" * 3000]
     finally:
         reopened.close()
+
+
+class _FailingSecondNewSegment(_FailingNewSegments):
+    """Once ``armed``: the write to the second segment created after arming reaches the
+    file whole and then fails with EIO; every unlink fails."""
+
+    def pwrite(self, fd: int, data: bytes | memoryview, position: int) -> int:
+        written = OsFileSystem.pwrite(self, fd, data, position)
+        if self.armed and fd in self.new and len(self.new) >= 2 and fd == max(self.new):
+            raise OSError(errno.EIO, "input/output error")
+        return written
+
+
+def test_every_rolled_back_segment_that_cannot_be_deleted_is_emptied_before_reuse(tmp_path: Path) -> None:
+    """An append that rolled into two new segments fails in the second; neither file can be
+    deleted. Both are emptied when their offsets are used again: a record rolled back in the
+    second, left whole behind the new ones, would otherwise be read back after a reopen as
+    if it had been written."""
+    fs = _FailingSecondNewSegment()
+    log = CommitLog(tmp_path / "commitlog", 4096, fs)
+    overhead = codec.SEAL_SIZE + len(codec.encode("t", 0, 0, 0, 1, 1, {}, b""))
+    filling = b"f" * (4096 - overhead)  # a record that fills a segment
+    first = log.append_many([codec.encode("t", 0, 0, 0, 1, 1, {}, filling)])
+    fs.armed = True
+    with pytest.raises(OSError):  # segment 2 written, segment 3 written whole, then EIO
+        log.append_many([codec.encode("t", 0, 1, 0, 1, 1, {}, filling),
+                         codec.encode("t", 0, 2, 0, 1, 1, {}, b"rolled back 1"),
+                         codec.encode("t", 0, 3, 0, 1, 1, {}, b"rolled back 2")])
+    fs.armed = False
+    again = log.append_many([codec.encode("t", 0, 1, 0, 1, 1, {}, filling),
+                             codec.encode("t", 0, 2, 0, 1, 1, {}, b"written again")])  # as long as the first
+    log.flush()
+    log.close()
+    reopened = CommitLog(tmp_path / "commitlog", 4096)
+    try:
+        assert again == [4096, 8192]
+        assert [record.body for record in reopened.recover(0)] == [filling, filling, b"written again"]
+        assert reopened.write_offset == 8192 + overhead + len(b"written again")
+        assert first == [0]
+    finally:
+        reopened.close()
