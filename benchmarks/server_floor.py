@@ -30,6 +30,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,10 +115,10 @@ def measured(pid: int, seconds: float, call: Callable[[], object]) -> Sample:
     """Requests per second of ``call`` in a loop, and server ``pid``'s and this process's
     CPU µs per request."""
     call()  # the server's first request (topic creation, page faults) is not the workload
-    cpu_start, client_start = cpu_seconds(pid), os.times()
+    start, cpu_start, client_start = time.perf_counter(), cpu_seconds(pid), os.times()
     rate = timed(seconds, repeat(call))
     client_end = os.times()
-    requests = rate * seconds
+    requests = rate * (time.perf_counter() - start)  # the loop ends with its last call, past ``seconds``
     client = client_end.user - client_start.user + client_end.system - client_start.system
     return rate, (cpu_seconds(pid) - cpu_start) / requests * 1e6, client / requests * 1e6
 
