@@ -20,10 +20,11 @@ long-lived child process, in alternating rounds; medians and per-round ratios:
 Each checkout's END is sent as its producer sends it: ``oneway`` (no fsync of its own, the
 next write's covers it) where the checkout has it.
 
-``--client`` measures the other end instead: ``BrokerClient`` (sync, over TCP) of each
-checkout, each in its own child process, against one server (this checkout's), as a decorated
-call uses it: ``send_half`` waited for, then ``start_end_transaction(oneway=True)`` not waited
-for; from one thread and from ``--client-threads`` threads sharing the client. The client
+``--client`` measures the other end instead: ``outbox.Producer`` over ``BrokerClient`` (sync,
+over TCP) of each checkout, each in its own child process, against one server (this
+checkout's), as a decorated call uses it without its database: ``start_half``, then
+``await_halves`` (where the commit would follow), then ``finish`` (END COMMIT, oneway, not
+waited for); from one thread and from ``--client-threads`` threads sharing the client. The client
 process's CPU per call (every thread of it) and calls per second; ``--profile`` then profiles
 the one-thread loop of each checkout.
 
@@ -146,15 +147,18 @@ def _client_child(port: int) -> None:
 
     from broker_embedded import BrokerClient
     from broker_embedded.message import Message, Resolution
+    from outbox.producer import Producer
 
     client = BrokerClient(f"tcp://127.0.0.1:{port}")
+    producer = Producer(client, GROUP)
     numbers = iter(range(1, 1 << 62))
 
     def calls(count: int) -> None:
         for _ in range(count):
             transaction_id = f"c{os.getpid()}-{next(numbers)}"
-            client.send_half(Message(TOPIC, BODY), producer_group=GROUP, transaction_id=transaction_id)
-            client.start_end_transaction(transaction_id, Resolution.COMMIT, producer_group=GROUP, oneway=True)
+            producer.start_half(Message(TOPIC, BODY), transaction_id)
+            producer.await_halves(transaction_id)
+            producer.finish(transaction_id, Resolution.COMMIT)
 
     calls(300)  # warm-up: the connection, the topic
     for line in sys.stdin:
@@ -174,7 +178,7 @@ def _client_child(port: int) -> None:
             worker.join()
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         print(json.dumps({"per_tx": cpu / int(count), "per_s": int(count) / wall}), flush=True)
-    client.close()
+    producer.close()
 
 
 class _Child:
@@ -323,8 +327,8 @@ def client_main(args: argparse.Namespace) -> None:
     checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
     print(machine_load("at start"))
     print(f"old: {checkouts['old']}, new: {checkouts['new']}; clients against one server ({NEW}); {args.tx} calls "
-          f"per round, {args.rounds} alternating rounds; a call: send_half (256 B, waited for) + "
-          "start_end_transaction(oneway=True) (not waited for); client process CPU (all its threads) per call")
+          f"per round, {args.rounds} alternating rounds; a call: Producer.start_half (256 B) + await_halves + "
+          "finish (END COMMIT, oneway, not waited for); client process CPU (all its threads) per call")
     measured: dict[int, dict[str, list[tuple[float, float]]]] = {}
     with tempfile.TemporaryDirectory() as scratch, halfmoon_process(Path(scratch) / "server", code=NEW) as (_, port):
         children = {name: _Child(code, port) for name, code in checkouts.items()}

@@ -7,8 +7,10 @@ transaction_log. It logs a warning and returns False instead.
 Over a ``BrokerClient`` (``tcp://``) the decorators wait for one broker round trip at
 most: ``start_half`` puts the half message on the wire and returns, the local transaction
 runs meanwhile, and ``await_halves`` waits for the acknowledgment just before the DB
-commit; the END_TRANSACTION after the commit is written without waiting for its answer
-(``oneway_end``, RocketMQ's ``endTransactionOneway``). Other brokers (an in-process
+commit, reading it in the calling thread; the END_TRANSACTION after the commit is written
+without waiting for its answer (``oneway_end``, RocketMQ's ``endTransactionOneway``),
+which the next call reads on its way (or ``flush``, or the client's reader thread once
+the client is quiet). Other brokers (an in-process
 ``EmbeddedBroker``, a RocketMQ 5 cluster) are called at once, waiting as ``send_half`` does.
 """
 
@@ -19,10 +21,10 @@ import contextvars
 import functools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
@@ -152,7 +154,8 @@ class Producer:
             half = self._under_way(
                 SEND_HALF, functools.partial(sending_half, self.producer_group, message, transaction_id), message,
                 lambda stamped, future: client.start_send_half(stamped, producer_group=self.producer_group,
-                                                               transaction_id=transaction_id, future=future))
+                                                               transaction_id=transaction_id, future=future,
+                                                               due=False))
             if not self.broker_down.stores and half.done() and (error := half.exception()) is not None:
                 raise error
         with self._lock:
@@ -180,12 +183,11 @@ class Producer:
             halves = self._halves.pop(transaction_id, [])
         try:
             for half in halves:
-                try:
-                    half.result(self._answer_timeout_s)
-                except FutureTimeout:
+                if not self._wait(half, self._answer_timeout_s):
                     raise BrokerUnavailableError(
                         f"a half message of transaction {transaction_id} was not acknowledged within "
-                        f"{self._answer_timeout_s:.1f}s") from None
+                        f"{self._answer_timeout_s:.1f}s")
+                half.result()
         except BrokerUnavailableError as exc:
             self.broker_down.not_taken(exc, transaction_id)
             return False
@@ -200,6 +202,22 @@ class Producer:
     @property
     def _answer_timeout_s(self) -> float | None:
         return self._client.timeout_s if self._client is not None else None
+
+    def _wait(self, answer: Future[Any], timeout_s: float | None) -> bool:
+        """Wait for the answer of a request this producer started, reading it in this thread
+        over a ``BrokerClient`` (its reader thread leaves it to us); whether it came in time."""
+        if self._client is not None:
+            return self._client.wait(answer, timeout_s)
+        return not wait([answer], timeout_s).not_done
+
+    def _wait_all(self, answers: list[Future[Any]], timeout_s: float | None) -> bool:
+        """``_wait`` for each of ``answers`` within ``timeout_s`` in all."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for answer in answers:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._wait(answer, remaining):
+                return False
+        return True
 
     def end_transaction(self, transaction_id: str, resolution: Resolution, from_check: bool = False) -> bool:
         """Tell the broker how the transaction ended; False (and a warning) if it could not."""
@@ -218,15 +236,18 @@ class Producer:
         if not self.broker_down.ends(transaction_id, resolution):
             return  # its messages are in the database: the relay hands them over
         if unanswered:  # a local transaction that failed before awaiting them
-            wait(unanswered, self._answer_timeout_s)
+            self._wait_all(unanswered, self._answer_timeout_s)
         if not self.oneway_end or self._client is None:
             self.end_transaction(transaction_id, resolution)
             return
         client = self._client
+        # observed, its answer ends the step (a span, a duration): read as soon as it comes
+        due = instrumentation.observed(END_TRANSACTION)
         end = self._under_way(
             END_TRANSACTION, functools.partial(ending, self.producer_group, transaction_id, resolution), None,
             lambda _, future: client.start_end_transaction(transaction_id, resolution, oneway=True,
-                                                           producer_group=self.producer_group, future=future))
+                                                           producer_group=self.producer_group, future=future,
+                                                           due=due))
         with self._lock:
             self._pending_ends.add(end)
         end.add_done_callback(self._forget)
@@ -288,7 +309,7 @@ class Producer:
         is durable, so after ``flush()`` their messages are visible."""
         with self._lock:
             pending = list(self._pending_ends)
-        return not wait(pending, self._answer_timeout_s if timeout_s is None else timeout_s).not_done
+        return self._wait_all(pending, self._answer_timeout_s if timeout_s is None else timeout_s)
 
     def send_message_in_transaction(self, message: Message, arg: Any, listener: TransactionListener) -> Resolution:
         """RocketMQ's flow: half message, ``listener.execute_local_transaction``, then END.

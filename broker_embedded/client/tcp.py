@@ -7,7 +7,10 @@ call then needs no hand-off between threads), and completes the answers of the o
 reads on the way; a reader thread reads when no caller does: the answers nobody waits for
 in a call (``start_send_half`` and ``start_end_transaction`` return a ``Future`` without
 waiting: the request is on the wire, its answer comes later), and the check-backs pushed
-while the client is idle, from ``LINGER_S`` after its last call. A dropped connection
+while the client is idle, from ``LINGER_S`` after its last call. A ``start_*`` call with
+``due=False`` leaves its answer to a caller: the one that waits for it later
+(``BrokerClient.wait``), or any call that reads on the way; the reader thread reads it
+only once the client has been quiet for ``LINGER_S``. A dropped connection
 fails the requests in flight with ``BrokerUnavailableError`` and is re-opened by the next
 call (producer registrations are renewed then). Check-backs pushed by the server run the
 registered callbacks on a worker thread. The protocol state is the shared
@@ -48,13 +51,16 @@ T = TypeVar("T")
 
 class _Answer(Generic[T]):
     """What waits in ``Replies`` for the answer to ``call``: completes ``future`` with the
-    call's result or typed error, in the reader thread."""
+    call's result or typed error, in the thread that reads it. ``due``: the reader thread
+    reads it as soon as no caller reads (else a caller does, or the reader once the
+    client is quiet)."""
 
-    __slots__ = ("call", "future")
+    __slots__ = ("call", "due", "future")
 
-    def __init__(self, call: Call[T], future: Future[T]) -> None:
+    def __init__(self, call: Call[T], future: Future[T], due: bool = True) -> None:
         self.call = call
         self.future = future
+        self.due = due
 
     def done(self) -> bool:
         return self.future.done()
@@ -123,7 +129,7 @@ class _Link:
         with self.idle:
             self.callers -= 1
             self.last_call = time.monotonic()
-            if self.lingering and not self.callers and self.replies.pending:
+            if self.lingering and not self.callers and self._due():
                 self.idle.notify()
 
     def expecting(self) -> None:
@@ -132,6 +138,17 @@ class _Link:
         with self.idle:
             if self.lingering:
                 self.idle.notify()
+
+    def deferring(self) -> None:
+        """An answer left to a caller is on its way: the reader thread leaves it for
+        ``LINGER_S`` from now."""
+        with self.idle:
+            self.last_call = time.monotonic()
+
+    def _due(self) -> bool:
+        """Whether an answer the reader thread should read now is awaited."""
+        with self.replies.lock:
+            return any(answer.due for answer in self.replies.pending.values())
 
     def await_answer(self, future: Future[Any], deadline: float | None) -> None:
         """Until ``future`` is done, reading the socket whenever no other thread does;
@@ -228,7 +245,7 @@ class _Link:
         with self.idle:
             while self.replies.alive:
                 quiet_s = time.monotonic() - self.last_call
-                if not self.callers and (self.replies.pending or quiet_s >= LINGER_S):
+                if not self.callers and (quiet_s >= LINGER_S or self._due()):
                     return True
                 self.lingering = True
                 try:
@@ -320,13 +337,14 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
             log.exception("check callback failed for transaction %s", request.transaction_id)
 
     # -- requests -------------------------------------------------------------------------
-    def _submit(self, link: _Link, call: Call[T], future: Future[T] | None = None) -> tuple[int, Future[T]]:
+    def _submit(self, link: _Link, call: Call[T], future: Future[T] | None = None,
+                due: bool = True) -> tuple[int, Future[T]]:
         """Write ``call`` on ``link``; its request id and the ``Future`` of its result
         (``future`` if given, else a new one)."""
         request_id = self._session.new_id()
         future = Future() if future is None else future
         future.set_running_or_notify_cancel()  # on the wire: it cannot be cancelled, only not waited for
-        link.replies.expect(request_id, _Answer(call, future))
+        link.replies.expect(request_id, _Answer(call, future, due))
         try:
             with link.send_lock:
                 link.sock.sendall(call.frame(request_id))
@@ -334,12 +352,36 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
             link.fail(f"cannot send to {self.url}: {exc}")
         return request_id, future
 
-    def _put_on_wire(self, call: Call[T], future: Future[T] | None = None) -> Future[T]:
-        """Write ``call`` without waiting: the reader thread reads its answer."""
+    def _put_on_wire(self, call: Call[T], future: Future[T] | None = None, due: bool = True) -> Future[T]:
+        """Write ``call`` without waiting: the reader thread reads its answer (``due``), or
+        a caller does (see ``wait``)."""
         link = self._connection()
-        started = self._submit(link, call, future)[1]
-        link.expecting()
+        if not due:
+            link.deferring()
+        started = self._submit(link, call, future, due)[1]
+        if due:
+            link.expecting()
         return started
+
+    def wait(self, future: Future[Any], timeout_s: float | None = None) -> bool:
+        """Wait up to ``timeout_s`` for ``future``, a ``start_*`` call's (or one completed by
+        its done-callbacks), reading the socket in this thread while no other does: an
+        answer started with ``due=False`` needs no other thread. Whether it is done."""
+        link = self._link
+        if future.done() or link is None or not link.replies.alive:
+            try:
+                future.exception(timeout_s)  # done, or failed with its dead link
+            except FutureTimeout:
+                return False
+            return True
+        link.calling()
+        try:
+            link.await_answer(future, None if timeout_s is None else time.monotonic() + timeout_s)
+        except FutureTimeout:
+            return False
+        finally:
+            link.called()
+        return True
 
     def _exchange(self, link: _Link, call: Call[T]) -> T:
         """Send ``call`` on ``link`` and wait for its result, reading it in this thread
@@ -412,25 +454,27 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
         return self._put_on_wire(call)
 
     def start_send_half(self, message: Message, *, producer_group: str, transaction_id: str,
-                        future: Future[SendResult] | None = None) -> Future[SendResult]:
+                        future: Future[SendResult] | None = None, due: bool = True) -> Future[SendResult]:
         """``send_half`` without waiting: the request is on the wire when this returns, and
-        the reader thread completes the ``Future`` with the answer (or the typed error; a
-        dropped connection: ``BrokerUnavailableError``). The ``Future`` has no deadline of its
-        own: wait for it up to ``timeout_s``. No connection: ``BrokerUnavailableError`` now.
-        ``future``: the (new, pending) ``Future`` to complete, of the caller's own kind, so
-        the answer needs no second ``Future`` chained to this one."""
+        the ``Future`` completes with the answer (or the typed error; a dropped connection:
+        ``BrokerUnavailableError``). The ``Future`` has no deadline of its own: wait for it
+        up to ``timeout_s``. No connection: ``BrokerUnavailableError`` now. ``future``: the
+        (new, pending) ``Future`` to complete, of the caller's own kind, so the answer needs
+        no second ``Future`` chained to this one. ``due=False``: the caller reads the answer
+        when it waits for it with ``wait`` (the reader thread does not wake for it)."""
         call = self._session.send_half(message, producer_group=producer_group, transaction_id=transaction_id)
-        return self._put_on_wire(call, future)
+        return self._put_on_wire(call, future, due)
 
     def start_end_transaction(self, transaction_id: str, resolution: Resolution, *, producer_group: str,
                               from_check: bool = False, oneway: bool = False,
-                              future: Future[EndTransactionResult] | None = None) -> Future[EndTransactionResult]:
+                              future: Future[EndTransactionResult] | None = None,
+                              due: bool = True) -> Future[EndTransactionResult]:
         """``end_transaction`` without waiting, as ``start_send_half`` (RocketMQ's
         ``endTransactionOneway`` with ``oneway``: the broker then needs no fsync of its own
         for it, and answers once its next fsync covers it)."""
         call = self._session.end_transaction(transaction_id, resolution, producer_group=producer_group,
                                              from_check=from_check, oneway=oneway)
-        return self._put_on_wire(call, future)
+        return self._put_on_wire(call, future, due)
 
     def recall(self, topic: str, recall_handle: str) -> str:
         return self._do(self._session.recall(topic, recall_handle))

@@ -5,6 +5,7 @@ be read while the client is idle."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -148,3 +149,84 @@ def test_a_client_closed_after_calls_in_a_row_leaves_no_reader_behind(thread_ser
             return
         time.sleep(0.02)
     raise AssertionError(f"reader threads left: {readers}")
+
+
+def _reader_of(future: Future[object]) -> list[str]:
+    """The name of the thread that completes ``future``, once it does."""
+    readers: list[str] = []
+    future.add_done_callback(lambda _: readers.append(threading.current_thread().name))
+    return readers
+
+
+def test_an_answer_left_to_its_caller_is_read_by_it_and_an_end_on_the_way(thread_server) -> None:
+    """A decorated call's shape: the half message put on the wire for its caller
+    (``due=False``), waited for later with ``wait``, then a oneway END also left to a caller.
+    The caller reads its half's answer in its own thread; the END's answer is read by the
+    next call on its way; the reader thread reads neither."""
+    server = thread_server()
+    client = BrokerClient(server.url, timeout_s=30)
+    client.create_topic("orders", 1)
+    client.send(Message("orders", b"warm-up"))
+    me = threading.current_thread().name
+    ends: list[tuple[Future[object], list[str]]] = []
+    for n in range(20):
+        half = client.start_send_half(Message("orders", str(n).encode()), producer_group="pg",
+                                      transaction_id=f"t-{n}", due=False)
+        half_reader = _reader_of(half)  # type: ignore[arg-type]
+        time.sleep(0.002)  # the local transaction: the answer arrives meanwhile, nobody reads it
+        assert client.wait(half, 10)
+        assert half.result(0).message_id and half_reader == [me]
+        end = client.start_end_transaction(f"t-{n}", Resolution.COMMIT, producer_group="pg", oneway=True, due=False)
+        ends.append((end, _reader_of(end)))  # type: ignore[arg-type]
+    for end, reader in ends[:-1]:  # each read by the next call's wait
+        assert end.done() and reader == [me], reader
+    last, last_reader = ends[-1]
+    assert client.wait(last, 10) and last_reader == [me]
+    assert client.open_transactions("pg") == []
+    client.close()
+
+
+def test_an_answer_left_to_a_caller_that_never_waits_is_read_once_the_client_is_quiet(thread_server) -> None:
+    """Nobody waits for a half left to its caller (the caller gave up): the reader thread
+    reads it once the client has been quiet for ``LINGER_S``, so it never stays unread."""
+    server = thread_server()
+    client = BrokerClient(server.url, timeout_s=30)
+    client.send(Message("orders", b"warm-up"))
+    half = client.start_send_half(Message("orders", b"h"), producer_group="pg", transaction_id="t-left", due=False)
+    reader = _reader_of(half)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 10
+    while not half.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert half.done(), "an answer left to a caller that never waited was never read"
+    assert reader and reader[0].startswith("broker-client-"), reader
+    client.end_transaction("t-left", Resolution.ROLLBACK, producer_group="pg")
+    client.close()
+
+
+def test_waiting_for_an_answer_whose_connection_dropped_fails_at_once() -> None:
+    """The broker takes the half left to its caller and drops the connection without an
+    answer: the caller's ``wait`` returns at once with the Future failed
+    (``BrokerUnavailableError``), not at its timeout."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def broker_that_drops() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)  # the half message's request
+            time.sleep(0.2)  # the caller is waiting by then
+
+    dropper = threading.Thread(target=broker_that_drops)
+    dropper.start()
+    client = BrokerClient(f"tcp://127.0.0.1:{port}", timeout_s=30)
+    try:
+        half = client.start_send_half(Message("orders", b"h"), producer_group="pg", transaction_id="t-drop",
+                                      due=False)
+        started = time.monotonic()
+        assert client.wait(half, 20)
+        assert time.monotonic() - started < 10
+        assert isinstance(half.exception(0), BrokerUnavailableError)
+    finally:
+        client.close()
+        dropper.join(10)
+        listener.close()
