@@ -8,7 +8,9 @@ system, all threads) per record:
 
 * raw fsync / fdatasync peers: one ``os.write`` + ``os.fsync`` (or ``os.fdatasync``) per
   record on a growing plain file (what a store without group commit could at best do
-  sequentially; the pair shows what fdatasync saves on this filesystem);
+  sequentially; the pair shows what fdatasync saves on this filesystem); and ``over zeros``:
+  ``os.pwrite`` + ``os.fdatasync`` over zeros written ahead as the commit log writes them
+  (what a sync that writes no file size saves);
 * sync, N putters: ``put`` from N threads, each acknowledged after an fsync covering it
   (group commit lets concurrent putters share fsyncs);
 * sync put_batch: batches of 64 records, one fsync each;
@@ -48,10 +50,14 @@ from broker_embedded.store.record import StoredRecord
 
 SIZES = (256, 1024)
 BATCH = 64
+#: The raw peer's zeros written ahead (the commit log's ``PREALLOCATE_BYTES``; a checkout
+#: compared with may not have it).
+AHEAD_BYTES = 1 << 20
 #: (label, threads, flush mode or the raw peer's sync call, records per put call)
 CASES = (
     ("raw write+fsync peer, 1 thread", 1, "fsync", 1),
     ("raw write+fdatasync peer, 1 thread", 1, "fdatasync", 1),
+    ("raw fdatasync over zeros peer, 1 thread", 1, "ahead", 1),
     ("sync put, 1 putter", 1, "sync", 1),
     ("sync put, 8 putters", 8, "sync", 1),
     ("sync put, 64 putters", 64, "sync", 1),
@@ -102,6 +108,31 @@ def raw_sync_peer(directory: Path, size: int, seconds: float, sync: Callable[[in
         while not stop.is_set():
             os.write(fd, payload)
             sync(fd)
+            done += 1
+        return done
+
+    try:
+        return _timed(seconds, 1, work)
+    finally:
+        os.close(fd)
+
+
+def raw_ahead_peer(directory: Path, size: int, seconds: float) -> Rate:
+    """``raw_sync_peer``'s fdatasync, each record written over zeros written ahead of it
+    (``AHEAD_BYTES`` more once half of them are used, as the commit log does with its
+    ``PREALLOCATE_BYTES``)."""
+    fd = os.open(directory / "raw.log", os.O_WRONLY | os.O_CREAT, 0o644)
+    payload = os.urandom(size)
+    zeros = bytes(AHEAD_BYTES)
+
+    def work(_worker: int, stop: threading.Event) -> int:
+        done = end = allocated = 0
+        while not stop.is_set():
+            os.pwrite(fd, payload, end)
+            end += size
+            if allocated - end < AHEAD_BYTES // 2:
+                allocated = end + os.pwrite(fd, zeros, end)
+            os.fdatasync(fd)
             done += 1
         return done
 
@@ -184,6 +215,8 @@ def measure(base: Path, seconds: float, only: str, quiet: bool) -> list[Row]:
             directory.mkdir()
             if mode in ("fsync", "fdatasync"):
                 rate, cpu = raw_sync_peer(directory, size, seconds, getattr(os, mode))
+            elif mode == "ahead":
+                rate, cpu = raw_ahead_peer(directory, size, seconds)
             else:
                 rate, cpu = store_rate(directory, size, seconds, threads, mode, batch)
             rows.append((label, size, rate, cpu))
