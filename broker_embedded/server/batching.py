@@ -35,6 +35,9 @@ class Batcher:
     thread runs batch after batch while items wait, and hands each batch's outcomes back to
     the loop with one callback. ``backlog`` is what ``weigh`` says the items queued or in a
     running batch hold (bytes); ``track`` is given one future per drain, done when it ends.
+    A run on the loop (below) gets none: it is a loop callback, done once the loop has run
+    the callbacks scheduled before a front's stop (``BrokerServer.stop`` yields once for
+    them).
 
     The heavy items of a batch (over ``READ_CHUNK``) weigh at most ``max_batch_weight``
     together (or are one item): one that does not fit waits for the next batch, and so does
@@ -88,15 +91,15 @@ class Batcher:
         loop = self._loop
         if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()
+        if on_loop:
+            loop.call_soon(self._run_on_loop, loop)
+        else:
+            self._start_drain(loop)
+
+    def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand a drain (already counted in ``running``) to the executor."""
         ended: asyncio.Future[None] = loop.create_future()
         self.track(ended)
-        if on_loop:
-            loop.call_soon(self._run_on_loop, loop, ended)
-        else:
-            self._start_drain(loop, ended)
-
-    def _start_drain(self, loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
-        """Hand a drain (already counted in ``running``) to the executor."""
         try:
             self.executor.submit(self._drain, loop, ended)
         except RuntimeError as exc:  # the executor is shut down: the server is stopping
@@ -105,7 +108,7 @@ class Batcher:
                 batch, self.waiting = self.waiting, []
             self._deliver(batch, [exc] * len(batch), ended)
 
-    def _run_on_loop(self, loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
+    def _run_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the loop, an iteration after a light item found nothing running: the items
         queued since run here if they are few and light, else they go to a drain."""
         with self._lock:
@@ -114,12 +117,12 @@ class Batcher:
                 entry[3] <= READ_CHUNK for entry in self.waiting)
             batch, self.waiting = (self.waiting, []) if few else ([], self.waiting)
         if not few:
-            self._start_drain(loop, ended)
+            self._start_drain(loop)
             return
         outcomes = self._run(batch)
         with self._lock:
             self.running -= 1
-        self._deliver(batch, outcomes, ended)
+        self._deliver(batch, outcomes, None)
 
     def _drain(self, loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
         """On a thread of ``executor``: run batches until none waits; the last batch's

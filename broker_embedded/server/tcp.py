@@ -111,7 +111,10 @@ class _Connection:
         #: The task serving the connection; ``dropped`` once the server cancels it.
         self.reading = reading
         self.dropped = False
-        writer.transport.set_write_buffer_limits(high=limits.max_reply_bytes)
+        #: The writer's transport, which the hot paths call directly (``StreamWriter``'s
+        #: methods only forward to it).
+        self.transport: asyncio.WriteTransport = writer.transport
+        self.transport.set_write_buffer_limits(high=limits.max_reply_bytes)
 
     def send(self, frame: bytes) -> None:
         """Queue the answer to a request (never below zero in flight: a frame-level error is
@@ -135,8 +138,8 @@ class _Connection:
 
     def flush(self) -> None:
         frames, self.outgoing = self.outgoing, []
-        if frames and not self.writer.is_closing():
-            self.writer.write(b"".join(frames))
+        if frames and not self.transport.is_closing():
+            self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def push_check(self, request: CheckRequest) -> None:
         """Called from a broker thread: push a check-back to this producer."""
@@ -149,8 +152,9 @@ class _Connection:
         """Count one more request in flight if ``admit`` would not wait (fewer than
         ``max_requests_in_flight`` are, no answer is unwritten, the connection is open);
         False, counting nothing, when it would."""
-        if self.in_flight >= self.limits.max_requests_in_flight or self.writer.is_closing() \
-                or self.writer.transport.get_write_buffer_size():
+        transport = self.transport
+        if self.in_flight >= self.limits.max_requests_in_flight or transport.is_closing() \
+                or transport.get_write_buffer_size():
             return False
         self.in_flight += 1
         self.last_active = self.now()
@@ -355,6 +359,9 @@ class BrokerServer:
         self._stopping = True
         if self._server is not None:
             self._server.close()
+        # the batchers' runs on the loop scheduled so far (not tracked, no request starts
+        # one from now on) run before anything below
+        await asyncio.sleep(0)
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._tasks:
