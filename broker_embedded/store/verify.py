@@ -351,10 +351,16 @@ class _Inspection:
             if number == len(paths) - 1 and trailing and trailing[0].start >= report.checkpoint:
                 gaps = [gap for gap in gaps if gap not in trailing]
                 first = trailing[0]
-                report.torn_tail = Gap(first.start, report.log_end, first.kind, first.detail)
+                if len(trailing) == 1 and first.kind == "zeros" and first.end == report.log_end:
+                    # the zeros the commit log writes ahead of its records, left by a crash
+                    report.notes.append(f"{first.end - first.start} bytes of zeros after the last record, at "
+                                        f"offset {first.start}: written ahead of it, start-up cuts them")
+                else:
+                    report.torn_tail = Gap(first.start, report.log_end, first.kind, first.detail)
+                    report.notes.append(f"torn tail of {report.torn_tail.end - first.start} bytes at offset "
+                                        f"{first.start} ({first.detail}): never acknowledged, start-up "
+                                        "truncates it")
                 report.log_end = first.start
-                report.notes.append(f"torn tail of {report.torn_tail.end - first.start} bytes at offset "
-                                    f"{first.start} ({first.detail}): never acknowledged, start-up truncates it")
         report.gaps = sorted(gaps, key=lambda gap: gap.start)
         for gap in report.gaps:
             report.problems.append(f"commit log: {gap.end - gap.start} bytes {gap.kind} at offset "

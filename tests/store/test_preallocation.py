@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from broker_embedded.cli.main import main
 from broker_embedded.store import commitlog
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.filesystem import OsFileSystem
@@ -99,10 +100,11 @@ time.sleep(600)
 
 @pytest.mark.parametrize("restarts", [1, 3])
 def test_a_store_killed_with_zeros_ahead_restarts_after_its_last_record(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, restarts: int) -> None:
-    """SIGKILL leaves the zeros ahead in the file (no close cut them): the next start cuts
-    them without a warning, keeps every acknowledged record and appends right after the
-    last one; again after several kills in a row."""
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str], restarts: int) -> None:
+    """SIGKILL leaves the zeros ahead in the file (no close cut them): ``fsck`` finds the
+    log whole (no torn tail to report, nothing for ``repair`` to move aside), the next start
+    cuts them without a warning, keeps every acknowledged record and appends right after
+    the last one; again after several kills in a row."""
     count = 0
     for _ in range(restarts):
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), "40"], stdout=subprocess.PIPE,
@@ -116,6 +118,10 @@ def test_a_store_killed_with_zeros_ahead_restarts_after_its_last_record(
         count += 40
         last = segments(tmp_path)[-1]
         assert ends[-1] + AHEAD // 2 <= last.stat().st_size <= ends[-1] + AHEAD  # the zeros are still there
+        assert main(["fsck", "--data-dir", str(tmp_path), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["ok"] and report["torn_tail"] is None and not report["gaps"], report
+        assert any("bytes of zeros after the last record" in note for note in report["notes"]), report["notes"]
     with caplog.at_level(logging.INFO, logger="broker_embedded.store.commitlog"), MessageStore(tmp_path, STORE) as store:
         bodies = [r.body for r in store.read_queue("orders", 0, 0, 1000)]
         assert bodies == [b"%06d" % (n % 40) for n in range(count)]
