@@ -6,7 +6,7 @@
 Rows, for 256 B and 1 KiB bodies, each with records/s and the process's CPU time (user +
 system, all threads) per record:
 
-* raw fsync / fdatasync peers: one ``os.write`` + ``os.fsync`` (or ``os.fdatasync``) per
+* raw fsync / fdatasync peers: one ``os.pwrite`` + ``os.fsync`` (or ``os.fdatasync``) per
   record on a growing plain file (what a store without group commit could at best do
   sequentially; the pair shows what fdatasync saves on this filesystem); and ``over zeros``:
   ``os.pwrite`` + ``os.fdatasync`` over zeros written ahead as the commit log writes them
@@ -99,28 +99,11 @@ def _timed(seconds: float, threads: int, work: Callable[[int, threading.Event], 
     return done / (time.perf_counter() - started), (_cpu_seconds() - cpu) / done * 1e6
 
 
-def raw_sync_peer(directory: Path, size: int, seconds: float, sync: Callable[[int], None]) -> Rate:
-    fd = os.open(directory / "raw.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    payload = os.urandom(size)
-
-    def work(_worker: int, stop: threading.Event) -> int:
-        done = 0
-        while not stop.is_set():
-            os.write(fd, payload)
-            sync(fd)
-            done += 1
-        return done
-
-    try:
-        return _timed(seconds, 1, work)
-    finally:
-        os.close(fd)
-
-
-def raw_ahead_peer(directory: Path, size: int, seconds: float) -> Rate:
-    """``raw_sync_peer``'s fdatasync, each record written over zeros written ahead of it
-    (``AHEAD_BYTES`` more once half of them are used, as the commit log does with its
-    ``PREALLOCATE_BYTES``)."""
+def raw_sync_peer(directory: Path, size: int, seconds: float, sync: Callable[[int], None],
+                  ahead: bool = False) -> Rate:
+    """One ``pwrite`` + ``sync`` per record on a plain file that grows with each record or,
+    ``ahead``, holds zeros written ahead of them (``AHEAD_BYTES`` more once half of them are
+    used, as the commit log does with its ``PREALLOCATE_BYTES``)."""
     fd = os.open(directory / "raw.log", os.O_WRONLY | os.O_CREAT, 0o644)
     payload = os.urandom(size)
     zeros = bytes(AHEAD_BYTES)
@@ -130,9 +113,9 @@ def raw_ahead_peer(directory: Path, size: int, seconds: float) -> Rate:
         while not stop.is_set():
             os.pwrite(fd, payload, end)
             end += size
-            if allocated - end < AHEAD_BYTES // 2:
+            if ahead and allocated - end < AHEAD_BYTES // 2:
                 allocated = end + os.pwrite(fd, zeros, end)
-            os.fdatasync(fd)
+            sync(fd)
             done += 1
         return done
 
@@ -216,7 +199,7 @@ def measure(base: Path, seconds: float, only: str, quiet: bool) -> list[Row]:
             if mode in ("fsync", "fdatasync"):
                 rate, cpu = raw_sync_peer(directory, size, seconds, getattr(os, mode))
             elif mode == "ahead":
-                rate, cpu = raw_ahead_peer(directory, size, seconds)
+                rate, cpu = raw_sync_peer(directory, size, seconds, os.fdatasync, ahead=True)
             else:
                 rate, cpu = store_rate(directory, size, seconds, threads, mode, batch)
             rows.append((label, size, rate, cpu))
