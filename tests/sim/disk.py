@@ -20,7 +20,8 @@ crash-test VFS and RocksDB's fault-injection env do:
 Faults (``Faults``): a ``pwrite`` may fail with EIO or ENOSPC (ENOSPC sometimes after a
 short write); an fsync may fail with EIO, and then the writes it covered never reach the
 disk, though reads still see them (Linux's behaviour since the "fsyncgate" discussion);
-at a power loss an old, synced page of a commit log segment may take a bit flip, or turn
+at a power loss an old, synced page of a commit log segment may take a bit flip (never one
+that would undo an earlier flip of the same bit: media do not heal so), or turn
 into a latent sector error (a read of it fails with EIO until a write covers it whole; a
 write to a part of it fails with EIO too, as the kernel must read the page first); a
 write to a commit log segment may be misdirected: its data lands at another place (a
@@ -111,6 +112,9 @@ class SimulatedDisk:
         self.events: list[str] = []
         #: The byte ranges media faults damaged: (file, first byte, end).
         self.damaged: list[tuple[Path, int, int]] = []
+        #: Each bit flipped, by inode, position and bit: the value it left (a flip drawn again
+        #: while the bit still holds it would undo the damage, which media never do).
+        self._flipped: dict[tuple[int, int, int], int] = {}
         #: Injected faults may be turned off for a while (a recovery that must succeed).
         self.faults_on = True
         self._crash_in: int | None = None
@@ -243,9 +247,13 @@ class SimulatedDisk:
             durable = self._inodes[number].durable
             position = self.rng.randrange(len(durable))
             bit = self.rng.randrange(8)
-            durable[position] ^= 1 << bit
-            self.damaged.append((path, position, position + 1))
-            self.events.append(f"bit flip: {path} byte {position} bit {bit}")
+            if self._flipped.get((number, position, bit)) == durable[position] >> bit & 1:
+                self.events.append(f"no bit flip: {path} byte {position} bit {bit} is flipped already")
+            else:
+                durable[position] ^= 1 << bit
+                self._flipped[(number, position, bit)] = durable[position] >> bit & 1
+                self.damaged.append((path, position, position + 1))
+                self.events.append(f"bit flip: {path} byte {position} bit {bit}")
         if self.faults_on and self.faults.read_error > 0:
             # a stream of its own, as misdirected writes have: a profile with latent sector
             # errors replays every other choice of its seeds as without them
