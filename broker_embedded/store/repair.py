@@ -130,6 +130,17 @@ def _record_losses(ledger: LossLedger, check: Report) -> None:
     unlisted = max(0, check.lost_count - len(check.lost))  # records nothing names or places
     if unlisted:
         by_range.setdefault(None, [])
+
+    def uncountable(gap: Gap | None) -> bool:
+        return gap is not None and (gap.kind == "unreadable" or gap.start in check.uncountable)
+
+    # such a range may hold records nothing names or counts (their queue entries were never
+    # durable): it is a loss of its own unless one that knows so covers it already, even when
+    # every record named in it was recorded before
+    for gap in check.gaps:
+        if uncountable(gap) and not any(loss.unreadable and loss.start <= gap.start and gap.end <= loss.end
+                                        for loss in known):
+            by_range.setdefault(gap, [])
     for gap, lost in sorted(by_range.items(), key=lambda item: item[0].start if item[0] else check.log_end):
         count = len(lost) + (unlisted if gap is None else 0)
         named = [m.message_id for m in lost if m.message_id]
@@ -137,11 +148,11 @@ def _record_losses(ledger: LossLedger, check: Report) -> None:
         start, end = (gap.start, gap.end) if gap else (check.log_end, check.log_end)
         where = f"{gap.kind} {gap.start}-{gap.end} ({gap.detail})" if gap else "in no range of the log"
         ledger.record("repair", start, end, named, count - len(named),
-                      f"repair dropped {count} records: {where}"
+                      f"repair dropped {'at least ' if uncountable(gap) else ''}{count} records: {where}"
                       + (f"; queue offsets {', '.join(places)}" if places else ""),
                       [(m.topic, m.queue_id, m.queue_offset) for m in lost
                        if m.topic is not None and m.queue_id is not None and m.queue_offset is not None],
-                      unreadable=gap is not None and (gap.kind == "unreadable" or gap.start in check.uncountable))
+                      unreadable=uncountable(gap))
 
 
 def _queue_ranges(lost: list[LostMessage]) -> list[str]:

@@ -50,6 +50,9 @@ REGRESSIONS = {
     "an unreadable header at a damaged range's start counted by nothing": ("media", 691),
     "an unreadable header at a damaged range's start counted by nothing, with bit flips": ("media", 352),
     "a partial write to an unreadable page healing it with zeros, not failing (the disk model)": ("media", 459),
+    "repair recording no loss for an unreadable range whose named records the ledger had": ("media", 373),
+    "a bit flip turning a record's id into another message's, taken as that one's name (the checker)":
+        ("media", 1091),
     "a misdirected write's intact copy read as records": ("misdirected", 18),
     "a misdirected write's intact copy read as records, another schedule": ("misdirected", 23),
     "a misdirected write's intact copy read as records, counting more losses than are absent": ("misdirected", 38),
