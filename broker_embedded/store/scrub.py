@@ -324,7 +324,9 @@ class Scrub:
 
     def _salvage_id(self, offset: int, places: set[tuple[str, int, int]]) -> str | None:
         """The message id of a lost record at ``offset``, if what is left of its header
-        still says it and puts it in one of ``places`` (topic, queue id, queue offset)."""
+        still says it, puts it in one of ``places`` (topic, queue id, queue offset), and is
+        not the id of intact records elsewhere only (a flipped bit in the id may make it
+        another message's: naming that one would have the wrong message resent)."""
         segment = self._segment_holding(offset)
         if segment is None:
             return None
@@ -336,7 +338,11 @@ class Scrub:
             return None
         if (head.topic, head.queue_id, head.queue_offset) not in places:
             return None
-        return head.properties.get(PROPERTY_MESSAGE_ID)
+        message_id = head.properties.get(PROPERTY_MESSAGE_ID)
+        if message_id is not None and offset not in (elsewhere := self.store.lookup_message_id(message_id)) \
+                and elsewhere:
+            return None
+        return message_id
 
 
 def damage_reasons(store: MessageStore) -> list[str]:

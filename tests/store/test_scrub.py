@@ -164,3 +164,25 @@ def test_scrub_settings_are_checked() -> None:
         StoreConfig(scrub_bytes_per_s=-1)
     with pytest.raises(ValueError, match="scrub_interval_s"):
         StoreConfig(scrub_interval_s=0)
+
+
+def test_a_damaged_header_naming_another_stored_message_is_counted_not_named(tmp_path: Path) -> None:
+    """A flipped bit turns the id in a damaged record's header into another message's
+    ("m11" reads "m19"): the reader's loss counts the record and names nobody, not the
+    intact m19 (an operator would resend the wrong message)."""
+    with MessageStore(tmp_path, STORE) as store:
+        stored = {n: store.put(StoredRecord("orders", n % 2, b"body" * 8, {"UNIQ_KEY": f"m{n}"}))
+                  for n in range(10, 30)}
+    damaged = stored[11]
+    segment = segments(tmp_path)[0]
+    data = bytearray(segment.read_bytes())
+    where = data.index(b"m11", damaged.commit_log_offset, damaged.commit_log_offset + damaged.size)
+    data[where + 2] = ord("9")
+    segment.write_bytes(bytes(data))
+    with MessageStore(tmp_path, STORE) as store:
+        assert [r.properties["UNIQ_KEY"] for r in store.read_queue("orders", 1, 0, 100)] == \
+            [f"m{n}" for n in range(11, 30, 2) if n != 11]
+        [loss] = store.losses.all()
+        assert loss.message_ids == () and loss.records == 1, loss
+        assert loss.places == (("orders", 1, damaged.queue_offset),)
+        assert store.lookup_message_id("m19") == [stored[19].commit_log_offset]
