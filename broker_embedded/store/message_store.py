@@ -195,7 +195,6 @@ class MessageStore:
             self.fs.unlock(self._lock_file)  # a failed open (e.g. CorruptLogError) frees the directory
             raise
         self._flushed = self.commitlog.write_offset
-        self._dispatched_end = self.commitlog.write_offset
         self.recovery_seconds = time.monotonic() - started
         self._stop = threading.Event()
         self._flush_state = threading.Condition()
@@ -261,7 +260,9 @@ class MessageStore:
         if replay_from < verified:
             self._replay(self.commitlog.scan(replay_from, verified, gaps), gaps, skipped)
         self._replay(self.commitlog.recover(verified), gaps, skipped)
-        end = self.commitlog.write_offset
+        # every record is replayed (indexed, queued): lookups see them from here on, the
+        # ledger's naming of the damaged ranges below included
+        end = self._dispatched_end = self.commitlog.write_offset
         self._record_cut_off(end, [offset for _, offset in indexed_tail])
         for queue in self._queues.values():
             queue.truncate_beyond(end)

@@ -8,6 +8,7 @@ the scrub's chunked reads against that.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -186,3 +187,23 @@ def test_a_damaged_header_naming_another_stored_message_is_counted_not_named(tmp
         assert loss.message_ids == () and loss.records == 1, loss
         assert loss.places == (("orders", 1, damaged.queue_offset),)
         assert store.lookup_message_id("m19") == [stored[19].commit_log_offset]
+
+
+def test_recovery_counts_a_damaged_record_whose_header_names_another_message(tmp_path: Path) -> None:
+    """Recovery replays past the last record, damaged, below the checkpoint (its queue entry
+    lost, so the queue is rebuilt from there) whose header's id a flipped bit made another
+    stored message's: the store opens (nothing was replayed before the lookup that checks
+    the name), and the loss counts the record and names nobody."""
+    with MessageStore(tmp_path, STORE) as store:
+        intact = store.put(StoredRecord("orders", 0, b"body" * 8, {"UNIQ_KEY": "m19"}))
+        damaged = store.put(StoredRecord("orders", 0, b"body" * 8, {"UNIQ_KEY": "m11"}))
+    segment = segments(tmp_path)[0]
+    data = bytearray(segment.read_bytes())
+    data[data.index(b"m11", damaged.commit_log_offset, damaged.commit_log_offset + damaged.size) + 2] = ord("9")
+    segment.write_bytes(bytes(data))
+    queue_file = next((tmp_path / "consumequeue" / "orders" / "0").iterdir())
+    os.truncate(queue_file, queue_file.stat().st_size - 20)  # the damaged record's entry
+    with MessageStore(tmp_path, STORE) as store:
+        [loss] = store.losses.all()
+        assert loss.found_by == "recovery" and loss.message_ids == () and loss.records == 1, loss
+        assert [r.commit_log_offset for r in store.read_queue("orders", 0, 0, 100)] == [intact.commit_log_offset]
