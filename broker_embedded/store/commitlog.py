@@ -146,7 +146,7 @@ class CommitLog:
                 else:
                     torn = torn or item
             if torn is not None:  # nothing after it but fillers (of the same interrupted append)
-                if torn.kind == "zeros" and torn.end == end:  # the zeros written ahead, most likely
+                if written_ahead(torn, end):
                     log.info("cutting %d bytes of zeros after the commit log's last record, at offset %d",
                              end - torn.start, torn.start)
                 else:
@@ -208,8 +208,8 @@ class CommitLog:
             segment.allocated = self.fs.fsize(segment.fd)
         stop = min(end + PREALLOCATE_BYTES, segment.size)
         start = max(segment.allocated, end)
-        if stop - start < PREALLOCATE_BYTES // 2 and stop < segment.size or stop <= start:
-            return
+        if stop <= start or (stop < segment.size and stop - start < PREALLOCATE_BYTES // 2):
+            return  # nothing left to the segment's end, or more than half of them still ahead
         try:
             written = self.fs.pwrite(segment.fd, _ZEROS[:stop - start], start)
         except OSError as exc:  # no room for them, or the disk refused them: appends go on as before
@@ -489,6 +489,12 @@ def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord |
 #: A sector's worth of what ``read_salvaging`` reads for an unreadable page: a gap holding
 #: it is (at least partly) a latent sector error, not bytes that read back wrong.
 _UNREADABLE_SECTOR = bytes([UNREADABLE_BYTE]) * 512
+
+
+def written_ahead(tail: Gap, end: int) -> bool:
+    """Whether ``tail``, the bad range after the last segment's last record, is zeros up to
+    the file's ``end`` alone: most likely the zeros the log writes ahead of its records."""
+    return tail.kind == "zeros" and tail.end == end
 
 
 def damage_kind(data: bytes, start: int, end: int) -> str:

@@ -339,10 +339,8 @@ class Scrub:
         if (head.topic, head.queue_id, head.queue_offset) not in places:
             return None
         message_id = head.properties.get(PROPERTY_MESSAGE_ID)
-        if message_id is not None and offset not in (elsewhere := self.store.lookup_message_id(message_id)) \
-                and elsewhere:
-            return None
-        return message_id
+        elsewhere = self.store.lookup_message_id(message_id) if message_id is not None else []
+        return None if elsewhere and offset not in elsewhere else message_id
 
 
 def damage_reasons(store: MessageStore) -> list[str]:

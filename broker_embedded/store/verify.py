@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from .commitlog import Gap, layout_gaps, walk
+from .commitlog import Gap, layout_gaps, walk, written_ahead
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, UNREADABLE_BYTE, FileSystem, read_salvaging
@@ -351,8 +351,7 @@ class _Inspection:
             if number == len(paths) - 1 and trailing and trailing[0].start >= report.checkpoint:
                 gaps = [gap for gap in gaps if gap not in trailing]
                 first = trailing[0]
-                if len(trailing) == 1 and first.kind == "zeros" and first.end == report.log_end:
-                    # the zeros the commit log writes ahead of its records, left by a crash
+                if written_ahead(first, report.log_end):  # left by a crash
                     report.notes.append(f"{first.end - first.start} bytes of zeros after the last record, at "
                                         f"offset {first.start}: written ahead of it, start-up cuts them")
                 else:
