@@ -146,10 +146,10 @@ def message_of(record: StoredRecord, topic: str | None = None) -> Message:
         tag=props.get(PROPERTY_TAG, ""),
         properties={k[len(USER_PREFIX):]: v for k, v in props.items() if k.startswith(USER_PREFIX)},
         message_id=props.get(PROPERTY_MESSAGE_ID, ""),
-        delay_level=tolerant(record, delay_level_property, 0),
-        deliver_at_ms=tolerant(record, deliver_at_property, None),
+        delay_level=tolerant(record, delay_level_property, 0) if DELAY_LEVEL in props else 0,
+        deliver_at_ms=tolerant(record, deliver_at_property, None) if DELIVER_AT in props else None,
         message_group=props.get(MESSAGE_GROUP) or None,
-        transaction_timeout_s=tolerant(record, timeout_property, None),
+        transaction_timeout_s=tolerant(record, timeout_property, None) if TRANSACTION_TIMEOUT in props else None,
     )
 
 

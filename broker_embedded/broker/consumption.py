@@ -29,12 +29,12 @@ idempotent consumer absorbs it. Dead-lettered messages themselves are written du
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import logging
+import random
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -62,6 +62,8 @@ EVENT_SKIPPED = "s"  # ``count`` messages from ``queue_offset`` on, which the gr
 #: under the lock: a receive scanning a long run of messages its filter passes over lets
 #: other calls in between.
 FILTER_SCAN_ENTRIES = 256
+#: The records a receive reads of a queue at a time, at least (it reads as many as it still wants).
+READ_BATCH = 64
 FILTER_SCAN_LIMIT = 16 * FILTER_SCAN_ENTRIES
 
 
@@ -166,11 +168,12 @@ class QueueProgress:
         self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
         self.mark_done(offset - 1)  # advances the floor over done offsets just above it
 
-    def take(self, record: StoredRecord) -> None:
-        """``record`` is to be delivered: pending, without its body (read again when it
-        goes out), with the attempts it already had."""
-        self.pending[record.queue_offset] = Delivery(dataclasses.replace(record, body=b""),
-                                                     self.attempts.pop(record.queue_offset, 0))
+    def take(self, record: StoredRecord, read_ahead: ReadAhead) -> None:
+        """``record`` is to be delivered: pending, without its body (``read_ahead`` may keep
+        it for the receive reading it; otherwise it is read again when it goes out), with
+        the attempts it already had."""
+        read_ahead.keep(record)
+        self.pending[record.queue_offset] = Delivery(record.without_body(), self.attempts.pop(record.queue_offset, 0))
 
     def mark_done_range(self, start: int, end: int) -> None:
         """The offsets from ``start`` to ``end`` (excluded), none of them pending, are done."""
@@ -190,8 +193,72 @@ class QueueProgress:
 
 
 
+class ReadAhead:
+    """The records one receive read whole while topping its queues up, kept for the
+    messages it delivers so that none is read twice: at most ``count`` records of at most
+    ``room`` bytes in all (what the receive can return), the first ones taken."""
+
+    def __init__(self, count: int, room: int) -> None:
+        self.count = count
+        self.room = room
+        self.records: dict[int, StoredRecord] = {}
+
+    def keep(self, record: StoredRecord) -> None:
+        if len(self.records) < self.count and record.size <= self.room:
+            self.records[record.commit_log_offset] = record
+            self.room -= record.size
+
+    def read(self, store: MessageStore, commit_log_offset: int) -> StoredRecord:
+        """The record at ``commit_log_offset``: the one kept, else read from ``store``."""
+        return self.records.pop(commit_log_offset, None) or store.get(commit_log_offset)
+
+
+#: Where receipts' random parts come from (not a secret: a receipt only tells deliveries of
+#: one message apart, and one random draw costs no system call).
+_receipts = random.Random()
+
+
+def new_receipt() -> str:
+    """The random part of a new receipt handle: 16 hex digits."""
+    return f"{_receipts.getrandbits(64):016x}"
+
+
 ProgressKey = tuple[str, str, str, int]  # group, subscribed topic, stored topic, queue id
 Skipped = list[tuple[ProgressKey, int, int]]  # offsets from, to (excluded) a filter passed over
+
+
+@dataclass
+class _Gathering:
+    """What one receive gathers over a group's queues: its deliveries (in ``room`` bytes
+    left), dead-letterings, the ranges its filter passed over, and whether the filter's
+    scan stopped with more to scan."""
+
+    now: int
+    invisible_ms: int
+    max_messages: int
+    room: int
+    subscription: Subscription
+    skipped: Skipped
+    delivered: list[tuple[ProgressKey, Delivery]] = field(default_factory=list)
+    dead: list[tuple[ProgressKey, Delivery]] = field(default_factory=list)
+    unscanned: bool = False
+
+    @property
+    def full(self) -> bool:
+        return len(self.delivered) >= self.max_messages
+
+
+def _newest(pending: dict[int, Delivery], count: int) -> list[tuple[int, Delivery]]:
+    """The ``count`` messages taken last into ``pending``, in the order taken."""
+    newest = list(itertools.islice(reversed(pending.items()), count))
+    newest.reverse()
+    return newest
+
+
+def _event(kind: str, group: str, topic: str, key: ProgressKey, d: Delivery, at_ms: int) -> Event:
+    """The event ``kind`` of delivery ``d`` at ``at_ms`` (epoch ms)."""
+    return Event(kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt,
+                 d.record.properties.get(PROPERTY_MESSAGE_ID, ""), at_ms)
 
 
 def _add_skip(skipped: Skipped, key: ProgressKey, start: int, end: int) -> None:
@@ -312,14 +379,16 @@ class ConsumerGroups:
         deadline = time.monotonic() + wait_s
         while True:
             skipped: Skipped = []
+            read_ahead = ReadAhead(max_messages, max_bytes if max_bytes is not None else sys.maxsize)
             with self.lock:
                 if self.closed:
                     raise BrokerClosedError("the broker closed while receiving")
                 delivered, dead, unscanned = self._collect(group, topic, max_messages, invisible_ms, max_bytes,
-                                                           subscription, skipped)
-            events = [self._event(EVENT_DELIVERED, group, topic, key, d) for key, d in delivered]
-            events += [self._event(EVENT_DEAD, group, topic, key, d) for key, d in dead]
-            events += [Event(EVENT_SKIPPED, group, topic, key[2], key[3], start, 0, "", self.clock.time_ms(), end - start)
+                                                           subscription, skipped, read_ahead)
+            now = self.clock.time_ms()
+            events = [_event(EVENT_DELIVERED, group, topic, key, d, now) for key, d in delivered]
+            events += [_event(EVENT_DEAD, group, topic, key, d, now) for key, d in dead]
+            events += [Event(EVENT_SKIPPED, group, topic, key[2], key[3], start, 0, "", now, end - start)
                        for key, start, end in skipped]
             if events:
                 # dead-letterings: the decision (event) first, with the DLQ copies, durable
@@ -327,7 +396,7 @@ class ConsumerGroups:
                           for _, d in dead]
                 self._persist(events, copies)
             if delivered:
-                return [self._received(key, d) for key, d in delivered]
+                return [self._received(key, d, read_ahead) for key, d in delivered]
             if unscanned:
                 continue  # the filter's scan stopped at FILTER_SCAN_LIMIT: on with it
             remaining = deadline - time.monotonic()
@@ -342,57 +411,79 @@ class ConsumerGroups:
 
     def _collect(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, max_bytes: int | None,
-        subscription: Subscription, skipped: Skipped,
+        subscription: Subscription, skipped: Skipped, read_ahead: ReadAhead,
     ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]], bool]:
         """The deliveries and dead-letterings of one pass over the group's queues, and
-        whether a filter left entries unscanned."""
-        now = self.clock.time_ms()
-        unscanned = False
-        delivered: list[tuple[ProgressKey, Delivery]] = []
-        dead: list[tuple[ProgressKey, Delivery]] = []
-        room = max_bytes if max_bytes is not None else sys.maxsize
+        whether a filter left entries unscanned. Each queue's pending messages go first;
+        then it reads on, as many records at a time as the receive still wants (at least
+        ``READ_BATCH``), until it has them, the queue ends or ``max_inflight`` are pending:
+        so the records read are mostly the ones delivered, and ``read_ahead`` keeps them
+        whole for the answer."""
+        gathering = _Gathering(self.clock.time_ms(), invisible_ms, max_messages,
+                               max_bytes if max_bytes is not None else sys.maxsize, subscription, skipped)
         for stored_topic, queue_id in self._sources(group, topic):
             key = (group, topic, stored_topic, queue_id)
             progress = self._progress(key)
             filtered = stored_topic == topic and not subscription.every
-            if filtered:
-                unscanned |= self._top_up_filtered(key, progress, subscription, skipped)
-            else:
-                self._top_up(key, progress)
             busy_groups: set[str] = set()
-            for offset, delivery in list(progress.pending.items()):
-                if len(delivered) >= max_messages:
+            candidates = list(progress.pending.items())
+            reading = True
+            while True:
+                if self._pick(gathering, key, progress, filtered, busy_groups, candidates):
+                    return gathering.delivered, gathering.dead, gathering.unscanned
+                if gathering.full or not reading:
                     break
-                if filtered and not delivery.attempt and not subscription.accepts(
-                        codec.FilterProperties(delivery.record.properties)):
-                    progress.mark_done(offset)  # read for an earlier subscription, never delivered
-                    _add_skip(skipped, key, offset, offset + 1)
-                    continue
-                message_group = delivery.record.properties.get(codec.MESSAGE_GROUP)
-                if message_group:
-                    if message_group in busy_groups:
-                        continue
-                    busy_groups.add(message_group)
-                if delivery.visible_at_ms > now:
-                    continue
-                if delivery.attempt >= self.max_delivery_attempts:
-                    progress.mark_done(offset)
-                    dead.append((key, delivery))
-                    if message_group:
-                        busy_groups.discard(message_group)
-                    continue
-                if delivered and delivery.record.size > room:
-                    return delivered, dead, unscanned  # left as it is, for the next receive
-                room -= delivery.record.size
-                delivery.attempt += 1
-                delivery.receipt = uuid.uuid4().hex[:16]
-                backoff = self.retry_backoff_ms[min(delivery.attempt - 1, len(self.retry_backoff_ms) - 1)]
-                delivery.visible_at_ms = now + invisible_ms + backoff
-                delivery.expires_at_ms = now + invisible_ms
-                delivered.append((key, delivery))
-            if len(delivered) >= max_messages:
+                want = max(max_messages - len(gathering.delivered), READ_BATCH)
+                if filtered:
+                    taken, stopped = self._top_up_filtered(key, progress, subscription, skipped, read_ahead, want)
+                    gathering.unscanned |= stopped
+                else:
+                    taken, stopped = self._top_up(key, progress, read_ahead, want), False
+                if not taken:
+                    break
+                reading = not stopped
+                candidates = _newest(progress.pending, taken)
+            if gathering.full:
                 break
-        return delivered, dead, unscanned
+        return gathering.delivered, gathering.dead, gathering.unscanned
+
+    def _pick(self, gathering: _Gathering, key: ProgressKey, progress: QueueProgress, filtered: bool,
+              busy_groups: set[str], candidates: list[tuple[int, Delivery]]) -> bool:
+        """Deliver or dead-letter, in ``gathering``, the ``candidates`` of one queue that
+        are due, in order, a message group's head only (``busy_groups``: the groups whose
+        head went by); True when the next one does not fit (the receive is full)."""
+        now = gathering.now
+        for offset, delivery in candidates:
+            if gathering.full:
+                break
+            if filtered and not delivery.attempt and not gathering.subscription.accepts(
+                    codec.FilterProperties(delivery.record.properties)):
+                progress.mark_done(offset)  # read for an earlier subscription, never delivered
+                _add_skip(gathering.skipped, key, offset, offset + 1)
+                continue
+            message_group = delivery.record.properties.get(codec.MESSAGE_GROUP)
+            if message_group:
+                if message_group in busy_groups:
+                    continue
+                busy_groups.add(message_group)
+            if delivery.visible_at_ms > now:
+                continue
+            if delivery.attempt >= self.max_delivery_attempts:
+                progress.mark_done(offset)
+                gathering.dead.append((key, delivery))
+                if message_group:
+                    busy_groups.discard(message_group)
+                continue
+            if gathering.delivered and delivery.record.size > gathering.room:
+                return True  # left as it is, for the next receive
+            gathering.room -= delivery.record.size
+            delivery.attempt += 1
+            delivery.receipt = new_receipt()
+            backoff = self.retry_backoff_ms[min(delivery.attempt - 1, len(self.retry_backoff_ms) - 1)]
+            delivery.visible_at_ms = now + gathering.invisible_ms + backoff
+            delivery.expires_at_ms = now + gathering.invisible_ms
+            gathering.delivered.append((key, delivery))
+        return False
 
     def _queue_end(self, key: ProgressKey, progress: QueueProgress) -> int:
         """The end of the key's stored queue, ``progress`` first moved past what retention
@@ -403,11 +494,16 @@ class ConsumerGroups:
             progress.skip_to(self.store.queue_min_offset(stored_topic, queue_id))
         return end
 
-    def _top_up(self, key: ProgressKey, progress: QueueProgress) -> None:
+    def _top_up(self, key: ProgressKey, progress: QueueProgress, read_ahead: ReadAhead, want: int) -> int:
+        """Read the queue on from ``progress.next_offset``, taking up to ``want`` messages
+        as pending (never more than ``max_inflight`` in all); how many it took."""
         group, topic, stored_topic, queue_id = key
         end = self._queue_end(key, progress)
-        while progress.next_offset < end and len(progress.pending) < self.max_inflight:
-            batch = self.store.read_queue(stored_topic, queue_id, progress.next_offset, 64)
+        before = len(progress.pending)
+        enough = min(self.max_inflight, before + want)
+        while progress.next_offset < end and len(progress.pending) < enough:
+            batch = self.store.read_queue(stored_topic, queue_id, progress.next_offset,
+                                          min(READ_BATCH, enough - len(progress.pending)))
             if not batch:
                 progress.pass_holes(end)
                 break
@@ -420,20 +516,24 @@ class ConsumerGroups:
                 if stored_topic != topic and record.properties.get(codec.REAL_TOPIC) != topic:
                     progress.mark_done(offset)  # a resend meant for another subscription
                     continue
-                progress.take(record)
+                progress.take(record, read_ahead)
+        return len(progress.pending) - before
 
     def _top_up_filtered(self, key: ProgressKey, progress: QueueProgress, subscription: Subscription,
-                         skipped: Skipped) -> bool:
+                         skipped: Skipped, read_ahead: ReadAhead, want: int) -> tuple[int, bool]:
         """``_top_up`` through ``subscription``: the consume queue's tag hashes pick the
         records to read (a message delivered before, whose attempts count, is read whatever
         its tag); the offsets not taken are done, added to ``skipped``. Up to
-        ``FILTER_SCAN_LIMIT`` entries: whether it stopped there with more to scan."""
+        ``FILTER_SCAN_LIMIT`` entries: how many it took, and whether it stopped there with
+        more to scan."""
         _, _, stored_topic, queue_id = key
         end = self._queue_end(key, progress)
         limit = progress.next_offset + FILTER_SCAN_LIMIT
-        while progress.next_offset < end and len(progress.pending) < self.max_inflight:
+        before = len(progress.pending)
+        enough = min(self.max_inflight, before + want)
+        while progress.next_offset < end and len(progress.pending) < enough:
             if progress.next_offset >= limit:
-                return True
+                return len(progress.pending) - before, True
             scan_start = progress.next_offset
             entries = self.store.tagged_entries(stored_topic, queue_id, scan_start, FILTER_SCAN_ENTRIES)
             if not entries:
@@ -449,7 +549,7 @@ class ConsumerGroups:
                     if offset < progress.floor or offset in progress.done_above:
                         continue
                     if offset in progress.attempts or subscription.accepts(codec.FilterProperties(record.properties)):
-                        progress.take(record)
+                        progress.take(record, read_ahead)
                         taken.append(offset)
             progress.next_offset = scan_end = entries[-1][0] + 1
             start = scan_start
@@ -458,23 +558,18 @@ class ConsumerGroups:
                     progress.mark_done_range(start, offset)
                     _add_skip(skipped, key, start, offset)
                 start = offset + 1
-        return False
-
-    def _event(self, kind: str, group: str, topic: str, key: ProgressKey, d: Delivery) -> Event:
-        return Event(
-            kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt,
-            d.record.properties.get("UNIQ_KEY", ""), self.clock.time_ms(),
-        )
+        return len(progress.pending) - before, False
 
     @staticmethod
     def _receipt_handle(key: ProgressKey, delivery: Delivery) -> str:
         return "|".join((key[1], key[2], str(key[3]), str(delivery.record.queue_offset), delivery.receipt))
 
-    def _received(self, key: ProgressKey, delivery: Delivery) -> ReceivedMessage:
-        """The delivery as handed to the consumer, its body read from the commit log."""
+    def _received(self, key: ProgressKey, delivery: Delivery, read_ahead: ReadAhead) -> ReceivedMessage:
+        """The delivery as handed to the consumer, its body as ``read_ahead`` kept it or
+        read from the commit log."""
         record = delivery.record
         return ReceivedMessage(
-            message=codec.message_of(self.store.get(record.commit_log_offset), key[1]),
+            message=codec.message_of(read_ahead.read(self.store, record.commit_log_offset), key[1]),
             receipt_handle=self._receipt_handle(key, delivery),
             delivery_attempt=delivery.attempt,
             queue_id=record.queue_id,
@@ -522,7 +617,9 @@ class ConsumerGroups:
         raise UnknownTopicError(f"message {message_id!r} is not in the DLQ of group {group!r}")
 
     # -- acking ---------------------------------------------------------------------------
-    def _lookup(self, group: str, handle: str) -> tuple[ProgressKey, QueueProgress, Delivery]:
+    def _lookup(self, group: str, handle: str, now: int) -> tuple[ProgressKey, QueueProgress, Delivery]:
+        """The delivery ``handle`` names, if its receipt is current at ``now`` (epoch ms);
+        ``UnknownReceiptError`` otherwise."""
         try:
             topic, stored_topic, queue_id, offset, receipt = handle.split("|")
             key = (group, topic, stored_topic, int(queue_id))
@@ -534,7 +631,7 @@ class ConsumerGroups:
             raise UnknownReceiptError(
                 f"stale receipt handle {handle!r}: the message was delivered again since"
             )
-        if self.clock.time_ms() > delivery.expires_at_ms:
+        if now > delivery.expires_at_ms:
             raise UnknownReceiptError(
                 f"expired receipt handle {handle!r}: its invisible duration is over"
             )
@@ -553,14 +650,15 @@ class ConsumerGroups:
         outcomes: list[UnknownReceiptError | None] = []
         events: list[Event] = []
         with self.lock:
+            now = self.clock.time_ms()
             for handle in handles:
                 try:
-                    key, progress, delivery = self._lookup(group, handle)
+                    key, progress, delivery = self._lookup(group, handle, now)
                 except UnknownReceiptError as exc:
                     outcomes.append(exc)
                     continue
                 progress.mark_done(delivery.record.queue_offset)
-                events.append(self._event(EVENT_ACKED, group, key[1], key, delivery))
+                events.append(_event(EVENT_ACKED, group, key[1], key, delivery, now))
                 outcomes.append(None)
         if events:
             self._persist(events)
@@ -575,14 +673,15 @@ class ConsumerGroups:
         ``UnknownReceiptError`` for any other receipt that is not in flight (unknown, stale,
         expired, acked, another group's)."""
         with self.lock:
+            now = self.clock.time_ms()
             try:
-                key, progress, delivery = self._lookup(group, handle)
+                key, progress, delivery = self._lookup(group, handle, now)
             except UnknownReceiptError:
                 if self._dead_lettered(group, handle):
                     return
                 raise
             progress.mark_done(delivery.record.queue_offset)
-            event = self._event(EVENT_DEAD, group, key[1], key, delivery)
+            event = _event(EVENT_DEAD, group, key[1], key, delivery, now)
         copy = self._dead_letter_copy(group, self.store.get(delivery.record.commit_log_offset), delivery.attempt)
         self._persist([event], [copy])
         self.notify()  # the next message of its FIFO group may be deliverable now
@@ -604,9 +703,10 @@ class ConsumerGroups:
     def change_invisible_duration(self, group: str, handle: str, invisible_ms: int) -> str:
         """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle."""
         with self.lock:
-            key, _, delivery = self._lookup(group, handle)
-            delivery.receipt = uuid.uuid4().hex[:16]
-            delivery.visible_at_ms = delivery.expires_at_ms = self.clock.time_ms() + invisible_ms
+            now = self.clock.time_ms()
+            key, _, delivery = self._lookup(group, handle, now)
+            delivery.receipt = new_receipt()
+            delivery.visible_at_ms = delivery.expires_at_ms = now + invisible_ms
             return self._receipt_handle(key, delivery)
 
     # -- admin ----------------------------------------------------------------------------

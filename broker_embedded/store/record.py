@@ -39,6 +39,11 @@ class StoredRecord:
         """Whether the store has assigned this record its place."""
         return self.commit_log_offset >= 0
 
+    def without_body(self) -> StoredRecord:
+        """A copy with an empty body (what a reader keeps of a record it reads again later)."""
+        return StoredRecord(self.topic, self.queue_id, b"", self.properties, self.flags, self.born_timestamp_ms,
+                            self.store_timestamp_ms, self.queue_offset, self.commit_log_offset, self.size)
+
 
 #: Property names the store itself reads when it dispatches a record to the index.
 PROPERTY_MESSAGE_ID = "UNIQ_KEY"

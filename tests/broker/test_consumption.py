@@ -217,3 +217,38 @@ def test_fifo_group_waits_for_its_head_until_it_is_dead_lettered(broker_factory)
     after = broker.receive("g", "orders", max_messages=10, wait_s=2)
     assert [r.message.body for r in after] == [b"a1"]
     assert [m.message.body for m in broker.list_dlq("g")] == [b"a0"]
+
+
+def test_a_receive_reads_each_record_it_delivers_once(broker_factory) -> None:
+    """The records a receive reads while topping its queues up are the ones it delivers:
+    none is read from the commit log a second time (the reads are counted on the store's
+    own commit log), within the receive's count and bytes; what does not fit is read again
+    when it goes out, whole."""
+    broker = broker_factory()
+    bodies = {f"m{n}".encode() * (1 + n * 2000) for n in range(12)}  # up to 46 KB, several sizes
+    for body in sorted(bodies):
+        broker.send(Message("orders", body))
+    commitlog = broker.store.commitlog
+    reads: list[int] = []
+    plain_read, plain_read_at = commitlog.read, commitlog.read_at
+
+    def counted_read(offset: int, size: int):
+        reads.append(offset)
+        return plain_read(offset, size)
+
+    def counted_read_at(offset: int):
+        reads.append(offset)
+        return plain_read_at(offset)
+
+    commitlog.read, commitlog.read_at = counted_read, counted_read_at
+    first = broker.receive("g", "orders", max_messages=5)
+    assert len(first) == 5
+    assert len(reads) == len(set(reads)), "a delivered record was read twice"
+    # bytes: a receive that returns fewer than it read keeps no more than it can return
+    reads.clear()
+    small = broker.receive("g", "orders", max_messages=7, max_bytes=50_000)
+    assert 1 <= len(small) < 7
+    got = [received.message.body for received in first + small]
+    while batch := broker.receive("g", "orders", max_messages=12):
+        got += [received.message.body for received in batch]
+    assert sorted(got) == sorted(bodies)
