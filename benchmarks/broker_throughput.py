@@ -2,6 +2,7 @@
 
     ./dev bench broker_throughput [--seconds 5] [--recovery-mib 1024] [--prefill 20000] [--skip-peers]
                                   [--tx-only] [--repeat 3] [--profile] [--quick] [--metrics-overhead] [--grpc]
+                                  [--baseline DIR]
 
 All durable: our broker in sync flush mode (a send is acknowledged after fsync), a private
 redis-server with ``appendonly yes, appendfsync always``, RabbitMQ with publisher
@@ -45,7 +46,10 @@ and whether our median meets it. Under each workload, the server's CPU time per 
 for RabbitMQ, which this benchmark does not start). ``--profile`` then runs the broker under
 cProfile (``_common.PROFILED_BROKER``: every thread, timed by its own CPU clock) for the
 in-flight sends and the transactions, and prints the top 10 functions by self time per
-operation. ``--quick`` is a smoke run of about a minute (256 B only, 1 s per workload).
+operation. ``--baseline DIR`` runs our workloads once more per round against a server from
+another checkout (before/after in one run), printed next to ours with ``ours/baseline``, the
+median of each round's ratio (above 1 is faster for rates, costlier for CPU rows).
+``--quick`` is a smoke run of about a minute (256 B only, 1 s per workload).
 The machine's load is printed at the start and the end.
 """
 
@@ -209,9 +213,11 @@ def with_server_cpu(results: dict[str, float], pid: int, row: str, run: Callable
     results[cpu_row(row)] = (cpu_seconds(pid) - cpu_start) / operations * 1e6
 
 
-def halfmoon(seconds: float, work: Path, sizes: Sequence[int], prefill: int) -> dict[str, float]:
+def halfmoon(seconds: float, work: Path, sizes: Sequence[int], prefill: int,
+             code: Path | None = None) -> dict[str, float]:
+    """Our workloads, against a server running checkout ``code`` (default: this one)."""
     results: dict[str, float] = {}
-    with halfmoon_process(work / "hm") as (server, port):
+    with halfmoon_process(work / "hm", code=code) as (server, port):
         url = f"tcp://127.0.0.1:{port}"
         client = BrokerClient(url, timeout_s=30)
         for size in sizes:
@@ -252,10 +258,10 @@ def _drain_rate(url: str, topic: str, batched_acks: bool = False) -> float:
     return received / (time.perf_counter() - start)
 
 
-def halfmoon_tx(seconds: float, work: Path) -> dict[str, float]:
-    """Transactions over TCP against a fresh sync-flush server."""
+def halfmoon_tx(seconds: float, work: Path, code: Path | None = None) -> dict[str, float]:
+    """Transactions over TCP against a fresh sync-flush server (running checkout ``code``)."""
     results: dict[str, float] = {}
-    with halfmoon_process(work / "hm-tx") as (server, port):
+    with halfmoon_process(work / "hm-tx", code=code) as (server, port):
         url = f"tcp://127.0.0.1:{port}"
         with BrokerClient(url, timeout_s=30) as client:
             with_server_cpu(results, server.pid, TX_SEQUENTIAL,
@@ -724,6 +730,8 @@ def fresh(work: Path, run: Callable[[Path], dict[str, float]]) -> Callable[[], d
 
 
 OURS, REDIS, RABBITMQ, VS_REDIS = "halfmoon (sync fsync)", "Redis (AOF always)", "RabbitMQ (confirms)", "ours/Redis"
+#: ``--baseline``: halfmoon from another checkout, and ours over it per round.
+BASELINE, VS_BASELINE = "halfmoon, baseline", "ours/baseline"
 
 
 def side_by_side(args: argparse.Namespace, work: Path) -> Columns:
@@ -736,12 +744,16 @@ def side_by_side(args: argparse.Namespace, work: Path) -> Columns:
         runs[OURS] = fresh(work, lambda folder: halfmoon(seconds, folder, sizes, prefill))
         runs["recovery"] = fresh(work, lambda folder: recovery(args.recovery_mib, folder))
     runs["ours tx"] = fresh(work, lambda folder: halfmoon_tx(seconds, folder))
+    if args.baseline is not None:
+        if not args.tx_only:
+            runs[BASELINE] = fresh(work, lambda folder: halfmoon(seconds, folder, sizes, prefill, args.baseline))
+        runs["baseline tx"] = fresh(work, lambda folder: halfmoon_tx(seconds, folder, args.baseline))
     if not args.skip_peers:
         if not args.tx_only:
             runs[REDIS] = fresh(work, lambda folder: redis_streams(seconds, folder, sizes, prefill))
             runs[RABBITMQ] = lambda: rabbitmq(seconds, sizes, prefill)
         runs["Redis tx"] = fresh(work, lambda folder: redis_tx(seconds, folder))
-    column_of = {"recovery": OURS, "ours tx": OURS, "Redis tx": REDIS}
+    column_of = {"recovery": OURS, "ours tx": OURS, "Redis tx": REDIS, "baseline tx": BASELINE}
     rounds = alternating_rounds(args.repeat, runs)
     columns: Columns = {}
     for name, figures in rounds.items():
@@ -751,6 +763,9 @@ def side_by_side(args: argparse.Namespace, work: Path) -> Columns:
         redis = columns.get(REDIS, {}).get(row.replace(BATCHED_ACKS, ""))
         if redis and len(redis) == len(ours):
             columns.setdefault(VS_REDIS, {})[row] = ratios(ours, redis)
+        before = columns.get(BASELINE, {}).get(row)
+        if before and len(before) == len(ours):
+            columns.setdefault(VS_BASELINE, {})[row] = ratios(ours, before)
     return columns
 
 
@@ -759,12 +774,13 @@ def print_side_by_side(columns: Columns, rounds: int) -> None:
     each round's ratio; the target of issue 24 and whether our median meets it."""
     print(f"{rounds} alternating round(s); each cell: median (min-max) over the rounds; "
           f"{VS_REDIS}: median of each round's ratio")
-    names = [name for name in (OURS, REDIS, RABBITMQ) if name in columns]
+    names = [name for name in (OURS, BASELINE, VS_BASELINE, REDIS, RABBITMQ) if name in columns]
     print(f"{'workload (ops/s unless noted)':<56}" + "".join(f"{name:>30}" for name in names)
           + f"{VS_REDIS:>20}{'target':>26}{'met':>5}")
     rows = list(dict.fromkeys(row for column in columns.values() for row in column))
     for row in rows:
-        cells = "".join(f"{summary(columns[name].get(row, [])):>30}" for name in names)
+        cells = "".join(f"{summary(columns[name].get(row, []), '.2f' if name == VS_BASELINE else ',.1f'):>30}"
+                        for name in names)
         vs_redis = columns.get(VS_REDIS, {}).get(row, [])
         target = TARGETS.get(row)
         met = ""
@@ -793,6 +809,9 @@ def main() -> None:
     parser.add_argument("--metrics-overhead", action="store_true",
                         help="only the hot workloads, with the HTTP port and metrics (scraped every second) "
                              "and without, in the same run")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout (e.g. `git archive <rev> | tar -x -C DIR`) whose server runs the same "
+                             "workloads in the same rounds, printed next to ours with ours/baseline")
     parser.add_argument("--grpc", action="store_true",
                         help="only sends and transactions over gRPC (the official Python client) next to the "
                              "native protocol, on one server")

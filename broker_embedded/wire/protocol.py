@@ -308,6 +308,8 @@ def error_to_wire(error: BrokerError) -> dict[str, Any]:
 
 def outcome_to_wire(outcome: Any) -> dict[str, Any]:
     """One item of a batch answer: ``{"ok": result}`` or ``{"error": [code, message]}``."""
+    if outcome is None:  # every ack's: no conversion to call
+        return {"ok": None}
     if isinstance(outcome, BrokerError):
         return error_to_wire(outcome)
     return {"ok": to_wire(outcome)}
