@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import operator
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -322,6 +322,8 @@ class _Inspection:
             lambda number, hash_: frozenset(self.index[number].lookup(hash_)))
         self.unindexed = [0, 0]  # records before / after the checkpoint missing from the index
         self.first_unindexed: int | None = None
+        #: the offsets of the index's entries by hash, once a salvaged id is checked (``_own_id``)
+        self._offsets_by_hash: dict[int, list[int]] | None = None
         #: where a damaged range's chain of lengths led to a header on an unreadable page, or
         #: a zeroed one (``_heads_in``)
         self.uncountable_heads: set[int] = set()
@@ -477,7 +479,7 @@ class _Inspection:
                 if message.topic is None and salvaged in uncounted and salvaged not in claimed:
                     place = salvaged
                     claimed.add(salvaged)
-                known[offset] = LostMessage(offset, *place, head.properties.get(PROPERTY_MESSAGE_ID))
+                known[offset] = LostMessage(offset, *place, self._own_id(offset, head, indexed, destroyed))
             elif message.topic is None:
                 # a header on an unreadable page or zeroed, or a record past the checkpoint (an
                 # index entry's; a lost place past its queue's checkpoint count): the lost place
@@ -530,6 +532,30 @@ class _Inspection:
                 if (entry is None or entry[1]) and (topic, queue_id, queue_offset) not in self.recorded:
                     found.append((topic, queue_id, queue_offset))
         return found
+
+    def _own_id(self, offset: int, head: codec.RecordHead, indexed: dict[int, set[int]],
+                destroyed: Callable[[int], bool]) -> str | None:
+        """The message id a damaged record's salvaged ``head`` says, unless intact records
+        elsewhere hold that id and this record's index entries do not (a flipped bit in the
+        id may make it another message's: naming that one would have the wrong message
+        resent; the record is counted instead, as the scrub does)."""
+        message_id = head.properties.get(PROPERTY_MESSAGE_ID)
+        if message_id is None:
+            return None
+        hash_ = key_hash("i", "", message_id)
+        if hash_ in indexed.get(offset, ()):
+            return message_id
+        if self._offsets_by_hash is None:  # once per run, and only when a header is salvaged
+            self._offsets_by_hash = {}
+            for at, hashes in indexed.items():
+                for each in hashes:
+                    self._offsets_by_hash.setdefault(each, []).append(at)
+        for other in self._offsets_by_hash.get(hash_, ()):
+            if other != offset and not destroyed(other):
+                held = self._salvage(other)
+                if held is not None and held.properties.get(PROPERTY_MESSAGE_ID) == message_id:
+                    return None
+        return message_id
 
     def _name(self, known: dict[int, LostMessage], indexed: dict[int, set[int]]) -> None:
         """Name lost records no header names by the ``namer``'s names: at their offset, or

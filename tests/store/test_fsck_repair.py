@@ -285,3 +285,31 @@ def test_a_salvaged_header_whose_queue_id_was_zeroed_is_not_counted_twice(
     zero(data, start, victim.commit_log_offset + 16 - start)  # up to and with its queue id
     code, report = tool(capsys, "fsck", "--data-dir", str(data))
     assert code == 1 and report["lost_count"] == 3  # stored[3], stored[4] and the victim
+
+
+def test_fsck_and_repair_count_a_damaged_header_naming_another_stored_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flipped bit turns the id in a damaged record's header into another stored message's
+    ("id11" reads "id19"): fsck and repair count the lost record, with its place, and name
+    nobody, not the intact id19 (an operator would resend the wrong message). The scrub does
+    the same (tests/store/test_scrub.py); a header whose id is its own keeps its name."""
+    data = tmp_path / "data"
+    with MessageStore(data, STORE) as store:
+        stored = {n: store.put(record(n, queue_id=n % 2)) for n in range(10, 30)}
+    segment = segments(data)[0]
+    image = bytearray(segment.read_bytes())
+    damaged = stored[11]
+    image[image.index(b"id11", damaged.commit_log_offset, damaged.commit_log_offset + damaged.size) + 3] = ord("9")
+    segment.write_bytes(bytes(image))
+    flip(data, stored[14].commit_log_offset + stored[14].size - 1)  # a body byte: its header intact
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 1
+    lost = sorted((m["message_id"] or "", m["queue_id"], m["queue_offset"]) for m in report["lost"])
+    assert lost == [("", 1, stored[11].queue_offset), ("id14", 0, stored[14].queue_offset)], lost
+    code, repaired = tool(capsys, "repair", "--data-dir", str(data))
+    assert code == 1
+    assert sorted(m["message_id"] or "" for m in repaired["lost"]) == ["", "id14"]
+    with MessageStore(data, STORE) as store:
+        assert store.lookup_message_id("id19") == [stored[19].commit_log_offset]
+        assert [message_id for loss in store.losses.all() for message_id in loss.message_ids] == ["id14"]
