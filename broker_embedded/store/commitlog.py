@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 #: written once fewer than half of them are left.
 PREALLOCATE_BYTES = 1 << 20
 _ZEROS = memoryview(bytes(PREALLOCATE_BYTES))
+#: The longest stretch of a segment ``read_many`` reads with one ``pread`` for the records
+#: lying in it (a queue's records, with other queues' between them).
+READ_SPAN_BYTES = 256 * 1024
 
 
 class Segment:
@@ -312,6 +315,46 @@ class CommitLog:
             return codec.decode(data, 0, offset)
         except codec.RecordError as exc:
             raise CorruptLogError(f"unreadable record at commit log offset {offset}: {exc}") from exc
+
+    def read_many(self, entries: list[tuple[int, int]]) -> list[StoredRecord | CorruptLogError]:
+        """The records at ``entries`` (commit log offset, size), in commit log order, each
+        as ``read`` returns it or the ``CorruptLogError`` that refused it: those lying within
+        ``READ_SPAN_BYTES`` of each other in one segment with one ``pread`` of the stretch
+        they cover (a receive's batch of a queue is one system call, not one a record)."""
+        results: list[StoredRecord | CorruptLogError] = []
+        first = 0
+        while first < len(entries):
+            start = entries[first][0]
+            try:
+                segment = self._segment_of(start)
+            except CorruptLogError as exc:
+                results.append(exc)
+                first += 1
+                continue
+            limit = min(segment.end_offset, start + READ_SPAN_BYTES)
+            end = first + 1
+            while end < len(entries) and entries[end - 1][0] < entries[end][0] and sum(entries[end]) <= limit:
+                end += 1
+            if end == first + 1:
+                results.append(self._read_or_refusal(start, entries[first][1]))
+                first = end
+                continue
+            span = segment.pread(start - segment.base_offset, sum(entries[end - 1]) - start)
+            with memoryview(span) as view:
+                for offset, size in entries[first:end]:
+                    position = offset - start
+                    try:
+                        results.append(codec.decode(view[position:position + size], 0, offset))
+                    except codec.RecordError as exc:
+                        results.append(CorruptLogError(f"unreadable record at commit log offset {offset}: {exc}"))
+            first = end
+        return results
+
+    def _read_or_refusal(self, offset: int, size: int) -> StoredRecord | CorruptLogError:
+        try:
+            return self.read(offset, size)
+        except CorruptLogError as exc:
+            return exc
 
     def read_at(self, offset: int) -> StoredRecord:
         """The record at ``offset`` when its size is not known."""

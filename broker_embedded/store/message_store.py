@@ -842,7 +842,12 @@ class MessageStore:
         while True:
             entries = queue.entries(offset, max_records)
             fitted = fitting(entries, lambda entry: entry[1], max_bytes)
-            records = [record for entry in fitted if (record := self._readable(*entry)) is not None]
+            records: list[StoredRecord] = []
+            for (at, size), read in zip(fitted, self.commitlog.read_many(fitted), strict=True):
+                if isinstance(read, CorruptLogError):
+                    self._damaged(at, size, read)
+                else:
+                    records.append(read)
             if records or not entries or len(fitted) == len(entries) < max_records:
                 return records
             offset = queue.offset_after(fitted[-1][0])
@@ -853,9 +858,14 @@ class MessageStore:
         try:
             return self.commitlog.read(offset, size)
         except CorruptLogError as exc:
-            if offset >= self.commitlog.min_offset:
-                self.scrub.damaged_record(offset, size, str(exc))
+            self._damaged(offset, size, exc)
             return None
+
+    def _damaged(self, offset: int, size: int, refusal: CorruptLogError) -> None:
+        """A record a reader could not read: reported to the scrub, unless retention
+        deleted it meanwhile."""
+        if offset >= self.commitlog.min_offset:
+            self.scrub.damaged_record(offset, size, str(refusal))
 
     @property
     def dispatched_end(self) -> int:

@@ -429,3 +429,41 @@ def test_a_crash_while_store_json_is_rewritten_leaves_the_old_file_whole(tmp_pat
     with MessageStore(tmp_path, SMALL) as store:  # the failed open released the directory
         assert store.config.segment_size == SMALL.segment_size
     assert json.loads(meta.read_text())["consume_queue_file_entries"] == SMALL.consume_queue_file_entries
+
+
+class CountedFileSystem(OsFileSystem):
+    """The real file system, counting its ``pread`` calls."""
+
+    def __init__(self) -> None:
+        self.preads = 0
+
+    def pread(self, fd: int, length: int, position: int) -> bytes:
+        self.preads += 1
+        return super().pread(fd, length, position)
+
+
+def test_a_queue_is_read_a_stretch_of_the_log_at_a_time_and_damage_costs_only_its_record(tmp_path: Path) -> None:
+    """A queue's records interleaved with other queues' are read with one ``pread`` per
+    stretch of a segment (not one per record), across segment boundaries; a damaged record
+    inside a stretch is skipped and reported alone, the records around it read whole."""
+    fs = CountedFileSystem()
+    config = dataclasses.replace(SMALL, segment_size=64 * 1024, filesystem=fs)
+    with MessageStore(tmp_path, config) as store:
+        stored = store.put_batch([record(queue_id=n % 4, body=f"m{n}".encode() * 40, UNIQ_KEY=f"m{n}")
+                                  for n in range(600)])
+    assert len({r.commit_log_offset // config.segment_size for r in stored}) >= 3  # several segments
+    with MessageStore(tmp_path, config) as store:
+        fs.preads = 0
+        assert len(store.read_queue("orders", 1, 0, 1000)) == 150
+        assert fs.preads <= 5, fs.preads  # its queue file, then a stretch per segment (not 150 records)
+    victim = stored[201]  # queue 1, amid its stretch
+    segment = tmp_path / "commitlog" / f"{victim.commit_log_offset - victim.commit_log_offset % config.segment_size:020d}"
+    image = bytearray(segment.read_bytes())
+    image[victim.commit_log_offset % config.segment_size + victim.size - 2] ^= 0xFF  # a body byte
+    segment.write_bytes(bytes(image))
+    with MessageStore(tmp_path, config) as store:
+        got = store.read_queue("orders", 1, 0, 1000)
+        assert [r.properties["UNIQ_KEY"] for r in got] == [f"m{n}" for n in range(1, 600, 4) if n != 201]
+        assert [r.body for r in got] == [f"m{n}".encode() * 40 for n in range(1, 600, 4) if n != 201]
+        [loss] = store.losses.all()
+        assert loss.places == (("orders", 1, victim.queue_offset),) and loss.message_ids == ("m201",), loss
