@@ -230,20 +230,24 @@ def test_a_receive_reads_each_record_it_delivers_once(broker_factory) -> None:
         broker.send(Message("orders", body))
     commitlog = broker.store.commitlog
     reads: list[int] = []
-    plain_read, plain_read_at = commitlog.read, commitlog.read_at
+    plain_read, plain_read_many, plain_read_at = commitlog.read, commitlog.read_many, commitlog.read_at
 
     def counted_read(offset: int, size: int):
         reads.append(offset)
         return plain_read(offset, size)
 
+    def counted_read_many(entries: list[tuple[int, int]]):
+        reads.extend(offset for offset, _ in entries)
+        return plain_read_many(entries)
+
     def counted_read_at(offset: int):
         reads.append(offset)
         return plain_read_at(offset)
 
-    commitlog.read, commitlog.read_at = counted_read, counted_read_at
+    commitlog.read, commitlog.read_many, commitlog.read_at = counted_read, counted_read_many, counted_read_at
     first = broker.receive("g", "orders", max_messages=5)
     assert len(first) == 5
-    assert len(reads) == len(set(reads)), "a delivered record was read twice"
+    assert reads and len(reads) == len(set(reads)), "a delivered record was read twice"
     # bytes: a receive that returns fewer than it read keeps no more than it can return
     reads.clear()
     small = broker.receive("g", "orders", max_messages=7, max_bytes=50_000)
@@ -252,3 +256,16 @@ def test_a_receive_reads_each_record_it_delivers_once(broker_factory) -> None:
     while batch := broker.receive("g", "orders", max_messages=12):
         got += [received.message.body for received in batch]
     assert sorted(got) == sorted(bodies)
+
+
+def test_a_fifo_group_behind_a_long_busy_group_is_delivered_in_the_same_receive(broker_factory) -> None:
+    """A receive reads on past the pending messages of a busy FIFO group (its head in
+    flight) until it finds deliverable ones, within ``max_inflight_per_queue``: bob's message
+    behind 300 of alice's comes with the receive that finds alice busy, not 300 receives later."""
+    broker = broker_factory()
+    broker.create_topic("fifo", 1)
+    for n in range(300):
+        broker.send(Message("fifo", f"a{n}".encode(), message_group="alice"))
+    broker.send(Message("fifo", b"b0", message_group="bob"))
+    assert [r.message.body for r in broker.receive("g", "fifo", max_messages=1)] == [b"a0"]
+    assert [r.message.body for r in broker.receive("g", "fifo", max_messages=1)] == [b"b0"]
