@@ -379,11 +379,12 @@ class ConsumerGroups:
         deadline = time.monotonic() + wait_s
         while True:
             skipped: Skipped = []
-            read_ahead = ReadAhead(max_messages, max_bytes if max_bytes is not None else sys.maxsize)
+            room = max_bytes if max_bytes is not None else sys.maxsize
+            read_ahead = ReadAhead(max_messages, room)
             with self.lock:
                 if self.closed:
                     raise BrokerClosedError("the broker closed while receiving")
-                delivered, dead, unscanned = self._collect(group, topic, max_messages, invisible_ms, max_bytes,
+                delivered, dead, unscanned = self._collect(group, topic, max_messages, invisible_ms, room,
                                                            subscription, skipped, read_ahead)
             now = self.clock.time_ms()
             events = [_event(EVENT_DELIVERED, group, topic, key, d, now) for key, d in delivered]
@@ -410,17 +411,17 @@ class ConsumerGroups:
         return queues + [(retry_topic(group), 0)]
 
     def _collect(
-        self, group: str, topic: str, max_messages: int, invisible_ms: int, max_bytes: int | None,
+        self, group: str, topic: str, max_messages: int, invisible_ms: int, room: int,
         subscription: Subscription, skipped: Skipped, read_ahead: ReadAhead,
     ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]], bool]:
-        """The deliveries and dead-letterings of one pass over the group's queues, and
-        whether a filter left entries unscanned. Each queue's pending messages go first;
+        """The deliveries (of ``room`` bytes of records at most, at least one) and
+        dead-letterings of one pass over the group's queues, and whether a filter left
+        entries unscanned. Each queue's pending messages go first;
         then it reads on, as many records at a time as the receive still wants (at least
         ``READ_BATCH``), until it has them, the queue ends or ``max_inflight`` are pending:
         so the records read are mostly the ones delivered, and ``read_ahead`` keeps them
         whole for the answer."""
-        gathering = _Gathering(self.clock.time_ms(), invisible_ms, max_messages,
-                               max_bytes if max_bytes is not None else sys.maxsize, subscription, skipped)
+        gathering = _Gathering(self.clock.time_ms(), invisible_ms, max_messages, room, subscription, skipped)
         for stored_topic, queue_id in self._sources(group, topic):
             key = (group, topic, stored_topic, queue_id)
             progress = self._progress(key)

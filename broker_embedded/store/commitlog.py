@@ -310,11 +310,7 @@ class CommitLog:
     def read(self, offset: int, size: int) -> StoredRecord:
         """The record at ``offset`` (``size`` bytes long)."""
         segment = self._segment_of(offset)
-        data = segment.pread(offset - segment.base_offset, size)
-        try:
-            return codec.decode(data, 0, offset)
-        except codec.RecordError as exc:
-            raise CorruptLogError(f"unreadable record at commit log offset {offset}: {exc}") from exc
+        return _decoded(segment.pread(offset - segment.base_offset, size), offset)
 
     def read_many(self, entries: list[tuple[int, int]]) -> list[StoredRecord | CorruptLogError]:
         """The records at ``entries`` (commit log offset, size), in commit log order, each
@@ -332,29 +328,21 @@ class CommitLog:
                 first += 1
                 continue
             limit = min(segment.end_offset, start + READ_SPAN_BYTES)
+            stop = start + entries[first][1]  # where the stretch read ends
             end = first + 1
-            while end < len(entries) and entries[end - 1][0] < entries[end][0] and sum(entries[end]) <= limit:
-                end += 1
-            if end == first + 1:
-                results.append(self._read_or_refusal(start, entries[first][1]))
-                first = end
-                continue
-            span = segment.pread(start - segment.base_offset, sum(entries[end - 1]) - start)
-            with memoryview(span) as view:
+            while end < len(entries):
+                offset, size = entries[end]
+                if offset < stop or offset + size > limit:
+                    break
+                stop, end = offset + size, end + 1
+            with memoryview(segment.pread(start - segment.base_offset, stop - start)) as span:
                 for offset, size in entries[first:end]:
-                    position = offset - start
                     try:
-                        results.append(codec.decode(view[position:position + size], 0, offset))
-                    except codec.RecordError as exc:
-                        results.append(CorruptLogError(f"unreadable record at commit log offset {offset}: {exc}"))
+                        results.append(_decoded(span[offset - start:offset - start + size], offset))
+                    except CorruptLogError as exc:
+                        results.append(exc)
             first = end
         return results
-
-    def _read_or_refusal(self, offset: int, size: int) -> StoredRecord | CorruptLogError:
-        try:
-            return self.read(offset, size)
-        except CorruptLogError as exc:
-            return exc
 
     def read_at(self, offset: int) -> StoredRecord:
         """The record at ``offset`` when its size is not known."""
@@ -532,6 +520,15 @@ def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord |
 #: A sector's worth of what ``read_salvaging`` reads for an unreadable page: a gap holding
 #: it is (at least partly) a latent sector error, not bytes that read back wrong.
 _UNREADABLE_SECTOR = bytes([UNREADABLE_BYTE]) * 512
+
+
+def _decoded(data: bytes | memoryview, offset: int) -> StoredRecord:
+    """The record ``data`` holds, read at commit log ``offset``; ``CorruptLogError`` if it
+    is not one, intact and written there."""
+    try:
+        return codec.decode(data, 0, offset)
+    except codec.RecordError as exc:
+        raise CorruptLogError(f"unreadable record at commit log offset {offset}: {exc}") from exc
 
 
 def written_ahead(tail: Gap, end: int) -> bool:
