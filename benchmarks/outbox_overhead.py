@@ -1,7 +1,7 @@
 """What ``@transactional_message`` costs on PostgreSQL next to a table outbox, and how fast messages arrive.
 
     ./dev bench outbox_overhead [--seconds 6] [--rounds 3] [--postgres postgresql://postgres@127.0.0.1:5432/test]
-                                [--only sync|async] [--poll-intervals 0.1,1] [--profile] [--quick]
+                                [--only sync|async] [--poll-intervals 0.1,1] [--profile] [--timeline] [--quick]
 
 In one run, on a fresh database and a broker server process (SQLAlchemy 2 + psycopg 3):
 
@@ -24,7 +24,9 @@ In one run, on a fresh database and a broker server process (SQLAlchemy 2 + psyc
   message awaited before the transaction and overlapping it (``overlap=True``).
 
 ``--profile`` runs the decorator (defaults) at 1 client under cProfile, in this process,
-and prints the top 10 functions by self time per message. ``--quick`` is a smoke run of
+and prints the top 10 functions by self time per message. ``--timeline`` splits a
+decorated call's wall time at 1 client into the steps between the engine's events, next
+to a bare transaction that writes the same transaction_log row (``timeline``). ``--quick`` is a smoke run of
 about a minute.
 """
 
@@ -34,6 +36,7 @@ import argparse
 import asyncio
 import cProfile
 import functools
+import itertools
 import multiprocessing as mp
 import shutil
 import statistics
@@ -76,6 +79,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker_embedded import BrokerClient, Message
 from outbox import AsyncProducer, ConfigurationError, Producer, message_json, transactional_message
 from outbox.integrations.sqlalchemy.engine import create_async_engine
+from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.integrations.sqlalchemy.tables import metadata as outbox_metadata
 
 app = MetaData()
@@ -404,6 +408,66 @@ def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
         print(f"{mode:<40}{'n/a':>6}")
 
 
+#: The steps of one call, each ended by an engine event (the last by the call's return).
+STEPS = ("call -> BEGIN", "BEGIN -> transaction_log INSERT", "transaction_log INSERT", "-> business INSERT",
+         "business INSERT", "-> COMMIT", "COMMIT -> call returns")
+TIMELINE_CASES = ("bare + transaction_log row", "decorator, defaults")
+
+
+def timeline(url: str, broker_url: str, rounds: int, calls: int = 1000) -> None:
+    """``--timeline``: where a decorated call's wall time goes at 1 client. The decorator
+    (defaults) and a bare transaction that writes the same transaction_log row first
+    (``record_committed``) alternate in rounds; each step between the engine's events
+    (BEGIN, each statement sent and answered, COMMIT) is timed per call, and the table
+    prints each step's median and what the decorator adds to it: building the message
+    and sending the half before BEGIN, awaiting the half's answer before COMMIT, the
+    END after it."""
+    variants = Variants(url, broker_url)
+    marks: list[float] = []
+
+    def mark(*_: Any) -> None:
+        marks.append(time.perf_counter())
+
+    for name in ("begin", "before_cursor_execute", "after_cursor_execute", "commit"):
+        event.listen(variants.engine, name, mark)
+
+    def bare_with_row() -> None:
+        with variants.factory.begin() as session:
+            record_committed(session, uuid.uuid4().hex, "bench-timeline")
+            session.execute(orders.insert().values(id=uuid.uuid4().hex, amount=1))
+
+    cases = dict(zip(TIMELINE_CASES, (bare_with_row, variants.calls["decorator, defaults"]), strict=True))
+    steps: dict[str, list[list[float]]] = {case: [[] for _ in STEPS] for case in cases}
+
+    def run(case: str) -> None:
+        call = cases[case]
+        for _ in range(calls):
+            marks.clear()
+            mark()
+            call()
+            mark()
+            if len(marks) == len(STEPS) + 1:  # else not the shape timed: skipped
+                for step, (began, ended) in zip(steps[case], itertools.pairwise(marks), strict=True):
+                    step.append((ended - began) * 1e6)
+
+    try:
+        for case in cases:  # warm-up
+            run(case)
+            steps[case] = [[] for _ in STEPS]
+        alternating_rounds(rounds, {case: functools.partial(run, case) for case in cases})
+    finally:
+        variants.close()
+    bare, decorated = (steps[case] for case in TIMELINE_CASES)
+    print(f"\n{'timeline at 1 client, median µs per step':<44}{'bare + row':>12}{'decorator':>12}{'added':>9}"
+          f"  ({rounds} alternating rounds of {calls:,} calls each)")
+    for name, plain, ours in zip(STEPS, bare, decorated, strict=True):
+        plain_us, ours_us = statistics.median(plain), statistics.median(ours)
+        print(f"{name:<44}{plain_us:>12,.0f}{ours_us:>12,.0f}{ours_us - plain_us:>+9,.0f}")
+    plain_total = statistics.median(map(sum, zip(*bare, strict=True)))
+    ours_total = statistics.median(map(sum, zip(*decorated, strict=True)))
+    print(f"{'the call (median of the sums)':<44}{plain_total:>12,.0f}{ours_total:>12,.0f}{ours_total - plain_total:>+9,.0f}")
+
+
 def profile_decorator(url: str, broker_url: str, seconds: float) -> None:
     """``--profile``: the decorator with its defaults at 1 client under cProfile (this
     calling thread only: the client's Python); the top 10 functions by self CPU time per message."""
@@ -434,6 +498,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["sync", "async"], help="run only the blocking or the asyncio part")
     parser.add_argument("--profile", action="store_true",
                         help="then the decorator (defaults, 1 client) under cProfile: top 10 functions per message")
+    parser.add_argument("--timeline", action="store_true",
+                        help="then where a decorated call's time goes at 1 client: each step between the "
+                             "engine's events, next to a bare transaction writing the same transaction_log row")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run of about a minute: 2 rounds of 0.5 s per variant, 50 latency samples")
     args = parser.parse_args()
@@ -452,6 +519,8 @@ def main() -> None:
             if args.only != "async":
                 throughput(url, broker_url, args)
                 latency(url, broker_url, args)
+                if args.timeline:
+                    timeline(url, broker_url, args.rounds, calls=300 if args.quick else 1000)
                 if args.profile:
                     profile_decorator(url, broker_url, args.seconds)
             if args.only != "sync":
