@@ -18,7 +18,8 @@ In one run, on a fresh database and a broker server process (SQLAlchemy 2 + psyc
   (``_common.alternating_rounds``), figures are medians over the rounds;
 * latency from the DB commit to the consumer's handler: each decorator mode against the
   table outbox's relay at each poll interval (100 ms, and 1 s as django-outbox-pattern's
-  default);
+  default), the samples interleaved; then the decorator (defaults) alone, a call every
+  10 ms (a lone call's END is not followed by another write);
 * asyncio (asyncpg, ``AsyncProducer``): a bare async transaction against the same with
   the async ``@transactional_message``, at 1 and 8 concurrent tasks, with the half
   message awaited before the transaction and overlapping it (``overlap=True``).
@@ -143,8 +144,9 @@ def async_overhead(url: str, broker_url: str, seconds: float, rounds: int) -> No
 
 #: The decorator's modes: the Producer's options and the decorator's, each set explicitly
 #: only where the mode says so (the defaults are whatever the installed code does).
+DEFAULTS = "decorator, defaults"
 MODES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "decorator, defaults": ({}, {}),
+    DEFAULTS: ({}, {}),
     "overlap, END waited": ({"oneway_end": False}, {"overlap": True}),
     "half first, END waited": ({"oneway_end": False}, {"overlap": False}),
     "half first, END oneway": ({"oneway_end": True}, {"overlap": False}),
@@ -350,7 +352,8 @@ def print_throughput(label: str, clients: int, rounds: dict[str, list[float]], r
 def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
     """Commit -> consumer handler, per decorator mode and per relay poll interval, the
     samples interleaved; the stamp is the DB commit (an ``after_commit`` listener put
-    before the outbox's own)."""
+    before the outbox's own). Then the decorator (defaults) alone, a call every 10 ms:
+    calls no other write follows closely (the broker writes their ENDs at once)."""
     committed: dict[str, float] = {}
     latencies: dict[str, list[float]] = {}
 
@@ -371,6 +374,7 @@ def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
             committed[order_id] = time.time()
 
     variants = Variants(url, broker_url, topic_prefix="bench.latency")
+    lone = Variants(url, broker_url, topic_prefix="bench.lone")
     stop = threading.Event()
     workers: list[threading.Thread] = []
     senders: list[Callable[[], None]] = []
@@ -384,6 +388,9 @@ def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
         senders.append(functools.partial(variants.table_outbox, topic))
         workers.append(threading.Thread(target=consume, args=(topic, kind, stop)))
         workers.append(threading.Thread(target=relay, args=(url, broker_url, topic, poll_s, stop)))
+    alone = f"{DEFAULTS}, alone every 10 ms"
+    latencies[alone] = []
+    workers.append(threading.Thread(target=consume, args=(lone.topics[DEFAULTS], alone, stop)))
     for worker in workers:
         worker.start()
     try:
@@ -393,12 +400,17 @@ def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
                 send()
             time.sleep(0.01)
         time.sleep(max(args.poll_intervals) + 1.5)
+        for _ in range(args.latency_samples):
+            lone.calls[DEFAULTS]()
+            time.sleep(0.01)
+        time.sleep(1.0)
     finally:
         stop.set()
         for worker in workers:
             worker.join()
         event.remove(Session, "after_commit", stamp)
         variants.close()
+        lone.close()
     print(f"\n{'commit -> handler latency':<40}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}"
           "  (issue 24: ours p99 <= 3.15 ms)")
     for kind, values in latencies.items():
@@ -411,7 +423,7 @@ def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
 #: The steps of one call, each ended by an engine event (the last by the call's return).
 STEPS = ("call -> BEGIN", "BEGIN -> transaction_log INSERT", "transaction_log INSERT", "-> business INSERT",
          "business INSERT", "-> COMMIT", "COMMIT -> call returns")
-TIMELINE_CASES = ("bare + transaction_log row", "decorator, defaults")
+TIMELINE_CASES = ("bare + transaction_log row", DEFAULTS)
 
 
 def timeline(url: str, broker_url: str, rounds: int, calls: int = 1000) -> None:
@@ -436,7 +448,7 @@ def timeline(url: str, broker_url: str, rounds: int, calls: int = 1000) -> None:
             record_committed(session, uuid.uuid4().hex, "bench-timeline")
             session.execute(orders.insert().values(id=uuid.uuid4().hex, amount=1))
 
-    cases = dict(zip(TIMELINE_CASES, (bare_with_row, variants.calls["decorator, defaults"]), strict=True))
+    cases = dict(zip(TIMELINE_CASES, (bare_with_row, variants.calls[DEFAULTS]), strict=True))
     steps: dict[str, list[list[float]]] = {case: [[] for _ in STEPS] for case in cases}
 
     def run(case: str) -> None:
@@ -472,7 +484,7 @@ def profile_decorator(url: str, broker_url: str, seconds: float) -> None:
     """``--profile``: the decorator with its defaults at 1 client under cProfile (this
     calling thread only: the client's Python); the top 10 functions by self CPU time per message."""
     variants = Variants(url, broker_url)
-    call = variants.calls["decorator, defaults"]
+    call = variants.calls[DEFAULTS]
     profile_path = Path(tempfile.mkdtemp(prefix="hm-outbox-profile-")) / "decorator.pstats"
     profiler = cProfile.Profile(time.thread_time)
     start = time.perf_counter()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -70,8 +71,13 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 #: How long a oneway END_TRANSACTION waits for another write's fsync to cover it before the
-#: server fsyncs for it alone (asyncio's timers have a millisecond's resolution).
+#: server fsyncs for it alone (asyncio's timers have a millisecond's resolution). Held only
+#: while writes follow oneway ENDs that closely (``EndHolding``).
 DEFERRED_SYNC_S = 0.001
+#: After this many held oneway ENDs in a row that no write followed, the next ones are
+#: written at once (``EndHolding``: one that misses now and then in a busy stream does not
+#: end holding).
+UNFOLLOWED_ENDS = 3
 #: The longest a receive waits in the broker before the server looks at it again.
 POLL_SLICE_S = 1.0
 
@@ -270,6 +276,48 @@ _WRITE_CALLS: dict[str, type[SendCall] | type[HalfCall] | type[EndCall] | type[R
 }
 
 
+class EndHolding:
+    """Which oneway END_TRANSACTIONs the server holds for another write's fsync (written
+    without one of their own, answered once one covers them). Held while writes follow
+    oneway ENDs within ``DEFERRED_SYNC_S`` (a decorated call's END, then the next call's
+    half message): one fsync then covers both. Once ``UNFOLLOWED_ENDS`` held ones in a row
+    waited for nothing (the server synced them alone), oneway ENDs are written at once as
+    waited ones (their clients still do not wait), until a write follows one that closely:
+    a lone END is then durable, and its messages visible, a millisecond sooner. Starts
+    writing them at once. Used on the event loop only."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+        #: Whether oneway ENDs are held now; when the last one was written at once; how
+        #: many held ones in a row no write followed.
+        self.holding = False
+        self._written_at = float("-inf")
+        self._unfollowed = 0
+
+    def admit(self, item: Any) -> tuple[Any, bool]:
+        """A write as it is to be batched (a oneway END written at once becomes a waited
+        one), and whether it is a oneway END to hold."""
+        oneway_end = isinstance(item, EndCall) and item.oneway
+        if self.holding:
+            return item, oneway_end
+        if oneway_end:
+            self._written_at = self.now()
+            return dataclasses.replace(item, oneway=False), False
+        if self.now() - self._written_at < DEFERRED_SYNC_S:
+            self.holding, self._unfollowed = True, 0  # it could have carried that END: hold the next
+        return item, False
+
+    def followed(self) -> None:
+        """A write's fsync covered a held END."""
+        self._unfollowed = 0
+
+    def unfollowed(self) -> None:
+        """The server synced held ENDs alone: no write came for them."""
+        self._unfollowed += 1
+        if self._unfollowed >= UNFOLLOWED_ENDS:
+            self.holding = False
+
+
 class BrokerServer:
     """Serve ``broker`` on ``host:port`` (port 0 picks a free one; see ``port`` after start)
     within ``limits``: by default those of the broker's ``BrokerConfig``. Connections'
@@ -329,6 +377,8 @@ class BrokerServer:
         #: that fsyncs for them when no write does.
         self._deferring = broker if isinstance(broker, DeferredWrites) else None
         self._deferred_sync: asyncio.TimerHandle | None = None
+        #: Which oneway ENDs wait for another write's fsync (read on ``now``).
+        self._holding = EndHolding(lambda: self.now())
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batched: dict[int, tuple[str, Batcher]] = {
             int(CODES[method]): (method, writes) for method in _WRITE_CALLS
@@ -525,8 +575,10 @@ class BrokerServer:
             method, batcher = batched
             item = _batch_item(method, request)
             answer = functools.partial(self._answer, connection, code, request_id)
-            if self._deferring is not None and isinstance(item, EndCall) and item.oneway:
-                answer = functools.partial(self._answer_when_durable, answer)
+            if self._deferring is not None and batcher is self._writes:
+                item, held = self._holding.admit(item)
+                if held:
+                    answer = functools.partial(self._answer_when_durable, answer)
             batcher.submit(item, answer, connection)
             return True
         self._track(asyncio.create_task(self._dispatch(connection, code, request_id, request)))
@@ -564,13 +616,15 @@ class BrokerServer:
         """On the loop: answer a oneway END an fsync covered (or dropped); no timer is left for nothing."""
         answer(outcome)
         if self._deferred_sync is not None and self._deferring is not None and not self._deferring.unsynced:
-            self._deferred_sync.cancel()
+            self._deferred_sync.cancel()  # a write's fsync came first: it followed the END
             self._deferred_sync = None
+            self._holding.followed()
 
     def _sync_deferred(self) -> None:
         """Fsync the oneway ENDs that no write's fsync covered in ``DEFERRED_SYNC_S``."""
         self._deferred_sync = None
         if self._deferring is not None and self._deferring.unsynced and self._loop is not None:
+            self._holding.unfollowed()
             self._track(self._loop.run_in_executor(self.executor, self._sync))
 
     def _sync(self) -> None:
