@@ -288,17 +288,23 @@ class EndHolding:
 
     def __init__(self, now: Callable[[], float]) -> None:
         self.now = now
-        #: Whether oneway ENDs are held now; when the last one was written at once; how
-        #: many held ones in a row no write followed.
+        #: Whether oneway ENDs are held now; whether some held ones wait for a write; when
+        #: the last one was written at once; how many held ones in a row no write followed.
         self.holding = False
+        self._waiting = False
         self._written_at = float("-inf")
         self._unfollowed = 0
 
     def admit(self, item: Any) -> tuple[Any, bool]:
         """A write as it is to be batched (a oneway END written at once becomes a waited
-        one), and whether it is a oneway END to hold."""
+        one), and whether it is a oneway END to hold. A write admitted while held ENDs
+        wait is written after them, its fsync covering them: they were followed."""
         oneway_end = isinstance(item, EndCall) and item.oneway
         if self.holding:
+            if oneway_end:
+                self._waiting = True
+            elif self._waiting:
+                self._waiting, self._unfollowed = False, 0
             return item, oneway_end
         if oneway_end:
             self._written_at = self.now()
@@ -307,12 +313,9 @@ class EndHolding:
             self.holding, self._unfollowed = True, 0  # it could have carried that END: hold the next
         return item, False
 
-    def followed(self) -> None:
-        """A write's fsync covered a held END."""
-        self._unfollowed = 0
-
     def unfollowed(self) -> None:
-        """The server synced held ENDs alone: no write came for them."""
+        """The server synced the held ENDs alone: no write came for them."""
+        self._waiting = False
         self._unfollowed += 1
         if self._unfollowed >= UNFOLLOWED_ENDS:
             self.holding = False
@@ -616,9 +619,8 @@ class BrokerServer:
         """On the loop: answer a oneway END an fsync covered (or dropped); no timer is left for nothing."""
         answer(outcome)
         if self._deferred_sync is not None and self._deferring is not None and not self._deferring.unsynced:
-            self._deferred_sync.cancel()  # a write's fsync came first: it followed the END
+            self._deferred_sync.cancel()
             self._deferred_sync = None
-            self._holding.followed()
 
     def _sync_deferred(self) -> None:
         """Fsync the oneway ENDs that no write's fsync covered in ``DEFERRED_SYNC_S``."""

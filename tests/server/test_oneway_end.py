@@ -101,16 +101,21 @@ def test_oneway_ends_are_held_while_writes_follow_them_then_written_at_once_agai
     clock.at += DEFERRED_SYNC_S / 2
     assert not _held(holding, half(2))  # it could have carried tx-1's END: the next ones are held
     assert _held(holding, end(2))
-    holding.followed()  # a write's fsync covered it
-    for n in range(3, 3 + UNFOLLOWED_ENDS):  # misses, but one in between was followed
+    assert not _held(holding, half(3))  # written after it: its fsync covers the END
+    for n in range(3, 3 + UNFOLLOWED_ENDS):  # misses, but one in between was followed by a write
         assert _held(holding, end(n))
-        holding.followed() if n == 4 else holding.unfollowed()
+        if n == 4:
+            assert not _held(holding, half(n + 1))
+        else:
+            holding.unfollowed()
     assert holding.holding
     assert _held(holding, end(9))
-    holding.followed()
-    for n in range(10, 10 + UNFOLLOWED_ENDS):  # misses in a row
+    assert not _held(holding, half(10))
+    for n in range(10, 10 + UNFOLLOWED_ENDS):  # lone calls: each held END synced alone before the next half
+        clock.at += 0.01
         assert _held(holding, end(n))
         holding.unfollowed()
+        assert not _held(holding, half(n + 1))  # too late to cover it: the misses stay in a row
     assert not holding.holding
     clock.at += 1.0
     assert not _held(holding, half(20))  # long after the last END written at once
