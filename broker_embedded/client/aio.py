@@ -125,9 +125,10 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
     # -- requests -------------------------------------------------------------------------
     async def _exchange(self, link: _AsyncLink, call: Call[T]) -> T:
         request_id = self._session.new_id()
+        frame = call.frame(request_id)  # a body that does not encode raises here, nothing left waiting
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.replies.expect(request_id, future)
-        link.send(call.frame(request_id))
+        link.send(frame)
         try:
             await link.writer.drain()
         except OSError as exc:

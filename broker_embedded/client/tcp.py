@@ -49,6 +49,60 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+#: Guards every ``_Reply``'s settling and callbacks (each holds it for a few bytecodes).
+_REPLIES_SETTLING = threading.Lock()
+
+
+class _Reply(Generic[T]):
+    """The answer to a call a thread waits for in that call (``BrokerClient._exchange``):
+    set once, by whichever thread reads it. What a ``Future`` does for it, without a
+    condition variable per answer: the waiting thread reads the socket itself, or sleeps on
+    an event its done-callback sets (``_Link.await_answer``)."""
+
+    __slots__ = ("_callbacks", "_done", "_error", "_result")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._result: T | None = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[_Reply[T]], None]] = []
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: T) -> None:
+        self._settle(result, None)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._settle(None, exception)
+
+    def _settle(self, result: T | None, error: BaseException | None) -> None:
+        with _REPLIES_SETTLING:
+            if self._done:  # answered and failed at once (the link died): the first one counts
+                return
+            self._result, self._error, self._done = result, error, True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def add_done_callback(self, callback: Callable[[_Reply[T]], None]) -> None:
+        with _REPLIES_SETTLING:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def result(self) -> T:
+        """The result, or the error raised; only once ``done()``."""
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+
+#: What an ``_Answer`` completes: the ``Future`` of a ``start_*`` call, or the ``_Reply`` of a call waited for.
+Completion = Future[T] | _Reply[T]
+
+
 class _Answer(Generic[T]):
     """What waits in ``Replies`` for the answer to ``call``: completes ``future`` with the
     call's result or typed error, in the thread that reads it. ``due``: the reader thread
@@ -57,7 +111,7 @@ class _Answer(Generic[T]):
 
     __slots__ = ("call", "due", "future")
 
-    def __init__(self, call: Call[T], future: Future[T], due: bool = True) -> None:
+    def __init__(self, call: Call[T], future: Completion[T], due: bool = True) -> None:
         self.call = call
         self.future = future
         self.due = due
@@ -105,7 +159,7 @@ class _Link:
         #: Callers waiting while another thread reads, each with the event that wakes it: set
         #: when its answer arrives (by a done-callback), or when the reader stops and it is the
         #: first still waiting (it reads next).
-        self.sleepers: list[tuple[Future[Any], threading.Event]] = []
+        self.sleepers: list[tuple[Completion[Any], threading.Event]] = []
         self.sleepers_lock = threading.Lock()
         #: The reader thread's state, under ``idle``: whether it reads, how many callers read
         #: their own answers (or wait to), when the last of them ended, whether it waits.
@@ -150,7 +204,7 @@ class _Link:
         with self.replies.lock:
             return any(answer.due for answer in self.replies.pending.values())
 
-    def await_answer(self, future: Future[Any], deadline: float | None) -> None:
+    def await_answer(self, future: Completion[Any], deadline: float | None) -> None:
         """Until ``future`` is done, reading the socket whenever no other thread does;
         ``FutureTimeout`` at ``deadline`` (monotonic)."""
         woken: threading.Event | None = None
@@ -181,7 +235,7 @@ class _Link:
                 if not future.done():
                     woken.clear()
 
-    def _read_until(self, future: Future[Any], deadline: float | None) -> None:
+    def _read_until(self, future: Completion[Any], deadline: float | None) -> None:
         poller = self.poller
         while not future.done() and self.replies.alive:
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -337,31 +391,30 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
             log.exception("check callback failed for transaction %s", request.transaction_id)
 
     # -- requests -------------------------------------------------------------------------
-    def _submit(self, link: _Link, call: Call[T], future: Future[T] | None = None,
-                due: bool = True) -> tuple[int, Future[T]]:
-        """Write ``call`` on ``link``; its request id and the ``Future`` of its result
-        (``future`` if given, else a new one)."""
+    def _submit(self, link: _Link, call: Call[T], completion: Completion[T], due: bool = True) -> int:
+        """Write ``call`` on ``link``, its answer to complete ``completion``; its request id."""
         request_id = self._session.new_id()
-        future = Future() if future is None else future
-        future.set_running_or_notify_cancel()  # on the wire: it cannot be cancelled, only not waited for
-        link.replies.expect(request_id, _Answer(call, future, due))
+        frame = call.frame(request_id)  # a body that does not encode raises here, nothing left waiting
+        link.replies.expect(request_id, _Answer(call, completion, due))
         try:
             with link.send_lock:
-                link.sock.sendall(call.frame(request_id))
+                link.sock.sendall(frame)
         except OSError as exc:
             link.fail(f"cannot send to {self.url}: {exc}")
-        return request_id, future
+        return request_id
 
     def _put_on_wire(self, call: Call[T], future: Future[T] | None = None, due: bool = True) -> Future[T]:
         """Write ``call`` without waiting: the reader thread reads its answer (``due``), or
-        a caller does (see ``wait``)."""
+        a caller does (see ``wait``). The ``Future`` of its result: ``future`` if given."""
         link = self._connection()
         if not due:
             link.deferring()
-        started = self._submit(link, call, future, due)[1]
+        future = Future() if future is None else future
+        future.set_running_or_notify_cancel()  # on the wire: it cannot be cancelled, only not waited for
+        self._submit(link, call, future, due)
         if due:
             link.expecting()
-        return started
+        return future
 
     def wait(self, future: Future[Any], timeout_s: float | None = None) -> bool:
         """Wait up to ``timeout_s`` for ``future``, a ``start_*`` call's (or one completed by
@@ -389,13 +442,14 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
         wait_s = self._session.wait_s(call)
         link.calling()
         try:
-            request_id, future = self._submit(link, call)
+            reply: _Reply[T] = _Reply()
+            request_id = self._submit(link, call, reply)
             try:
-                link.await_answer(future, None if wait_s is None else time.monotonic() + wait_s)
+                link.await_answer(reply, None if wait_s is None else time.monotonic() + wait_s)
             except FutureTimeout:
                 link.replies.forget(request_id)
                 raise self._session.timed_out(call) from None
-            return future.result(0)
+            return reply.result()
         finally:
             link.called()
 

@@ -287,8 +287,11 @@ def to_wire(value: Any) -> Any:
 
 def request_body(arguments: dict[str, Any]) -> dict[str, Any]:
     """A request body of keyword arguments; one left None takes the server's default (so
-    a server that does not know an optional argument is only sent it when it is used)."""
-    return to_wire({name: value for name, value in arguments.items() if value is not None})
+    a server that does not know an optional argument is only sent it when it is used).
+    The values stay as they are: msgpack encodes a dataclass (a ``Message``) as the map
+    ``to_wire`` would make of it, enums by value, and any body, a bytearray or memoryview
+    too, as binary (``to_wire`` made those base64 text, which the server refuses)."""
+    return {name: value for name, value in arguments.items() if value is not None}
 
 
 def unwrap_response(body: Any) -> Any:
