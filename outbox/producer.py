@@ -426,8 +426,22 @@ class _Settled(Future[S]):
     def __init__(self, failed: Callable[[BaseException], Any]) -> None:
         super().__init__()
         self._failed = failed
+        self._settled = False
+
+    def done(self) -> bool:
+        """Whether the answer is in, read without the ``Future``'s lock (the thread waiting
+        for it asks after every read of the socket). It turns True as the answer is set,
+        before the done-callbacks run (a sleeper they wake finds it done); ``result()`` and
+        ``exception()`` wait the moment until the value is in. It is never cancelled (it
+        is on the wire once started) and settles only through the two methods below."""
+        return self._settled
+
+    def set_result(self, result: S) -> None:
+        self._settled = True
+        super().set_result(result)
 
     def set_exception(self, exception: BaseException | None) -> None:
+        self._settled = True
         try:
             result: Any = self._failed(exception) if exception is not None else None
         except BaseException as raised:

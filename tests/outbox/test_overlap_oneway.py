@@ -266,3 +266,27 @@ def test_without_overlap_the_half_is_acknowledged_before_the_function_runs(engin
     assert producer.flush(10)
     assert server.broker.transaction_state(transaction_id) is TransactionState.COMMITTED
     producer.close()
+
+
+def test_an_unobserved_answer_is_done_when_its_done_callbacks_run_and_its_value_waits_for_nobody() -> None:
+    """The producer's own ``Future`` of a half message or oneway END (``_Settled``) answers
+    ``done()`` without its lock: a caller sleeping while another thread reads is woken by a
+    done-callback and must find it done (else it naps ``_NAP_S`` more); its result, or the
+    typed error its step makes of a failure, is there by then."""
+    from outbox.producer import _Settled
+
+    def typed(error: BaseException) -> None:
+        raise BrokerUnavailableError(f"typed: {error}")
+
+    seen: list[tuple[bool, object]] = []
+    answered: _Settled[str] = _Settled(typed)
+    answered.set_running_or_notify_cancel()
+    answered.add_done_callback(lambda done: seen.append((done.done(), done.result(0))))
+    assert not answered.done()
+    answered.set_result("stored")
+    failed: _Settled[str] = _Settled(typed)
+    failed.set_running_or_notify_cancel()
+    failed.add_done_callback(lambda done: seen.append((done.done(), type(done.exception(0)))))
+    failed.set_exception(OSError("connection lost"))
+    assert seen == [(True, "stored"), (True, BrokerUnavailableError)]
+    assert answered.done() and failed.done()
