@@ -29,14 +29,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_port(port: int) -> None:
-    for _ in range(200):
+def wait_port(port: int, timeout_s: float = 10.0) -> None:
+    """Once something listens on ``port``; ``TimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return
         except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(port) from None
             time.sleep(0.05)
-    raise TimeoutError(port)
 
 
 def timed(seconds: float, step: Callable[[], int]) -> float:
