@@ -6,9 +6,12 @@ import gc
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution
 from broker_embedded.broker.writes import EndCall, HalfCall
 from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.filesystem import OsFileSystem
 from tests.store.load_writer import rss_bytes
 
 BATCH = 250
@@ -63,3 +66,40 @@ def test_deliveries_in_flight_do_not_hold_their_bodies(tmp_path: Path) -> None:
         rest = broker.receive("g", "orders", max_messages=200, max_bytes=1 << 40)
         assert [r.message.message_id for r in rest] == sent[1:]
         assert all(r.message.body == body for r in rest)
+
+
+class _IndexReads(OsFileSystem):
+    """The real file layer, counting the preads of index files."""
+
+    def __init__(self) -> None:
+        self.index_reads = 0
+        self._index_fds: set[int] = set()
+
+    def open(self, path: Path, *, create: bool = False, truncate: bool = False, read_only: bool = False) -> int:
+        fd = super().open(path, create=create, truncate=truncate, read_only=read_only)
+        (self._index_fds.add if path.parent.name == "index" else self._index_fds.discard)(fd)
+        return fd
+
+    def pread(self, fd: int, length: int, position: int) -> bytes:
+        self.index_reads += fd in self._index_fds
+        return super().pread(fd, length, position)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "found in issue 24's measurements, not fixed yet: the first half message of a new transaction looks its id "
+    "up in every index file (is it an ended transaction's?), a slot and a hash chain each, so the reads grow with "
+    "the index files the retained log has (benchmarks/results/issue24-instructions.txt)"))
+def test_a_new_transactions_first_half_reads_the_index_no_more_as_history_grows(tmp_path: Path) -> None:
+    files = _IndexReads()
+    store = StoreConfig(index_slots=64, index_entries=256, filesystem=files)  # small files: many of them soon
+    with EmbeddedBroker(tmp_path / "broker", BrokerConfig(store=store)) as broker:
+        def reads_per_new_transaction(first: int) -> float:
+            files.index_reads = 0
+            _complete_transactions(broker, first, BATCH)
+            return files.index_reads / BATCH
+
+        early = reads_per_new_transaction(0)
+        _complete_transactions(broker, BATCH, 20 * BATCH)
+        assert len(list((tmp_path / "broker" / "index").iterdir())) > 20
+        late = reads_per_new_transaction(21 * BATCH)
+    assert late <= early + 2, f"{early:.1f} index reads per new transaction at first, {late:.1f} later"
