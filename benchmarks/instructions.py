@@ -10,7 +10,8 @@ and imports cancel out). Kernel work (system calls, the fsync itself) is not cou
 is the same for both sides of a comparison and is most of what Redis spends.
 
 - server, sequential send: the broker server (``python -m broker_embedded serve``, sync
-  flush) under callgrind, a ``BrokerClient`` sending 256 B messages one at a time; next to
+  flush, no background scrub: its reads are paced in MiB per second, so a run slowed down
+  by valgrind would count more of them per operation) under callgrind, a ``BrokerClient`` sending 256 B messages one at a time; next to
   Redis (``appendonly yes, appendfsync always``) doing XADD of 256 B under callgrind, the
   issue's peer;
 - server, transaction: SEND_HALF_MESSAGE then END_TRANSACTION (COMMIT), both waited for;
@@ -144,7 +145,7 @@ def broker_server(code: Path, workload: str, ops: int) -> int:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="hm-instructions-") as folder:
         command = [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(Path(folder) / "data"),
-                   "--port", str(port), "--log-level", "WARNING"]
+                   "--port", str(port), "--log-level", "WARNING", "--scrub-rate", "0"]
         with counted_server(command, port, code) as count:
             run_client(code, port, ops, workload, under_callgrind=False)
     return count[0]
