@@ -15,6 +15,9 @@ is the same for both sides of a comparison and is most of what Redis spends.
   Redis (``appendonly yes, appendfsync always``) doing XADD of 256 B under callgrind, the
   issue's peer;
 - server, transaction: SEND_HALF_MESSAGE then END_TRANSACTION (COMMIT), both waited for;
+- server, receive + ack: a topic of ``--ops`` messages drained by a consumer group, 256 a
+  receive and one ``ack_many`` each (the count of the same run without the drain taken
+  off), next to Redis's XREADGROUP of 256 and XACK of their ids, counted the same way;
 - client, sequential send: the calling process (every thread) of those sends under
   callgrind, against a server running normally;
 - client, producer transaction: ``outbox.Producer`` as a decorated call uses it without its
@@ -44,6 +47,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from _common import code_env, free_port, halfmoon_process, machine_load, scratch_postgres, wait_port
 from outbox_overhead import app
@@ -73,6 +77,14 @@ if workload in TRANSACTIONS:
         call()
     variants.flush()
     variants.close()
+elif workload in ("fill", "drain"):
+    client = BrokerClient(url, timeout_s=600)
+    client.create_topic("instructions.drain", 4)
+    for start in range(0, ops, 256):
+        client.send_batch([Message("instructions.drain", body) for _ in range(min(256, ops - start))])
+    while workload == "drain" and (batch := client.receive("instructions", "instructions.drain", max_messages=256)):
+        assert not any(client.ack_many("instructions", [message.receipt_handle for message in batch]))
+    client.close()
 elif workload == "producer":
     from outbox import Producer
     producer = Producer(url, "instructions")
@@ -100,6 +112,12 @@ else:
 TRANSACTIONS = {"bare": "bare INSERT+COMMIT", "table": "table outbox", "decorator": "decorator, defaults"}
 
 
+def fixed_hashes(env: dict[str, str] | None) -> dict[str, str]:
+    """``env`` (None: this one's) with string hashing fixed: a seed of its own per process
+    would change dict and set layouts, and with them the counts, from run to run."""
+    return {**(os.environ if env is None else env), "PYTHONHASHSEED": "0"}
+
+
 def collected(stderr: str) -> int:
     """The instruction count callgrind prints at exit."""
     match = re.search(r"Collected : (\d+)", stderr)
@@ -118,7 +136,8 @@ def run_client(code: Path, port: int, ops: int, workload: str, under_callgrind: 
     source = f"TRANSACTIONS = {TRANSACTIONS!r}\n{CLIENT_CODE}"
     command = [*(CALLGRIND if under_callgrind else []), sys.executable, "-c", source, str(port), str(ops),
                workload, database, str(Path(__file__).resolve().parent)]
-    done = subprocess.run(command, cwd=code, env=code_env(code), capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(command, cwd=code, env=fixed_hashes(code_env(code)), capture_output=True, text=True,
+                          timeout=1800)
     if done.returncode:
         raise RuntimeError(f"the client failed:\n{done.stderr[-2000:]}")
     return done.stderr
@@ -128,7 +147,7 @@ def run_client(code: Path, port: int, ops: int, workload: str, under_callgrind: 
 def counted_server(command: list[str], port: int, code: Path | None = None) -> Iterator[list[int]]:
     """A server started under callgrind; yields a list that holds its count once it has
     stopped (SIGTERM at the end of the block)."""
-    server = subprocess.Popen([*CALLGRIND, *command], cwd=code, env=code_env(code) if code else None,
+    server = subprocess.Popen([*CALLGRIND, *command], cwd=code, env=fixed_hashes(code_env(code) if code else None),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     count: list[int] = []
     try:
@@ -167,6 +186,36 @@ def redis_server(ops: int) -> int:
     return count[0]
 
 
+def redis_drain(ops: int, drain: bool) -> int:
+    """Redis's count for a stream of ``ops`` 256 B entries, then (``drain``) read by a
+    consumer group 256 at a time (XREADGROUP) and acked (XACK of their ids)."""
+    import redis
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="hm-instructions-redis-") as folder:
+        command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", folder, "--appendonly", "yes",
+                   "--appendfsync", "always", "--save", ""]
+        with counted_server(command, port) as count:
+            client = redis.Redis(port=port)
+            pipeline = client.pipeline(transaction=False)
+            for _ in range(ops):
+                pipeline.xadd("drain", {"body": b"x" * BODY_BYTES})
+            pipeline.execute()
+            client.xgroup_create("drain", "instructions", id="0")
+            while drain:
+                read: Any = client.xreadgroup("instructions", "reader", {"drain": ">"}, count=256)
+                if not read:
+                    break
+                client.xack("drain", "instructions", *(entry_id for entry_id, _ in read[0][1]))
+            client.close()
+    return count[0]
+
+
+def drained(count: Callable[[bool], int], ops: int) -> float:
+    """Instructions per message drained: the count with the drain less the count without."""
+    return (count(True) - count(False)) / ops
+
+
 def client_side(code: Path, workload: str, ops: int, database: str = "") -> int:
     """The client process's count for ``ops`` operations of ``workload`` against a server
     running normally (this checkout's), on ``database`` for a transaction."""
@@ -175,9 +224,9 @@ def client_side(code: Path, workload: str, ops: int, database: str = "") -> int:
             return collected(run_client(code, port, ops, workload, under_callgrind=True, database=database))
 
 
-def transaction(workload: str, database: str, code: Path, ops: int) -> int:
-    """``client_side`` of one of ``TRANSACTIONS`` on ``database``."""
-    return client_side(code, workload, ops, database)
+def transaction(workload: str, database: str, code: Path, ops: int) -> float:
+    """Instructions per transaction on the client's side, one of ``TRANSACTIONS`` on ``database``."""
+    return per_op(lambda count: client_side(code, workload, count, database), ops)
 
 
 def main() -> None:
@@ -193,29 +242,36 @@ def main() -> None:
         app.create_all(engine)
         outbox_metadata.create_all(engine)
         engine.dispose()
-        measures: dict[str, Callable[[Path, int], int]] = {
-            "server, sequential send": lambda code, ops: broker_server(code, "send", ops),
-            "server, send_half + END": lambda code, ops: broker_server(code, "tx", ops),
-            "client, sequential send": lambda code, ops: client_side(code, "send", ops),
-            "client, producer transaction": lambda code, ops: client_side(code, "producer", ops),
+        measures: dict[str, Callable[[Path, int], float]] = {
+            "server, sequential send": lambda code, ops: per_op(functools.partial(broker_server, code, "send"), ops),
+            "server, send_half + END": lambda code, ops: per_op(functools.partial(broker_server, code, "tx"), ops),
+            "server, receive + ack, per message": lambda code, ops: drained(
+                lambda drain: broker_server(code, "drain" if drain else "fill", ops), ops),
+            "client, sequential send": lambda code, ops: per_op(functools.partial(client_side, code, "send"), ops),
+            "client, producer transaction": lambda code, ops: per_op(
+                functools.partial(client_side, code, "producer"), ops),
             **{f"client, {TRANSACTIONS[name]}": functools.partial(transaction, name, database) for name in TRANSACTIONS},
         }
         table(trees, measures, args)
     print(machine_load("at end"))
 
 
-def table(trees: dict[str, Path], measures: dict[str, Callable[[Path, int], int]], args: argparse.Namespace) -> None:
+def table(trees: dict[str, Path], measures: dict[str, Callable[[Path, int], float]],
+          args: argparse.Namespace) -> None:
     """Count every measure for every checkout and print them next to Redis's count."""
-    redis = per_op(redis_server, args.ops)
+    xadd = per_op(redis_server, args.ops)
+    xreadgroup = drained(functools.partial(redis_drain, args.ops), args.ops)
     rows: dict[str, dict[str, float]] = {}
     header = f"{'instructions per operation (callgrind)':<40}" + "".join(f"{name:>14}" for name in trees)
     print(f"\n{header}{'ours/baseline' if args.baseline else '':>15}{'ours/Redis':>12}")
-    print(f"{'Redis XADD, appendfsync always':<40}{redis:>14,.0f}")
+    print(f"{'Redis XADD, appendfsync always':<40}{xadd:>14,.0f}")
+    print(f"{'Redis XREADGROUP + XACK, per message':<40}{xreadgroup:>14,.0f}")
     for name, measure in measures.items():
-        counts = {tree: per_op(functools.partial(measure, code), args.ops) for tree, code in trees.items()}
+        counts = {tree: measure(code, args.ops) for tree, code in trees.items()}
         ours = counts["halfmoon"]
         line = f"{name:<40}" + "".join(f"{count:>14,.0f}" for count in counts.values())
         line += f"{ours / counts['baseline']:>15.2f}" if args.baseline else f"{'':>15}"
+        redis = xreadgroup if "receive" in name else xadd
         print(line + (f"{ours / redis:>12.1f}" if name.startswith("server") else ""))
         rows[name] = counts
     bare, table_outbox, decorated = (rows[f"client, {TRANSACTIONS[name]}"] for name in TRANSACTIONS)
