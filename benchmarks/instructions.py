@@ -1,8 +1,9 @@
 """Instructions per request (issue 24), counted by callgrind, next to Redis's: CPU work without the machine's noise.
 
 Valgrind's callgrind counts the same within about 1 % from run to run, whatever else the
-machine runs: a measure for judging a change to the hot paths where seconds only show
-noise.
+machine runs (the PostgreSQL rows within 2-6 %: whole processes of SQLAlchemy and psycopg,
+whose start-up varies): a measure for judging a change to the hot paths where seconds only
+show noise.
 
 Each figure is user-space instructions per operation: a process run under callgrind for
 1 operation and for ``--ops`` + 1 operations, the difference divided by ``--ops`` (start-up
@@ -26,7 +27,8 @@ is the same for both sides of a comparison and is most of what Redis spends.
   INSERT+COMMIT, the table outbox's (the same plus an outbox row) and the decorated call
   (defaults), each the whole calling process: SQLAlchemy, psycopg and the outbox. What the
   table outbox and the decorated call add over the bare transaction is printed after the
-  table: the issue's comparison on the client's side, without the machine's noise.
+  table: the issue's comparison on the client's side (a difference of two such counts:
+  compare it between checkouts of one run, and only for changes of ~10 % or more).
 
 ``--baseline DIR`` counts another checkout the same way (``git archive <rev> | tar -x -C
 DIR``), printed next to this one with the ratio. Run:
