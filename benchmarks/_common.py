@@ -214,6 +214,12 @@ def listening(server: subprocess.Popen[bytes], port: int) -> Iterator[None]:
         server.wait(timeout=60)
 
 
+def serve_arguments(data_dir: Path, port: int, *extra: str) -> list[str]:
+    """The arguments of ``python -m broker_embedded`` serving ``data_dir`` on ``port`` (sync
+    flush unless ``extra`` says otherwise), warnings and worse logged."""
+    return ["serve", "--data-dir", str(data_dir.resolve()), "--port", str(port), "--log-level", "WARNING", *extra]
+
+
 @contextmanager
 def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None, profile_to: Path | None = None,
                      port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
@@ -224,11 +230,8 @@ def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None, prof
     terminates it on exit."""
     port = free_port() if port is None else port
     launcher = ["-m", "broker_embedded"] if profile_to is None else ["-c", PROFILED_BROKER, str(profile_to)]
-    server = subprocess.Popen(
-        [sys.executable, *launcher, "serve", "--data-dir", str(data_dir.resolve()), "--port", str(port),
-         "--log-level", "WARNING", *extra],
-        env=code_env(code) if code else None, cwd=code,
-    )
+    server = subprocess.Popen([sys.executable, *launcher, *serve_arguments(data_dir, port, *extra)],
+                              env=code_env(code) if code else None, cwd=code)
     with listening(server, port):
         yield server, port
 
@@ -268,13 +271,18 @@ def print_profile(path: Path, title: str, operations: int, top: int = 10) -> Non
               f"{function} ({where})")
 
 
+def redis_command(folder: Path, port: int) -> list[str]:
+    """A private redis-server's command line: its files in ``folder``, on ``port``, every write
+    in its AOF and fsync'd before the answer (``appendfsync always``), no snapshots."""
+    return ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--appendonly", "yes",
+            "--appendfsync", "always", "--save", ""]
+
+
 @contextmanager
 def redis_process(folder: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A private redis-server, ``appendonly yes, appendfsync always``; yields it and its port."""
     port = free_port()
     folder.mkdir(parents=True)
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                               "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-                              stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(redis_command(folder, port), stdout=subprocess.DEVNULL)
     with listening(server, port):
         yield server, port

@@ -51,7 +51,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import code_env, free_port, halfmoon_process, machine_load, scratch_postgres, wait_port
+from _common import (
+    code_env,
+    free_port,
+    halfmoon_process,
+    machine_load,
+    redis_command,
+    scratch_postgres,
+    serve_arguments,
+    wait_port,
+)
 from outbox_overhead import app
 from sqlalchemy import create_engine
 
@@ -165,51 +174,51 @@ def broker_server(code: Path, workload: str, ops: int) -> int:
     """The broker server's count for ``ops`` operations of ``workload`` from a normal client."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="hm-instructions-") as folder:
-        command = [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(Path(folder) / "data"),
-                   "--port", str(port), "--log-level", "WARNING", "--scrub-rate", "0"]
+        command = [sys.executable, "-m", "broker_embedded",
+                   *serve_arguments(Path(folder) / "data", port, "--scrub-rate", "0")]
         with counted_server(command, port, code) as count:
             run_client(code, port, ops, workload, under_callgrind=False)
     return count[0]
 
 
-def redis_server(ops: int) -> int:
-    """Redis's count for ``ops`` XADDs of a 256 B field, one at a time, every write fsync'd."""
+@contextmanager
+def counted_redis() -> Iterator[tuple[Any, list[int]]]:
+    """A private Redis (``redis_command``) under callgrind and a client of it; the list holds
+    its count once the block has ended and it has stopped."""
     import redis
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="hm-instructions-redis-") as folder:
-        command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", folder, "--appendonly", "yes",
-                   "--appendfsync", "always", "--save", ""]
-        with counted_server(command, port) as count:
+        with counted_server(redis_command(Path(folder), port), port) as count:
             client = redis.Redis(port=port)
-            for _ in range(ops):
-                client.xadd("instructions", {"body": b"x" * BODY_BYTES})
-            client.close()
+            try:
+                yield client, count
+            finally:
+                client.close()
+
+
+def redis_server(ops: int) -> int:
+    """Redis's count for ``ops`` XADDs of a 256 B field, one at a time, every write fsync'd."""
+    with counted_redis() as (client, count):
+        for _ in range(ops):
+            client.xadd("instructions", {"body": b"x" * BODY_BYTES})
     return count[0]
 
 
 def redis_drain(ops: int, drain: bool) -> int:
     """Redis's count for a stream of ``ops`` 256 B entries, then (``drain``) read by a
     consumer group 256 at a time (XREADGROUP) and acked (XACK of their ids)."""
-    import redis
-
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="hm-instructions-redis-") as folder:
-        command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", folder, "--appendonly", "yes",
-                   "--appendfsync", "always", "--save", ""]
-        with counted_server(command, port) as count:
-            client = redis.Redis(port=port)
-            pipeline = client.pipeline(transaction=False)
-            for _ in range(ops):
-                pipeline.xadd("drain", {"body": b"x" * BODY_BYTES})
-            pipeline.execute()
-            client.xgroup_create("drain", "instructions", id="0")
-            while drain:
-                read: Any = client.xreadgroup("instructions", "reader", {"drain": ">"}, count=256)
-                if not read:
-                    break
-                client.xack("drain", "instructions", *(entry_id for entry_id, _ in read[0][1]))
-            client.close()
+    with counted_redis() as (client, count):
+        pipeline = client.pipeline(transaction=False)
+        for _ in range(ops):
+            pipeline.xadd("drain", {"body": b"x" * BODY_BYTES})
+        pipeline.execute()
+        client.xgroup_create("drain", "instructions", id="0")
+        while drain:
+            read: Any = client.xreadgroup("instructions", "reader", {"drain": ">"}, count=256)
+            if not read:
+                break
+            client.xack("drain", "instructions", *(entry_id for entry_id, _ in read[0][1]))
     return count[0]
 
 

@@ -252,7 +252,7 @@ class ClientSession(Generic[C]):
         return _method("send", message=message)
 
     def send_batch(self, messages: list[Message]) -> Call[list[SendResult | BrokerError]]:
-        return Call(RequestCode.SEND_BATCH_MESSAGE, request_body({"messages": messages}),
+        return Call(RequestCode.SEND_BATCH_MESSAGE, {"messages": messages},
                     lambda items: [outcome_from_wire(item, SendResult) for item in items])
 
     def send_half(self, message: Message, *, producer_group: str, transaction_id: str) -> Call[SendResult]:
