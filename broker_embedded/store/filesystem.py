@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import shutil
 from pathlib import Path
@@ -66,6 +67,11 @@ class FileSystem(Protocol):
     def size(self, path: Path) -> int: ...
     def mtime_ms(self, path: Path) -> float: ...
     def free_bytes(self, path: Path) -> int: ...
+
+    def map_read(self, fd: int, length: int) -> mmap.mmap:
+        """A read-only memory map of the first ``length`` bytes of ``fd`` (which may be closed
+        after: the map holds the file until it is closed)."""
+        ...
 
     def read_bytes(self, path: Path) -> bytes:
         """The whole content of ``path`` (``FileNotFoundError`` if it is missing)."""
@@ -153,6 +159,9 @@ class OsFileSystem:
     def free_bytes(self, path: Path) -> int:
         stats = os.statvfs(path)
         return stats.f_bavail * stats.f_frsize
+
+    def map_read(self, fd: int, length: int) -> mmap.mmap:
+        return mmap.mmap(fd, length, prot=mmap.PROT_READ)
 
     def read_bytes(self, path: Path) -> bytes:
         return path.read_bytes()

@@ -31,7 +31,9 @@ written with (each entry holds its predecessor). The store drops and re-adds eve
 from its checkpoint on anyway, so only entries below it must be linked on disk, and the
 checkpoint's ``persist`` wrote their slots.
 A full file is followed by a new one, created complete and fsync'd before it is renamed
-into place. The index is derived data: unreadable files are deleted and the store rebuilds
+into place. Each file has a Bloom filter of its keys (``index_filter.py``), which a lookup
+asks before it reads the file's slot: a key no file holds costs no read however many files
+the retained log has. The index is derived data: unreadable files are deleted and the store rebuilds
 the index from the commit log.
 """
 
@@ -42,11 +44,12 @@ import hashlib
 import logging
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .files import make_directories
 from .filesystem import REAL, FileSystem
+from .index_filter import SUFFIX, FilterFileError, KeyFilter, filter_path, probe
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,8 @@ class IndexFile:
         self._table: bytearray | None = None
         #: Pages of ``_table`` (by number) changed since they were last written back.
         self.dirty_pages: set[int] = set()
+        #: The keys of its entries (``MessageIndex`` sets it); None: look up without one.
+        self.filter: KeyFilter | None = None
 
     @classmethod
     def create(cls, path: Path, slots: int, capacity: int, indexed_through: int,
@@ -211,6 +216,8 @@ class IndexFile:
             packed.append(_ENTRY.pack(hash_, offset, previous))
             heads[slot] = number
         _write(self.fs, self.fd, b"".join(packed), self._entry_position(first))
+        if self.filter is not None:
+            self.filter.add(entries)
         self.count += len(entries)  # before the slots: a slot never points past the count
         low = entries[0][1]
         self.low_offset = low if self.low_offset < 0 else min(self.low_offset, low)
@@ -265,11 +272,18 @@ class IndexFile:
 
     def entries(self) -> list[tuple[int, int]]:
         """``(hash, commit log offset)`` of every entry, oldest first."""
-        found: list[tuple[int, int]] = []
+        return [(hash_, offset) for hash_, offset, _ in self._each_entry()]
+
+    def build_filter(self) -> KeyFilter:
+        """A filter in memory of the keys of its entries (read a chunk at a time)."""
+        built = KeyFilter.empty(self.capacity)
+        built.add((hash_, offset) for hash_, offset, _ in self._each_entry())
+        return built
+
+    def _each_entry(self) -> Iterator[tuple[int, int, int]]:
         for first in range(1, self.count + 1, _COUNT_CHUNK):
             raw = self.fs.pread(self.fd, min(_COUNT_CHUNK, self.count + 1 - first) * ENTRY_SIZE, self._entry_position(first))
-            found += [(hash_, offset) for hash_, offset, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE])]
-        return found
+            yield from _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE])
 
     def drop_tail(self, start: int) -> list[tuple[int, int]]:
         """Remove the ``tail`` entries from ``start`` on, unlinking them from their slots;
@@ -300,7 +314,9 @@ class IndexFile:
         _write(self.fs, self.fd, header.ljust(HEADER_SIZE, b"\0"), 0)
 
     def close(self) -> None:
-        """Close the file descriptor."""
+        """Close the file descriptor and the filter."""
+        if self.filter is not None:
+            self.filter.close()
         self.fs.close(self.fd)
 
 
@@ -356,13 +372,60 @@ class MessageIndex:
             log.warning("index file %s is unreadable (%s); rebuilding the index", path, exc)
             self._delete(files)
             return []
+        for name in names:  # the filters of deleted files (a crash between the two unlinks)
+            if name.endswith(SUFFIX) and self.directory / name.removesuffix(SUFFIX) not in paths:
+                self.fs.unlink(self.directory / name)
+        for file in files[:-1]:
+            file.filter = self._mapped_filter(file)
+        if files:
+            files[-1].filter = self._newest_filter(files[-1])
         return files
+
+    def _newest_filter(self, file: IndexFile) -> KeyFilter:
+        """The newest file's filter in memory: the one its clean close wrote, else one built
+        from its entries. The written one is deleted once read: what this run adds or drops
+        is not in it."""
+        path = filter_path(file.path)
+        try:
+            kept = KeyFilter.open(file.path, file.capacity, file.count, file.low_offset, self.fs, in_memory=True)
+        except FileNotFoundError:
+            return file.build_filter()
+        except (OSError, FilterFileError) as exc:
+            log.info("index file %s: its filter is built again (%s)", file.path.name, exc)
+            kept = file.build_filter()
+        self.fs.unlink(path)
+        self.fs.fsync_directory(self.directory)
+        return kept
+
+    def _mapped_filter(self, file: IndexFile) -> KeyFilter | None:
+        """The filter a full file's filter file holds; None (looked up without one) if it has
+        none or another's."""
+        try:
+            return KeyFilter.open(file.path, file.capacity, file.count, file.low_offset, self.fs)
+        except FileNotFoundError:
+            log.info("index file %s has no filter: its lookups read it", file.path.name)
+        except (OSError, FilterFileError) as exc:
+            log.warning("the filter of index file %s is not used (%s): its lookups read it", file.path.name, exc)
+        return None
+
+    def _seal(self, file: IndexFile) -> None:
+        """Write the filter of a full file and map it (the one in memory is dropped; a file
+        whose filter cannot be written is looked up without one)."""
+        if file.filter is None:
+            return
+        try:
+            file.filter.write(file.path, file.count, file.low_offset, self.fs)
+        except OSError:
+            log.exception("cannot write the filter of index file %s: its lookups read it", file.path.name)
+            file.filter = None
+            return
+        file.filter = self._mapped_filter(file)
 
     def _delete(self, files: list[IndexFile]) -> None:
         for file in files:
             file.close()
         for name in self.fs.listdir(self.directory):
-            if name.isdigit():
+            if name.isdigit() or name.endswith(SUFFIX):
                 self.fs.unlink(self.directory / name)
 
     def clear(self) -> None:
@@ -379,10 +442,12 @@ class MessageIndex:
         return int(self.files[0].path.name), int(self.files[-1].path.name)
 
     def _create(self, number: int, indexed_through: int | None = None) -> IndexFile:
-        return IndexFile.create(
+        file = IndexFile.create(
             self.directory / f"{number:010d}", self.slots, self.capacity,
             self.max_indexed if indexed_through is None else indexed_through, self.fs,
         )
+        file.filter = KeyFilter.empty(self.capacity)
+        return file
 
     def rewind(self, offset: int) -> None:
         """Index records from ``offset`` on again when they are re-added (recovery replays
@@ -409,6 +474,7 @@ class MessageIndex:
             while entries:
                 file = self.files[-1]
                 if file.count == file.capacity:
+                    self._seal(file)
                     file = self._create(int(file.path.name) + 1, entries[0][1])
                     self.files.append(file)
                 room = file.capacity - file.count
@@ -447,8 +513,10 @@ class MessageIndex:
     def _lookup(self, hash_: int) -> list[int]:
         found: set[int] = set()
         with self._lock:
+            tested = probe(hash_)
             for file in reversed(self.files):
-                found.update(file.lookup(hash_))
+                if file.filter is None or file.filter.passes(tested):
+                    found.update(file.lookup(hash_))
         return sorted(found)
 
     def delete_below(self, commit_log_min: int) -> int:
@@ -460,6 +528,7 @@ class MessageIndex:
                 file = self.files.pop(0)
                 self._stale_headers.discard(file)
                 file.close()
+                self.fs.unlink(filter_path(file.path), missing_ok=True)
                 self.fs.unlink(file.path)
                 deleted += 1
         return deleted
@@ -500,8 +569,16 @@ class MessageIndex:
                 file.dirty_pages |= pages
 
     def close(self) -> None:
-        """Close every file (``persist`` first to keep what was added)."""
+        """Close every file (``persist`` first to keep what was added), writing the newest
+        file's filter for the next open."""
         with self._lock:
+            newest = self.files[-1] if self.files else None
+            if newest is not None and newest.filter is not None:
+                try:
+                    newest.filter.write(newest.path, newest.count, newest.low_offset, self.fs)
+                except OSError:
+                    log.exception("cannot write the filter of index file %s: the next open builds it",
+                                  newest.path.name)
             for file in self.files:
                 file.close()
             self.files = []

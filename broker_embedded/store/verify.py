@@ -33,6 +33,7 @@ from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, UNREADABLE_BYTE, FileSystem, read_salvaging
 from .index import IndexFile, IndexFileError, key_hash
+from .index_filter import FilterFileError, KeyFilter, filter_path
 from .losses import Loss, LossLedger, Name, Namer, Place
 from .message_store import lock_directory, pinned_layout, read_checkpoint
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
@@ -678,5 +679,26 @@ class _Inspection:
         if after:
             self.report.notes.append(f"index: {after} records after the checkpoint are not in it "
                                      "(indexed on start)")
+        self._check_filters()
         for file in self.index:
             file.close()
+
+    def _check_filters(self) -> None:
+        """Each full index file's filter must hold every key of its file (lookups skip the
+        files whose filter says no); one that does not match its file is only a note: the
+        broker looks that file up without it."""
+        for file in self.index:
+            if not self.fs.exists(filter_path(file.path)):
+                continue
+            try:
+                kept = KeyFilter.open(file.path, file.capacity, file.count, file.low_offset, self.fs)
+            except (OSError, FilterFileError) as exc:
+                self.report.notes.append(f"the filter of index file {file.path.name} is not used ({exc})")
+                continue
+            try:
+                missed = sum(not kept.may_contain(hash_) for hash_, _ in file.entries())
+            finally:
+                kept.close()
+            if missed:
+                self.report.problems.append(
+                    f"the filter of index file {file.path.name} lacks {missed} of its keys: lookups miss them")

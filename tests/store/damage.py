@@ -26,6 +26,11 @@ def segments(data_dir: Path) -> list[Path]:
     return sorted(p for p in (data_dir / "commitlog").iterdir() if p.name.isdigit())
 
 
+def index_files(data_dir: Path) -> list[Path]:
+    """The index files (not their filters), oldest first."""
+    return sorted(p for p in (data_dir / "index").iterdir() if p.name.isdigit())
+
+
 def locate(data_dir: Path, commit_log_offset: int) -> tuple[Path, int]:
     """The segment file holding ``commit_log_offset`` and the position in it."""
     segment = [p for p in segments(data_dir) if int(p.name) <= commit_log_offset][-1]

@@ -21,7 +21,7 @@ from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
 from broker_embedded.topics import HALF_TOPIC
-from tests.store.damage import crash_image, cut, drain, read_topic, segments, zero
+from tests.store.damage import crash_image, cut, drain, index_files, read_topic, segments, zero
 
 BROKER = BrokerConfig(
     store=StoreConfig(segment_size=64 * 1024, checkpoint_interval_s=3600, index_slots=64, index_entries=256),
@@ -127,7 +127,7 @@ def test_damaged_queue_files_are_rebuilt(tmp_path: Path, damage: str) -> None:
 def test_deleted_index_files_are_rebuilt(tmp_path: Path, which: str) -> None:
     with MessageStore(tmp_path, STORE) as store:
         stored = [store.put(record(n)) for n in range(300)]
-    files = sorted((tmp_path / "index").iterdir())
+    files = index_files(tmp_path)
     assert len(files) >= 10
     {"newest": files[-1], "middle": files[len(files) // 2], "oldest": files[0]}[which].unlink()
     with MessageStore(tmp_path, STORE) as store:

@@ -21,8 +21,11 @@ from broker_embedded import EmbeddedBroker, Message
 from broker_embedded.cli.main import main
 from broker_embedded.errors import CorruptLogError
 from broker_embedded.store import codec
+from broker_embedded.store.filesystem import REAL
+from broker_embedded.store.index import IndexFile
+from broker_embedded.store.index_filter import KeyFilter, filter_path
 from broker_embedded.store.message_store import MessageStore
-from tests.store.damage import crash_image, cut, fingerprint, flip, segments, zero
+from tests.store.damage import crash_image, cut, fingerprint, flip, index_files, segments, zero
 from tests.store.test_damaged_files import BROKER, STORE, RecordingChecker, crashed_store, record
 
 ROOT = Path(__file__).parents[2]
@@ -169,7 +172,7 @@ def test_fsck_reports_and_repair_rebuilds_deleted_queues_and_index(
     with MessageStore(tmp_path, STORE) as store:
         stored = [store.put(record(n, queue_id=n % 2)) for n in range(300)]
     subprocess.run(["rm", "-rf", str(tmp_path / "consumequeue" / "orders" / "1")], check=True)
-    sorted((tmp_path / "index").iterdir())[3].unlink()
+    index_files(tmp_path)[3].unlink()
     code, report = tool(capsys, "fsck", "--data-dir", str(tmp_path))
     assert code == 1 and report["gaps"] == [] and report["lost"] == []
     assert any("orders/1" in p for p in report["problems"]) and any("index" in p for p in report["problems"])
@@ -180,6 +183,29 @@ def test_fsck_reports_and_repair_rebuilds_deleted_queues_and_index(
     with MessageStore(tmp_path, STORE) as store:
         assert len(ids(store, queue_id=0)) == len(ids(store, queue_id=1)) == 150
         assert all(store.lookup_message_id(r.properties["UNIQ_KEY"]) == [r.commit_log_offset] for r in stored)
+
+
+def test_fsck_finds_an_index_filter_that_lacks_keys_of_its_file_and_repair_rebuilds_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with MessageStore(tmp_path, STORE) as store:
+        stored = [store.put(record(n)) for n in range(300)]
+    files = [IndexFile.open(path) for path in index_files(tmp_path)[:3]]
+    # the first file's filter as a bug could write it, whole and CRC'd: no key of its file;
+    # the second's with a flipped bit (its CRC fails: the broker would not use it)
+    KeyFilter.empty(files[0].capacity).write(files[0].path, files[0].count, files[0].low_offset, REAL)
+    flipped = bytearray(filter_path(files[1].path).read_bytes())
+    flipped[-1] ^= 1
+    filter_path(files[1].path).write_bytes(bytes(flipped))
+    for file in files:
+        file.close()
+    code, report = tool(capsys, "fsck", "--data-dir", str(tmp_path))
+    assert code == 1 and [p for p in report["problems"] if files[0].path.name in p]
+    assert [n for n in report["notes"] if files[1].path.name in n and "not used" in n]
+    assert tool(capsys, "repair", "--data-dir", str(tmp_path))[0] == 0
+    assert tool(capsys, "fsck", "--data-dir", str(tmp_path))[0] == 0
+    with MessageStore(tmp_path, STORE) as store:
+        assert [store.lookup_message_id(f"id{n}") for n in range(300)] == [[r.commit_log_offset] for r in stored]
 
 
 def test_the_tools_run_as_commands_and_refuse_a_directory_in_use(tmp_path: Path) -> None:

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.filesystem import REAL, OsFileSystem
 from broker_embedded.store.index import HEADER_SIZE, MessageIndex
+from broker_embedded.store.index_filter import KeyFilter, filter_path
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
+from tests.store.damage import crash_image, index_files
 from tests.store.load_writer import load_until_killed, rss_bytes
 from tests.store.test_message_store import tiny_filesystem  # noqa: F401 (a fixture)
 
@@ -29,6 +36,13 @@ def fill(store: MessageStore, count: int) -> list[StoredRecord]:
     return [
         store.put(record(topic=f"t{n % 2}", UNIQ_KEY=f"id{n}", KEYS=f"k{n % 5} all"))
         for n in range(count)
+    ]
+
+
+def fill_more(store: MessageStore, first: int, count: int) -> list[StoredRecord]:
+    return [
+        store.put(record(topic=f"t{n % 2}", UNIQ_KEY=f"id{n}", KEYS=f"k{n % 5} all"))
+        for n in range(first, first + count)
     ]
 
 
@@ -56,7 +70,7 @@ def test_lookups_with_long_chains_shared_slots_and_many_files_survive_reopen(tmp
         stored = fill(store, 300)
         assert every_lookup(store, 300) == expected_lookups(stored)
         assert store.lookup_message_id("id300") == [] and store.lookup_key("t0", "k9") == []
-    assert len(list((tmp_path / "index").iterdir())) >= 300 * 3 // 7
+    assert len(index_files(tmp_path)) >= 300 * 3 // 7
     with MessageStore(tmp_path, TINY) as store:
         assert every_lookup(store, 300) == expected_lookups(stored)
         many = store.put(record(UNIQ_KEY="many", KEYS=" ".join(f"m{n}" for n in range(20))))
@@ -145,7 +159,7 @@ def test_an_unreadable_or_legacy_index_is_rebuilt_with_a_warning(
     with MessageStore(tmp_path, TINY) as store:
         stored = fill(store, 60)
     index_dir = tmp_path / "index"
-    middle = sorted(index_dir.iterdir())[5]
+    middle = index_files(tmp_path)[5]
     if damage == "garbage header":
         with middle.open("r+b") as f:
             f.write(os.urandom(HEADER_SIZE))
@@ -166,10 +180,10 @@ def test_an_unreadable_or_legacy_index_is_rebuilt_with_a_warning(
 def test_retention_deletes_index_files_below_the_log_minimum(tmp_path: Path) -> None:
     with MessageStore(tmp_path, TINY) as store:
         stored = fill(store, 300)
-        before = sorted(path.name for path in (tmp_path / "index").iterdir())
+        before = [path.name for path in index_files(tmp_path)]
         assert store.delete_expired_segments(now_ms=2**62) > 0
         first = store.commitlog.min_offset
-        after = sorted(path.name for path in (tmp_path / "index").iterdir())
+        after = [path.name for path in index_files(tmp_path)]
         assert before[0] not in after and after == before[-len(after):]
         assert all(file.high_offset >= first for file in store.index.files)
         kept = [r for r in stored if r.commit_log_offset >= first]
@@ -183,7 +197,7 @@ def test_retention_deletes_index_files_below_the_log_minimum(tmp_path: Path) -> 
 def test_every_acknowledged_record_is_found_by_id_after_sigkill(tmp_path: Path) -> None:
     acknowledged = load_until_killed(tmp_path, 4000, segment_size=64 * 1024, checkpoint_interval_s=0.2,
                                      index_slots=64, index_entries=500)
-    assert len(list((tmp_path / "index").iterdir())) > 4
+    assert len(index_files(tmp_path)) > 4
     with MessageStore(tmp_path) as store:
         for a in acknowledged:
             assert store.lookup_message_id(a.message_id) == [a.commit_log_offset], a.message_id
@@ -235,3 +249,126 @@ def test_entries_a_full_disk_refused_are_indexed_at_the_next_open(
             [r.commit_log_offset] for r in stored
         ]
         assert store.put(record()).queue_offset == 600
+
+
+class _IndexPreads(OsFileSystem):
+    """The real file system, counting the preads of index files (not their filters) and
+    refusing to write filters while ``full``."""
+
+    def __init__(self) -> None:
+        self.index_preads = 0
+        self.full = False
+        self._index_fds: set[int] = set()
+        self._filter_fds: set[int] = set()
+
+    def open(self, path: Path, *, create: bool = False, truncate: bool = False, read_only: bool = False) -> int:
+        fd = super().open(path, create=create, truncate=truncate, read_only=read_only)
+        for fds, wanted in ((self._index_fds, path.name.isdigit()), (self._filter_fds, ".filter" in path.name)):
+            (fds.add if wanted else fds.discard)(fd)
+        return fd
+
+    def pread(self, fd: int, length: int, position: int) -> bytes:
+        self.index_preads += fd in self._index_fds
+        return super().pread(fd, length, position)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, position: int) -> int:
+        if self.full and fd in self._filter_fds:
+            raise OSError(errno.ENOSPC, "no space left for an index filter")
+        return super().pwrite(fd, data, position)
+
+
+def test_full_index_files_get_filters_that_spare_lookups_of_absent_keys_their_reads(tmp_path: Path) -> None:
+    fs = _IndexPreads()
+    config = replace(TINY, filesystem=fs)
+    with MessageStore(tmp_path, config) as store:
+        stored = fill(store, 298)
+        closed = index_files(tmp_path)[:-1]
+        assert len(closed) > 100 and all(filter_path(path).exists() for path in closed)
+        assert not filter_path(index_files(tmp_path)[-1]).exists()  # the newest's is in memory
+    assert filter_path(index_files(tmp_path)[-1]).exists()  # written at the clean close
+    with MessageStore(tmp_path, config) as store:
+        assert not filter_path(index_files(tmp_path)[-1]).exists()  # read back, and its keys added to
+        stored += fill_more(store, 298, 2)
+        assert every_lookup(store, 300) == expected_lookups(stored)  # no key a filter misses
+        crashed = crash_image(tmp_path, tmp_path.with_name(tmp_path.name + "-crashed"))
+    with MessageStore(crashed, TINY) as store:  # the newest's filter built from its entries
+        assert every_lookup(store, 300) == expected_lookups(stored)
+    with MessageStore(tmp_path, config) as store:
+        fs.index_preads = 0
+        assert all(store.lookup_message_id(f"absent-{n}") == [] for n in range(200))
+        # without filters: a slot and a chain of ~2 entries in each of the files, per lookup
+        assert fs.index_preads < 200 * len(closed) / 5, fs.index_preads
+
+
+@pytest.mark.parametrize("damage", ["a flipped bit", "another file's", "cut short", "missing"])
+def test_a_filter_that_is_not_its_files_is_not_used_and_lookups_stay_whole(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with MessageStore(tmp_path, TINY) as store:
+        stored = fill(store, 60)
+    victim = filter_path(index_files(tmp_path)[3])
+    if damage == "a flipped bit":  # one key's bit cleared: without the CRC a lookup would miss it
+        data = bytearray(victim.read_bytes())
+        data[-8:] = bytes(8)
+        victim.write_bytes(bytes(data))
+    elif damage == "another file's":
+        shutil.copy(filter_path(index_files(tmp_path)[4]), victim)
+    elif damage == "cut short":
+        with victim.open("r+b") as f:
+            f.truncate(20)
+    else:
+        victim.unlink()
+    with caplog.at_level(logging.INFO), MessageStore(tmp_path, TINY) as store:
+        assert every_lookup(store, 60) == expected_lookups(stored)
+        stored += fill_more(store, 60, 30)
+        assert every_lookup(store, 90) == expected_lookups(stored)
+    assert f"index file {index_files(tmp_path)[3].name} has no filter" in caplog.text if damage == "missing" \
+        else f"the filter of index file {index_files(tmp_path)[3].name} is not used" in caplog.text
+
+
+def test_a_filter_the_disk_refuses_leaves_its_file_looked_up_without_one(tmp_path: Path) -> None:
+    fs = _IndexPreads()
+    fs.full = True
+    with MessageStore(tmp_path, replace(TINY, filesystem=fs)) as store:
+        stored = fill(store, 40)
+        assert every_lookup(store, 40) == expected_lookups(stored)
+        fs.full = False
+        stored += fill_more(store, 40, 40)
+        assert every_lookup(store, 80) == expected_lookups(stored)
+    files = index_files(tmp_path)
+    unfiltered = [path for path in files[:-1] if not filter_path(path).exists()]
+    assert unfiltered and unfiltered == files[: len(unfiltered)]  # the files sealed while the disk was full
+    assert not list((tmp_path / "index").glob("*.tmp"))
+    with MessageStore(tmp_path, TINY) as store:
+        assert every_lookup(store, 80) == expected_lookups(stored)
+
+
+def test_filters_go_with_their_files_and_a_leftover_one_is_removed(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, TINY) as store:
+        stored = fill(store, 300)
+        assert store.delete_expired_segments(now_ms=2**62) > 0
+        kept = {path.name for path in index_files(tmp_path)}
+        assert {path.name.removesuffix(".filter") for path in (tmp_path / "index").glob("*.filter")} <= kept
+    orphan = tmp_path / "index" / "0000000000.filter"  # a crash between a file's unlink and its filter's
+    shutil.copy(filter_path(index_files(tmp_path)[0]), orphan)
+    with MessageStore(tmp_path, TINY) as store:
+        assert not orphan.exists()
+        assert store.lookup_message_id("id299") == [stored[-1].commit_log_offset]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=2**64 - 1), max_size=300), st.integers(min_value=1, max_value=400))
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_filter_holds_every_key_added_to_it_in_memory_and_from_its_file(
+    tmp_path: Path, hashes: list[int], capacity: int,
+) -> None:
+    added = KeyFilter.empty(capacity)
+    added.add((h, 0) for h in hashes)
+    path = tmp_path / "0000000001"
+    added.write(path, len(hashes), 5, REAL)
+    mapped = KeyFilter.open(path, capacity, len(hashes), 5, REAL)
+    try:
+        assert all(added.may_contain(h) and mapped.may_contain(h) for h in hashes)
+        probes = [h * 0x9E3779B97F4A7C15 % 2**64 or 1 for h in range(1, 200)]
+        assert [added.may_contain(h) for h in probes] == [mapped.may_contain(h) for h in probes]
+    finally:
+        mapped.close()
