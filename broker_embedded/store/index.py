@@ -377,6 +377,10 @@ class MessageIndex:
                 self.fs.unlink(self.directory / name)
         for file in files[:-1]:
             file.filter = self._mapped_filter(file)
+        if unfiltered := [file.path.name for file in files[:-1] if file.filter is None]:
+            log.info("%d index files (%s to %s) have no filter (an older version wrote them, or theirs was "
+                     "not usable): their lookups read them until retention deletes them",
+                     len(unfiltered), unfiltered[0], unfiltered[-1])
         if files:
             files[-1].filter = self._newest_filter(files[-1])
         return files
@@ -403,7 +407,7 @@ class MessageIndex:
         try:
             return KeyFilter.open(file.path, file.capacity, file.count, file.low_offset, self.fs)
         except FileNotFoundError:
-            log.info("index file %s has no filter: its lookups read it", file.path.name)
+            pass
         except (OSError, FilterFileError) as exc:
             log.warning("the filter of index file %s is not used (%s): its lookups read it", file.path.name, exc)
         return None

@@ -88,7 +88,7 @@ class KeyFilter:
     @classmethod
     def empty(cls, capacity: int) -> KeyFilter:
         """A filter holding no key, for an index file with room for ``capacity`` entries."""
-        return cls(array("Q", bytes(8 * words_for(capacity))))
+        return cls(array("Q", [0]) * words_for(capacity))
 
     def add(self, entries: Iterable[tuple[int, int]]) -> None:
         """Add the key hashes of index entries ``(hash, commit log offset)`` (a filter in

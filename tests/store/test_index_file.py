@@ -322,8 +322,9 @@ def test_a_filter_that_is_not_its_files_is_not_used_and_lookups_stay_whole(
         assert every_lookup(store, 60) == expected_lookups(stored)
         stored += fill_more(store, 60, 30)
         assert every_lookup(store, 90) == expected_lookups(stored)
-    assert f"index file {index_files(tmp_path)[3].name} has no filter" in caplog.text if damage == "missing" \
-        else f"the filter of index file {index_files(tmp_path)[3].name} is not used" in caplog.text
+    name = index_files(tmp_path)[3].name
+    assert f"1 index files ({name} to {name}) have no filter" in caplog.text
+    assert (f"the filter of index file {name} is not used" in caplog.text) is (damage != "missing")
 
 
 def test_a_filter_the_disk_refuses_leaves_its_file_looked_up_without_one(tmp_path: Path) -> None:
