@@ -16,14 +16,17 @@ each of ``--files`` files; there, ``--transactions`` more, measured: preads of i
 a late half of its first transaction is still refused.
 
 ``--open-full``: this checkout alone, one default-size index file (4M entries) filled to
-its last thousand entries, then opened after a clean close and again as a crash leaves it
-(no filter written: it is built from the file's entries).
+its last thousand entries with a checkpoint every 262,144, then opened after a clean close,
+as a crash leaves it (the filter a checkpoint wrote, up to an eighth of the file before:
+the keys of the entries since are added) and without a filter file (an older version's, or
+a crash before any checkpoint wrote one: built from all its entries).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,25 +95,32 @@ def child(files: list[int], transactions: int) -> None:
 
 
 def open_full() -> None:
-    """Time opening a default-size index file nearly full, after a clean close and after a crash."""
+    """Time opening a default-size index file nearly full: after a clean close, as a crash
+    leaves it (its filter written by a checkpoint up to an eighth of the file before), and
+    without a filter file."""
     from broker_embedded.store.config import StoreConfig
     from broker_embedded.store.index import MessageIndex
+    from broker_embedded.store.index_filter import filter_path
 
     config = StoreConfig()
     with tempfile.TemporaryDirectory() as data:
-        directory = Path(data) / "index"
-        index = MessageIndex(directory, config.index_slots, config.index_entries)
+        clean, crashed, unfiltered = (Path(data) / name for name in ("clean", "crashed", "unfiltered"))
+        index = MessageIndex(clean, config.index_slots, config.index_entries)
         offset, batch = 0, 4096
         while offset + batch < config.index_entries - 1000:
             index.add_many([("orders", f"m-{offset + n}", [], offset + n) for n in range(batch)])
             offset += batch
+            if offset // batch % 64 == 0:  # a checkpoint about every 262,000 entries
+                index.persist(index.unpersisted())
         index.persist(index.unpersisted())
+        shutil.copytree(clean, crashed)  # as a SIGKILL leaves it: nothing closed
         index.close()
+        shutil.copytree(crashed, unfiltered)
+        newest = filter_path(sorted(p for p in unfiltered.iterdir() if p.name.isdigit())[-1])
+        newest.unlink()
         timings = {}
-        for how in ("after a clean close", "after a crash"):
-            if how == "after a crash":
-                for written in directory.glob("*.filter"):
-                    written.unlink()
+        for how, directory in (("after a clean close", clean), ("after a crash", crashed),
+                               ("without a filter file", unfiltered)):
             started = time.perf_counter()
             index = MessageIndex(directory, config.index_slots, config.index_entries)
             timings[how] = time.perf_counter() - started

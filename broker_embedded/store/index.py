@@ -62,6 +62,9 @@ _ENTRY = struct.Struct(">QQI")
 ENTRY_SIZE = _ENTRY.size  # 20
 _COUNT_CHUNK = 4096  # entries read per pread when counting entries past the header's count
 _SLOT_PAGE = 4096  # slot table bytes written back together
+#: The newest file's filter is written at a checkpoint once this fraction of its room was
+#: added since it last was (a crash costs the next open the keys of at most that many).
+FILTER_WRITES = 8
 
 
 class IndexFileError(ValueError):
@@ -274,14 +277,16 @@ class IndexFile:
         """``(hash, commit log offset)`` of every entry, oldest first."""
         return [(hash_, offset) for hash_, offset, _ in self._each_entry()]
 
-    def build_filter(self) -> KeyFilter:
-        """A filter in memory of the keys of its entries (read a chunk at a time)."""
-        built = KeyFilter.empty(self.capacity)
-        built.add((hash_, offset) for hash_, offset, _ in self._each_entry())
+    def completed_filter(self, kept: KeyFilter | None) -> KeyFilter:
+        """A filter in memory of the keys of its entries: ``kept`` (covering the first
+        ``kept.covered``) with the keys of the entries after those, or a new one with all
+        (read a chunk at a time)."""
+        built = kept if kept is not None else KeyFilter.empty(self.capacity)
+        built.add((hash_, offset) for hash_, offset, _ in self._each_entry(built.covered + 1))
         return built
 
-    def _each_entry(self) -> Iterator[tuple[int, int, int]]:
-        for first in range(1, self.count + 1, _COUNT_CHUNK):
+    def _each_entry(self, start: int = 1) -> Iterator[tuple[int, int, int]]:
+        for first in range(start, self.count + 1, _COUNT_CHUNK):
             raw = self.fs.pread(self.fd, min(_COUNT_CHUNK, self.count + 1 - first) * ENTRY_SIZE, self._entry_position(first))
             yield from _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE])
 
@@ -348,6 +353,8 @@ class MessageIndex:
         self.fs = fs
         make_directories(directory, fs)
         self._lock = threading.Lock()  # lookups against deleting and closing files
+        #: A full file's filter written as it is sealed, against a checkpoint's write of it.
+        self._filter_writes = threading.Lock()
         self._stale_headers: set[IndexFile] = set()
         self.files = self._open_files()
         self.max_indexed = self.files[-1].indexed_through if self.files else -1
@@ -386,20 +393,22 @@ class MessageIndex:
         return files
 
     def _newest_filter(self, file: IndexFile) -> KeyFilter:
-        """The newest file's filter in memory: the one its clean close wrote, else one built
-        from its entries. The written one is deleted once read: what this run adds or drops
-        is not in it."""
+        """The newest file's filter in memory: the one a checkpoint or the clean close wrote,
+        with the keys of the entries written since, else one built from all its entries.
+        The written one is deleted once read: what this run drops or adds is not in it."""
         path = filter_path(file.path)
         try:
             kept = KeyFilter.open(file.path, file.capacity, file.count, file.low_offset, self.fs, in_memory=True)
         except FileNotFoundError:
-            return file.build_filter()
+            return file.completed_filter(None)
         except (OSError, FilterFileError) as exc:
             log.info("index file %s: its filter is built again (%s)", file.path.name, exc)
-            kept = file.build_filter()
+            kept = None
         self.fs.unlink(path)
         self.fs.fsync_directory(self.directory)
-        return kept
+        completed = file.completed_filter(kept)
+        completed.covered = 0  # its file is gone
+        return completed
 
     def _mapped_filter(self, file: IndexFile) -> KeyFilter | None:
         """The filter a full file's filter file holds; None (looked up without one) if it has
@@ -415,15 +424,16 @@ class MessageIndex:
     def _seal(self, file: IndexFile) -> None:
         """Write the filter of a full file and map it (the one in memory is dropped; a file
         whose filter cannot be written is looked up without one)."""
-        if file.filter is None:
-            return
-        try:
-            file.filter.write(file.path, file.count, file.low_offset, self.fs)
-        except OSError:
-            log.exception("cannot write the filter of index file %s: its lookups read it", file.path.name)
-            file.filter = None
-            return
-        file.filter = self._mapped_filter(file)
+        with self._filter_writes:
+            if file.filter is None:
+                return
+            try:
+                file.filter.write(file.path, file.count, file.low_offset, self.fs)
+            except OSError:
+                log.exception("cannot write the filter of index file %s: its lookups read it", file.path.name)
+                file.filter = None
+                return
+            file.filter = self._mapped_filter(file)
 
     def _delete(self, files: list[IndexFile]) -> None:
         for file in files:
@@ -556,6 +566,7 @@ class MessageIndex:
         fsync again (no slot or count on disk points at an entry that is not); a file that
         takes no more entries then forgets its slot table."""
         for file, pages in files:
+            durable = file.count  # entries written before the fsync
             self.fs.fsync(file.fd)
             file.write_slots(pages)
             if file is self.files[-1]:
@@ -564,6 +575,8 @@ class MessageIndex:
             self.fs.fsync(file.fd)
             if file is not self.files[-1]:
                 file.release_table()
+            elif file.filter is not None and durable - file.filter.covered >= max(1, file.capacity // FILTER_WRITES):
+                self._write_newest_filter(file, durable)
 
     def restore(self, files: Unpersisted) -> None:
         """Take back files whose ``persist`` failed, to retry at the next checkpoint."""
@@ -572,17 +585,27 @@ class MessageIndex:
                 self._stale_headers.add(file)
                 file.dirty_pages |= pages
 
+    def _write_newest_filter(self, file: IndexFile, covered: int) -> None:
+        """Write the newest file's filter as covering its first ``covered`` entries (durable
+        ones), for the next open to start from (a failure costs that open a longer build)."""
+        with self._filter_writes:
+            kept = file.filter
+            if kept is None or file is not self.files[-1]:
+                return  # sealed meanwhile: its whole filter is written
+            try:
+                kept.write(file.path, covered, file.low_offset, self.fs)
+            except OSError:
+                log.exception("cannot write the filter of index file %s: the next open builds it", file.path.name)
+                return
+            kept.covered = covered
+
     def close(self) -> None:
         """Close every file (``persist`` first to keep what was added), writing the newest
         file's filter for the next open."""
         with self._lock:
             newest = self.files[-1] if self.files else None
             if newest is not None and newest.filter is not None:
-                try:
-                    newest.filter.write(newest.path, newest.count, newest.low_offset, self.fs)
-                except OSError:
-                    log.exception("cannot write the filter of index file %s: the next open builds it",
-                                  newest.path.name)
+                self._write_newest_filter(newest, newest.count)
             for file in self.files:
                 file.close()
             self.files = []

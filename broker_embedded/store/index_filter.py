@@ -12,9 +12,10 @@ costs a third more, on every record's way to the index); a filter never misses a
 added to it. The file taking entries keeps its filter in memory and adds its entries' keys to it; a
 full file's filter is written next to it before the next file is created, and read from
 then on through a read-only memory map (the kernel keeps the probed pages, nothing grows
-in the process's heap). The newest file's filter is written at a clean close and read
-back (then deleted) at the next open; after a crash it is built again from the file's
-entries (~1 s per million entries). A filter file
+in the process's heap). The newest file's filter is also written at checkpoints, once
+an eighth of the file's room was added since the last time, and at a clean close; the
+next open reads it back (then deletes it: what that run drops or adds is not in it) and
+adds the keys of the entries written after it (~1 s per million entries). A filter file
 ``<index file number>.filter`` is::
 
     header 32 bytes: magic u32, version u16, 0 u16, word count u32, entries covered u32,
@@ -80,10 +81,12 @@ class KeyFilter:
     """The filter of one index file: in memory while the file takes entries (``empty``),
     memory-mapped from its filter file once full (``open``)."""
 
-    def __init__(self, words: array[int] | memoryview, mapped: mmap.mmap | None = None) -> None:
+    def __init__(self, words: array[int] | memoryview, mapped: mmap.mmap | None = None, covered: int = 0) -> None:
         self._words = words
         self._count = len(words)
         self._mapped = mapped
+        #: The entries of its index file it held when it was written (read from its file).
+        self.covered = covered
 
     @classmethod
     def empty(cls, capacity: int) -> KeyFilter:
@@ -136,10 +139,10 @@ class KeyFilter:
     def open(cls, path: Path, capacity: int, count: int, low_offset: int, fs: FileSystem,
              *, in_memory: bool = False) -> KeyFilter:
         """The filter of the index file at ``path`` (room for ``capacity`` entries, ``count``
-        of them there, the lowest at ``low_offset``), mapped, or read into memory to take
-        more keys (``in_memory``: a filter of exactly ``count`` entries, the newest file's
-        as a clean close left it); ``FilterFileError`` if it is not that file's,
-        ``FileNotFoundError`` if it has none."""
+        of them there, the lowest at ``low_offset``), mapped (it must cover them all), or
+        read into memory to take more keys (``in_memory``: the newest file's, covering its
+        first ``covered`` entries, those durable when it was written); ``FilterFileError``
+        if it is not that file's, ``FileNotFoundError`` if it has none."""
         fd = fs.open(filter_path(path), read_only=True)
         try:
             size = fs.fsize(fd)
@@ -154,7 +157,7 @@ class KeyFilter:
                 raise FilterFileError(f"bad magic {magic:#x} or version {version}")
             if words != words_for(capacity) or size != HEADER_SIZE + 8 * words:
                 raise FilterFileError(f"{words} words in {size} bytes, not the {words_for(capacity)} of its file")
-            if covered < count or (in_memory and covered != count) or low != low_offset:
+            if (covered > count if in_memory else covered < count) or low != low_offset:
                 raise FilterFileError(f"it covers {covered} entries from commit log offset {low}, "
                                       f"its file has {count} from {low_offset}")
             copied = array("Q")
@@ -162,7 +165,7 @@ class KeyFilter:
                 if crc32c.crc32c(body) != crc:
                     raise FilterFileError("its words do not match their CRC")
                 if sys.byteorder == "little" and not in_memory:
-                    return cls(body.cast("Q"), mapped)  # a view of its own: the map stays open
+                    return cls(body.cast("Q"), mapped, covered)  # a view of its own: the map stays open
                 copied.frombytes(body)
         except BaseException:
             mapped.close()
@@ -170,7 +173,7 @@ class KeyFilter:
         mapped.close()
         if sys.byteorder != "little":
             copied.byteswap()
-        return cls(copied)
+        return cls(copied, covered=covered)
 
     def close(self) -> None:
         """Release the memory map (a filter in memory: nothing to do)."""
