@@ -36,6 +36,7 @@ what the store's own locks give (the simulated store runs no background work).
 from __future__ import annotations
 
 import errno
+import mmap
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -357,6 +358,15 @@ class SimulatedDisk:
         if inode.bad_pages and any(page in inode.bad_pages for page in range(position // PAGE, (end - 1) // PAGE + 1)):
             raise OSError(errno.EIO, "input/output error (latent sector error)")
         return bytes(inode.data[position:end])
+
+    def map_read(self, fd: int, length: int) -> mmap.mmap:
+        """A copy of the file's first ``length`` bytes as they read now, in an anonymous map
+        (the store maps only files it never writes again; a latent sector error in the
+        range fails the map with EIO, where a real map would fail the read of that page)."""
+        data = self.pread(fd, length, 0)
+        mapped = mmap.mmap(-1, max(1, len(data)))
+        mapped[: len(data)] = data
+        return mapped
 
     def preadinto(self, fd: int, buffer: bytearray, position: int) -> int:
         data = self.pread(fd, len(buffer), position)
