@@ -451,6 +451,11 @@ class TxSimulation:
                           f"messages {sorted(tx.halves)}: {outcome}")
             self.step(f"{what}: unknown (no half message stored)")
             return
+        if isinstance(outcome, TransactionConflictError) and str(outcome).endswith("failed; try again"):
+            # the same resolution, sent a moment before, was held for the next fsync and dropped
+            # when its write failed: the transaction stays pending, this END decided nothing
+            self.step(f"{what}: refused for now (a concurrent {resolution.value} failed)")
+            return
         if isinstance(outcome, TransactionConflictError):
             if not opposite:
                 self.fail(f"{what}: refused, against the fenced row (the model: {tx.decided}): {outcome}")
