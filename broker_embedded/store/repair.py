@@ -83,10 +83,10 @@ def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL,
     with locked(data_dir, shared=False, fs=fs):
         check = inspect(data_dir, namer, fs)
         config = pinned_layout(data_dir, dataclasses.replace(config or StoreConfig(), filesystem=fs))
-        if check.lost_count:
-            # before any byte that names them is moved or deleted: after a crash from here on
-            # the store may open, and nothing would be left to find these losses by
-            _record_losses(LossLedger(data_dir, fs), check)
+        # before any byte that names them is moved or deleted: after a crash from here on
+        # the store may open, and nothing would be left to find these losses by (also when
+        # none is counted: a range whose records nothing counts is a loss of its own)
+        _record_losses(LossLedger(data_dir, fs), check)
         aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
         moved_to = _move_aside(data_dir, config.segment_size, aside, check, fs) if aside else None
         for derived in ("consumequeue", "index"):
