@@ -32,8 +32,8 @@ from its checkpoint on anyway, so only entries below it must be linked on disk, 
 checkpoint's ``persist`` wrote their slots.
 A full file is followed by a new one, created complete and fsync'd before it is renamed
 into place. Each file has a Bloom filter of its keys (``index_filter.py``), which a lookup
-asks before it reads the file's slot: a key no file holds costs no read however many files
-the retained log has. The index is derived data: unreadable files are deleted and the store rebuilds
+asks before it reads the file's slot: a key no file holds is read for in the ~0.8 % of
+files whose filter lets it through, however many files the retained log has. The index is derived data: unreadable files are deleted and the store rebuilds
 the index from the commit log.
 """
 
@@ -590,7 +590,7 @@ class MessageIndex:
         ones), for the next open to start from (a failure costs that open a longer build)."""
         with self._filter_writes:
             kept = file.filter
-            if kept is None or file is not self.files[-1]:
+            if kept is None or kept.mapped or file is not self.files[-1]:
                 return  # sealed meanwhile: its whole filter is written
             try:
                 kept.write(file.path, covered, file.low_offset, self.fs)

@@ -88,6 +88,11 @@ class KeyFilter:
         #: The entries of its index file it held when it was written (read from its file).
         self.covered = covered
 
+    @property
+    def mapped(self) -> bool:
+        """Whether it is read from its file (a full index file's), not held in memory."""
+        return self._mapped is not None
+
     @classmethod
     def empty(cls, capacity: int) -> KeyFilter:
         """A filter holding no key, for an index file with room for ``capacity`` entries."""
