@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from .filesystem import REAL, FileSystem
@@ -20,15 +21,21 @@ def make_directories(directory: Path, fs: FileSystem = REAL) -> None:
 
 def write_atomically(path: Path, data: bytes, fs: FileSystem = REAL) -> None:
     """Replace ``path`` with ``data``: written, fsync'd, renamed, directory fsync'd; a crash
-    leaves either the old file or the new one."""
+    leaves either the old file or the new one, a failed write (disk full) the old one and
+    no temporary file."""
     tmp = path.with_name(path.name + ".tmp")
     fd = fs.open(tmp, create=True, truncate=True)
     try:
-        written = 0
-        while written < len(data):
-            written += fs.pwrite(fd, data[written:], written)
-        fs.fsync(fd)
-    finally:
-        fs.close(fd)
-    fs.replace(tmp, path)
+        try:
+            written = 0
+            while written < len(data):
+                written += fs.pwrite(fd, data[written:], written)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        fs.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            fs.unlink(tmp, missing_ok=True)
+        raise
     fs.fsync_directory(path.parent)

@@ -29,7 +29,6 @@ without a filter, as are the files of a version that wrote none.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import struct
 import sys
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import crc32c
 
+from .files import write_atomically
 from .filesystem import FileSystem
 
 MAGIC = 0x484D4946  # "HMIF"
@@ -123,22 +123,7 @@ class KeyFilter:
             words.byteswap()
         body = words.tobytes()
         header = _HEADER.pack(MAGIC, VERSION, 0, len(words), covered, low_offset, crc32c.crc32c(body))
-        target = filter_path(path)
-        tmp = target.with_name(target.name + ".tmp")
-        fd = fs.open(tmp, create=True, truncate=True)
-        try:
-            try:
-                for data, position in ((header.ljust(HEADER_SIZE, b"\0"), 0), (body, HEADER_SIZE)):
-                    if fs.pwrite(fd, data, position) != len(data):
-                        raise OSError(errno.ENOSPC, "short write of an index filter")
-                fs.fsync(fd)
-            finally:
-                fs.close(fd)
-            fs.replace(tmp, target)
-        except OSError:
-            fs.unlink(tmp, missing_ok=True)
-            raise
-        fs.fsync_directory(target.parent)
+        write_atomically(filter_path(path), header.ljust(HEADER_SIZE, b"\0") + body, fs)
 
     @classmethod
     def open(cls, path: Path, capacity: int, count: int, low_offset: int, fs: FileSystem,
