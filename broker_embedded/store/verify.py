@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import itertools
 import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, UNREADABLE_BYTE, FileSystem, read_salvaging
 from .index import IndexFile, IndexFileError, key_hash
-from .index_filter import FilterFileError, KeyFilter, filter_path
+from .index_filter import FilterFileError, KeyFilter
 from .losses import Loss, LossLedger, Name, Namer, Place
 from .message_store import lock_directory, pinned_layout, read_checkpoint
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
@@ -684,19 +685,24 @@ class _Inspection:
             file.close()
 
     def _check_filters(self) -> None:
-        """Each full index file's filter must hold every key of its file (lookups skip the
-        files whose filter says no); one that does not match its file is only a note: the
-        broker looks that file up without it."""
+        """Each index file's filter must hold every key it covers of its file (lookups skip
+        the files whose filter says no): a full file's all of them, the newest file's those
+        a checkpoint or the clean close wrote it with (the broker adds the rest as it
+        opens). One that does not match its file is only a note: the broker looks that
+        file up without it, or builds the newest's again."""
         for file in self.index:
-            if not self.fs.exists(filter_path(file.path)):
-                continue
+            newest = file is self.index[-1]
             try:
-                kept = KeyFilter.open(file.path, file.capacity, file.count, file.low_offset, self.fs)
+                kept = KeyFilter.open(file.path, file.capacity, file.count, file.low_offset, self.fs,
+                                      in_memory=newest)
+            except FileNotFoundError:
+                continue
             except (OSError, FilterFileError) as exc:
                 self.report.notes.append(f"the filter of index file {file.path.name} is not used ({exc})")
                 continue
             try:
-                missed = sum(not kept.may_contain(hash_) for hash_, _ in file.entries())
+                covered = itertools.islice(file.entries(), kept.covered if newest else None)
+                missed = sum(not kept.may_contain(hash_) for hash_, _ in covered)
             finally:
                 kept.close()
             if missed:

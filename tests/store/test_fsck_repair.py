@@ -208,6 +208,23 @@ def test_fsck_finds_an_index_filter_that_lacks_keys_of_its_file_and_repair_rebui
         assert [store.lookup_message_id(f"id{n}") for n in range(300)] == [[r.commit_log_offset] for r in stored]
 
 
+def test_fsck_checks_the_newest_index_filter_a_checkpoint_wrote_as_the_broker_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with MessageStore(tmp_path, STORE) as store:
+        for n in range(300):
+            store.put(record(n))
+        store.checkpoint()  # writes the newest file's filter, covering its entries so far
+        newest = index_files(tmp_path)[-1]
+        assert filter_path(newest).exists()
+        for n in range(300, 303):
+            store.put(record(n))  # past what it covers, as a crash leaves it
+        crashed = crash_image(tmp_path, tmp_path.with_name(tmp_path.name + "-crashed"))
+    code, report = tool(capsys, "fsck", "--data-dir", str(crashed))
+    assert code == 0, report
+    assert not [note for note in report["notes"] if "filter" in note], report["notes"]
+
+
 def test_the_tools_run_as_commands_and_refuse_a_directory_in_use(tmp_path: Path) -> None:
     data, _ = crashed_store(tmp_path)
     zero(data, 0, 12)
