@@ -10,9 +10,9 @@ from broker_embedded import BrokerConfig, EmbeddedBroker, Message, Resolution
 from broker_embedded.broker.writes import EndCall, HalfCall
 from broker_embedded.errors import TransactionConflictError
 from broker_embedded.store.config import StoreConfig
-from broker_embedded.store.filesystem import OsFileSystem
 from tests.store.damage import index_files
 from tests.store.load_writer import rss_bytes
+from tests.store.test_index_file import IndexPreads
 
 BATCH = 250
 
@@ -68,31 +68,14 @@ def test_deliveries_in_flight_do_not_hold_their_bodies(tmp_path: Path) -> None:
         assert all(r.message.body == body for r in rest)
 
 
-class _IndexReads(OsFileSystem):
-    """The real file layer, counting the preads of index files."""
-
-    def __init__(self) -> None:
-        self.index_reads = 0
-        self._index_fds: set[int] = set()
-
-    def open(self, path: Path, *, create: bool = False, truncate: bool = False, read_only: bool = False) -> int:
-        fd = super().open(path, create=create, truncate=truncate, read_only=read_only)
-        (self._index_fds.add if path.parent.name == "index" else self._index_fds.discard)(fd)
-        return fd
-
-    def pread(self, fd: int, length: int, position: int) -> bytes:
-        self.index_reads += fd in self._index_fds
-        return super().pread(fd, length, position)
-
-
 def test_a_new_transactions_first_half_reads_hardly_any_index_file_as_history_grows(tmp_path: Path) -> None:
-    files = _IndexReads()
+    files = IndexPreads()
     store = StoreConfig(index_slots=64, index_entries=256, filesystem=files)  # small files: many of them soon
     with EmbeddedBroker(tmp_path / "broker", BrokerConfig(store=store)) as broker:
         def reads_per_new_transaction(first: int) -> float:
-            files.index_reads = 0
+            files.index_preads = 0
             _complete_transactions(broker, first, BATCH)
-            return files.index_reads / BATCH
+            return files.index_preads / BATCH
 
         early = reads_per_new_transaction(0)
         _complete_transactions(broker, BATCH, 20 * BATCH)

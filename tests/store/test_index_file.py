@@ -252,9 +252,9 @@ def test_entries_a_full_disk_refused_are_indexed_at_the_next_open(
         assert store.put(record()).queue_offset == 600
 
 
-class _IndexPreads(OsFileSystem):
-    """The real file system, counting the preads of index files (not their filters) and
-    refusing to write filters while ``full``."""
+class IndexPreads(OsFileSystem):
+    """The real file system, counting the preads of index files (a filter is memory-mapped,
+    not read) and refusing to write filters while ``full``."""
 
     def __init__(self) -> None:
         self.index_preads = 0
@@ -264,7 +264,9 @@ class _IndexPreads(OsFileSystem):
 
     def open(self, path: Path, *, create: bool = False, truncate: bool = False, read_only: bool = False) -> int:
         fd = super().open(path, create=create, truncate=truncate, read_only=read_only)
-        for fds, wanted in ((self._index_fds, path.name.isdigit()), (self._filter_fds, ".filter" in path.name)):
+        is_filter = ".filter" in path.name
+        for fds, wanted in ((self._index_fds, path.parent.name == "index" and not is_filter),
+                            (self._filter_fds, is_filter)):
             (fds.add if wanted else fds.discard)(fd)
         return fd
 
@@ -279,7 +281,7 @@ class _IndexPreads(OsFileSystem):
 
 
 def test_full_index_files_get_filters_that_spare_lookups_of_absent_keys_their_reads(tmp_path: Path) -> None:
-    fs = _IndexPreads()
+    fs = IndexPreads()
     config = replace(TINY, filesystem=fs)
     with MessageStore(tmp_path, config) as store:
         stored = fill(store, 298)
@@ -329,7 +331,7 @@ def test_a_filter_that_is_not_its_files_is_not_used_and_lookups_stay_whole(
 
 
 def test_a_filter_the_disk_refuses_leaves_its_file_looked_up_without_one(tmp_path: Path) -> None:
-    fs = _IndexPreads()
+    fs = IndexPreads()
     fs.full = True
     with MessageStore(tmp_path, replace(TINY, filesystem=fs)) as store:
         stored = fill(store, 40)
