@@ -33,8 +33,9 @@ checkpoint's ``persist`` wrote their slots.
 A full file is followed by a new one, created complete and fsync'd before it is renamed
 into place. Each file has a Bloom filter of its keys (``index_filter.py``), which a lookup
 asks before it reads the file's slot: a key no file holds is read for in the ~0.8 % of
-files whose filter lets it through, however many files the retained log has. The index is derived data: unreadable files are deleted and the store rebuilds
-the index from the commit log.
+files whose filter lets it through, however many files the retained log has. The index
+is derived data: unreadable files are deleted and the store rebuilds it from the commit
+log.
 """
 
 from __future__ import annotations

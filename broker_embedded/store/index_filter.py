@@ -5,17 +5,17 @@ transaction's?) would read a slot and a hash chain in every index file, so the r
 each new transaction would grow with the retained log. A lookup asks each file's filter
 first and reads the slots and chains of the files whose filter may hold the key only.
 
-The filter is blocked: a key sets three bits of one 64-bit word, chosen by its
-hash, so a probe touches one word. ``BITS_PER_ENTRY`` bits per entry a file has room for
-let ~0.8 % of absent keys through a full file's filter (five bits: 0.4 %, but adding a key
-costs a third more, on every record's way to the index); a filter never misses a key
-added to it. The file taking entries keeps its filter in memory and adds its entries' keys to it; a
+The filter is blocked: a key sets three bits of one 64-bit word, chosen by its hash, so a
+probe touches one word. ``BITS_PER_ENTRY`` bits per entry a file has room for let ~0.8 %
+of absent keys through a full file's filter (five bits: 0.4 %, but adding a key costs a
+third more, on every record's way to the index); a filter never misses a key added to it.
+The file taking entries keeps its filter in memory and adds its entries' keys to it; a
 full file's filter is written next to it before the next file is created, and read from
 then on through a read-only memory map (the kernel keeps the probed pages, nothing grows
-in the process's heap). The newest file's filter is also written at checkpoints, once
-an eighth of the file's room was added since the last time, and at a clean close; the
-next open reads it back (then deletes it: what that run drops or adds is not in it) and
-adds the keys of the entries written after it (~1 s per million entries). A filter file
+in the process's heap). The newest file's filter is also written at checkpoints, once an
+eighth of the file's room was added since the last time, and at a clean close; the next
+open reads it back (then deletes it: what that run drops or adds is not in it) and adds
+the keys of the entries written after it (~0.6 s per million entries). A filter file
 ``<index file number>.filter`` is::
 
     header 32 bytes: magic u32, version u16, 0 u16, word count u32, entries covered u32,
@@ -23,8 +23,9 @@ adds the keys of the entries written after it (~1 s per million entries). A filt
     words  word count x u64, little-endian
 
 Big-endian header. A filter file that does not match its index file (words, lowest
-offset, fewer entries than the file has, CRC) is not used: that file is then looked up
-without a filter, as are the files of a version that wrote none.
+offset, CRC; a full file's covering fewer entries than the file has, the newest file's
+more) is not used: a full file is then looked up without a filter, as are the files of a
+version that wrote none, and the newest file's is built again from its entries.
 """
 
 from __future__ import annotations
