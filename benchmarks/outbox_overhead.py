@@ -15,7 +15,12 @@ In one run, on a fresh database and a broker server process (SQLAlchemy 2 + psyc
   END waited (``overlap=False``: the only mode before issue 24) and with END oneway; a
   mode the installed code refuses is "n/a"). Each
   share is of the bare transaction in the same round; the variants alternate in rounds
-  (``_common.alternating_rounds``), figures are medians over the rounds;
+  (``_common.alternating_rounds``), figures are medians over the rounds. After each
+  variant's window the next waits until the relay has published every outbox row (its
+  catch-up: the table outbox's writes to the broker happen after its calls, and would
+  otherwise run in the next variant's window). Each row also has the CPU every process
+  spent per call (``CPU_GROUPS``: the clients, PostgreSQL's processes on this machine, the
+  broker, the relay), in the window and in the catch-up after it;
 * latency from the DB commit to the consumer's handler: each decorator mode against the
   table outbox's relay at each poll interval (100 ms, and 1 s as django-outbox-pattern's
   default), the samples interleaved; then the decorator (defaults) alone, a call every
@@ -36,9 +41,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import functools
 import itertools
 import multiprocessing as mp
+import os
 import shutil
 import statistics
 import tempfile
@@ -51,6 +58,7 @@ from typing import Any
 
 from _common import (
     alternating_rounds,
+    cpu_seconds,
     halfmoon_process,
     in_threads,
     machine_load,
@@ -105,7 +113,7 @@ async def run_tasks(tasks: int, seconds: float, call: Callable[[], Awaitable[Non
     return sum(counts) / (time.perf_counter() - start)
 
 
-def async_overhead(url: str, broker_url: str, seconds: float, rounds: int) -> None:
+def async_overhead(url: str, broker_url: str, broker_pid: int, seconds: float, rounds: int) -> None:
     """Bare async transactions against the async decorator, the half awaited or overlapping,
     on a loop of its own, in alternating rounds."""
     loop = asyncio.new_event_loop()
@@ -125,16 +133,19 @@ def async_overhead(url: str, broker_url: str, seconds: float, rounds: int) -> No
 
         return lambda: paid(uuid.uuid4().hex)
 
-    def rate(tasks: int, variant: Callable[[], Awaitable[None]], seconds: float) -> float:
-        return loop.run_until_complete(run_tasks(tasks, seconds, variant))
-
     variants = {BARE: bare, "decorator(overlap=False)": decorated(False), "decorator(overlap=True)": decorated(True)}
+
+    def rate(tasks: int, name: str, seconds: float) -> float:
+        return loop.run_until_complete(run_tasks(tasks, seconds, variants[name]))
+
+    meter = CpuMeter(broker_pid)
     print("\nasyncio (asyncpg, AsyncProducer)")
     try:
         for tasks in (1, 8):
-            rate(tasks, bare, 1.0)  # warm-up
+            rate(tasks, BARE, 1.0)  # warm-up
             print_throughput(f"{tasks} task(s)", tasks, alternating_rounds(rounds, {
-                name: functools.partial(rate, tasks, variant, seconds / rounds) for name, variant in variants.items()
+                name: functools.partial(measured_run, meter, None, functools.partial(rate, tasks), name,
+                                        seconds / rounds) for name in variants
             }), {})
     finally:
         loop.run_until_complete(producer.aclose())
@@ -270,6 +281,10 @@ class ProcessClients:
         for _ in self.processes:
             self.results.get(timeout=120)  # built
 
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes if process.pid is not None]
+
     def rate(self, name: str, seconds: float) -> float:
         """Calls per second of variant ``name`` over all the processes, started together."""
         start_at = time.time() + 0.2
@@ -284,19 +299,115 @@ class ProcessClients:
             process.join(timeout=60)
 
 
-def throughput(url: str, broker_url: str, args: argparse.Namespace) -> None:
+#: The processes whose CPU a throughput run counts, by role: the clients making the calls,
+#: PostgreSQL's (every process named ``postgres`` on this machine), the broker server's, the
+#: table outbox's relay.
+CPU_GROUPS = ("clients", "PostgreSQL", "broker", "relay")
+#: The longest the relay may take to publish what a round left in the outbox.
+CATCH_UP_LIMIT_S = 600.0
+
+
+class CpuMeter:
+    """CPU seconds so far of each of ``CPU_GROUPS`` (``clients``: the pids making the calls)."""
+
+    def __init__(self, broker_pid: int, relay_pid: int | None = None) -> None:
+        self.broker_pid, self.relay_pid = broker_pid, relay_pid
+        self.clients: list[int] = [os.getpid()]
+
+    def read(self) -> dict[str, float]:
+        relay = [] if self.relay_pid is None else [self.relay_pid]
+        return dict(zip(CPU_GROUPS, (_cpu_of(self.clients), _cpu_of(_postgres_pids()), _cpu_of([self.broker_pid]),
+                                     _cpu_of(relay)), strict=True))
+
+
+def _cpu_of(pids: list[int]) -> float:
+    """CPU seconds of the processes ``pids`` that are still running."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a PostgreSQL backend that just ended
+    return total
+
+
+def _postgres_pids() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@dataclasses.dataclass
+class Run:
+    """One variant's round: calls per second in its window; the CPU microseconds per call of
+    each of ``CPU_GROUPS`` during the window, and after it while the table outbox's relay
+    published what the window left in the outbox (``catch_up_s``; nothing for the decorator,
+    whose messages are all sent, ENDs included, within its run)."""
+
+    rate: float
+    cpu_us: dict[str, float]
+    catch_up_cpu_us: dict[str, float]
+    catch_up_s: float
+
+    @property
+    def total_cpu_us(self) -> float:
+        return sum(self.cpu_us.values()) + sum(self.catch_up_cpu_us.values())
+
+
+def relay_backlog(engine: Any) -> int:
+    """Outbox rows the relay has not published (and deleted) yet."""
+    with engine.connect() as connection:
+        return int(connection.execute(select(func.count()).select_from(relay_outbox)).scalar_one())
+
+
+def relay_caught_up(engine: Any) -> float:
+    """Seconds until the relay has published every outbox row (at most ``CATCH_UP_LIMIT_S``)."""
+    started = time.perf_counter()
+    while relay_backlog(engine):
+        if time.perf_counter() - started > CATCH_UP_LIMIT_S:
+            raise RuntimeError(f"the relay did not catch up in {CATCH_UP_LIMIT_S:.0f} s")
+        time.sleep(0.05)
+    return time.perf_counter() - started
+
+
+def measured_run(meter: CpuMeter, engine: Any, rate: Callable[[str, float], float], name: str,
+                 seconds: float) -> Run:
+    """Variant ``name`` for ``seconds`` (``rate``: its calls per second), then the relay's
+    catch-up (none without an ``engine``), with the CPU of each process group in both."""
+    before = meter.read()
+    calls_per_s = rate(name, seconds)
+    window = meter.read()
+    catch_up_s = 0.0 if engine is None else relay_caught_up(engine)
+    after = meter.read()
+    calls = max(1.0, calls_per_s * seconds)
+    return Run(calls_per_s, {group: (window[group] - before[group]) / calls * 1e6 for group in CPU_GROUPS},
+               {group: (after[group] - window[group]) / calls * 1e6 for group in CPU_GROUPS}, catch_up_s)
+
+
+def throughput(url: str, broker_url: str, broker_pid: int, args: argparse.Namespace) -> None:
     """The throughput table: per client setting, each variant's calls per second (median
     over the alternating rounds), its share of the bare transaction (median of each
-    round's ratio), what it adds per call, and its share over the table outbox's."""
+    round's ratio), what it adds per call, its share over the table outbox's, and the CPU
+    every process spent per call. Each round starts with the relay caught up, so no
+    variant's window holds the relaying of the table outbox's rows."""
     mp_stop = mp.get_context("spawn").Event()
     relay_process = mp.get_context("spawn").Process(
         target=relay, args=(url, broker_url, THROUGHPUT_TOPIC, args.poll_intervals[0], mp_stop))
     relay_process.start()
+    assert relay_process.pid is not None
+    meter = CpuMeter(broker_pid, relay_process.pid)
     variants = Variants(url, broker_url)
     names = list(variants.calls)
     print(f"throughput: {args.rounds} alternating round(s) of {args.seconds / args.rounds:.1f} s per variant; "
           f"cells: median (min-max); share: of bare in the same round; the table outbox's relay polls every "
-          f"{args.poll_intervals[0] * 1000:.0f} ms (SKIP LOCKED), publishes each row to our broker and deletes it")
+          f"{args.poll_intervals[0] * 1000:.0f} ms (SKIP LOCKED), publishes each row to our broker and deletes it; "
+          "after each window the next waits until the relay has published every row (its catch-up)")
     for mode, reason in variants.refused.items():
         print(f"  {mode}: n/a, refused by the installed code ({reason})")
     processes: ProcessClients | None = None
@@ -304,16 +415,14 @@ def throughput(url: str, broker_url: str, args: argparse.Namespace) -> None:
         for clients, label, in_processes in CLIENTS:
             if in_processes:
                 processes = ProcessClients(clients, url, broker_url)
-                rate = processes.rate
+                rate, meter.clients = processes.rate, processes.pids
             else:
-                rate = functools.partial(_threads_rate, variants, clients)
+                rate, meter.clients = functools.partial(_threads_rate, variants, clients), [os.getpid()]
             rate(BARE, 1.0)  # warm-up
-            rounds = alternating_rounds(args.rounds, {name: functools.partial(rate, name, args.seconds / args.rounds)
-                                                      for name in names})
+            rounds = alternating_rounds(args.rounds, {
+                name: functools.partial(measured_run, meter, variants.engine, rate, name, args.seconds / args.rounds)
+                for name in names})
             print_throughput(label, clients, rounds, variants.refused)
-            with variants.engine.connect() as connection:
-                backlog = connection.execute(select(func.count()).select_from(relay_outbox)).scalar_one()
-            print(f"{'':<30}the relay is {backlog:,} outbox rows behind at the end")
             if processes is not None:
                 processes.close()
                 processes = None
@@ -331,22 +440,36 @@ def _threads_rate(variants: Variants, clients: int, name: str, seconds: float) -
     return rate
 
 
-def print_throughput(label: str, clients: int, rounds: dict[str, list[float]], refused: dict[str, str]) -> None:
-    """One client setting's rows: the first of ``rounds`` is the bare transaction the
-    shares are of; the table outbox, if measured, the peer the last column compares to."""
-    bare = next(iter(rounds.values()))
-    table_share = ratios(rounds[TABLE_OUTBOX], bare) if TABLE_OUTBOX in rounds else []
+def print_throughput(label: str, clients: int, runs: dict[str, list[Run]], refused: dict[str, str]) -> None:
+    """One client setting's rows: the first of ``runs`` is the bare transaction the
+    shares are of; the table outbox, if measured, the peer the last columns compare to.
+    Then the CPU per call of each process group, in the window and in the relay's catch-up."""
+    rates = {name: [run.rate for run in samples] for name, samples in runs.items()}
+    bare = next(iter(rates.values()))
+    table_share = ratios(rates[TABLE_OUTBOX], bare) if TABLE_OUTBOX in rates else []
+    table_cpu = [run.total_cpu_us for run in runs.get(TABLE_OUTBOX, [])]
     print(f"\n{label:<30}{'tx/s':>24}{'share of bare %':>22}{'added ms':>10}"
-          f"{'share / table outbox' if table_share else '':>22}{' (issue 24: >= 1)' if table_share else ''}")
-    for name, samples in rounds.items():
+          f"{'share / table outbox' if table_share else '':>22}{' (issue 24: >= 1)' if table_share else '':<18}"
+          f"{'CPU µs/call, all':>18}{'/ table outbox':>20}{'catch-up s':>12}")
+    for name, samples in rates.items():
         share = ratios(samples, bare)
         added = (clients / statistics.median(samples) - clients / statistics.median(bare)) * 1000
         versus_table = (summary(ratios(share, table_share), ".2f")
                         if table_share and name not in (BARE, TABLE_OUTBOX) else "")
+        cpu = [run.total_cpu_us for run in runs[name]]
+        cpu_versus_table = summary(ratios(cpu, table_cpu), ".2f") if table_cpu and name != TABLE_OUTBOX else ""
         print(f"{name:<30}{summary(samples, ',.0f'):>24}{summary([s * 100 for s in share], '.0f'):>22}"
-              f"{added:>10.2f}{versus_table:>22}")
+              f"{added:>10.2f}{versus_table:>22}{'':<18}{statistics.median(cpu):>18,.0f}{cpu_versus_table:>20}"
+              f"{statistics.median(run.catch_up_s for run in runs[name]):>12.1f}")
     for name in refused:
         print(f"{name:<30}{'n/a':>24}")
+    print(f"{'CPU µs per call, median':<30}" + "".join(f"{group:>18}" for group in CPU_GROUPS)
+          + f"{'all':>10}   (window + the relay's catch-up after it)")
+    for name, name_runs in runs.items():
+        cells = [f"{statistics.median(r.cpu_us[g] for r in name_runs):,.0f}"
+                 f" + {statistics.median(r.catch_up_cpu_us[g] for r in name_runs):,.0f}" for g in CPU_GROUPS]
+        print(f"{name:<30}" + "".join(f"{cell:>18}" for cell in cells)
+              + f"{statistics.median(r.total_cpu_us for r in name_runs):>10,.0f}")
 
 
 def latency(url: str, broker_url: str, args: argparse.Namespace) -> None:
@@ -522,21 +645,21 @@ def main() -> None:
     print(machine_load("at start"), flush=True)
     work = Path(tempfile.mkdtemp(prefix="hm-outbox-bench-"))
     try:
-        with scratch_postgres(args.postgres) as url, halfmoon_process(work / "b") as (_, port):
+        with scratch_postgres(args.postgres) as url, halfmoon_process(work / "b") as (broker, port):
             broker_url = f"tcp://127.0.0.1:{port}"
             engine = create_engine(url, pool_size=20)
             app.create_all(engine)
             outbox_metadata.create_all(engine)
             engine.dispose()
             if args.only != "async":
-                throughput(url, broker_url, args)
+                throughput(url, broker_url, broker.pid, args)
                 latency(url, broker_url, args)
                 if args.timeline:
                     timeline(url, broker_url, args.rounds, calls=300 if args.quick else 1000)
                 if args.profile:
                     profile_decorator(url, broker_url, args.seconds)
             if args.only != "sync":
-                async_overhead(url, broker_url, args.seconds, args.rounds)
+                async_overhead(url, broker_url, broker.pid, args.seconds, args.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(machine_load("at end"))
