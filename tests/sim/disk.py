@@ -22,8 +22,9 @@ short write); an fsync may fail with EIO, and then the writes it covered never r
 disk, though reads still see them (Linux's behaviour since the "fsyncgate" discussion);
 at a power loss an old, synced page of a commit log segment may take a bit flip (never one
 that would undo an earlier flip of the same bit: media do not heal so), or turn
-into a latent sector error (a read of it fails with EIO until a write covers it whole; a
-write to a part of it fails with EIO too, as the kernel must read the page first); a
+into a latent sector error (a read of it fails with EIO until a write covers it whole,
+and again after a power loss unless that write reached the disk; a write to a part of it
+fails with EIO too, as the kernel must read the page first); a
 write to a commit log segment may be misdirected: its data lands at another place (a
 wrong offset of the same segment, or the same offset of another one) over what was there,
 while the place it was meant for keeps zeros. The process reads what it wrote (the page
@@ -74,6 +75,9 @@ class _Inode:
     durable: bytearray = field(default_factory=bytearray)  # what a power loss starts from
     unsynced: list[tuple[str, int, bytes]] = field(default_factory=list)  # ("write", pos, data) | ("truncate", n, b"")
     bad_pages: set[int] = field(default_factory=set)  # latent sector errors
+    #: Unreadable pages a write covered whole, in the page cache only: read as written until
+    #: the write reaches the disk (it heals them then) or is lost (they read EIO again).
+    rewritten: set[int] = field(default_factory=set)
     path: Path | None = None  # the name it was made with (or renamed to)
     #: Misdirected writes not yet on the disk: (inode hit, position there, data), each
     #: landing with the write of this inode it came with.
@@ -162,6 +166,7 @@ class SimulatedDisk:
                 fate = rng.random()
                 if fate < 0.3:
                     continue  # dropped
+                written = True
                 if kind == "write" and fate < 0.5:
                     data = data[: rng.randrange(len(data) + 1)]  # torn
                 elif kind == "write" and fate < 0.6:
@@ -170,7 +175,10 @@ class SimulatedDisk:
                     # writes a sector whole, and a filesystem does not zero an overwritten block)
                     old = bytes(inode.durable[position : position + len(data)])
                     data = old + bytes(len(data) - len(old))
+                    written = False
                 survivors.append((kind, position, data))
+                if written:
+                    self._heal(inode, (kind, position, data))
             for survivor in survivors:
                 _apply(inode.durable, survivor)
             if inode.strays and self._stray_rng is not None and self._stray_rng.random() < 0.5:
@@ -188,6 +196,7 @@ class SimulatedDisk:
         for inode in self._inodes.values():
             inode.data = bytearray(inode.durable)
             inode.unsynced = []
+            inode.rewritten = set()  # the page cache is gone: what no write healed is unreadable again
             inode.lost = False
         self._fds.clear()
         self._locks.clear()
@@ -203,6 +212,10 @@ class SimulatedDisk:
                 inode.data = bytearray(inode.durable)
                 for op in inode.unsynced:
                     _apply(inode.data, op)
+                # evicted too: read from the disk again, but for what later writes rewrote whole
+                inode.rewritten = {page for kind, position, data in inode.unsynced if kind == "write"
+                                   for page in range((position + PAGE - 1) // PAGE, (position + len(data)) // PAGE)
+                                   } & inode.bad_pages
                 inode.lost = False
         self._fds.clear()
         self._locks.clear()
@@ -355,7 +368,8 @@ class SimulatedDisk:
     def pread(self, fd: int, length: int, position: int) -> bytes:
         inode = self._inode(fd)
         end = min(position + length, len(inode.data))
-        if inode.bad_pages and any(page in inode.bad_pages for page in range(position // PAGE, (end - 1) // PAGE + 1)):
+        if inode.bad_pages and any(page in inode.bad_pages and page not in inode.rewritten
+                                   for page in range(position // PAGE, (end - 1) // PAGE + 1)):
             raise OSError(errno.EIO, "input/output error (latent sector error)")
         return bytes(inode.data[position:end])
 
@@ -398,16 +412,26 @@ class SimulatedDisk:
         return len(data)
 
     def _rewrite_pages(self, inode: _Inode, start: int, end: int) -> None:
-        """A write over unreadable pages: one it covers whole heals (the drive remaps the
-        sector on the write; the page reads the new bytes from now on). One it covers only
-        in part fails the write with EIO, before any byte of it is written: the kernel reads
-        the page first, to merge the bytes the write leaves as they were (a 4 KiB-sector
-        disk, pages of one block), and that read fails."""
-        touched = inode.bad_pages & set(range(start // PAGE, (end - 1) // PAGE + 1))
+        """A write over unreadable pages: one it covers whole reads the new bytes from the
+        page cache, and heals once the write reaches the disk (the drive remaps the sector
+        then: ``_heal``); a power loss before that leaves it unreadable. One it covers only
+        in part, unless the page cache holds it, fails the write with EIO, before any byte
+        of it is written: the kernel reads the page first, to merge the bytes the write
+        leaves as they were (a 4 KiB-sector disk, pages of one block), and that read fails."""
+        touched = (inode.bad_pages - inode.rewritten) & set(range(start // PAGE, (end - 1) // PAGE + 1))
         if any(start > page * PAGE or end < (page + 1) * PAGE for page in touched):
             self.events.append(f"pwrite of {end - start} bytes at {start}: EIO (a part of an unreadable page)")
             raise OSError(errno.EIO, "input/output error (a partial write to an unreadable page)")
-        inode.bad_pages -= touched
+        inode.rewritten |= touched
+
+    @staticmethod
+    def _heal(inode: _Inode, op: tuple[str, int, bytes]) -> None:
+        """Write ``op`` reached the disk: the unreadable pages it covers whole are remapped."""
+        kind, position, data = op
+        if kind == "write" and data and inode.bad_pages:
+            whole = range((position + PAGE - 1) // PAGE, (position + len(data)) // PAGE)
+            inode.bad_pages.difference_update(whole)
+            inode.rewritten.difference_update(whole)
 
     def fsync(self, fd: int) -> None:
         inode = self._inode(fd)
@@ -420,6 +444,7 @@ class SimulatedDisk:
             raise OSError(errno.EIO, "input/output error")
         for op in inode.unsynced:
             _apply(inode.durable, op)
+            self._heal(inode, op)
         inode.unsynced = []
         self._land_strays(inode)
 

@@ -250,6 +250,42 @@ def test_a_write_to_part_of_an_unreadable_page_fails_and_one_over_all_of_it_heal
     assert disk.pread(fd, 4096, bad * 4096) == b"n" * 4096
 
 
+
+def test_a_rewritten_unreadable_page_heals_only_once_the_write_reaches_the_disk() -> None:
+    """The drive remaps a sector when the write gets to it: until then the page cache
+    serves the new bytes (a process crash keeps them), and a power loss before the write
+    reached the disk leaves the page unreadable, never its old bytes readable (seed 5230
+    of ``media``: a repair cut before its fsync healed the page it had rewritten, and the
+    next open read back a record the ledger had recorded lost)."""
+    outcomes = set()
+    for seed in range(30):
+        disk = _disk(seed, Faults(read_error=1.0))
+        fd = _segment(disk)
+        disk.pwrite(fd, b"o" * 8192, 0)
+        disk.fsync(fd)
+        disk.power_loss()
+        disk.faults_on = False  # no new latent sector error at the next power loss
+        fd = disk.open(Path("/d/commitlog/0"))
+        (bad,) = disk._inodes[disk._fds[fd]].bad_pages
+        disk.pwrite(fd, b"n" * 4096, bad * 4096)
+        disk.pwrite(fd, b"m" * 10, bad * 4096 + 5)  # a part of it: the page cache holds it now
+        assert disk.pread(fd, 4096, bad * 4096) == b"n" * 5 + b"m" * 10 + b"n" * 4081
+        disk.process_crash()
+        fd = disk.open(Path("/d/commitlog/0"))
+        assert disk.pread(fd, 1, bad * 4096) == b"n"
+        disk.power_loss()
+        fd = disk.open(Path("/d/commitlog/0"))
+        try:
+            page = disk.pread(fd, 4096, bad * 4096)
+        except OSError as failed:
+            assert failed.errno == errno.EIO
+            outcomes.add("unreadable")
+        else:
+            assert page == b"n" * 4096 or page == b"n" * 5 + b"m" * 10 + b"n" * 4081, page[:20]
+            outcomes.add("healed")
+    assert outcomes == {"unreadable", "healed"}
+
+
 def test_an_append_over_part_of_an_unreadable_page_fails_and_the_store_reopens_with_what_it_acknowledged() -> None:
     """The page under the end of the log turned unreadable: the next append needs it read
     first, fails (EIO, reported to the caller, nothing of it acknowledged or left behind),
