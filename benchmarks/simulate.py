@@ -48,9 +48,9 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("recovery truncating at the first bad record without looking past it", "broker_embedded/store/commitlog.py",
      "                    if torn is not None:\n", "                    if False:\n"),
     ("CRC not checked on the read path of deliveries (read_queue)", "broker_embedded/store/commitlog.py",
-     "        data = segment.pread(offset - segment.base_offset, size)\n        try:\n",
-     "        data = segment.pread(offset - segment.base_offset, size)\n"
-     "        data = data[:8] + codec.crc32c.crc32c(data[12:]).to_bytes(4, 'big') + data[12:]\n        try:\n"),
+     "    try:\n        return codec.decode(data, 0, offset)\n",
+     "    data = bytes(data[:8]) + codec.crc32c.crc32c(bytes(data[12:])).to_bytes(4, 'big') + bytes(data[12:])\n"
+     "    try:\n        return codec.decode(data, 0, offset)\n"),
     ("new directories not made durable in their parents", "broker_embedded/store/files.py",
      "        fs.mkdir(directory, exist_ok=True)\n        fs.fsync_directory(directory.parent)\n",
      "        fs.mkdir(directory, exist_ok=True)\n"),
@@ -67,7 +67,7 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("no checkpoint, yet every queue entry trusted", "broker_embedded/store/message_store.py",
      "        if not checkpoint:\n            counts = {}", "        if False:\n            counts = {}"),
     ("rolled-back segments unlinked without a directory fsync", "broker_embedded/store/commitlog.py",
-     "        if len(self.segments) > segment_count:\n", "        if False:\n"),
+     "        if dropped:\n            # gone for good", "        if False:\n            # gone for good"),
     ("queue file deletions not made durable", "broker_embedded/store/consume_queue.py",
      "        if deleted:\n            self.fs.fsync_directory(self.directory)\n", ""),
     ("a zero last queue entry trusted as a hole", "broker_embedded/store/message_store.py",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib.util
 import random
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from broker_embedded.store.repair import repair
 from broker_embedded.store.verify import inspect
 from tests.sim.disk import Faults, SimulatedDisk
 from tests.sim.workload import CONFIG, DATA_DIR, PROFILES, _abandon, _read_all, body_of, run
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Seeds run on every test run, per profile (about 4 s each here).
 SEED_BUDGET = 100
@@ -83,6 +86,18 @@ def test_a_seed_that_found_a_bug_passes(bug: str) -> None:
     profile, seed = REGRESSIONS[bug]
     result = run(seed, profile)
     assert result.failure is None, result.report()
+
+
+def test_every_known_bug_can_still_be_put_back() -> None:
+    """``simulate.py --mutations`` puts each known bug back by a textual edit of the fix: each
+    fix's text must still be in its file, once (two had drifted away from the code)."""
+    spec = importlib.util.spec_from_file_location("simulate", ROOT / "benchmarks" / "simulate.py")
+    assert spec is not None and spec.loader is not None
+    simulate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(simulate)
+    drifted = [name for name, relative, fixed, _ in [*simulate.MUTATIONS, *simulate.TX_MUTATIONS]
+               if (ROOT / relative).read_text().count(fixed) != 1]
+    assert drifted == []
 
 
 def test_a_seed_replays_exactly() -> None:
