@@ -93,7 +93,7 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "        return read_salvaging(self.fs, self.fd, length, position, self.path)\n",
      "        return self.fs.pread(self.fd, length, position)\n"),
     ("fsck not counting a header on an unreadable page", "broker_embedded/store/verify.py",
-     "                if _UNREADABLE_HEAD in header or zeroed:\n", "                if zeroed:\n"),
+     "                elif _UNREADABLE_HEAD in header or zeroed:\n", "                elif zeroed:\n"),
     # found with misdirected writes (profile misdirected)
     ("a record's own offset not checked (a misdirected write's copy read as records)",
      "broker_embedded/store/codec.py",
@@ -106,7 +106,7 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("the walk not resuming at an intact filler after damage", "broker_embedded/store/commitlog.py",
      "        if codec.blank_length(data, at, base + at):\n            return at\n", ""),
     ("fsck not counting a zeroed header past the checkpoint", "broker_embedded/store/verify.py",
-     "                if _UNREADABLE_HEAD in header or zeroed:\n", "                if _UNREADABLE_HEAD in header:\n"),
+     "                elif _UNREADABLE_HEAD in header or zeroed:\n", "                elif _UNREADABLE_HEAD in header:\n"),
     ("fsck taking its count for exact where the chain of lengths broke past the checkpoint",
      "broker_embedded/store/verify.py",
      "                if gap.end > self.report.checkpoint:\n", "                if False:\n"),
@@ -119,6 +119,13 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "        number = next((n for n in between if uncovered(gaps[n].start, gaps[n].end, losses)), "
      "between[0] if between else None)\n",
      "        number = between[0] if between else None\n"),
+    ("fsck counting twice the lost places of a queue none of whose records is intact", "broker_embedded/store/verify.py",
+     "        if self.first_seen is None:\n            return list(range(low, count))\n"
+     "        return [*range(low, min(self.first_seen, count)),",
+     "        return [*range(low, min(count if self.first_seen is None else self.first_seen, count)),"),
+    ("fsck counting a segment's roll-over blank on an unreadable page as a lost record",
+     "broker_embedded/store/verify.py",
+     "                if _UNREADABLE_HEAD in header and at_segment_end:\n", "                if False:\n"),
 ]
 
 

@@ -185,9 +185,10 @@ class _Queue:
             self.first = firsts[0]
 
     def without_record(self, low: int, count: int) -> list[int]:
-        """The queue offsets in ``[low, count)`` that no intact record has."""
-        first_seen = count if self.first_seen is None else self.first_seen
-        return [*range(low, min(first_seen, count)), *self.skipped, *range(max(self.last_seen + 1, low), count)]
+        """The queue offsets in ``[low, count)`` that no intact record has, each once."""
+        if self.first_seen is None:
+            return list(range(low, count))
+        return [*range(low, min(self.first_seen, count)), *self.skipped, *range(max(self.last_seen + 1, low), count)]
 
     def could_hold(self, queue_offset: int, commit_log_offset: int) -> bool:
         """Whether the record lost at ``queue_offset`` may have lain at ``commit_log_offset``
@@ -613,9 +614,13 @@ class _Inspection:
                     # no queue count tells how many records the rest of the range held past
                     # the checkpoint (a misdirected write's copy over their headers, say)
                     self.report.uncountable.add(gap.start)
-                zeroed = not any(header) and offset >= self.report.checkpoint \
-                    and gap.end % self.config.segment_size != 0  # at a segment's end: the blank's place
-                if _UNREADABLE_HEAD in header or zeroed:
+                # at a segment's end it may be the blank's place, not a record's: the range's
+                # count stays a lower bound (``Report.uncountable``), and zeros there are the blank's
+                at_segment_end = gap.end % self.config.segment_size == 0
+                zeroed = not any(header) and offset >= self.report.checkpoint and not at_segment_end
+                if _UNREADABLE_HEAD in header and at_segment_end:
+                    self.report.uncountable.add(gap.start)
+                elif _UNREADABLE_HEAD in header or zeroed:
                     # a record began here (the range's start, or where a length led), its
                     # header on an unreadable page or zeroed: how many more did is unknown
                     self.uncountable_heads.add(offset)

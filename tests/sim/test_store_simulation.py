@@ -72,6 +72,8 @@ REGRESSIONS = {
     "an index entry's record past the checkpoint counted beside the lost place it held": ("misdirected", 912),
     "recovery giving the places a rebuilt queue skipped to a range the ledger has": ("misdirected", 29),
     "a repair counting no record recording nothing for a range nothing counts": ("misdirected", 5260),
+    "fsck counting twice the lost places of a queue none of whose records is intact": ("misdirected", 5259),
+    "fsck counting a segment's roll-over blank on an unreadable page as a lost record": ("media", 5734),
 }
 
 
@@ -239,6 +241,45 @@ def test_an_unreadable_page_is_reported_skipped_and_repaired_with_its_records_na
     store = MessageStore(DATA_DIR, config)
     try:
         assert len(_read_all(store, "orders", 0)) == 30 - len(took)
+    finally:
+        store.close()
+
+
+def test_an_unreadable_header_at_a_segments_end_may_be_its_blank_and_is_not_counted_as_a_record() -> None:
+    """Past the checkpoint, where no queue count tells, fsck counts a record for each header
+    its chain of lengths reaches on an unreadable page. At a closed segment's end that
+    header may be the roll-over blank's: the loss then counts the records it knows (at
+    least), not the blank (seed 5734 of ``media`` counted one record more than was lost)."""
+    disk = SimulatedDisk(random.Random(5), Faults())
+    config = dataclasses.replace(CONFIG, filesystem=disk)
+    store = MessageStore(DATA_DIR, config)
+    store.put_batch([StoredRecord("orders", 0, body_of(number, 1500), {PROPERTY_MESSAGE_ID: f"m{number}"})
+                     for number in range(10)])
+    store.close()  # the checkpoint counts these ten
+    store = MessageStore(DATA_DIR, config)
+    number = 10
+    while True:  # past the checkpoint, until a record opens the next segment
+        [stored] = store.put_batch([StoredRecord("orders", 0, body_of(number, 70_000),
+                                                 {PROPERTY_MESSAGE_ID: f"m{number}"})])
+        if stored.commit_log_offset >= CONFIG.segment_size:
+            break
+        last, number = stored, number + 1
+    _abandon(store)
+    disk.process_crash()
+    blank = last.commit_log_offset + last.size  # the roll-over blank's header, after the last record's tail
+    assert blank % 4096 and blank < CONFIG.segment_size
+    segment = disk._inodes[disk._names[DATA_DIR / "commitlog" / f"{0:020d}"]]
+    segment.bad_pages.add(blank // 4096)
+
+    report = inspect(DATA_DIR, fs=disk)
+    assert [(gap.kind, gap.end) for gap in report.gaps] == [("unreadable", CONFIG.segment_size)]
+    assert [lost.queue_offset for lost in report.lost] == [last.queue_offset] and report.lost_count == 1
+    repair(DATA_DIR, fs=disk, config=config)
+    store = MessageStore(DATA_DIR, config)
+    try:
+        [loss] = store.losses.all()
+        assert loss.unreadable and loss.message_ids == (f"m{last.queue_offset}",) and loss.unnamed == 0
+        assert len(_read_all(store, "orders", 0)) == number
     finally:
         store.close()
 

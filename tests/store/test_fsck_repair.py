@@ -330,6 +330,29 @@ def test_a_salvaged_header_whose_queue_id_was_zeroed_is_not_counted_twice(
     assert code == 1 and report["lost_count"] == 3  # stored[3], stored[4] and the victim
 
 
+def test_a_queue_none_of_whose_records_is_intact_has_each_lost_place_counted_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the store simulation (``misdirected`` 5259): every record of queue 1 lay in
+    the damaged range and its queue files were gone, so no intact record bounded its lost
+    places; fsck listed each place the checkpoint counted twice (before the first intact
+    record and after the last), and repair recorded 8 lost where 5 were."""
+    data = tmp_path / "data"
+    with MessageStore(data, STORE) as store:  # queues 0 and 1 alternate
+        stored = store.put_batch([record(n, queue_id=n % 2) for n in range(6)])
+    shutil.rmtree(data / "consumequeue" / "orders" / "1")
+    start, end = stored[1].commit_log_offset, stored[5].commit_log_offset + stored[5].size
+    zero(data, start, end - start)  # records 1 to 5: all of queue 1's, queue 0's 1 and 2
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 1 and report["lost_count"] == 5
+    code, repaired = tool(capsys, "repair", "--data-dir", str(data))
+    assert code == 1 and repaired["lost_count"] == 5
+    with MessageStore(data, STORE) as store:
+        recorded = store.losses.all()
+        assert sum(len(loss.message_ids) + loss.unnamed for loss in recorded) == 5
+        assert ids(store) == ["id0"] and ids(store, queue_id=1) == []
+
+
 def test_fsck_and_repair_count_a_damaged_header_naming_another_stored_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
