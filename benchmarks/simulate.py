@@ -126,6 +126,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("fsck counting a segment's roll-over blank on an unreadable page as a lost record",
      "broker_embedded/store/verify.py",
      "                if _UNREADABLE_HEAD in header and at_segment_end:\n", "                if False:\n"),
+    ("a loss past the log's end, over the bytes new records are appended to", "broker_embedded/store/message_store.py",
+     "        self.losses.cut_at(end)  # new records are appended from here\n", ""),
 ]
 
 

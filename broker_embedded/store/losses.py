@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -132,6 +132,23 @@ class LossLedger:
         log.error("acknowledged messages lost: %s; ids: %s", loss.describe(),
                   ", ".join(loss.message_ids) or "none known")
         return loss
+
+    def cut_at(self, end: int) -> list[Loss]:
+        """The commit log ends at ``end`` now (recovery cut a torn tail there, or a repair
+        did): a loss's range past it ends there, one wholly past it covering no bytes at
+        ``end``, as recovery's own cut-off losses do (its records stay named and counted).
+        Records appended from ``end`` on then never lie in a loss's range, which would pass
+        their later damage for that known loss. Returns the losses changed, as they were."""
+        with self._lock:
+            changed = [loss for loss in self._losses if loss.end > end]
+            if changed:
+                self._losses = [replace(loss, start=min(loss.start, end), end=end) if loss.end > end else loss
+                                for loss in self._losses]
+                self._write()
+        for loss in changed:
+            log.warning("loss %d's commit log range %d-%d lies past the log's end, %d: it ends there now",
+                        loss.loss_id, loss.start, loss.end, end)
+        return changed
 
     def places(self) -> set[Place]:
         """The queue places of every lost record the ledger knows the place of."""

@@ -264,6 +264,7 @@ class MessageStore:
         # ledger's naming of the damaged ranges below included
         end = self._dispatched_end = self.commitlog.write_offset
         self._record_cut_off(end, [offset for _, offset in indexed_tail])
+        self.losses.cut_at(end)  # new records are appended from here
         for queue in self._queues.values():
             queue.truncate_beyond(end)
             queue.drop_below(self.commitlog.min_offset)
@@ -342,15 +343,22 @@ class MessageStore:
         dispatched: an index entry (``indexed``) or a queue entry on disk points at them.
         A record is dispatched only once durable (sync mode: before it is acknowledged), so
         these were acknowledged and a cut log took them; a torn append has no entry. Named
-        by what the truncated bytes still hold of their headers, counted exactly."""
-        lost = {offset for offset in indexed if offset >= end}
+        by what the truncated bytes still hold of their headers, counted exactly. One in a
+        range the ledger has already (a repair a crash cut short recorded it) is not
+        counted again."""
+        known = self.losses.all()
+
+        def recorded(offset: int) -> bool:
+            return any(loss.start <= offset < loss.end for loss in known)
+
+        lost = {offset for offset in indexed if offset >= end and not recorded(offset)}
         places: list[Place] = []
         for (topic, queue_id), queue in self._queues.items():
             for queue_offset in range(queue.max_offset - 1, queue.min_offset - 1, -1):
                 offset, size = queue.entry(queue_offset)
                 if offset < end:
                     break
-                if size:
+                if size and not recorded(offset):
                     lost.add(offset)
                     places.append((topic, queue_id, queue_offset))
         if not lost:

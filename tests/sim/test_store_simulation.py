@@ -74,6 +74,7 @@ REGRESSIONS = {
     "a repair counting no record recording nothing for a range nothing counts": ("misdirected", 5260),
     "fsck counting twice the lost places of a queue none of whose records is intact": ("misdirected", 5259),
     "fsck counting a segment's roll-over blank on an unreadable page as a lost record": ("media", 5734),
+    "a loss past the log's end, over the bytes new records are appended to (silent loss)": ("media", 6294),
 }
 
 
@@ -280,6 +281,48 @@ def test_an_unreadable_header_at_a_segments_end_may_be_its_blank_and_is_not_coun
         [loss] = store.losses.all()
         assert loss.unreadable and loss.message_ids == (f"m{last.queue_offset}",) and loss.unnamed == 0
         assert len(_read_all(store, "orders", 0)) == number
+    finally:
+        store.close()
+
+
+def test_a_loss_past_the_logs_end_is_cut_there_so_a_record_appended_over_its_bytes_is_still_recorded_lost() -> None:
+    """Seed 6294 of ``media``: a repair recorded a loss over a damaged range near the log's
+    end and was cut by a power loss before it filled the range; the next open took the
+    range and what followed it for a torn tail and cut the log at its start. The next
+    record was appended over those bytes, and when a bit flip damaged it later, a reader
+    took it for part of the known loss: acknowledged, lost, and in no loss."""
+    disk = SimulatedDisk(random.Random(3), Faults())
+    config = dataclasses.replace(CONFIG, filesystem=disk)
+
+    def message(number: int) -> StoredRecord:
+        return StoredRecord("orders", 0, body_of(number, 3000), {PROPERTY_MESSAGE_ID: f"m{number}"})
+
+    store = MessageStore(DATA_DIR, config)
+    store.put_batch([message(number) for number in range(5)])
+    store.close()  # checkpointed
+    store = MessageStore(DATA_DIR, config)
+    [torn] = store.put_batch([message(5)])
+    store.losses.record("repair", torn.commit_log_offset, torn.commit_log_offset + torn.size, ["m5"], 0,
+                        "a repair cut short before it filled the range")
+    _abandon(store)
+    segment = disk.open(DATA_DIR / "commitlog" / f"{0:020d}")
+    disk.pwrite(segment, bytes(torn.size), torn.commit_log_offset)  # the range, as the next open finds it
+    disk.fsync(segment)
+    disk.process_crash()
+
+    store = MessageStore(DATA_DIR, config)  # recovery cuts the log at the range's start
+    assert [(loss.start, loss.end) for loss in store.losses.all()] == [(torn.commit_log_offset,) * 2]
+    [appended] = store.put_batch([message(6)])
+    assert appended.commit_log_offset == torn.commit_log_offset
+    store.close()
+    segment = disk.open(DATA_DIR / "commitlog" / f"{0:020d}")
+    disk.pwrite(segment, b"X", appended.commit_log_offset + appended.size // 2)  # a bit flip, later
+    disk.fsync(segment)
+    store = MessageStore(DATA_DIR, config)
+    try:
+        assert [record.properties[PROPERTY_MESSAGE_ID] for record in _read_all(store, "orders", 0)] == \
+            [f"m{number}" for number in range(5)]
+        assert sorted(name for loss in store.losses.all() for name in loss.message_ids) == ["m5", "m6"]
     finally:
         store.close()
 
