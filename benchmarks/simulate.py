@@ -128,6 +128,10 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "                if _UNREADABLE_HEAD in header and at_segment_end:\n", "                if False:\n"),
     ("a loss past the log's end, over the bytes new records are appended to", "broker_embedded/store/message_store.py",
      "        self.losses.cut_at(end)  # new records are appended from here\n", ""),
+    ("damaged records over an unreadable page at the log's end taken for a torn append",
+     "broker_embedded/store/commitlog.py",
+     "            if torn is not None and unreadable_in_chain(data, torn.start - segment.base_offset):\n",
+     "            if False:\n"),
 ]
 
 

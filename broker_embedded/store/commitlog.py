@@ -116,8 +116,9 @@ class CommitLog:
 
         A bad record (or zeros) in the last segment with nothing intact after it is a torn
         tail (an append the crash interrupted, never acknowledged): it and everything after
-        are truncated. A bad record in a closed segment, or one followed by an intact record,
-        is damage to acknowledged data: ``LogDamageError``, and nothing is truncated.
+        are truncated. A bad record in a closed segment, one followed by an intact record, or
+        one whose chain of lengths reaches an unreadable page (``unreadable_in_chain``), is damage to
+        acknowledged data: ``LogDamageError``, and nothing is truncated.
 
         First the segments past ``verified_offset`` and the directory are synced: after a
         crash of the process alone, what it wrote and never synced is still in the page
@@ -148,6 +149,8 @@ class CommitLog:
                     raise LogDamageError(self.directory, item, "a closed segment", self.fs)
                 else:
                     torn = torn or item
+            if torn is not None and unreadable_in_chain(data, torn.start - segment.base_offset):
+                raise LogDamageError(self.directory, torn, "records over an unreadable page", self.fs)
             if torn is not None:  # nothing after it but fillers (of the same interrupted append)
                 if written_ahead(torn, end):
                     log.info("cutting %d bytes of zeros after the commit log's last record, at offset %d",
@@ -535,6 +538,27 @@ def written_ahead(tail: Gap, end: int) -> bool:
     """Whether ``tail``, the bad range after the last segment's last record, is zeros up to
     the file's ``end`` alone: most likely the zeros the log writes ahead of its records."""
     return tail.kind == "zeros" and tail.end == end
+
+
+def unreadable_in_chain(data: bytes, start: int) -> bool:
+    """Whether the records whose lengths chain from ``start`` in ``data`` (the last segment,
+    from its first bad record on) reach an unreadable page: a header on one, or a record's
+    bytes over one. That is a disk's latent sector error under records written whole, damage
+    to acknowledged data, not an append a crash cut short: such an append's chain ends in
+    bytes never written (zeros, garbage), and an unreadable page past that is no record's."""
+    position = start
+    while True:
+        head = data[position:position + codec.HEAD_SIZE]
+        if len(head) < codec.HEAD_SIZE or not any(head):
+            return False  # the end of the segment, or zeros: nothing written here
+        if head == _UNREADABLE_SECTOR[:codec.HEAD_SIZE]:
+            return True
+        total, magic = codec.peek_length(data, position)
+        if not (codec.is_record_magic(magic) or magic == codec.BLANK_MAGIC) or total < codec.HEAD_SIZE:
+            return False  # no header: the chain ends
+        if _UNREADABLE_SECTOR in data[position:position + total]:
+            return True
+        position += total
 
 
 def damage_kind(data: bytes, start: int, end: int) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from .commitlog import Gap, layout_gaps, walk, written_ahead
+from .commitlog import Gap, layout_gaps, unreadable_in_chain, walk, written_ahead
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, UNREADABLE_BYTE, FileSystem, read_salvaging
@@ -353,7 +353,8 @@ class _Inspection:
             report.log_end = base + len(data)
             # from the first range with nothing but fillers after it (an interrupted append's),
             # as recovery truncates
-            if number == len(paths) - 1 and trailing and trailing[0].start >= report.checkpoint:
+            if number == len(paths) - 1 and trailing and trailing[0].start >= report.checkpoint \
+                    and not unreadable_in_chain(data, trailing[0].start - base):
                 gaps = [gap for gap in gaps if gap not in trailing]
                 first = trailing[0]
                 if written_ahead(first, report.log_end):  # left by a crash

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from broker_embedded.errors import CorruptLogError
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from broker_embedded.store.repair import repair
@@ -75,6 +76,7 @@ REGRESSIONS = {
     "fsck counting twice the lost places of a queue none of whose records is intact": ("misdirected", 5259),
     "fsck counting a segment's roll-over blank on an unreadable page as a lost record": ("media", 5734),
     "a loss past the log's end, over the bytes new records are appended to (silent loss)": ("media", 6294),
+    "damaged records over an unreadable page at the log's end taken for a torn append (silent loss)": ("media", 7659),
 }
 
 
@@ -323,6 +325,39 @@ def test_a_loss_past_the_logs_end_is_cut_there_so_a_record_appended_over_its_byt
         assert [record.properties[PROPERTY_MESSAGE_ID] for record in _read_all(store, "orders", 0)] == \
             [f"m{number}" for number in range(5)]
         assert sorted(name for loss in store.losses.all() for name in loss.message_ids) == ["m5", "m6"]
+    finally:
+        store.close()
+
+
+def test_damaged_records_at_the_logs_end_over_an_unreadable_page_are_not_taken_for_a_torn_append() -> None:
+    """Seed 7659 of ``media``, no checkpoint yet: a bit flip in the first record and a latent
+    sector error under the two after it left no intact record from the first on, and
+    recovery took it all for a torn append and cut the log to nothing: three acknowledged
+    records gone, none in the ledger. A crash's torn append ends in bytes never written; a
+    chain of lengths that reaches an unreadable page is damage: the store refuses to open
+    and repair records the losses."""
+    disk = SimulatedDisk(random.Random(2), Faults())
+    config = dataclasses.replace(CONFIG, filesystem=disk)
+    store = MessageStore(DATA_DIR, config)
+    first, *rest = [store.put_batch([StoredRecord("orders", 0, body_of(number, size),
+                                                  {PROPERTY_MESSAGE_ID: f"m{number}"})])[0]
+                    for number, size in enumerate((60_000, 4000, 800))]
+    _abandon(store)  # acknowledged, no checkpoint
+    segment = disk.open(DATA_DIR / "commitlog" / f"{0:020d}")
+    disk.pwrite(segment, b"X", first.commit_log_offset + first.size // 2)  # a bit flip
+    disk.fsync(segment)
+    end = rest[-1].commit_log_offset + rest[-1].size
+    disk._inodes[disk._fds[segment]].bad_pages.update(range(rest[0].commit_log_offset // 4096, (end - 1) // 4096 + 1))
+    disk.process_crash()
+
+    with pytest.raises(CorruptLogError, match="unreadable page"):
+        MessageStore(DATA_DIR, config)
+    repair(DATA_DIR, fs=disk, config=config)
+    store = MessageStore(DATA_DIR, config)
+    try:
+        [loss] = store.losses.all()
+        assert loss.unreadable and "m0" in loss.message_ids and loss.records >= 1
+        assert _read_all(store, "orders", 0) == []
     finally:
         store.close()
 
