@@ -83,7 +83,7 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("a cut-off loss covering the bytes new records are appended to", "broker_embedded/store/message_store.py",
      '            "recovery", end, end, named,', '            "recovery", end, max(lost) + 1, named,'),
     ("fsck counting only the first record of a damaged range", "broker_embedded/store/verify.py",
-     "                for offset in self._heads_in(gap):\n", "                for offset in self._heads_in(gap)[:1]:\n"),
+     "                heads = self._heads_in(gap)\n", "                heads = self._heads_in(gap)[:1]\n"),
     ("fsck counting again the places the ledger has", "broker_embedded/store/verify.py",
      "        self.recorded = recorded\n", "        self.recorded: set[Place] = set()\n"),
     ("a directory a crashed open made, never made durable by the next open", "broker_embedded/store/files.py",
@@ -132,6 +132,9 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "broker_embedded/store/commitlog.py",
      "            if torn is not None and unreadable_in_chain(data, torn.start - segment.base_offset):\n",
      "            if False:\n"),
+    ("fsck counting a torn index entry inside a damaged record, past the checkpoint, as a lost record",
+     "broker_embedded/store/verify.py",
+     "                if self._chained_to_end(gap, heads):\n", "                if False:\n"),
 ]
 
 

@@ -457,14 +457,21 @@ class _Inspection:
                 entry = queue.entry(self.files, queue_offset)
                 if entry is not None and entry[1] and destroyed(entry[0]):  # not a hole: a loss repaired before
                     known[entry[0]] = LostMessage(entry[0], topic, queue_id, queue_offset)
-        indexed = self._index_entries()
-        for offset in indexed:
-            if destroyed(offset):
-                known.setdefault(offset, LostMessage(offset))
+        chained: list[tuple[int, int, set[int]]] = []  # ranges whose every record start is known
         for gap in gaps:
             if gap.kind != "missing":
-                for offset in self._heads_in(gap):
+                heads = self._heads_in(gap)
+                for offset in heads:
                     known.setdefault(offset, LostMessage(offset))
+                if self._chained_to_end(gap, heads):
+                    chained.append((gap.start, gap.end, set(heads)))
+        indexed = self._index_entries()
+        for offset in indexed:
+            # inside a record of a range whose chain of lengths is whole: an index entry a
+            # crash tore (its offset's last bytes unwritten) or left stale, no record's start
+            if destroyed(offset) and not any(start <= offset < end and offset not in heads
+                                             for start, end, heads in chained):
+                known.setdefault(offset, LostMessage(offset))
         uncounted = self._uncounted_positions()
         claimed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         for offset, message in list(known.items()):
@@ -633,6 +640,18 @@ class _Inspection:
                 heads.append(offset)
             offset += head.size
         return heads
+
+    def _chained_to_end(self, gap: Gap, heads: list[int]) -> bool:
+        """Whether the lengths of the records at ``heads`` (``_heads_in``) lead from ``gap``'s
+        start to exactly its end, where an intact record follows: then no other record
+        began in it."""
+        last = heads[-1]
+        if last in self.uncountable_heads or gap.end >= self.report.log_end:
+            return False
+        base = last - last % self.config.segment_size
+        path = self.data_dir / "commitlog" / f"{base:020d}"
+        total, magic = codec.peek_length(self._read_at(path, last - base, 0, codec.HEAD_SIZE), 0)
+        return codec.is_record_magic(magic) and last + total == gap.end
 
     def _read_at(self, path: Path, position: int, start: int, length: int) -> bytes:
         return self.files.pread(path, length, position + start)

@@ -77,6 +77,7 @@ REGRESSIONS = {
     "fsck counting a segment's roll-over blank on an unreadable page as a lost record": ("media", 5734),
     "a loss past the log's end, over the bytes new records are appended to (silent loss)": ("media", 6294),
     "damaged records over an unreadable page at the log's end taken for a torn append (silent loss)": ("media", 7659),
+    "fsck counting a torn index entry inside a damaged record, past the checkpoint, as a lost record": ("media", 1636),
 }
 
 
