@@ -525,6 +525,12 @@ def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord |
 _UNREADABLE_SECTOR = bytes([UNREADABLE_BYTE]) * 512
 
 
+def unreadable_header(header: bytes) -> bool:
+    """Whether a record header read back lies, whole or in part, on a page the disk could
+    not read (``read_salvaging`` fills such a page with ``UNREADABLE_BYTE``)."""
+    return _UNREADABLE_SECTOR[:4] in header
+
+
 def _decoded(data: bytes | memoryview, offset: int) -> StoredRecord:
     """The record ``data`` holds, read at commit log ``offset``; ``CorruptLogError`` if it
     is not one, intact and written there."""
@@ -551,7 +557,7 @@ def unreadable_in_chain(data: bytes, start: int) -> bool:
         head = data[position:position + codec.HEAD_SIZE]
         if len(head) < codec.HEAD_SIZE or not any(head):
             return False  # the end of the segment, or zeros: nothing written here
-        if head == _UNREADABLE_SECTOR[:codec.HEAD_SIZE]:
+        if unreadable_header(head):
             return True
         total, magic = codec.peek_length(data, position)
         if not (codec.is_record_magic(magic) or magic == codec.BLANK_MAGIC) or total < codec.HEAD_SIZE:

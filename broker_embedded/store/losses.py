@@ -150,6 +150,11 @@ class LossLedger:
                         loss.loss_id, loss.start, loss.end, end)
         return changed
 
+    def covers(self, offset: int) -> bool:
+        """Whether a loss's commit log range holds ``offset``: a record there is counted."""
+        with self._lock:
+            return any(loss.start <= offset < loss.end for loss in self._losses)
+
     def places(self) -> set[Place]:
         """The queue places of every lost record the ledger knows the place of."""
         with self._lock:

@@ -346,11 +346,7 @@ class MessageStore:
         by what the truncated bytes still hold of their headers, counted exactly. One in a
         range the ledger has already (a repair a crash cut short recorded it) is not
         counted again."""
-        known = self.losses.all()
-
-        def recorded(offset: int) -> bool:
-            return any(loss.start <= offset < loss.end for loss in known)
-
+        recorded = self.losses.covers
         lost = {offset for offset in indexed if offset >= end and not recorded(offset)}
         places: list[Place] = []
         for (topic, queue_id), queue in self._queues.items():

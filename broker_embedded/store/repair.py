@@ -116,15 +116,11 @@ def _record_losses(ledger: LossLedger, check: Report) -> None:
     recovery, or a repair a crash cut short) is not counted again. A loss covers its own
     range only: damage found later elsewhere is a new loss."""
     known = ledger.all()
-
-    def recorded(offset: int | None) -> bool:
-        return offset is not None and any(loss.start <= offset < loss.end for loss in known)
-
     ranges = [*check.gaps, *([check.torn_tail] if check.torn_tail else [])]
     by_range: dict[Gap | None, list[LostMessage]] = {}
     for m in check.lost:
-        if not recorded(m.commit_log_offset):
-            offset = m.commit_log_offset
+        offset = m.commit_log_offset
+        if offset is None or not ledger.covers(offset):
             gap = next((gap for gap in ranges if offset is not None and gap.start <= offset < gap.end), None)
             by_range.setdefault(gap, []).append(m)
     unlisted = max(0, check.lost_count - len(check.lost))  # records nothing names or places

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from .commitlog import Gap, layout_gaps, unreadable_in_chain, walk, written_ahead
+from .commitlog import Gap, layout_gaps, unreadable_header, unreadable_in_chain, walk, written_ahead
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
-from .filesystem import REAL, UNREADABLE_BYTE, FileSystem, read_salvaging
+from .filesystem import REAL, FileSystem, read_salvaging
 from .index import IndexFile, IndexFileError, key_hash
 from .index_filter import FilterFileError, KeyFilter
 from .losses import Loss, LossLedger, Name, Namer, Place
@@ -126,10 +126,6 @@ def lost_lines(lost: list[LostMessage], count: int) -> list[str]:
     if count > len(lost):
         lines.append(f"  and {count - len(lost)} records that no surviving byte names")
     return lines
-
-
-#: The start of a header on an unreadable page, as ``read_salvaging`` reads it.
-_UNREADABLE_HEAD = bytes([UNREADABLE_BYTE]) * 4
 
 
 class _Files:
@@ -626,9 +622,9 @@ class _Inspection:
                 # count stays a lower bound (``Report.uncountable``), and zeros there are the blank's
                 at_segment_end = gap.end % self.config.segment_size == 0
                 zeroed = not any(header) and offset >= self.report.checkpoint and not at_segment_end
-                if _UNREADABLE_HEAD in header and at_segment_end:
+                if unreadable_header(header) and at_segment_end:
                     self.report.uncountable.add(gap.start)
-                elif _UNREADABLE_HEAD in header or zeroed:
+                elif unreadable_header(header) or zeroed:
                     # a record began here (the range's start, or where a length led), its
                     # header on an unreadable page or zeroed: how many more did is unknown
                     self.uncountable_heads.add(offset)
