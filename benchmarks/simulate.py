@@ -135,6 +135,10 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("fsck counting a torn index entry inside a damaged record, past the checkpoint, as a lost record",
      "broker_embedded/store/verify.py",
      "                if self._chained_to_end(gap, heads):\n", "                if False:\n"),
+    ("a rolled-back append's cut not made durable (the store refusing to open, or a failed send back)",
+     "broker_embedded/store/commitlog.py",
+     "            self._zero_from(self.segments[-1], offset - self.segments[-1].base_offset)\n",
+     "            self.fs.ftruncate(self.segments[-1].fd, offset - self.segments[-1].base_offset)\n"),
 ]
 
 

@@ -250,9 +250,10 @@ class CommitLog:
             # that one short, a closed segment with a hole, behind them
             self.fs.fsync_directory(self.directory)
         if self.segments and offset < self.segments[-1].end_offset:
-            last = self.segments[-1]
-            last.allocated = None
-            self.fs.ftruncate(last.fd, offset - last.base_offset)
+            # durable at once: else a power loss before the next sync of the segment could
+            # bring back part of what the failed append wrote, damage followed by intact
+            # records, which recovery must take for damage to acknowledged ones
+            self._zero_from(self.segments[-1], offset - self.segments[-1].base_offset)
 
     def _segment_for_append(self, length: int) -> Segment:
         if not self.segments:

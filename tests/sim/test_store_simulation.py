@@ -78,6 +78,7 @@ REGRESSIONS = {
     "a loss past the log's end, over the bytes new records are appended to (silent loss)": ("media", 6294),
     "damaged records over an unreadable page at the log's end taken for a torn append (silent loss)": ("media", 7659),
     "fsck counting a torn index entry inside a damaged record, past the checkpoint, as a lost record": ("media", 1636),
+    "a rolled-back append's cut not made durable (the store refusing to open, or a failed send back)": ("io", 7418),
 }
 
 
@@ -449,6 +450,52 @@ def test_an_append_over_part_of_an_unreadable_page_fails_and_the_store_reopens_w
         assert set(read) < {f"m{n}" for n in range(5)} and len(read) + loss.records == 5
     finally:
         store.close()
+
+
+class _FailingWrite(SimulatedDisk):
+    """A disk whose ``pwrite`` number ``fail_at`` (counted from ``arm``) fails with EIO."""
+
+    fail_at: int | None = None
+
+    def arm(self, fail_at: int) -> None:
+        self.fail_at = fail_at
+
+    def pwrite(self, fd: int, data: bytes | memoryview, position: int) -> int:
+        if self.fail_at is not None:
+            self.fail_at -= 1
+            if not self.fail_at:
+                self.fail_at = None
+                raise OSError(errno.EIO, "input/output error")
+        return super().pwrite(fd, data, position)
+
+
+def test_an_append_failing_as_it_rolls_over_leaves_nothing_a_power_loss_can_bring_back() -> None:
+    """``io`` seed 7418: a batch's records went into the segment, the blank filler that
+    closes it failed (EIO), and the append was rolled back, its truncation left unsynced.
+    A power loss then kept part of the failed records and not the truncation: damage
+    followed by intact records, and the store refused to open. The roll-back's cut is
+    durable at once: every power loss after it reopens the store with exactly what it
+    acknowledged."""
+    for seed in range(30):
+        disk = _FailingWrite(random.Random(seed))
+        config = dataclasses.replace(CONFIG, filesystem=disk)
+        store = MessageStore(DATA_DIR, config)
+        acknowledged = [f"m{number}" for number in range(6)]
+        for number in range(6):  # 6 x 160 KiB: the segment of 1 MiB has ~60 KiB left
+            store.put(StoredRecord("orders", 0, body_of(number, 160 * 1024), {PROPERTY_MESSAGE_ID: f"m{number}"}))
+        disk.arm(2)  # the batch's first record fits, its second does not: the blank filler fails
+        batch = [StoredRecord("orders", 0, body_of(number, 30 * 1024 if number == 6 else 100 * 1024),
+                              {PROPERTY_MESSAGE_ID: f"m{number}"}) for number in (6, 7)]
+        with pytest.raises(OSError):
+            store.put_batch(batch)
+        _abandon(store)
+        disk.power_loss()
+        store = MessageStore(DATA_DIR, config)
+        try:
+            read = [record.properties[PROPERTY_MESSAGE_ID] for record in _read_all(store, "orders", 0)]
+            assert read == acknowledged, f"seed {seed}"
+        finally:
+            store.close()
 
 
 def test_a_queue_retention_emptied_continues_after_a_crash_before_the_next_checkpoint() -> None:
