@@ -117,7 +117,7 @@ class CommitLog:
         A bad record (or zeros) in the last segment with nothing intact after it is a torn
         tail (an append the crash interrupted, never acknowledged): it and everything after
         are truncated. A bad record in a closed segment, one followed by an intact record, or
-        one whose chain of lengths reaches an unreadable page (``unreadable_in_chain``), is damage to
+        one whose chain of lengths shows records written whole (``damage_in_chain``), is damage to
         acknowledged data: ``LogDamageError``, and nothing is truncated.
 
         First the segments past ``verified_offset`` and the directory are synced: after a
@@ -149,8 +149,8 @@ class CommitLog:
                     raise LogDamageError(self.directory, item, "a closed segment", self.fs)
                 else:
                     torn = torn or item
-            if torn is not None and unreadable_in_chain(data, torn.start - segment.base_offset):
-                raise LogDamageError(self.directory, torn, "records over an unreadable page", self.fs)
+            if torn is not None and damage_in_chain(data, torn.start - segment.base_offset, segment.base_offset):
+                raise LogDamageError(self.directory, torn, "records written whole, damaged since", self.fs)
             if torn is not None:  # nothing after it but fillers (of the same interrupted append)
                 if written_ahead(torn, end):
                     log.info("cutting %d bytes of zeros after the commit log's last record, at offset %d",
@@ -547,12 +547,15 @@ def written_ahead(tail: Gap, end: int) -> bool:
     return tail.kind == "zeros" and tail.end == end
 
 
-def unreadable_in_chain(data: bytes, start: int) -> bool:
+def damage_in_chain(data: bytes, start: int, base: int) -> bool:
     """Whether the records whose lengths chain from ``start`` in ``data`` (the last segment,
-    from its first bad record on) reach an unreadable page: a header on one, or a record's
-    bytes over one. That is a disk's latent sector error under records written whole, damage
-    to acknowledged data, not an append a crash cut short: such an append's chain ends in
-    bytes never written (zeros, garbage), and an unreadable page past that is no record's."""
+    based at commit log offset ``base``, from its first bad record on) were written whole and
+    damaged since, not an append a crash cut short: the chain reaches an unreadable page (a
+    header on one, or a record's bytes over one: a disk's latent sector error), or a record
+    header at its own offset after the first bad record (bytes an append wrote after that
+    record's, so that record was written whole: a bit flip, say). A torn append's chain ends
+    in bytes never written (zeros, garbage), and an unreadable page past that is no record's.
+    Blank fillers prove nothing: one is written apart from the records before it."""
     position = start
     while True:
         head = data[position:position + codec.HEAD_SIZE]
@@ -560,12 +563,24 @@ def unreadable_in_chain(data: bytes, start: int) -> bool:
             return False  # the end of the segment, or zeros: nothing written here
         if unreadable_header(head):
             return True
+        if position > start and _record_header_at(data, position, base + position):
+            return True
         total, magic = codec.peek_length(data, position)
         if not (codec.is_record_magic(magic) or magic == codec.BLANK_MAGIC) or total < codec.HEAD_SIZE:
             return False  # no header: the chain ends
         if _UNREADABLE_SECTOR in data[position:position + total]:
             return True
         position += total
+
+
+def _record_header_at(data: bytes, position: int, offset: int) -> bool:
+    """Whether a record header written for commit log ``offset`` starts at ``position``
+    (not a misdirected write's copy, whose own offset is another's)."""
+    try:
+        codec.decode_head(lambda at, length: data[position + at:position + at + length], offset)
+    except codec.RecordError:
+        return False
+    return True
 
 
 def damage_kind(data: bytes, start: int, end: int) -> str:

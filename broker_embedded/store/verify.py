@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from .commitlog import Gap, layout_gaps, unreadable_header, unreadable_in_chain, walk, written_ahead
+from .commitlog import Gap, damage_in_chain, layout_gaps, unreadable_header, walk, written_ahead
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, FileSystem, read_salvaging
@@ -350,7 +350,7 @@ class _Inspection:
             # from the first range with nothing but fillers after it (an interrupted append's),
             # as recovery truncates
             if number == len(paths) - 1 and trailing and trailing[0].start >= report.checkpoint \
-                    and not unreadable_in_chain(data, trailing[0].start - base):
+                    and not damage_in_chain(data, trailing[0].start - base, base):
                 gaps = [gap for gap in gaps if gap not in trailing]
                 first = trailing[0]
                 if written_ahead(first, report.log_end):  # left by a crash
