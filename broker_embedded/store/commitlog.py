@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CorruptLogError, StoreFullError
+from ..errors import BrokerClosedError, CorruptLogError, StoreFullError
 from . import codec
 from .files import make_directories
 from .filesystem import REAL, UNREADABLE_BYTE, FileSystem, read_salvaging
@@ -97,6 +97,9 @@ class CommitLog:
         #: The torn tail ``recover`` truncated: its start offset and its bytes (what may
         #: still name a record that was cut there); None if there was none.
         self.truncated: tuple[int, bytes] | None = None
+        #: Why a roll-back could not make its cut durable: the bytes of the failed append may
+        #: come back after a power loss, so no append follows them until a restart's recovery.
+        self._cut_failed: OSError | None = None
 
     # -- recovery -------------------------------------------------------------------------
     def check_layout(self, verified_offset: int) -> None:
@@ -174,7 +177,11 @@ class CommitLog:
         it is written at (``codec.seal``), one ``pwrite`` per segment touched; returns their
         commit log offsets. All or nothing: on ``StoreFullError`` or an ``OSError`` (EIO)
         everything this call wrote is removed again, so that the next append does not leave
-        a hole behind it. Not thread-safe (the caller holds the store's write lock)."""
+        a hole behind it; if that removal cannot be made durable, every later append raises
+        ``BrokerClosedError`` (as after a failed fsync: a restart recovers). Not thread-safe (the caller holds the store's write lock)."""
+        if self._cut_failed is not None:
+            raise BrokerClosedError(f"a failed append could not be undone durably ({self._cut_failed}); "
+                                    "the commit log takes no more appends until the broker restarts")
         start_offset, start_segments = self.write_offset, len(self.segments)
         offsets: list[int] = []
         chunk: list[bytes] = []
@@ -253,7 +260,11 @@ class CommitLog:
             # durable at once: else a power loss before the next sync of the segment could
             # bring back part of what the failed append wrote, damage followed by intact
             # records, which recovery must take for damage to acknowledged ones
-            self._zero_from(self.segments[-1], offset - self.segments[-1].base_offset)
+            try:
+                self._zero_from(self.segments[-1], offset - self.segments[-1].base_offset)
+            except OSError as exc:
+                self._cut_failed = exc
+                raise
 
     def _segment_for_append(self, length: int) -> Segment:
         if not self.segments:

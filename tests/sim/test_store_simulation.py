@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_embedded.errors import CorruptLogError
+from broker_embedded.errors import BrokerClosedError, CorruptLogError
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from broker_embedded.store.repair import repair
@@ -513,20 +513,28 @@ def test_an_append_over_part_of_an_unreadable_page_fails_and_the_store_reopens_w
 
 
 class _FailingWrite(SimulatedDisk):
-    """A disk whose ``pwrite`` number ``fail_at`` (counted from ``arm``) fails with EIO."""
+    """A disk whose ``pwrite`` number ``fail_at`` (counted from ``arm``) fails with EIO, and
+    with ``then_fsync`` the first fsync after it too."""
 
     fail_at: int | None = None
+    fail_fsync = False
 
-    def arm(self, fail_at: int) -> None:
-        self.fail_at = fail_at
+    def arm(self, fail_at: int, then_fsync: bool = False) -> None:
+        self.fail_at, self.then_fsync = fail_at, then_fsync
 
     def pwrite(self, fd: int, data: bytes | memoryview, position: int) -> int:
         if self.fail_at is not None:
             self.fail_at -= 1
             if not self.fail_at:
-                self.fail_at = None
+                self.fail_at, self.fail_fsync = None, self.then_fsync
                 raise OSError(errno.EIO, "input/output error")
         return super().pwrite(fd, data, position)
+
+    def fsync(self, fd: int) -> None:
+        if self.fail_fsync:
+            self.fail_fsync = False
+            raise OSError(errno.EIO, "input/output error")
+        super().fsync(fd)
 
 
 def test_an_append_failing_as_it_rolls_over_leaves_nothing_a_power_loss_can_bring_back() -> None:
@@ -556,6 +564,30 @@ def test_an_append_failing_as_it_rolls_over_leaves_nothing_a_power_loss_can_brin
             assert read == acknowledged, f"seed {seed}"
         finally:
             store.close()
+
+
+def test_a_roll_back_that_cannot_be_made_durable_stops_appends_until_a_restart() -> None:
+    """The append fails (EIO) and so does the fsync of its roll-back's cut: what the disk
+    keeps of the failed records is unknown, so the commit log takes no more appends
+    (``BrokerClosedError``, as after a failed fsync of the log); a restart opens it with
+    what it acknowledged."""
+    disk = _FailingWrite(random.Random(3))
+    config = dataclasses.replace(CONFIG, filesystem=disk)
+    store = MessageStore(DATA_DIR, config)
+    store.put(StoredRecord("orders", 0, body_of(0, 2000), {PROPERTY_MESSAGE_ID: "m0"}))
+    disk.arm(1, then_fsync=True)
+    with pytest.raises(OSError):
+        store.put(StoredRecord("orders", 0, body_of(1, 2000), {PROPERTY_MESSAGE_ID: "m1"}))
+    with pytest.raises(BrokerClosedError, match="until the broker restarts"):
+        store.put(StoredRecord("orders", 0, body_of(2, 2000), {PROPERTY_MESSAGE_ID: "m2"}))
+    _abandon(store)
+    disk.power_loss()
+    store = MessageStore(DATA_DIR, config)
+    try:
+        store.put(StoredRecord("orders", 0, body_of(3, 2000), {PROPERTY_MESSAGE_ID: "m3"}))
+        assert [record.properties[PROPERTY_MESSAGE_ID] for record in _read_all(store, "orders", 0)] == ["m0", "m3"]
+    finally:
+        store.close()
 
 
 def test_a_queue_retention_emptied_continues_after_a_crash_before_the_next_checkpoint() -> None:
