@@ -140,8 +140,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "        if position > start and _record_header_at(data, position, base + position):\n            return True\n", ""),
     ("a rolled-back append's cut not made durable (the store refusing to open, or a failed send back)",
      "broker_embedded/store/commitlog.py",
-     "                self._zero_from(self.segments[-1], offset - self.segments[-1].base_offset)\n",
-     "                self.fs.ftruncate(self.segments[-1].fd, offset - self.segments[-1].base_offset)\n"),
+     "                self._zero_from(last, offset - last.base_offset)\n",
+     "                self.fs.ftruncate(last.fd, offset - last.base_offset)\n"),
 ]
 
 

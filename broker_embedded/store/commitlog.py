@@ -178,7 +178,8 @@ class CommitLog:
         commit log offsets. All or nothing: on ``StoreFullError`` or an ``OSError`` (EIO)
         everything this call wrote is removed again, so that the next append does not leave
         a hole behind it; if that removal cannot be made durable, every later append raises
-        ``BrokerClosedError`` (as after a failed fsync: a restart recovers). Not thread-safe (the caller holds the store's write lock)."""
+        ``BrokerClosedError`` (as after a failed fsync: a restart recovers). Not thread-safe
+        (the caller holds the store's write lock)."""
         if self._cut_failed is not None:
             raise BrokerClosedError(f"a failed append could not be undone durably ({self._cut_failed}); "
                                     "the commit log takes no more appends until the broker restarts")
@@ -257,11 +258,12 @@ class CommitLog:
             # that one short, a closed segment with a hole, behind them
             self.fs.fsync_directory(self.directory)
         if self.segments and offset < self.segments[-1].end_offset:
+            last = self.segments[-1]
             # durable at once: else a power loss before the next sync of the segment could
             # bring back part of what the failed append wrote, damage followed by intact
             # records, which recovery must take for damage to acknowledged ones
             try:
-                self._zero_from(self.segments[-1], offset - self.segments[-1].base_offset)
+                self._zero_from(last, offset - last.base_offset)
             except OSError as exc:
                 self._cut_failed = exc
                 raise
@@ -535,12 +537,14 @@ def walk(data: bytes, base: int, pos: int, size: int) -> Iterator[StoredRecord |
 #: A sector's worth of what ``read_salvaging`` reads for an unreadable page: a gap holding
 #: it is (at least partly) a latent sector error, not bytes that read back wrong.
 _UNREADABLE_SECTOR = bytes([UNREADABLE_BYTE]) * 512
+#: The start of a header on an unreadable page, as ``read_salvaging`` reads it.
+_UNREADABLE_HEAD = _UNREADABLE_SECTOR[:4]
 
 
 def unreadable_header(header: bytes) -> bool:
     """Whether a record header read back lies, whole or in part, on a page the disk could
     not read (``read_salvaging`` fills such a page with ``UNREADABLE_BYTE``)."""
-    return _UNREADABLE_SECTOR[:4] in header
+    return _UNREADABLE_HEAD in header
 
 
 def _decoded(data: bytes | memoryview, offset: int) -> StoredRecord:

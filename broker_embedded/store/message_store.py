@@ -346,15 +346,14 @@ class MessageStore:
         by what the truncated bytes still hold of their headers, counted exactly. One in a
         range the ledger has already (a repair a crash cut short recorded it) is not
         counted again."""
-        recorded = self.losses.covers
-        lost = {offset for offset in indexed if offset >= end and not recorded(offset)}
+        lost = {offset for offset in indexed if offset >= end and not self.losses.covers(offset)}
         places: list[Place] = []
         for (topic, queue_id), queue in self._queues.items():
             for queue_offset in range(queue.max_offset - 1, queue.min_offset - 1, -1):
                 offset, size = queue.entry(queue_offset)
                 if offset < end:
                     break
-                if size and not recorded(offset):
+                if size and not self.losses.covers(offset):
                     lost.add(offset)
                     places.append((topic, queue_id, queue_offset))
         if not lost:

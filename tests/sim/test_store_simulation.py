@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker_embedded.errors import BrokerClosedError, CorruptLogError
+from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from broker_embedded.store.repair import repair
@@ -334,6 +335,15 @@ def test_a_loss_past_the_logs_end_is_cut_there_so_a_record_appended_over_its_byt
         store.close()
 
 
+def _refused_then_repaired(disk: SimulatedDisk, config: StoreConfig) -> MessageStore:
+    """The store on ``disk`` refuses to open (damage to records written whole, not a torn
+    append); opened again after ``repair``."""
+    with pytest.raises(CorruptLogError, match="written whole"):
+        MessageStore(DATA_DIR, config)
+    repair(DATA_DIR, fs=disk, config=config)
+    return MessageStore(DATA_DIR, config)
+
+
 def test_damaged_records_at_the_logs_end_over_an_unreadable_page_are_not_taken_for_a_torn_append() -> None:
     """Seed 7659 of ``media``, no checkpoint yet: a bit flip in the first record and a latent
     sector error under the two after it left no intact record from the first on, and
@@ -355,10 +365,7 @@ def test_damaged_records_at_the_logs_end_over_an_unreadable_page_are_not_taken_f
     disk._inodes[disk._fds[segment]].bad_pages.update(range(rest[0].commit_log_offset // 4096, (end - 1) // 4096 + 1))
     disk.process_crash()
 
-    with pytest.raises(CorruptLogError, match="written whole"):
-        MessageStore(DATA_DIR, config)
-    repair(DATA_DIR, fs=disk, config=config)
-    store = MessageStore(DATA_DIR, config)
+    store = _refused_then_repaired(disk, config)
     try:
         [loss] = store.losses.all()
         assert loss.unreadable and "m0" in loss.message_ids and loss.records >= 1
@@ -387,10 +394,7 @@ def test_bit_flips_in_the_last_records_of_the_log_are_not_taken_for_a_torn_appen
     disk.fsync(segment)
     disk.process_crash()
 
-    with pytest.raises(CorruptLogError, match="written whole"):
-        MessageStore(DATA_DIR, config)
-    repair(DATA_DIR, fs=disk, config=config)
-    store = MessageStore(DATA_DIR, config)
+    store = _refused_then_repaired(disk, config)
     try:
         lost = {message_id for loss in store.losses.all() for message_id in loss.message_ids}
         assert lost == {"m1", "m2"}
