@@ -470,8 +470,11 @@ class _Inspection:
                 known.setdefault(offset, LostMessage(offset))
         uncounted = self._uncounted_positions()
         claimed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
-        for offset, message in list(known.items()):
-            head = self._salvage(offset)
+        headers = {offset: self._salvage(offset) for offset in known}
+        # the places salvaged headers name first: a header's own word outweighs the guess
+        # for one zeroed or unreadable (which may lie between the same intact records)
+        for offset in sorted(known, key=lambda offset: headers[offset] is None):
+            message, head = known[offset], headers[offset]
             if head is not None:
                 # a queue entry's place stands; a damaged header's only where no intact record
                 # is and no queue entry put another lost record (its queue id may be zeroed, say)

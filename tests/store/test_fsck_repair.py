@@ -21,6 +21,7 @@ from broker_embedded import EmbeddedBroker, Message
 from broker_embedded.cli.main import main
 from broker_embedded.errors import CorruptLogError
 from broker_embedded.store import codec
+from broker_embedded.store.consume_queue import ENTRY_SIZE, file_name
 from broker_embedded.store.filesystem import REAL
 from broker_embedded.store.index import IndexFile
 from broker_embedded.store.index_filter import KeyFilter, filter_path
@@ -379,3 +380,38 @@ def test_fsck_and_repair_count_a_damaged_header_naming_another_stored_message(
     with MessageStore(data, STORE) as store:
         assert store.lookup_message_id("id19") == [stored[19].commit_log_offset]
         assert [message_id for loss in store.losses.all() for message_id in loss.message_ids] == ["id14"]
+
+
+def test_a_damaged_record_keeps_the_lost_place_its_header_names_from_a_zeroed_one_before_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the store simulation (``misdirected`` 10963): past the checkpoint, zeros (a
+    misdirected write's) over two queue 1 records, and later a queue 0 record with a flipped
+    body byte, no queue entry of theirs on disk. fsck gave the zeroed header the lost queue 0
+    place (it lay between that queue's intact records too), so the damaged record's own
+    header could not take it, and queue 1's places were counted beside it: 4 lost of 3."""
+    live = tmp_path / "live"
+    with MessageStore(live, STORE) as store:  # queues 0 and 1 at offsets 0 and 1
+        store.put_batch([record(n, queue_id=n % 2) for n in range(4)])
+        store.checkpoint()
+        store.put(record(4, queue_id=0))
+        zeroed = [store.put(record(n, queue_id=1)) for n in (5, 6)]
+        store.put(record(7, queue_id=1))
+        flipped = store.put(record(8, queue_id=0))
+        store.put(record(9, queue_id=0))
+        data = crash_image(live, tmp_path / "crashed")
+    for queue_id in (0, 1):  # the entries past the checkpoint's counts never reached the disk
+        with (data / "consumequeue" / "orders" / str(queue_id) / file_name(0)).open("r+b") as f:
+            f.truncate(2 * ENTRY_SIZE)
+    start = zeroed[0].commit_log_offset
+    zero(data, start, zeroed[1].commit_log_offset + zeroed[1].size - start)
+    flip(data, flipped.commit_log_offset + flipped.size - 1)  # a body byte: its header intact
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 1 and report["lost_count"] == 3, report["lost"]
+    places = {(m["message_id"], m["queue_id"], m["queue_offset"]) for m in report["lost"]}
+    assert ("id8", 0, flipped.queue_offset) in places
+    code, repaired = tool(capsys, "repair", "--data-dir", str(data))
+    assert code == 1 and repaired["lost_count"] == 3
+    with MessageStore(data, STORE) as store:
+        assert sum(len(loss.message_ids) + loss.unnamed for loss in store.losses.all()) == 3
+        assert (ids(store), ids(store, queue_id=1)) == (["id0", "id2", "id4", "id9"], ["id1", "id3", "id7"])
