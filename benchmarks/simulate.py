@@ -112,8 +112,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "                if gap.end > self.report.checkpoint:\n", "                if False:\n"),
     ("fsck counting an index entry's record past the checkpoint beside the lost place it held",
      "broker_embedded/store/verify.py",
-     "                    if uncountable or offset >= report.checkpoint else None\n",
-     "                    if uncountable else None\n"),
+     "            elif message.topic is None and (offset in self.uncountable_heads or offset >= report.checkpoint):\n",
+     "            elif message.topic is None and offset in self.uncountable_heads:\n"),
     ("recovery giving the places a rebuilt queue skipped to a range the ledger has",
      "broker_embedded/store/message_store.py",
      "        number = next((n for n in between if uncovered(gaps[n].start, gaps[n].end, losses)), "
@@ -142,10 +142,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "broker_embedded/store/commitlog.py",
      "                self._zero_from(last, offset - last.base_offset)\n",
      "                self.fs.ftruncate(last.fd, offset - last.base_offset)\n"),
-    ("a zeroed header given the lost place a damaged record's own header names (an over-count)",
-     "broker_embedded/store/verify.py",
-     "        for offset in sorted(known, key=lambda offset: headers[offset] is None):\n",
-     "        for offset in list(known):\n"),
+    ("lost places guessed in the order of the heads, not matched (an over-count)", "broker_embedded/store/verify.py",
+     "            _move_for(head, places, fits, owner, held)\n", "            pass\n"),
 ]
 
 

@@ -470,11 +470,11 @@ class _Inspection:
                 known.setdefault(offset, LostMessage(offset))
         uncounted = self._uncounted_positions()
         claimed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
-        headers = {offset: self._salvage(offset) for offset in known}
-        # the places salvaged headers name first: a header's own word outweighs the guess
-        # for one zeroed or unreadable (which may lie between the same intact records)
-        for offset in sorted(known, key=lambda offset: headers[offset] is None):
-            message, head = known[offset], headers[offset]
+        # the places salvaged headers name first, the guesses for the others after (a header's
+        # own word outweighs a guess for one zeroed or unreadable between the same records)
+        guessed: list[int] = []
+        for offset, message in list(known.items()):
+            head = self._salvage(offset)
             if head is not None:
                 # a queue entry's place stands; a damaged header's only where no intact record
                 # is and no queue entry put another lost record (its queue id may be zeroed, say)
@@ -490,21 +490,25 @@ class _Inspection:
                     place = salvaged
                     claimed.add(salvaged)
                 known[offset] = LostMessage(offset, *place, self._own_id(offset, head, indexed, destroyed))
-            elif message.topic is None:
-                # a header on an unreadable page or zeroed, or a record past the checkpoint (an
-                # index entry's; a lost place past its queue's checkpoint count): the lost place
-                # of a record that may have lain there is the same record, as far as any byte
-                # tells (the count is a lower bound)
-                uncountable = offset in self.uncountable_heads
-                held = next((p for p in uncounted if p not in claimed
-                             and (uncountable or p[2] >= report.queue_counts.get(p[:2], 0))
-                             and self.queues[p[:2]].could_hold(p[2], offset)), None) \
-                    if uncountable or offset >= report.checkpoint else None
-                if held is not None:
-                    claimed.add(held)
-                    known[offset] = LostMessage(offset, *held)
-                elif offset in starts and offset not in self.uncountable_heads:
-                    del known[offset]  # damaged bytes at a gap's start that no entry says held a record
+            elif message.topic is None and (offset in self.uncountable_heads or offset >= report.checkpoint):
+                guessed.append(offset)
+            elif message.topic is None and offset in starts:
+                del known[offset]  # damaged bytes at a gap's start that no entry says held a record
+        # a header on an unreadable page or zeroed, or a record past the checkpoint (an index
+        # entry's; a lost place past its queue's checkpoint count): the lost place of a record
+        # that may have lain there is the same record, as far as any byte tells (the count is
+        # a lower bound); as many such heads as can get one, none twice (``_match``)
+
+        def fits(offset: int, place: Place) -> bool:
+            return ((offset in self.uncountable_heads or place[2] >= report.queue_counts.get(place[:2], 0))
+                    and self.queues[place[:2]].could_hold(place[2], offset))
+
+        held = _match(guessed, [place for place in uncounted if place not in claimed], fits)
+        for offset in guessed:
+            if offset in held:
+                known[offset] = LostMessage(offset, *held[offset])
+            elif offset in starts and offset not in self.uncountable_heads:
+                del known[offset]  # as above
         self._name(known, indexed)
         placed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         unplaced = [m for m in known.values() if m.topic is None]
@@ -732,3 +736,48 @@ class _Inspection:
             if missed:
                 self.report.problems.append(
                     f"the filter of index file {file.path.name} lacks {missed} of its keys: lookups miss them")
+
+
+def _match(heads: list[int], places: list[Place], fits: Callable[[int, Place], bool]) -> dict[int, Place]:
+    """Give as many ``heads`` as can be one of ``places`` that ``fits`` each, no place
+    twice (a maximum matching): each head takes the first free place that fits it, then a
+    head left without one takes a place whose head can move to another. Taken in order
+    alone, a head that fits many places may take the one place another fits, and that
+    record is counted twice: once by its head, once by its place."""
+    owner: dict[Place, int] = {}
+    held: dict[int, Place] = {}
+    for head in heads:
+        place = next((p for p in places if p not in owner and fits(head, p)), None)
+        if place is not None:
+            owner[place], held[head] = head, place
+    for head in heads:
+        if head not in held:
+            _move_for(head, places, fits, owner, held)
+    return held
+
+
+def _move_for(head: int, places: list[Place], fits: Callable[[int, Place], bool],
+              owner: dict[Place, int], held: dict[int, Place]) -> None:
+    """Find ``head`` a place by moving heads that hold places it fits to other places they
+    fit (a breadth-first search for a free place at the end of such a chain), if any."""
+    reached: dict[Place, tuple[int, Place | None]] = {}  # place -> the head that reached it, and its place
+    frontier: list[tuple[int, Place | None]] = [(head, None)]
+    seen = {head}
+    while frontier:
+        following: list[tuple[int, Place | None]] = []
+        for at, own in frontier:
+            for place in places:
+                if place in reached or place == own or not fits(at, place):
+                    continue
+                reached[place] = (at, own)
+                if place not in owner:  # free: each head on the chain moves one place along
+                    step: Place | None = place
+                    while step is not None:
+                        mover, step_back = reached[step]
+                        owner[step], held[mover] = mover, step
+                        step = step_back
+                    return
+                if owner[place] not in seen:
+                    seen.add(owner[place])
+                    following.append((owner[place], place))
+        frontier = following

@@ -7,6 +7,7 @@ must be readable, and it must stay so across restarts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker_embedded import EmbeddedBroker, Message
 from broker_embedded.cli.main import main
@@ -25,7 +28,9 @@ from broker_embedded.store.consume_queue import ENTRY_SIZE, file_name
 from broker_embedded.store.filesystem import REAL
 from broker_embedded.store.index import IndexFile
 from broker_embedded.store.index_filter import KeyFilter, filter_path
+from broker_embedded.store.losses import Place
 from broker_embedded.store.message_store import MessageStore
+from broker_embedded.store.verify import _match
 from tests.store.damage import crash_image, cut, fingerprint, flip, index_files, segments, zero
 from tests.store.test_damaged_files import BROKER, STORE, RecordingChecker, crashed_store, record
 
@@ -415,3 +420,21 @@ def test_a_damaged_record_keeps_the_lost_place_its_header_names_from_a_zeroed_on
     with MessageStore(data, STORE) as store:
         assert sum(len(loss.message_ids) + loss.unnamed for loss in store.losses.all()) == 3
         assert (ids(store), ids(store, queue_id=1)) == (["id0", "id2", "id4", "id9"], ["id1", "id3", "id7"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sets(st.integers(0, 4), max_size=5), max_size=5))
+def test_fsck_gives_as_many_lost_heads_a_place_as_can_have_one(fitting: list[set[int]]) -> None:
+    """Found by the store simulation (``media`` 12184): two lost records whose headers were
+    unreadable, one that could have held either of two lost queue places and one that could
+    hold only one of them; taken in order, the first took the second's, which was left
+    without a place and counted again beside it (3 lost of 2). Each head gets a place if
+    some assignment gives it one: as many as the best assignment of all (found by trying
+    every one), each a place that fits it, none twice."""
+    places: list[Place] = [("orders", 0, n) for n in range(5)]
+    held = _match(list(range(len(fitting))), places, lambda head, place: place[2] in fitting[head])
+    best = max((sum(1 for head, place in enumerate(order) if place in fitting[head])
+                for order in itertools.permutations(range(5), len(fitting))), default=0)
+    assert len(held) == best
+    assert all(place[2] in fitting[head] for head, place in held.items())
+    assert len(set(held.values())) == len(held)
