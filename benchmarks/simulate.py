@@ -144,6 +144,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "                self.fs.ftruncate(last.fd, offset - last.base_offset)\n"),
     ("lost places guessed in the order of the heads, not matched (an over-count)", "broker_embedded/store/verify.py",
      "            _move_for(head, places, fits, owner, held)\n", "            pass\n"),
+    ("two lost records whose damaged headers say one id both named by it", "broker_embedded/store/verify.py",
+     "        _unname_twins(known, indexed)\n", ""),
 ]
 
 

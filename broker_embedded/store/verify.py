@@ -509,6 +509,7 @@ class _Inspection:
                 known[offset] = LostMessage(offset, *held[offset])
             elif offset in starts and offset not in self.uncountable_heads:
                 del known[offset]  # as above
+        _unname_twins(known, indexed)
         self._name(known, indexed)
         placed = {(m.topic, m.queue_id, m.queue_offset) for m in known.values() if m.topic is not None}
         unplaced = [m for m in known.values() if m.topic is None]
@@ -736,6 +737,24 @@ class _Inspection:
             if missed:
                 self.report.problems.append(
                     f"the filter of index file {file.path.name} lacks {missed} of its keys: lookups miss them")
+
+
+def _unname_twins(known: dict[int, LostMessage], indexed: dict[int, set[int]]) -> None:
+    """Where the damaged headers of several lost records say one message id (a flipped bit
+    made one of them another's), keep it only on the one whose index entry has its hash, if
+    exactly one does: the others are counted, not named (naming both, the wrong one may be
+    resent, and the right one counted twice)."""
+    by_id: dict[str, list[int]] = {}
+    for offset, message in known.items():
+        if message.message_id is not None:
+            by_id.setdefault(message.message_id, []).append(offset)
+    for message_id, offsets in by_id.items():
+        if len(offsets) > 1:
+            hash_ = key_hash("i", "", message_id)
+            proven = [offset for offset in offsets if hash_ in indexed.get(offset, ())]
+            for offset in offsets:
+                if proven != [offset]:
+                    known[offset] = dataclasses.replace(known[offset], message_id=None)
 
 
 def _match(heads: list[int], places: list[Place], fits: Callable[[int, Place], bool]) -> dict[int, Place]:

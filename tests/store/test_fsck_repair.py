@@ -438,3 +438,36 @@ def test_fsck_gives_as_many_lost_heads_a_place_as_can_have_one(fitting: list[set
     assert len(held) == best
     assert all(place[2] in fitting[head] for head, place in held.items())
     assert len(set(held.values())) == len(held)
+
+
+@pytest.mark.parametrize("index", ["kept", "deleted"])
+def test_two_lost_records_whose_headers_say_one_id_are_not_both_named_by_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], index: str
+) -> None:
+    """Found by the store simulation (``media`` 12486): a flipped bit turned the id in the
+    damaged header of a lost record into the id of the lost record before it ("id12" reads
+    "id11"), and fsck and repair named id11 twice. The id stays with the record whose index
+    entry has it, if one does; with no index to tell, neither is named: both are counted,
+    each at its queue place."""
+    data = tmp_path / "data"
+    with MessageStore(data, STORE) as store:
+        stored = {n: store.put(record(n)) for n in range(10, 16)}
+    segment = segments(data)[0]
+    image = bytearray(segment.read_bytes())
+    twin = stored[12]
+    image[image.index(b"id12", twin.commit_log_offset, twin.commit_log_offset + twin.size) + 3] = ord("1")
+    segment.write_bytes(bytes(image))
+    flip(data, stored[11].commit_log_offset + stored[11].size - 1)  # a body byte: its header intact
+    if index == "deleted":
+        shutil.rmtree(data / "index")
+    named = ["id11"] if index == "kept" else []
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 1 and report["lost_count"] == 2
+    assert sorted(m["message_id"] or "" for m in report["lost"]) == ["", named[0] if named else ""]
+    assert sorted(m["queue_offset"] for m in report["lost"]) == [1, 2]
+    code, repaired = tool(capsys, "repair", "--data-dir", str(data))
+    assert code == 1 and repaired["lost_count"] == 2
+    with MessageStore(data, STORE) as store:
+        assert [message_id for loss in store.losses.all() for message_id in loss.message_ids] == named
+        assert sum(len(loss.message_ids) + loss.unnamed for loss in store.losses.all()) == 2
+        assert ids(store) == ["id10", "id13", "id14", "id15"]
