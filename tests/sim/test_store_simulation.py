@@ -71,7 +71,8 @@ REGRESSIONS = {
     "a torn append's roll-over filler taken for an intact record after it, power losses only": ("power", 148),
     "a count taken for exact where a misdirected copy broke the chain of lengths": ("misdirected", 378),
     "a count taken for exact where a copy broke the chain below the checkpoint, reaching past it": ("misdirected", 490),
-    "an index entry's record past the checkpoint counted beside the lost place it held": ("misdirected", 912),
+    # its first seed (912 of misdirected) stopped finding it as the disk model changed
+    "an index entry's record past the checkpoint counted beside the lost place it held": ("misdirected", 1159),
     "recovery giving the places a rebuilt queue skipped to a range the ledger has": ("misdirected", 29),
     "a repair counting no record recording nothing for a range nothing counts": ("misdirected", 5260),
     "fsck counting twice the lost places of a queue none of whose records is intact": ("misdirected", 5259),

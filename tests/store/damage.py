@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from broker_embedded import EmbeddedBroker
+from broker_embedded.store.record import StoredRecord
 
 
 def crash_image(source: Path, target: Path) -> Path:
@@ -48,6 +49,17 @@ def overwrite(data_dir: Path, commit_log_offset: int, data: bytes) -> None:
 def zero(data_dir: Path, commit_log_offset: int, length: int) -> None:
     """Zero ``length`` bytes of the commit log from ``commit_log_offset`` (one segment)."""
     overwrite(data_dir, commit_log_offset, b"\0" * length)
+
+
+def retype(data_dir: Path, record: StoredRecord, old: bytes, new: bytes) -> None:
+    """Overwrite the first ``old`` in ``record``'s bytes with ``new``, as long: a flipped
+    bit that turns its id into another message's, say."""
+    path, position = locate(data_dir, record.commit_log_offset)
+    with path.open("r+b") as f:
+        f.seek(position)
+        at = f.read(record.size).index(old)
+        f.seek(position + at)
+        f.write(new)
 
 
 def flip(data_dir: Path, commit_log_offset: int) -> None:

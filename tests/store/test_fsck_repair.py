@@ -31,7 +31,16 @@ from broker_embedded.store.index_filter import KeyFilter, filter_path
 from broker_embedded.store.losses import Place
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.verify import _match
-from tests.store.damage import crash_image, cut, fingerprint, flip, index_files, segments, zero
+from tests.store.damage import (
+    crash_image,
+    cut,
+    fingerprint,
+    flip,
+    index_files,
+    retype,
+    segments,
+    zero,
+)
 from tests.store.test_damaged_files import BROKER, STORE, RecordingChecker, crashed_store, record
 
 ROOT = Path(__file__).parents[2]
@@ -369,11 +378,7 @@ def test_fsck_and_repair_count_a_damaged_header_naming_another_stored_message(
     data = tmp_path / "data"
     with MessageStore(data, STORE) as store:
         stored = {n: store.put(record(n, queue_id=n % 2)) for n in range(10, 30)}
-    segment = segments(data)[0]
-    image = bytearray(segment.read_bytes())
-    damaged = stored[11]
-    image[image.index(b"id11", damaged.commit_log_offset, damaged.commit_log_offset + damaged.size) + 3] = ord("9")
-    segment.write_bytes(bytes(image))
+    retype(data, stored[11], b"id11", b"id19")
     flip(data, stored[14].commit_log_offset + stored[14].size - 1)  # a body byte: its header intact
     code, report = tool(capsys, "fsck", "--data-dir", str(data))
     assert code == 1
@@ -452,11 +457,7 @@ def test_two_lost_records_whose_headers_say_one_id_are_not_both_named_by_it(
     data = tmp_path / "data"
     with MessageStore(data, STORE) as store:
         stored = {n: store.put(record(n)) for n in range(10, 16)}
-    segment = segments(data)[0]
-    image = bytearray(segment.read_bytes())
-    twin = stored[12]
-    image[image.index(b"id12", twin.commit_log_offset, twin.commit_log_offset + twin.size) + 3] = ord("1")
-    segment.write_bytes(bytes(image))
+    retype(data, stored[12], b"id12", b"id11")
     flip(data, stored[11].commit_log_offset + stored[11].size - 1)  # a body byte: its header intact
     if index == "deleted":
         shutil.rmtree(data / "index")
