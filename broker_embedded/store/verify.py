@@ -770,6 +770,8 @@ def _match(heads: list[int], places: list[Place], fits: Callable[[int, Place], b
         if place is not None:
             owner[place], held[head] = head, place
     for head in heads:
+        if len(owner) == len(places):
+            break  # no free place left to move to
         if head not in held:
             _move_for(head, places, fits, owner, held)
     return held
