@@ -146,6 +146,12 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "            _move_for(head, places, fits, owner, held)\n", "            pass\n"),
     ("two lost records whose damaged headers say one id both named by it", "broker_embedded/store/verify.py",
      "        _unname_twins(known, indexed)\n", ""),
+    ("a cut-off record named by the id its damaged header says, which its index entry denies",
+     "broker_embedded/store/message_store.py",
+     "        if message_id is None or (hashes and key_hash(\"i\", \"\", message_id) not in hashes):\n",
+     "        if message_id is None:\n"),
+    ("a torn index entry past the end of the log taken for a record cut off", "broker_embedded/store/message_store.py",
+     "                and not all(any(at < end for at in self.index.lookup_hash(hash_)) for hash_ in keys)}\n", "}\n"),
 ]
 
 

@@ -519,13 +519,14 @@ class MessageIndex:
 
     def lookup_id(self, message_id: str) -> list[int]:
         """Candidate offsets of a message id, in commit log order."""
-        return self._lookup(key_hash("i", "", message_id))
+        return self.lookup_hash(key_hash("i", "", message_id))
 
     def lookup_key(self, topic: str, key: str) -> list[int]:
         """Candidate offsets of a key of a topic, in commit log order."""
-        return self._lookup(key_hash("k", topic, key))
+        return self.lookup_hash(key_hash("k", topic, key))
 
-    def _lookup(self, hash_: int) -> list[int]:
+    def lookup_hash(self, hash_: int) -> list[int]:
+        """Candidate offsets of a ``key_hash``, in commit log order."""
         found: set[int] = set()
         with self._lock:
             tested = probe(hash_)

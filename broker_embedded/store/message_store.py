@@ -83,7 +83,7 @@ from .config import StoreConfig
 from .consume_queue import ConsumeQueue
 from .files import make_directories, write_atomically
 from .filesystem import REAL, FileSystem
-from .index import IndexedRecord, MessageIndex
+from .index import IndexedRecord, MessageIndex, key_hash
 from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from .scrub import Scrub, uncovered
@@ -263,7 +263,7 @@ class MessageStore:
         # every record is replayed (indexed, queued): lookups see them from here on, the
         # ledger's naming of the damaged ranges below included
         end = self._dispatched_end = self.commitlog.write_offset
-        self._record_cut_off(end, [offset for _, offset in indexed_tail])
+        self._record_cut_off(end, indexed_tail)
         self.losses.cut_at(end)  # new records are appended from here
         for queue in self._queues.values():
             queue.truncate_beyond(end)
@@ -338,15 +338,22 @@ class MessageStore:
             skipped.setdefault(number, set()).update(
                 place for queue_offset in offsets if (place := (*key, queue_offset)) not in known)
 
-    def _record_cut_off(self, end: int, indexed: list[int]) -> None:
+    def _record_cut_off(self, end: int, indexed: list[tuple[int, int]]) -> None:
         """Write to the ledger the records past the recovered ``end`` of the log that were
-        dispatched: an index entry (``indexed``) or a queue entry on disk points at them.
+        dispatched: an index entry (``indexed``: key hash, offset) or a queue entry on disk
+        points at them.
         A record is dispatched only once durable (sync mode: before it is acknowledged), so
         these were acknowledged and a cut log took them; a torn append has no entry. Named
         by what the truncated bytes still hold of their headers, counted exactly. One in a
         range the ledger has already (a repair a crash cut short recorded it) is not
         counted again."""
-        lost = {offset for offset in indexed if offset >= end and not self.losses.covers(offset)}
+        hashes: dict[int, set[int]] = {}
+        for hash_, offset in indexed:
+            hashes.setdefault(offset, set()).add(hash_)
+        # an entry past the end each of whose keys the index has below it (of the records
+        # replayed) is a torn one (its offset's bytes part old, part new) or a copy's: no loss
+        lost = {offset for offset, keys in hashes.items() if offset >= end and not self.losses.covers(offset)
+                and not all(any(at < end for at in self.index.lookup_hash(hash_)) for hash_ in keys)}
         places: list[Place] = []
         for (topic, queue_id), queue in self._queues.items():
             for queue_offset in range(queue.max_offset - 1, queue.min_offset - 1, -1):
@@ -358,7 +365,8 @@ class MessageStore:
                     places.append((topic, queue_id, queue_offset))
         if not lost:
             return
-        named = [message_id for offset in sorted(lost) if (message_id := self._name_truncated(offset))]
+        named = [message_id for offset in sorted(lost)
+                 if (message_id := self._name_truncated(offset, hashes.get(offset, set())))]
         # The loss covers no bytes: the cut-off ones are gone and new records are appended
         # from ``end``; a range over them would pass their later damage for this known loss.
         self.losses.record(
@@ -369,9 +377,11 @@ class MessageStore:
             places,
         )
 
-    def _name_truncated(self, offset: int) -> str | None:
+    def _name_truncated(self, offset: int, hashes: set[int]) -> str | None:
         """The message id in what the torn tail recovery truncated still holds of the
-        header of the record at ``offset``, if anything."""
+        header of the record at ``offset``, if anything, unless its index entries
+        (``hashes``) lack the id's: a flipped bit made it another id (maybe of a message
+        not sent yet, which would be named lost once stored)."""
         if self.commitlog.truncated is None:
             return None
         start, data = self.commitlog.truncated
@@ -383,7 +393,10 @@ class MessageStore:
                                      salvage=True)
         except codec.RecordError:
             return None
-        return head.properties.get(PROPERTY_MESSAGE_ID)
+        message_id = head.properties.get(PROPERTY_MESSAGE_ID)
+        if message_id is None or (hashes and key_hash("i", "", message_id) not in hashes):
+            return None
+        return message_id
 
     def _index_from(self, checkpoint: dict[str, Any], verified: int) -> int:
         """Where records must be indexed again from: ``verified`` when the index holds

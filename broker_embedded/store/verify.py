@@ -320,6 +320,7 @@ class _Inspection:
         self._indexed = functools.lru_cache(maxsize=4096)(
             lambda number, hash_: frozenset(self.index[number].lookup(hash_)))
         self.unindexed = [0, 0]  # records before / after the checkpoint missing from the index
+        self.keys_past_checkpoint: set[int] = set()  # the key hashes of intact records there
         self.first_unindexed: int | None = None
         #: the offsets of the index's entries by hash, once a salvaged id is checked (``_own_id``)
         self._offsets_by_hash: dict[int, list[int]] | None = None
@@ -588,19 +589,23 @@ class _Inspection:
         """The commit log offsets the index points at, with the hashes of their entries:
         before the end of the log, all of them; past it, those of the newest entries
         (records dispatched before a cut; an older entry past the end is left from an
-        earlier crash)."""
+        earlier crash), but for those each of whose keys intact records past the checkpoint
+        have too (a torn entry: its offset's bytes part old, part new; or a copy's: nothing
+        lost)."""
         end = self.report.log_end
         indexed: dict[int, set[int]] = {}
         for file in self.index:
             for hash_, offset in file.entries():
                 if offset < end:
                     indexed.setdefault(offset, set()).add(hash_)
+        past: dict[int, set[int]] = {}
         for file in reversed(self.index):
             tail = file.tail(end)
             for _, hash_, offset, _ in tail:
-                indexed.setdefault(offset, set()).add(hash_)
+                past.setdefault(offset, set()).add(hash_)
             if len(tail) < file.count:
                 break
+        indexed.update((offset, hashes) for offset, hashes in past.items() if not hashes <= self.keys_past_checkpoint)
         return indexed
 
     def _heads_in(self, gap: Gap) -> list[int]:
@@ -694,6 +699,8 @@ class _Inspection:
         hashes += [key_hash("k", record.topic, key)
                    for key in dict.fromkeys(record.properties.get(PROPERTY_KEYS, "").split())]
         offset = record.commit_log_offset
+        if offset >= self.report.checkpoint:
+            self.keys_past_checkpoint.update(hashes)
         files = [number for number, file in enumerate(self.index) if file.low_offset <= offset <= file.high_offset]
         if all(any(offset in self._indexed(number, hash_) for number in files) for hash_ in hashes):
             return

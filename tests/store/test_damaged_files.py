@@ -18,10 +18,21 @@ from broker_embedded import BrokerConfig, CheckRequest, EmbeddedBroker, Message,
 from broker_embedded.errors import CorruptLogError
 from broker_embedded.store.commitlog import LogDamageError
 from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.index import key_hash
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
+from broker_embedded.store.verify import check
 from broker_embedded.topics import HALF_TOPIC
-from tests.store.damage import crash_image, cut, drain, index_files, read_topic, segments, zero
+from tests.store.damage import (
+    crash_image,
+    cut,
+    drain,
+    index_files,
+    read_topic,
+    retype,
+    segments,
+    zero,
+)
 
 BROKER = BrokerConfig(
     store=StoreConfig(segment_size=64 * 1024, checkpoint_interval_s=3600, index_slots=64, index_entries=256),
@@ -184,6 +195,42 @@ def test_zeros_after_the_last_record_are_a_torn_tail(tmp_path: Path) -> None:
         assert store.put(record(300)).commit_log_offset == stored[-1].commit_log_offset + stored[-1].size
     with MessageStore(data, STORE) as store:
         assert len(store.read_queue("orders", 0, 0, 1000)) == 301
+
+
+def test_a_cut_off_record_is_not_named_by_an_id_its_index_entry_denies(tmp_path: Path) -> None:
+    """Found by the store simulation (``media`` 20957): a flipped bit in the id of the last
+    record ("m10" read "m30", an id not sent yet) made it a torn tail; recovery cut it and,
+    its index entry saying it had been acknowledged, recorded the loss under the id its
+    damaged header said. m30, sent later, was then named lost while readable. A salvaged
+    id stands only where the record's index entries do not hold another id's hash."""
+    data, stored = crashed_store(tmp_path)
+    retype(data, stored[-1], b"id299", b"id999")
+    with MessageStore(data, STORE) as store:
+        (loss,) = store.losses.all()
+        assert (loss.found_by, loss.message_ids, loss.unnamed) == ("recovery", (), 1)
+        assert store.put(record(999)).commit_log_offset == stored[-1].commit_log_offset
+
+
+@pytest.mark.parametrize("newest", [True, False], ids=["the newest entry", "an older one"])
+def test_a_torn_index_entry_past_the_end_of_the_log_records_no_loss(tmp_path: Path, newest: bool) -> None:
+    """Found by the store simulation (``io`` 13516): a power loss kept part of an index
+    entry's write over an entry of an older life of the file, and the entry of an intact
+    record pointed past the end of the log; recovery took it for a record dispatched, then
+    cut off, and recorded a loss with nothing lost. An entry past the end all of whose keys
+    the index has at intact records below it is torn (or a copy's): no loss."""
+    data, stored = crashed_store(tmp_path)
+    victim = stored[-1 if newest else -5]
+    message_id = victim.properties["UNIQ_KEY"]
+    key = key_hash("k", "orders", victim.properties["KEYS"]) if newest else key_hash("i", "", message_id)
+    entry = key.to_bytes(8, "big") + victim.commit_log_offset.to_bytes(8, "big")  # the newest: its key's
+    (path,) = [p for p in index_files(data) if entry in p.read_bytes()]
+    end = stored[-1].commit_log_offset + stored[-1].size
+    path.write_bytes(path.read_bytes().replace(entry, entry[:8] + (end + 40_000).to_bytes(8, "big")))
+    assert check(data).lost_count == 0  # fsck
+    with MessageStore(data, STORE) as store:
+        assert store.losses.all() == []
+        assert store.lookup_message_id(message_id) == [victim.commit_log_offset]
+        assert len(store.read_queue("orders", 0, 0, 1000)) == 300
 
 
 def test_a_checkpointed_log_cut_short_refuses_to_start(tmp_path: Path) -> None:
