@@ -152,6 +152,9 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "        if message_id is None:\n"),
     ("a torn index entry past the end of the log taken for a record cut off", "broker_embedded/store/message_store.py",
      "                and not all(any(at < end for at in self.index.lookup_hash(hash_)) for hash_ in keys)}\n", "}\n"),
+    ("the zeros ahead of the log's last damaged records counted as one more record", "broker_embedded/store/verify.py",
+     "                    break  # the log's unwritten (preallocated) end, where the chain's records end\n",
+     "                    pass\n"),
 ]
 
 

@@ -40,6 +40,7 @@ from .message_store import lock_directory, pinned_layout, read_checkpoint
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
 
 _OPEN_FILES = 64  # descriptors the check keeps open at once
+_ZEROS_READ = 1 << 20  # bytes read at once to tell zeros from data
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,6 +628,9 @@ class _Inspection:
                 head = codec.decode_head(functools.partial(self._read_at, path, offset - base), offset)
             except (codec.RecordError, FileNotFoundError):
                 header = self._read_at(path, offset - base, 0, codec.HEAD_SIZE)
+                if not any(header) and gap.end >= self.report.log_end \
+                        and self._zeros(path, offset - base, gap.end - offset):
+                    break  # the log's unwritten (preallocated) end, where the chain's records end
                 if gap.end > self.report.checkpoint:
                     # no queue count tells how many records the rest of the range held past
                     # the checkpoint (a misdirected write's copy over their headers, say)
@@ -661,6 +665,17 @@ class _Inspection:
         path = self.data_dir / "commitlog" / f"{base:020d}"
         total, magic = codec.peek_length(self._read_at(path, last - base, 0, codec.HEAD_SIZE), 0)
         return codec.is_record_magic(magic) and last + total == gap.end
+
+    def _zeros(self, path: Path, position: int, length: int) -> bool:
+        """Whether the ``length`` bytes from ``position`` of ``path`` read, all zeros."""
+        for start in range(0, length, _ZEROS_READ):
+            try:
+                data = self._read_at(path, position, start, min(_ZEROS_READ, length - start))
+            except OSError:
+                return False
+            if data.count(0) != len(data):
+                return False
+        return True
 
     def _read_at(self, path: Path, position: int, start: int, length: int) -> bytes:
         return self.files.pread(path, length, position + start)

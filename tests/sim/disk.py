@@ -282,6 +282,12 @@ class SimulatedDisk:
             self.damaged.append((path, page * PAGE, (page + 1) * PAGE))
             self.events.append(f"latent sector error: {path} page {page}")
 
+    def make_unreadable(self, path: Path, position: int) -> None:
+        """A latent sector error now: the page of ``path`` holding ``position`` reads EIO."""
+        page = position // PAGE
+        self._inodes[self._durable_names[path]].bad_pages.add(page)
+        self.damaged.append((path, page * PAGE, (page + 1) * PAGE))
+
     def _misdirected(self) -> bool:
         """Whether this write goes astray. Drawn from a stream of its own, made from the
         disk's without advancing it: a profile with misdirected writes replays every other

@@ -90,6 +90,7 @@ REGRESSIONS = {
     "two lost records whose damaged headers say one id both named by it": ("media", 12486),
     "a cut-off record named by the id its damaged header says, which its index entry denies": ("media", 20957),
     "a torn index entry past the end of the log taken for a record cut off": ("io", 13516),
+    "the zeros ahead of the log's last damaged records counted as one more record": ("media", 23463),
 }
 
 
@@ -639,3 +640,35 @@ def test_a_bit_flip_never_undoes_an_earlier_one() -> None:
         assert disk.pread(fd, 1, 0) != b"\0", disk.events
         disk.close(fd)
     assert sum(event.startswith("bit flip") for event in disk.events) == 8  # each bit once
+
+
+def test_the_zeros_ahead_of_a_last_record_on_an_unreadable_page_are_no_record_of_their_own() -> None:
+    """``media`` 23463: a page of the log's last record unreadable (a latent sector error),
+    the store refusing to open, and the damaged range running on to the log's end over the
+    zeros the store writes ahead of its appends (a power loss kept part of them). fsck took those zeros, where the record's
+    length led, for the header of one more record (zeroed past the checkpoint, as a
+    misdirected write leaves them) and repair counted it: 2 lost of 1."""
+    disk = SimulatedDisk(random.Random(0))
+    config = dataclasses.replace(CONFIG, filesystem=disk)
+    store = MessageStore(DATA_DIR, config)
+    for number in range(3):
+        store.put(StoredRecord("orders", 0, body_of(number, 20 * 1024), {PROPERTY_MESSAGE_ID: f"m{number}"}))
+    last = store.put(StoredRecord("orders", 0, body_of(3, 100 * 1024), {PROPERTY_MESSAGE_ID: "m3"}))
+    _abandon(store)
+    disk.process_crash()
+    segment = DATA_DIR / "commitlog" / f"{0:020d}"
+    fd = disk.open(segment)
+    disk.ftruncate(fd, last.commit_log_offset + last.size + 300_001)  # part of the zeros ahead kept
+    disk.fsync(fd)
+    disk.close(fd)
+    disk.make_unreadable(segment, last.commit_log_offset + last.size // 2)
+    with pytest.raises(CorruptLogError):
+        MessageStore(DATA_DIR, config)
+    report = repair(DATA_DIR, fs=disk, config=config)
+    assert report.check.lost_count == 1 and report.check.lost_ids == ["m3"]
+    store = MessageStore(DATA_DIR, config)
+    try:
+        assert [(loss.message_ids, loss.unnamed) for loss in store.losses.all()] == [(("m3",), 0)]
+        assert [record.properties[PROPERTY_MESSAGE_ID] for record in _read_all(store, "orders", 0)] == ["m0", "m1", "m2"]
+    finally:
+        store.close()

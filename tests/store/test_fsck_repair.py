@@ -472,3 +472,30 @@ def test_two_lost_records_whose_headers_say_one_id_are_not_both_named_by_it(
         assert [message_id for loss in store.losses.all() for message_id in loss.message_ids] == named
         assert sum(len(loss.message_ids) + loss.unnamed for loss in store.losses.all()) == 2
         assert ids(store) == ["id10", "id13", "id14", "id15"]
+
+
+def test_the_zeros_ahead_of_the_last_damaged_records_are_no_record_of_their_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ``media`` 23463 found with an unreadable page (tests/sim), here with bit flips:
+    the last two records of the log damaged, the store refusing to open, and the damaged
+    range running on to the end of the file over part of the zeros the store writes ahead
+    of its appends (a power loss kept part of them); fsck took those zeros, where the last
+    damaged record's length led, for the header of one more record (zeroed past the
+    checkpoint, as a misdirected write leaves them) and counted it: 3 lost of 2."""
+    data, stored = crashed_store(tmp_path)
+    last = segments(data)[-1]
+    end = stored[-1].commit_log_offset + stored[-1].size - int(last.name)
+    assert last.stat().st_size > end + 3001  # zeros ahead, of which a power loss kept a part:
+    with last.open("r+b") as f:
+        f.truncate(end + 3001)
+    for victim in stored[-2:]:
+        flip(data, victim.commit_log_offset + victim.size - 1)  # body bytes: headers intact
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 1 and report["lost_count"] == 2, report["lost"]
+    assert sorted(m["message_id"] for m in report["lost"]) == ["id298", "id299"]
+    code, repaired = tool(capsys, "repair", "--data-dir", str(data))
+    assert code == 1 and repaired["lost_count"] == 2
+    with MessageStore(data, STORE) as store:
+        assert [message_id for loss in store.losses.all() for message_id in loss.message_ids] == ["id298", "id299"]
+        assert sum(loss.unnamed for loss in store.losses.all()) == 0
