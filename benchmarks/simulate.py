@@ -85,7 +85,7 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("fsck counting only the first record of a damaged range", "broker_embedded/store/verify.py",
      "                heads = self._heads_in(gap)\n", "                heads = self._heads_in(gap)[:1]\n"),
     ("fsck counting again the places the ledger has", "broker_embedded/store/verify.py",
-     "        self.recorded = recorded\n", "        self.recorded: set[Place] = set()\n"),
+     "        self.recorded = ledger.places()\n", "        self.recorded: set[Place] = set()\n"),
     ("a directory a crashed open made, never made durable by the next open", "broker_embedded/store/files.py",
      "    if directory.parent != directory:\n", "    if directory.parent != directory and not fs.is_dir(directory):\n"),
     # found with latent sector errors (unreadable pages) in the media profile
@@ -112,8 +112,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "                if gap.end > self.report.checkpoint:\n", "                if False:\n"),
     ("fsck counting an index entry's record past the checkpoint beside the lost place it held",
      "broker_embedded/store/verify.py",
-     "            elif message.topic is None and (offset in self.uncountable_heads or offset >= report.checkpoint):\n",
-     "            elif message.topic is None and offset in self.uncountable_heads:\n"),
+     "            elif message.topic is None and (offset in self.uncountable_heads or offset >= report.checkpoint) \\\n",
+     "            elif message.topic is None and offset in self.uncountable_heads \\\n"),
     ("recovery giving the places a rebuilt queue skipped to a range the ledger has",
      "broker_embedded/store/message_store.py",
      "        number = next((n for n in between if uncovered(gaps[n].start, gaps[n].end, losses)), "
@@ -155,6 +155,12 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("the zeros ahead of the log's last damaged records counted as one more record", "broker_embedded/store/verify.py",
      "                    break  # the log's unwritten (preallocated) end, where the chain's records end\n",
      "                    pass\n"),
+    ("a repair run again taking a recorded place for a damaged one (silent loss)", "broker_embedded/store/verify.py",
+     "                if message.topic is None and salvaged not in uncounted and salvaged not in self.recorded:\n",
+     "                if message.topic is None and salvaged not in uncounted:\n"),
+    ("a repair run again giving a place no loss holds to a head the ledger covers (silent loss)",
+     "broker_embedded/store/verify.py",
+     "                    and not self.ledger.covers(offset):\n", "                    and True:\n"),
 ]
 
 

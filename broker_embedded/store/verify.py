@@ -289,7 +289,7 @@ def inspect(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -
     files = _Files(fs)
     ledger = LossLedger(data_dir, fs)
     try:
-        _Inspection(data_dir, config, report, files, namer, ledger.places()).run()
+        _Inspection(data_dir, config, report, files, namer, ledger).run()
     finally:
         files.close()
     report.open_losses = ledger.open_losses()
@@ -302,11 +302,12 @@ class _Inspection:
     """One pass of ``inspect`` over a directory."""
 
     def __init__(self, data_dir: Path, config: StoreConfig, report: Report, files: _Files,
-                 namer: Namer | None, recorded: set[Place]) -> None:
+                 namer: Namer | None, ledger: LossLedger) -> None:
         self.data_dir = data_dir
         #: the places of lost records the ledger has: not counted again where their hole
         #: is gone with the consume queue that kept it
-        self.recorded = recorded
+        self.recorded = ledger.places()
+        self.ledger = ledger
         self.fs = config.filesystem
         self.namer = namer
         self.names: list[Name] = list(namer.from_files(data_dir)) if namer else []
@@ -482,19 +483,23 @@ class _Inspection:
                 # is and no queue entry put another lost record (its queue id may be zeroed, say)
                 place = (message.topic, message.queue_id, message.queue_offset)
                 salvaged = (head.topic, head.queue_id, head.queue_offset)
-                if message.topic is None and salvaged not in uncounted:
+                if message.topic is None and salvaged not in uncounted and salvaged not in self.recorded:
                     # one of the three fields damaged: the lost place that the other two name
                     # and where the record lay, between the intact records of its queue
                     salvaged = next((p for p in uncounted if p not in claimed
                                      and sum(map(operator.eq, p, salvaged)) == 2
                                      and self.queues[p[:2]].could_hold(p[2], offset)), salvaged)
-                if message.topic is None and salvaged in uncounted and salvaged not in claimed:
+                if message.topic is None and (salvaged in self.recorded or  # the ledger has it there
+                                              salvaged in uncounted and salvaged not in claimed):
                     place = salvaged
                     claimed.add(salvaged)
                 known[offset] = LostMessage(offset, *place, self._own_id(offset, head, indexed, destroyed))
-            elif message.topic is None and (offset in self.uncountable_heads or offset >= report.checkpoint):
+            elif message.topic is None and (offset in self.uncountable_heads or offset >= report.checkpoint) \
+                    and not self.ledger.covers(offset):
+                # (one the ledger has, recorded by a repair a crash cut short with its place if
+                # it had one, would take a place no loss holds yet and keep it unrecorded)
                 guessed.append(offset)
-            elif message.topic is None and offset in starts:
+            elif message.topic is None and offset in starts and offset not in self.uncountable_heads:
                 del known[offset]  # damaged bytes at a gap's start that no entry says held a record
         # a header on an unreadable page or zeroed, or a record past the checkpoint (an index
         # entry's; a lost place past its queue's checkpoint count): the lost place of a record

@@ -91,6 +91,7 @@ REGRESSIONS = {
     "a cut-off record named by the id its damaged header says, which its index entry denies": ("media", 20957),
     "a torn index entry past the end of the log taken for a record cut off": ("io", 13516),
     "the zeros ahead of the log's last damaged records counted as one more record": ("media", 23463),
+    "a repair run again taking a recorded place for a damaged one (silent loss)": ("misdirected", 15167),
 }
 
 

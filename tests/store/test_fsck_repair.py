@@ -28,7 +28,7 @@ from broker_embedded.store.consume_queue import ENTRY_SIZE, file_name
 from broker_embedded.store.filesystem import REAL
 from broker_embedded.store.index import IndexFile
 from broker_embedded.store.index_filter import KeyFilter, filter_path
-from broker_embedded.store.losses import Place
+from broker_embedded.store.losses import LossLedger, Place
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.verify import _match
 from tests.store.damage import (
@@ -499,3 +499,29 @@ def test_the_zeros_ahead_of_the_last_damaged_records_are_no_record_of_their_own(
     with MessageStore(data, STORE) as store:
         assert [message_id for loss in store.losses.all() for message_id in loss.message_ids] == ["id298", "id299"]
         assert sum(loss.unnamed for loss in store.losses.all()) == 0
+
+
+def test_a_repair_run_again_after_a_crash_records_every_place_the_first_did_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the store simulation (``misdirected`` 15167; a silent loss): a repair cut
+    short had recorded the first of three lost records, with its place, and not the others.
+    Run again, fsck read that record's salvaged header, found its place taken by the ledger
+    and took it for a damaged one, so the record took the next lost place, whose record was
+    then recorded by nothing. A place the ledger has stands, and a head in a range the
+    ledger covers takes no new place."""
+    data = tmp_path / "data"
+    with MessageStore(data, STORE) as store:
+        stored = [store.put(record(n)) for n in range(10)]
+    shutil.rmtree(data / "consumequeue")  # the places are known by the checkpoint's counts alone
+    flip(data, stored[5].commit_log_offset + stored[5].size - 1)  # a body byte: its header intact
+    zero(data, stored[6].commit_log_offset, stored[8].commit_log_offset - stored[6].commit_log_offset)
+    LossLedger(data).record("repair", stored[5].commit_log_offset, stored[8].commit_log_offset, ["id5"], 0,
+                            "the first loss of a repair a crash cut short", [("orders", 0, 5)])
+    code, repaired = tool(capsys, "repair", "--data-dir", str(data))
+    assert code == 1
+    with MessageStore(data, STORE) as store:
+        recorded = store.losses.all()
+        assert sum(loss.records for loss in recorded) == 3, recorded
+        assert sorted(place for loss in recorded for place in loss.places) == [("orders", 0, n) for n in (5, 6, 7)]
+        assert ids(store) == [f"id{n}" for n in (0, 1, 2, 3, 4, 8, 9)]
