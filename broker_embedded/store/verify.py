@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from . import codec
-from .commitlog import Gap, damage_in_chain, layout_gaps, unreadable_header, walk, written_ahead
+from .commitlog import (
+    Gap,
+    damage_in_chain,
+    damage_kind,
+    layout_gaps,
+    unreadable_header,
+    walk,
+    written_ahead,
+)
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, FileSystem, read_salvaging
@@ -40,7 +48,6 @@ from .message_store import lock_directory, pinned_layout, read_checkpoint
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, StoredRecord
 
 _OPEN_FILES = 64  # descriptors the check keeps open at once
-_ZEROS_READ = 1 << 20  # bytes read at once to tell zeros from data
 
 
 @dataclass(frozen=True, slots=True)
@@ -633,8 +640,7 @@ class _Inspection:
                 head = codec.decode_head(functools.partial(self._read_at, path, offset - base), offset)
             except (codec.RecordError, FileNotFoundError):
                 header = self._read_at(path, offset - base, 0, codec.HEAD_SIZE)
-                if not any(header) and gap.end >= self.report.log_end \
-                        and self._zeros(path, offset - base, gap.end - offset):
+                if not any(header) and self._written_ahead(path, offset, base, gap.end):
                     break  # the log's unwritten (preallocated) end, where the chain's records end
                 if gap.end > self.report.checkpoint:
                     # no queue count tells how many records the rest of the range held past
@@ -671,16 +677,13 @@ class _Inspection:
         total, magic = codec.peek_length(self._read_at(path, last - base, 0, codec.HEAD_SIZE), 0)
         return codec.is_record_magic(magic) and last + total == gap.end
 
-    def _zeros(self, path: Path, position: int, length: int) -> bool:
-        """Whether the ``length`` bytes from ``position`` of ``path`` read, all zeros."""
-        for start in range(0, length, _ZEROS_READ):
-            try:
-                data = self._read_at(path, position, start, min(_ZEROS_READ, length - start))
-            except OSError:
-                return False
-            if data.count(0) != len(data):
-                return False
-        return True
+    def _written_ahead(self, path: Path, offset: int, base: int, end: int) -> bool:
+        """Whether the bytes of the segment at ``path`` (from ``base``) from ``offset`` to
+        ``end`` are the zeros the log writes ahead of its records (``written_ahead``)."""
+        if end != self.report.log_end:
+            return False  # not read: only the log's end can be
+        rest = self._read_at(path, offset - base, 0, end - offset)
+        return written_ahead(Gap(offset, end, damage_kind(rest, 0, len(rest)), ""), self.report.log_end)
 
     def _read_at(self, path: Path, position: int, start: int, length: int) -> bytes:
         return self.files.pread(path, length, position + start)
