@@ -148,7 +148,7 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "        _unname_twins(known, indexed)\n", ""),
     ("a cut-off record named by the id its damaged header says, which its index entry denies",
      "broker_embedded/store/message_store.py",
-     "        if message_id is None or (hashes and key_hash(\"i\", \"\", message_id) not in hashes):\n",
+     "        if message_id is None or entries_deny_id(hashes, message_id):\n",
      "        if message_id is None:\n"),
     ("a torn index entry past the end of the log taken for a record cut off", "broker_embedded/store/message_store.py",
      "                and not all(any(at < end for at in self.index.lookup_hash(hash_)) for hash_ in keys)}\n", "}\n"),
@@ -161,6 +161,8 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("a repair run again giving a place no loss holds to a head the ledger covers (silent loss)",
      "broker_embedded/store/verify.py",
      "                    and not self.ledger.covers(offset):\n", "                    and True:\n"),
+    ("a damaged record named by the id its header says, which its index entries deny", "broker_embedded/store/verify.py",
+     "        if message_id is None or entries_deny_id(own, message_id):\n", "        if message_id is None:\n"),
 ]
 
 

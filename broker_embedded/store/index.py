@@ -45,7 +45,7 @@ import hashlib
 import logging
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 from .files import make_directories
@@ -76,6 +76,15 @@ def key_hash(kind: str, topic: str, key: str) -> int:
     """The 64-bit hash of a key (``kind`` ``i``: a message id, topic ``""``; ``k``: a key)."""
     digest = hashlib.blake2b(f"{kind}{len(topic)}:{topic}{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") or 1
+
+
+def entries_deny_id(hashes: Collection[int], message_id: str) -> bool:
+    """Whether a record's own index entries (the ``hashes`` of those at its offset) say
+    ``message_id`` is not its id: they hold some, but not the id's. Its id entry is written
+    before its keys', so any of its entries that reached the disk hold it; a damaged header
+    saying another id had a bit flipped (naming it would name another message lost, maybe
+    one not sent yet)."""
+    return bool(hashes) and key_hash("i", "", message_id) not in hashes
 
 
 def _write(fs: FileSystem, fd: int, data: bytes | memoryview, position: int) -> None:

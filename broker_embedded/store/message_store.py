@@ -83,7 +83,7 @@ from .config import StoreConfig
 from .consume_queue import ConsumeQueue
 from .files import make_directories, write_atomically
 from .filesystem import REAL, FileSystem
-from .index import IndexedRecord, MessageIndex, key_hash
+from .index import IndexedRecord, MessageIndex, entries_deny_id
 from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from .scrub import Scrub, uncovered
@@ -380,8 +380,7 @@ class MessageStore:
     def _name_truncated(self, offset: int, hashes: set[int]) -> str | None:
         """The message id in what the torn tail recovery truncated still holds of the
         header of the record at ``offset``, if anything, unless its index entries
-        (``hashes``) lack the id's: a flipped bit made it another id (maybe of a message
-        not sent yet, which would be named lost once stored)."""
+        (``hashes``) deny it (``entries_deny_id``)."""
         if self.commitlog.truncated is None:
             return None
         start, data = self.commitlog.truncated
@@ -394,7 +393,7 @@ class MessageStore:
         except codec.RecordError:
             return None
         message_id = head.properties.get(PROPERTY_MESSAGE_ID)
-        if message_id is None or (hashes and key_hash("i", "", message_id) not in hashes):
+        if message_id is None or entries_deny_id(hashes, message_id):
             return None
         return message_id
 

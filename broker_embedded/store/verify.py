@@ -41,7 +41,7 @@ from .commitlog import (
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, FileSystem, read_salvaging
-from .index import IndexFile, IndexFileError, key_hash
+from .index import IndexFile, IndexFileError, entries_deny_id, key_hash
 from .index_filter import FilterFileError, KeyFilter
 from .losses import Loss, LossLedger, Name, Namer, Place
 from .message_store import lock_directory, pinned_layout, read_checkpoint
@@ -564,15 +564,17 @@ class _Inspection:
 
     def _own_id(self, offset: int, head: codec.RecordHead, indexed: dict[int, set[int]],
                 destroyed: Callable[[int], bool]) -> str | None:
-        """The message id a damaged record's salvaged ``head`` says, unless intact records
-        elsewhere hold that id and this record's index entries do not (a flipped bit in the
-        id may make it another message's: naming that one would have the wrong message
-        resent; the record is counted instead, as the scrub does)."""
+        """The message id a damaged record's salvaged ``head`` says, unless its own index
+        entries deny it (``entries_deny_id``) or, with none of its entries left, intact
+        records elsewhere hold that id (a flipped bit in the id may make it another
+        message's: naming that one would have the wrong message resent, or one not sent
+        yet named lost; the record is counted instead, as the scrub does)."""
         message_id = head.properties.get(PROPERTY_MESSAGE_ID)
-        if message_id is None:
+        own = indexed.get(offset, set())
+        if message_id is None or entries_deny_id(own, message_id):
             return None
         hash_ = key_hash("i", "", message_id)
-        if hash_ in indexed.get(offset, ()):
+        if hash_ in own:
             return message_id
         if self._offsets_by_hash is None:  # once per run, and only when a header is salvaged
             self._offsets_by_hash = {}

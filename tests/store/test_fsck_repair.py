@@ -474,6 +474,30 @@ def test_two_lost_records_whose_headers_say_one_id_are_not_both_named_by_it(
         assert ids(store) == ["id10", "id13", "id14", "id15"]
 
 
+def test_a_damaged_record_is_not_named_by_an_id_its_index_entries_deny(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The twin in fsck of what the store simulation found in recovery (``media`` 20957):
+    a flipped bit turned a damaged record's id into one not sent yet ("id12" reads
+    "id99"); no intact record held id99, so fsck and repair named it lost, and id99, sent
+    later, stood in the ledger as lost while readable. The record's own index entry says
+    id12's hash: an id its entries deny is not its name; it is counted at its place."""
+    data = tmp_path / "data"
+    with MessageStore(data, STORE) as store:
+        stored = {n: store.put(record(n)) for n in range(10, 16)}
+    retype(data, stored[12], b"id12", b"id99")
+    code, report = tool(capsys, "fsck", "--data-dir", str(data))
+    assert code == 1 and report["lost_count"] == 1
+    assert [(m["message_id"], m["queue_offset"]) for m in report["lost"]] == [(None, 2)]
+    code, repaired = tool(capsys, "repair", "--data-dir", str(data))
+    assert code == 1 and repaired["lost_count"] == 1
+    with MessageStore(data, STORE) as store:
+        (loss,) = store.losses.all()
+        assert (loss.message_ids, loss.unnamed) == ((), 1)
+        store.put(record(99))
+        assert ids(store) == ["id10", "id11", "id13", "id14", "id15", "id99"]
+
+
 def test_the_zeros_ahead_of_the_last_damaged_records_are_no_record_of_their_own(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
