@@ -283,6 +283,29 @@ class IndexFile:
             found.append((number, hash_, offset, previous))
         return found
 
+    def hashes_at(self, offset: int) -> set[int]:
+        """The hashes of the entries pointing at commit log ``offset``: a binary search by
+        offset (entries are in commit log order), then the neighbours with the same one.
+        Past a ``rewind`` the replayed entries repeat offsets, and a search there may find
+        none (as for a record never indexed)."""
+        def offset_of(number: int) -> int:
+            return int(_ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))[1])
+
+        low, high = 1, self.count + 1
+        while low < high:
+            middle = (low + high) // 2
+            if offset_of(middle) < offset:
+                low = middle + 1
+            else:
+                high = middle
+        found = set()
+        for number in range(low, self.count + 1):
+            hash_, at, _ = _ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))
+            if at != offset:
+                break
+            found.add(hash_)
+        return found
+
     def entries(self) -> list[tuple[int, int]]:
         """``(hash, commit log offset)`` of every entry, oldest first."""
         return [(hash_, offset) for hash_, offset, _ in self._each_entry()]
@@ -543,6 +566,13 @@ class MessageIndex:
                 if file.filter is None or file.filter.passes(tested):
                     found.update(file.lookup(hash_))
         return sorted(found)
+
+    def hashes_at(self, offset: int) -> set[int]:
+        """The hashes of the entries of the record at commit log ``offset`` (for
+        ``entries_deny_id``)."""
+        with self._lock:
+            return {hash_ for file in self.files if file.low_offset <= offset <= file.high_offset
+                    for hash_ in file.hashes_at(offset)}
 
     def delete_below(self, commit_log_min: int) -> int:
         """Delete the oldest files whose entries all point below ``commit_log_min`` (never

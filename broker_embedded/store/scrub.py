@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from . import codec
 from .commitlog import Gap, Segment, damage_kind
 from .filesystem import read_salvaging
+from .index import entries_deny_id
 from .losses import FoundBy, Loss
 from .record import PROPERTY_MESSAGE_ID
 
@@ -324,9 +325,11 @@ class Scrub:
 
     def _salvage_id(self, offset: int, places: set[tuple[str, int, int]]) -> str | None:
         """The message id of a lost record at ``offset``, if what is left of its header
-        still says it, puts it in one of ``places`` (topic, queue id, queue offset), and is
-        not the id of intact records elsewhere only (a flipped bit in the id may make it
-        another message's: naming that one would have the wrong message resent)."""
+        still says it, puts it in one of ``places`` (topic, queue id, queue offset), is not
+        denied by the record's index entries (``entries_deny_id``) and is not the id of
+        intact records elsewhere only (a flipped bit in the id may make it another
+        message's, or one not sent yet: naming that one would have the wrong message
+        resent, or a readable one stand as lost)."""
         segment = self._segment_holding(offset)
         if segment is None:
             return None
@@ -339,7 +342,9 @@ class Scrub:
         if (head.topic, head.queue_id, head.queue_offset) not in places:
             return None
         message_id = head.properties.get(PROPERTY_MESSAGE_ID)
-        elsewhere = self.store.lookup_message_id(message_id) if message_id is not None else []
+        if message_id is None or entries_deny_id(self.store.index.hashes_at(offset), message_id):
+            return None
+        elsewhere = self.store.lookup_message_id(message_id)
         return None if elsewhere and offset not in elsewhere else message_id
 
 

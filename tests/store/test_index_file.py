@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.filesystem import REAL, OsFileSystem
-from broker_embedded.store.index import HEADER_SIZE, MessageIndex
+from broker_embedded.store.index import HEADER_SIZE, MessageIndex, key_hash
 from broker_embedded.store.index_filter import KeyFilter, filter_path
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
@@ -108,6 +108,24 @@ def test_replayed_records_are_skipped_and_rewound_ones_are_not_doubled(tmp_path:
     assert index.lookup_key("t", "k") == list(range(0, 100, 10))
     assert index.lookup_id("id60") == [60]
     assert sum(file.count for file in index.files) == 30  # the duplicates are on disk
+    index.close()
+
+
+def test_the_hashes_at_an_offset_are_those_of_its_record_across_rolled_files(tmp_path: Path) -> None:
+    """What ``entries_deny_id`` is given: the hashes of a record's own entries (its id's,
+    then its keys'), found by offset in files of seven entries, a record's entries split
+    across two files too; an offset no record was indexed at has none."""
+    index = MessageIndex(tmp_path, slots=3, entries=7)
+    expected = {}
+    for n, offset in enumerate(range(0, 400, 10)):
+        keys = [f"k{n}", "all"][: n % 3]
+        index.add("t", f"id{n}" if n % 4 else None, keys, offset)
+        expected[offset] = {key_hash("i", "", f"id{n}")} if n % 4 else set()
+        expected[offset] |= {key_hash("k", "t", key) for key in keys}
+    assert len(index.files) > 5
+    for offset, hashes in expected.items():
+        assert index.hashes_at(offset) == hashes, offset
+    assert index.hashes_at(5) == set() and index.hashes_at(400) == set()
     index.close()
 
 

@@ -189,6 +189,28 @@ def test_a_damaged_header_naming_another_stored_message_is_counted_not_named(tmp
         assert store.lookup_message_id("m19") == [stored[19].commit_log_offset]
 
 
+def test_a_damaged_header_naming_a_message_not_sent_yet_is_counted_not_named(tmp_path: Path) -> None:
+    """A flipped bit turns the id in a damaged record's header into one no message has yet
+    ("m11" reads "m99"): nothing intact holds m99, but the record's index entry holds m11's
+    hash, which denies it; the loss counts the record and names nobody (m99, sent later,
+    would stand in the ledger as lost while readable)."""
+    with MessageStore(tmp_path, STORE) as store:
+        stored = {n: store.put(StoredRecord("orders", 0, b"body" * 8, {"UNIQ_KEY": f"m{n}", "KEYS": f"k{n}"}))
+                  for n in range(10, 20)}
+    damaged = stored[11]
+    segment = segments(tmp_path)[0]
+    data = bytearray(segment.read_bytes())
+    where = data.index(b"m11", damaged.commit_log_offset, damaged.commit_log_offset + damaged.size)
+    data[where + 1: where + 3] = b"99"
+    segment.write_bytes(bytes(data))
+    with MessageStore(tmp_path, STORE) as store:
+        assert len(store.read_queue("orders", 0, 0, 100)) == 9
+        [loss] = store.losses.all()
+        assert (loss.message_ids, loss.records) == ((), 1), loss
+        store.put(StoredRecord("orders", 0, b"body" * 8, {"UNIQ_KEY": "m99"}))
+        assert [message_id for loss in store.losses.all() for message_id in loss.message_ids] == []
+
+
 def test_recovery_counts_a_damaged_record_whose_header_names_another_message(tmp_path: Path) -> None:
     """Recovery replays past the last record, damaged, below the checkpoint (its queue entry
     lost, so the queue is rebuilt from there) whose header's id a flipped bit made another
