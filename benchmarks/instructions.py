@@ -21,6 +21,8 @@ is the same for both sides of a comparison and is most of what Redis spends.
   off), next to Redis's XREADGROUP of 256 and XACK of their ids, counted the same way;
 - client, sequential send: the calling process (every thread) of those sends under
   callgrind, against a server running normally;
+- client, receive + ack: the consumer's process of that drain (the count of the same
+  process without the drain taken off), against a server running normally;
 - client, producer transaction: ``outbox.Producer`` as a decorated call uses it without its
   database: ``start_half``, ``await_halves``, ``finish`` (the oneway END);
 - client, the transactions of ``outbox_overhead`` on PostgreSQL (a scratch database): a bare
@@ -32,7 +34,7 @@ is the same for both sides of a comparison and is most of what Redis spends.
 
 ``--baseline DIR`` counts another checkout the same way (``git archive <rev> | tar -x -C
 DIR``), printed next to this one with the ratio. Run:
-``python benchmarks/instructions.py [--ops 500] [--baseline DIR]``. Needs valgrind (on
+``python benchmarks/instructions.py [--ops 500] [--baseline DIR] [--only receive]``. Needs valgrind (on
 every machine here) and redis-server; takes a few minutes.
 """
 
@@ -245,6 +247,7 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=500, help="operations per count (the 1-operation run is subtracted)")
     parser.add_argument("--baseline", type=Path, help="another checkout, counted the same way")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--only", help="only the rows whose name contains this (Redis's are always counted)")
     args = parser.parse_args()
     print(machine_load("at start"))
     trees = {"halfmoon": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
@@ -259,6 +262,8 @@ def main() -> None:
             "server, receive + ack, per message": lambda code, ops: drained(
                 lambda drain: broker_server(code, "drain" if drain else "fill", ops), ops),
             "client, sequential send": lambda code, ops: per_op(functools.partial(client_side, code, "send"), ops),
+            "client, receive + ack, per message": lambda code, ops: drained(
+                lambda drain: client_side(code, "drain" if drain else "fill", ops), ops),
             "client, producer transaction": lambda code, ops: per_op(
                 functools.partial(client_side, code, "producer"), ops),
             **{f"client, {TRANSACTIONS[name]}": functools.partial(transaction, name, database) for name in TRANSACTIONS},
@@ -278,6 +283,8 @@ def table(trees: dict[str, Path], measures: dict[str, Callable[[Path, int], floa
     print(f"{'Redis XADD, appendfsync always':<40}{xadd:>14,.0f}")
     print(f"{'Redis XREADGROUP + XACK, per message':<40}{xreadgroup:>14,.0f}")
     for name, measure in measures.items():
+        if args.only is not None and args.only not in name:
+            continue
         counts = {tree: measure(code, args.ops) for tree, code in trees.items()}
         ours = counts["halfmoon"]
         line = f"{name:<40}" + "".join(f"{count:>14,.0f}" for count in counts.values())
@@ -285,6 +292,8 @@ def table(trees: dict[str, Path], measures: dict[str, Callable[[Path, int], floa
         redis = xreadgroup if "receive" in name else xadd
         print(line + (f"{ours / redis:>12.1f}" if name.startswith("server") else ""))
         rows[name] = counts
+    if not all(f"client, {TRANSACTIONS[name]}" in rows for name in TRANSACTIONS):
+        return
     bare, table_outbox, decorated = (rows[f"client, {TRANSACTIONS[name]}"] for name in TRANSACTIONS)
     for tree in trees:
         print(f"{tree}: over a bare transaction, the table outbox adds {table_outbox[tree] - bare[tree]:,.0f} "

@@ -309,6 +309,9 @@ def error_to_wire(error: BrokerError) -> dict[str, Any]:
     return {"error": [error.code, str(error)[:MAX_ERROR_CHARS]]}
 
 
+_OK_NONE: dict[str, Any] = {"ok": None}
+
+
 def outcome_to_wire(outcome: Any) -> dict[str, Any]:
     """One item of a batch answer: ``{"ok": result}`` or ``{"error": [code, message]}``."""
     if outcome is None:  # every ack's: no conversion to call
@@ -320,6 +323,8 @@ def outcome_to_wire(outcome: Any) -> dict[str, Any]:
 
 def outcome_from_wire(item: Any, result_type: Any) -> Any:
     """The result (converted to ``result_type``) or the typed error of a batch answer item."""
+    if result_type is None and item == _OK_NONE:  # every ack's: nothing to convert
+        return None
     try:
         return msgspec.convert(unwrap_response(item), result_type)
     except BrokerError as exc:
