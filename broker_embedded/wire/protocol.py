@@ -28,7 +28,7 @@ import msgspec
 
 from ..api import MAX_FRAME_BYTES, BrokerAPI
 from ..errors import BrokerError, MalformedFrameError, error_for_code
-from ..message import EndTransactionResult, SendResult
+from ..message import EndTransactionResult, ReceivedMessage, SendResult
 
 LENGTH = struct.Struct(">I")
 READ_CHUNK = 256 * 1024
@@ -178,8 +178,21 @@ _PLAIN_RESULTS: frozenset[type] = frozenset({SendResult, EndTransactionResult})
 def encode_reply(code: int, request_id: int, result: Any) -> bytes:
     """The RESPONSE frame ``{"ok": result}``, byte for byte
     ``encode_frame(code, request_id, Kind.RESPONSE, {"ok": to_wire(result)})``."""
-    body = result if result is None or type(result) in _PLAIN_RESULTS else to_wire(result)
+    body = result if _in_wire_form(result) else to_wire(result)
     return encode_frame(code, request_id, Kind.RESPONSE, {"ok": body})
+
+
+def _in_wire_form(result: Any) -> bool:
+    """Whether msgpack encodes ``result`` as it is to the bytes of its ``to_wire`` map: a
+    plain result, or a list of acks' outcomes or of received messages whose bodies are
+    bytes and properties dicts (a receive's, read from the store), which ``to_wire`` would
+    only copy."""
+    if result is None or type(result) in _PLAIN_RESULTS:
+        return True
+    return type(result) is list and all(
+        item is _OK_NONE or (type(item) is ReceivedMessage and type(item.message.body) is bytes
+                             and type(item.message.properties) is dict)
+        for item in result)
 
 
 class FrameBuffer:
@@ -314,8 +327,8 @@ _OK_NONE: dict[str, Any] = {"ok": None}
 
 def outcome_to_wire(outcome: Any) -> dict[str, Any]:
     """One item of a batch answer: ``{"ok": result}`` or ``{"error": [code, message]}``."""
-    if outcome is None:  # every ack's: no conversion to call
-        return {"ok": None}
+    if outcome is None:  # every ack's: no conversion to call, nor for its reply (``encode_reply``)
+        return _OK_NONE
     if isinstance(outcome, BrokerError):
         return error_to_wire(outcome)
     return {"ok": to_wire(outcome)}

@@ -5,8 +5,25 @@ from __future__ import annotations
 
 import pytest
 
-from broker_embedded.message import EndTransactionResult, SendResult, TransactionState
-from broker_embedded.wire.protocol import Kind, RequestCode, encode_frame, encode_reply, to_wire
+from broker_embedded.errors import UnknownReceiptError
+from broker_embedded.message import (
+    EndTransactionResult,
+    Message,
+    ReceivedMessage,
+    SendResult,
+    TransactionState,
+)
+from broker_embedded.wire.protocol import (
+    Kind,
+    RequestCode,
+    encode_frame,
+    encode_reply,
+    outcome_to_wire,
+    to_wire,
+)
+
+RECEIVED = ReceivedMessage(Message("orders", b"\x00body", ("k1", "k2"), "tag", {"a": "é"}, "m-1", 0, 2**41,
+                                   "group", 1.5), "handle|x", 2, 3, 2**40, 1, 2, "tx-1")
 
 RESULTS = [
     None,
@@ -16,6 +33,9 @@ RESULTS = [
     EndTransactionResult("tx-2", TransactionState.ROLLED_BACK, False, ()),
     [{"topic": "orders", "queues": 4}],
     b"\x00binary",
+    [RECEIVED, ReceivedMessage(Message("t", b"", message_id="m-2"), "h", 1, 0, 0, 0, 0)],
+    [outcome_to_wire(None), outcome_to_wire(UnknownReceiptError("stale")), outcome_to_wire(None)],
+    [ReceivedMessage(Message("t", bytearray(b"body")), "h", 1, 0, 0, 0, 0)],  # not as it is: to_wire makes it so
 ]
 
 
