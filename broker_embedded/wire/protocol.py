@@ -278,14 +278,28 @@ def _scalar_end(payload: bytes, start: int) -> int | None:
     return None
 
 
+def decode_body(body: msgspec.Raw | bytes) -> Any:
+    """A frame's body (``Frame.body``) decoded as it is; ``MalformedFrameError`` if it
+    does not decode."""
+    try:
+        return _decoder.decode(body)
+    except UNDECODABLE as exc:
+        raise MalformedFrameError(f"undecodable frame body: {exc}") from None
+
+
+def answer_decoder(method: str) -> msgspec.msgpack.Decoder[Any]:
+    """A decoder of the answers to ``method``, straight to ``ok`` as its result type
+    (``RESULTS``) or ``error``; each field ``msgspec.UNSET`` when absent (``Answers``)."""
+    answer = msgspec.defstruct("Answer", [("ok", RESULTS[method] | msgspec.UnsetType, msgspec.UNSET),
+                                          ("error", tuple[str, str] | msgspec.UnsetType, msgspec.UNSET)])
+    return msgspec.msgpack.Decoder(answer)
+
+
 def decode_frame(payload: bytes) -> tuple[int, int, Kind, Any]:
     """``(code, request_id, kind, body)`` of a frame payload, the body decoded as it is
     (clients, for answers and pushes); ``MalformedFrameError`` if not a frame."""
     frame = read_frame(payload)
-    try:
-        return frame.code, frame.request_id, frame.kind, _decoder.decode(frame.body)
-    except UNDECODABLE as exc:
-        raise MalformedFrameError(f"undecodable frame body: {exc}") from None
+    return frame.code, frame.request_id, frame.kind, decode_body(frame.body)
 
 
 def convert_result(method: str, raw: Any) -> Any:

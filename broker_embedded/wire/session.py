@@ -16,13 +16,19 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 from urllib.parse import urlparse
 
 import msgspec
 
 from ..api import BrokerStats, ParkedTransaction, TopicInfo
-from ..errors import BrokerClosedError, BrokerError, BrokerUnavailableError, RequestTimeoutError
+from ..errors import (
+    BrokerClosedError,
+    BrokerError,
+    BrokerUnavailableError,
+    RequestTimeoutError,
+    error_for_code,
+)
 from ..message import (
     CheckRequest,
     EndTransactionResult,
@@ -36,12 +42,15 @@ from ..message import (
 from .auth import CHALLENGE_REQUEST, credentials
 from .protocol import (
     CODES,
+    UNDECODABLE,
     Kind,
     RequestCode,
+    answer_decoder,
     convert_result,
-    decode_frame,
+    decode_body,
     encode_frame,
     outcome_from_wire,
+    read_frame,
     request_body,
     unwrap_response,
 )
@@ -88,22 +97,42 @@ class Call(Generic[T]):
 
     code: RequestCode
     body: Any
+    #: The result of an answer's ``ok`` value, decoded as it is.
     read: Callable[[Any], T]
     #: Waited for on top of the client's ``timeout_s`` (a receive's ``wait_s``).
     extra_wait_s: float = 0.0
+    #: Decodes an answer straight to its result (``answer_decoder``); None: as it is, then ``read``.
+    typed: msgspec.msgpack.Decoder[Any] | None = None
 
     def frame(self, request_id: int) -> bytes:
         """The request's frame under ``request_id``."""
         return encode_frame(self.code, request_id, Kind.REQUEST, self.body)
 
-    def result(self, body: Any) -> T:
-        """The result of the answer ``body``, or its typed error raised."""
-        return self.read(unwrap_response(body))
+    def result(self, body: msgspec.Raw | bytes) -> T:
+        """The result of the encoded answer ``body``, or its typed error raised. An answer
+        the typed decoder does not take (no ``ok``, or not of the result's shape) goes the
+        general way, which says what is wrong with it as it always did."""
+        if self.typed is not None:
+            try:
+                answer = self.typed.decode(body)
+            except (msgspec.ValidationError, *UNDECODABLE):
+                pass
+            else:
+                if answer.error is not msgspec.UNSET:
+                    raise error_for_code(*answer.error)
+                if answer.ok is not msgspec.UNSET:
+                    return cast(T, answer.ok)
+        return self.read(unwrap_response(decode_body(body)))
+
+
+#: The answers of each ``BrokerAPI`` method, decoded straight to its result type.
+_ANSWERS = {method: answer_decoder(method) for method in CODES}
 
 
 def _method(name: str, extra_wait_s: float = 0.0, **arguments: Any) -> Call[Any]:
-    """The call of the ``BrokerAPI`` method ``name``, its result converted to the method's type."""
-    return Call(CODES[name], request_body(arguments), lambda raw: convert_result(name, raw), extra_wait_s)
+    """The call of the ``BrokerAPI`` method ``name``, its result of the method's type."""
+    return Call(CODES[name], request_body(arguments), lambda raw: convert_result(name, raw), extra_wait_s,
+                _ANSWERS[name])
 
 
 def raw_call(code: RequestCode, body: Any) -> Call[Any]:
@@ -136,7 +165,7 @@ class Replies(Generic[W]):
         with self.lock:
             self.pending.pop(request_id, None)
 
-    def answer(self, request_id: int, body: Any) -> None:
+    def answer(self, request_id: int, body: msgspec.Raw | bytes) -> None:
         with self.lock:
             waiter = self.pending.pop(request_id, None)
         if waiter is not None and not waiter.done():
@@ -153,11 +182,9 @@ class Replies(Generic[W]):
                 waiter.set_exception(error(reason))
 
 
-def refusal(request_id: int, body: Any) -> BrokerUnavailableError | None:
+def refusal(body: Any) -> BrokerUnavailableError | None:
     """The error of an answer to no request (id 0) saying the server will not serve the
     connection (``ServerBusyError`` past its connection cap), or None."""
-    if request_id != 0:
-        return None
     try:
         unwrap_response(body)
     except BrokerUnavailableError as exc:
@@ -211,17 +238,17 @@ class ClientSession(Generic[C]):
         """Take in one frame: an answer goes to its waiter; a refusal of the connection fails
         ``replies`` (the client then stops reading); a check-back pushed for a registered
         producer group returns the callback to run with it."""
-        code, request_id, kind, body = decode_frame(payload)
-        if kind is Kind.PUSH:
-            if code != RequestCode.CHECK_TRANSACTION_STATE:
+        frame = read_frame(payload)
+        if frame.kind is Kind.PUSH:
+            if frame.code != RequestCode.CHECK_TRANSACTION_STATE:
                 return None
-            request = msgspec.convert(body, CheckRequest)
+            request = msgspec.convert(decode_body(frame.body), CheckRequest)
             callbacks = self.producers.get(request.producer_group)
             return (callbacks[0], request) if callbacks else None
-        if (refused := refusal(request_id, body)) is not None:
+        if frame.request_id != 0:
+            replies.answer(frame.request_id, frame.body)  # decoded by its call (``Call.result``)
+        elif (refused := refusal(decode_body(frame.body))) is not None:
             replies.fail(str(refused), type(refused))
-        else:
-            replies.answer(request_id, body)
         return None
 
     # -- registrations --------------------------------------------------------------------
