@@ -295,13 +295,6 @@ def answer_decoder(method: str) -> msgspec.msgpack.Decoder[Any]:
     return msgspec.msgpack.Decoder(answer)
 
 
-def decode_frame(payload: bytes) -> tuple[int, int, Kind, Any]:
-    """``(code, request_id, kind, body)`` of a frame payload, the body decoded as it is
-    (clients, for answers and pushes); ``MalformedFrameError`` if not a frame."""
-    frame = read_frame(payload)
-    return frame.code, frame.request_id, frame.kind, decode_body(frame.body)
-
-
 def convert_result(method: str, raw: Any) -> Any:
     """The typed result of ``method`` from a response body."""
     return msgspec.convert(raw, RESULTS[method])

@@ -23,10 +23,10 @@ from broker_embedded.wire.protocol import (
     FrameBuffer,
     Kind,
     RequestCode,
-    decode_frame,
     encode_frame,
     unwrap_response,
 )
+from tests.server.wire import decode_frame
 
 STATS = 999  # the request id of the request that follows a replayed handshake
 

@@ -24,9 +24,9 @@ from broker_embedded.wire.protocol import (
     FrameBuffer,
     Kind,
     RequestCode,
-    decode_frame,
     encode_frame,
 )
+from tests.server.wire import decode_frame
 
 MIB = 1024 * 1024
 #: The RSS a server may gain under one attack (the target of benchmarks/abuse.py).

@@ -22,7 +22,8 @@ from broker_embedded.errors import (
     UnknownReceiptError,
     UnknownRequestCodeError,
 )
-from broker_embedded.wire.protocol import Kind, decode_frame, encode_frame
+from broker_embedded.wire.protocol import Kind, encode_frame
+from tests.server.wire import decode_frame
 
 
 def test_round_trip_of_the_api_over_tcp(server_factory) -> None:

@@ -13,12 +13,19 @@ from broker_embedded.wire.protocol import (
     READ_CHUNK,
     FrameBuffer,
     Kind,
-    decode_frame,
+    decode_body,
     encode_frame,
+    read_frame,
 )
 
 #: msgpack of a frame's contents (a whole payload, or a body to splice into one).
 pack = msgspec.msgpack.Encoder().encode
+
+
+def decode_frame(payload: bytes) -> tuple[int, int, Kind, Any]:
+    """``(code, request_id, kind, body)`` of a frame payload, its body decoded as it is."""
+    frame = read_frame(payload)
+    return frame.code, frame.request_id, frame.kind, decode_body(frame.body)
 
 
 def framed(payload: bytes) -> bytes:
