@@ -289,7 +289,8 @@ def decode_body(body: msgspec.Raw | bytes) -> Any:
 
 def answer_decoder(method: str) -> msgspec.msgpack.Decoder[Any]:
     """A decoder of the answers to ``method``, straight to ``ok`` as its result type
-    (``RESULTS``) or ``error``; each field ``msgspec.UNSET`` when absent (``Answers``)."""
+    (``RESULTS``) or ``error``; each field ``msgspec.UNSET`` when absent (``Call.result``
+    then reads the answer the general way)."""
     answer = msgspec.defstruct("Answer", [("ok", RESULTS[method] | msgspec.UnsetType, msgspec.UNSET),
                                           ("error", tuple[str, str] | msgspec.UnsetType, msgspec.UNSET)])
     return msgspec.msgpack.Decoder(answer)
