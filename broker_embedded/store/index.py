@@ -40,6 +40,7 @@ log.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import hashlib
 import logging
@@ -180,7 +181,7 @@ class IndexFile:
         checkpoint made durable first: their chain leads back to it."""
         number = self._slot(slot)
         while number > self.count:
-            hash_, _, previous = _ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))
+            hash_, _, previous = self._entry(number)
             if not hash_ or previous >= number:
                 return -1
             number = previous
@@ -190,6 +191,10 @@ class IndexFile:
         self.count += 1
         self.low_offset = offset if self.low_offset < 0 else min(self.low_offset, offset)
         self.high_offset = max(self.high_offset, offset)
+
+    def _entry(self, number: int) -> tuple[int, int, int]:
+        """``(hash, offset, previous)`` of entry ``number`` (counted from 1)."""
+        return _ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))  # type: ignore[no-any-return]
 
     def _entry_position(self, number: int) -> int:
         return HEADER_SIZE + 4 * self.slots + ENTRY_SIZE * (number - 1)
@@ -260,9 +265,7 @@ class IndexFile:
         found = []
         number = self._slot(hash_ % self.slots)
         while 0 < number <= self.count:
-            entry_hash, offset, previous = _ENTRY.unpack(
-                self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number))
-            )
+            entry_hash, offset, previous = self._entry(number)
             if entry_hash == hash_:
                 found.append(offset)
             if previous >= number:
@@ -277,7 +280,7 @@ class IndexFile:
         an earlier crash, is not among them)."""
         found = []
         for number in range(self.count, 0, -1):
-            hash_, offset, previous = _ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))
+            hash_, offset, previous = self._entry(number)
             if offset < start:
                 break
             found.append((number, hash_, offset, previous))
@@ -288,19 +291,10 @@ class IndexFile:
         offset (entries are in commit log order), then the neighbours with the same one.
         Past a ``rewind`` the replayed entries repeat offsets, and a search there may find
         none (as for a record never indexed)."""
-        def offset_of(number: int) -> int:
-            return int(_ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))[1])
-
-        low, high = 1, self.count + 1
-        while low < high:
-            middle = (low + high) // 2
-            if offset_of(middle) < offset:
-                low = middle + 1
-            else:
-                high = middle
+        first = bisect.bisect_left(range(1, self.count + 1), offset, key=lambda number: self._entry(number)[1])
         found = set()
-        for number in range(low, self.count + 1):
-            hash_, at, _ = _ENTRY.unpack(self.fs.pread(self.fd, ENTRY_SIZE, self._entry_position(number)))
+        for number in range(first + 1, self.count + 1):
+            hash_, at, _ = self._entry(number)
             if at != offset:
                 break
             found.add(hash_)
