@@ -31,6 +31,7 @@ finished on the next open.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import struct
@@ -332,14 +333,8 @@ class ConsumeQueue:
     def _first_at_or_above(self, commit_offset: int) -> int:
         """The first queue offset from ``min_offset`` whose entry points at or past
         ``commit_offset`` (entries rise within a queue): a binary search, one pread a step."""
-        low, high = self.min_offset, self.max_offset
-        while low < high:
-            middle = (low + high) // 2
-            if self.entry(middle)[0] < commit_offset:
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        queue_offsets = range(self.min_offset, self.max_offset)
+        return self.min_offset + bisect.bisect_left(queue_offsets, commit_offset, key=lambda at: self.entry(at)[0])
 
     # -- files ----------------------------------------------------------------------------
     def _numbers(self) -> list[int]:
