@@ -573,9 +573,9 @@ class _Inspection:
         own = indexed.get(offset, set())
         if message_id is None or entries_deny_id(own, message_id):
             return None
-        hash_ = key_hash("i", "", message_id)
-        if hash_ in own:
+        if own:  # not denied: its entries hold the id's hash
             return message_id
+        hash_ = key_hash("i", "", message_id)
         if self._offsets_by_hash is None:  # once per run, and only when a header is salvaged
             self._offsets_by_hash = {}
             for at, hashes in indexed.items():
