@@ -19,6 +19,7 @@ messages are cut to fit ``MAX_FRAME_BYTES`` (``message_budget``).
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 import typing
 from collections.abc import Iterator
@@ -287,10 +288,11 @@ def decode_body(body: msgspec.Raw | bytes) -> Any:
         raise MalformedFrameError(f"undecodable frame body: {exc}") from None
 
 
+@functools.cache
 def answer_decoder(method: str) -> msgspec.msgpack.Decoder[Any]:
     """A decoder of the answers to ``method``, straight to ``ok`` as its result type
     (``RESULTS``) or ``error``; each field ``msgspec.UNSET`` when absent (``Call.result``
-    then reads the answer the general way)."""
+    then reads the answer the general way). Built when first asked for, then kept."""
     answer = msgspec.defstruct("Answer", [("ok", RESULTS[method] | msgspec.UnsetType, msgspec.UNSET),
                                           ("error", tuple[str, str] | msgspec.UnsetType, msgspec.UNSET)])
     return msgspec.msgpack.Decoder(answer)

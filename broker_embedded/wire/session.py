@@ -125,14 +125,10 @@ class Call(Generic[T]):
         return self.read(unwrap_response(decode_body(body)))
 
 
-#: The answers of each ``BrokerAPI`` method, decoded straight to its result type.
-_ANSWERS = {method: answer_decoder(method) for method in CODES}
-
-
 def _method(name: str, extra_wait_s: float = 0.0, **arguments: Any) -> Call[Any]:
     """The call of the ``BrokerAPI`` method ``name``, its result of the method's type."""
     return Call(CODES[name], request_body(arguments), lambda raw: convert_result(name, raw), extra_wait_s,
-                _ANSWERS[name])
+                answer_decoder(name))
 
 
 def raw_call(code: RequestCode, body: Any) -> Call[Any]:
