@@ -325,11 +325,12 @@ class Scrub:
 
     def _salvage_id(self, offset: int, places: set[tuple[str, int, int]]) -> str | None:
         """The message id of a lost record at ``offset``, if what is left of its header
-        still says it, puts it in one of ``places`` (topic, queue id, queue offset), is not
-        denied by the record's index entries (``entries_deny_id``) and is not the id of
-        intact records elsewhere only (a flipped bit in the id may make it another
-        message's, or one not sent yet: naming that one would have the wrong message
-        resent, or a readable one stand as lost)."""
+        still says it, puts it in one of ``places`` (topic, queue id, queue offset) and is
+        confirmed by the record's own index entries (``entries_deny_id``) or, with none of
+        them left, is not the id of intact records elsewhere only (a flipped bit in the id
+        may make it another message's, or one not sent yet: naming that one would have the
+        wrong message resent, or a readable one stand as lost). fsck's rule
+        (``verify._own_id``)."""
         segment = self._segment_holding(offset)
         if segment is None:
             return None
@@ -342,8 +343,11 @@ class Scrub:
         if (head.topic, head.queue_id, head.queue_offset) not in places:
             return None
         message_id = head.properties.get(PROPERTY_MESSAGE_ID)
-        if message_id is None or entries_deny_id(self.store.index.hashes_at(offset), message_id):
+        own = self.store.index.hashes_at(offset)
+        if message_id is None or entries_deny_id(own, message_id):
             return None
+        if own:  # not denied: its entries hold the id's hash
+            return message_id
         elsewhere = self.store.lookup_message_id(message_id)
         return None if elsewhere and offset not in elsewhere else message_id
 

@@ -19,7 +19,7 @@ import pytest
 
 from broker_embedded import BrokerConfig, EmbeddedBroker, Message
 from broker_embedded.http.readiness import Readiness
-from broker_embedded.store import scrub
+from broker_embedded.store import scrub, verify
 from broker_embedded.store.commitlog import Gap, Segment, walk
 from broker_embedded.store.config import StoreConfig
 from broker_embedded.store.message_store import MessageStore
@@ -209,6 +209,27 @@ def test_a_damaged_header_naming_a_message_not_sent_yet_is_counted_not_named(tmp
         assert (loss.message_ids, loss.records) == ((), 1), loss
         store.put(StoredRecord("orders", 0, b"body" * 8, {"UNIQ_KEY": "m99"}))
         assert [message_id for loss in store.losses.all() for message_id in loss.message_ids] == []
+
+
+def test_a_damaged_record_whose_own_index_entries_hold_its_id_is_named_beside_an_intact_copy(tmp_path: Path) -> None:
+    """A message stored twice (a resend, a DLQ copy: two records with one id), the first's
+    magic damaged (no reader takes its header): what is left of its header says m11 and its
+    own index entries hold m11's hash, so no flipped bit made the id; the loss names m11,
+    as fsck does, though an intact record elsewhere holds the id too."""
+    with MessageStore(tmp_path, STORE) as store:
+        damaged = store.put(StoredRecord("orders", 0, b"body" * 8, {"UNIQ_KEY": "m11"}))
+        store.put(StoredRecord("orders", 0, b"next" * 8, {"UNIQ_KEY": "m12"}))
+        copy = store.put(StoredRecord("orders", 1, b"body" * 8, {"UNIQ_KEY": "m11"}))
+    segment = segments(tmp_path)[0]
+    data = bytearray(segment.read_bytes())
+    data[damaged.commit_log_offset + 5] ^= 0x01  # the magic
+    segment.write_bytes(bytes(data))
+    assert [lost.message_id for lost in verify.check(tmp_path).lost] == ["m11"]
+    with MessageStore(tmp_path, STORE) as store:
+        assert [r.properties["UNIQ_KEY"] for r in store.read_queue("orders", 0, 0, 100)] == ["m12"]
+        [loss] = store.losses.all()
+        assert (loss.message_ids, loss.records) == (("m11",), 1), loss
+        assert store.lookup_message_id("m11") == [copy.commit_log_offset]
 
 
 def test_recovery_counts_a_damaged_record_whose_header_names_another_message(tmp_path: Path) -> None:
