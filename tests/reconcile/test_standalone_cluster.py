@@ -4,7 +4,7 @@ A master and two workers are started from the pip-installed pyspark with ``spark
 (pip's pyspark ships no ``sbin/start-master.sh``) on 127.0.0.1. The documented
 ``spark-submit --master spark://...`` line and ``outbox reconcile --master spark://...``
 must both run there (the master's JSON page lists each as a finished application) and
-count what a local run counts. Every process started here is stopped, also on failure.
+count what a local run (the tests' shared session) counts. Every process started here is stopped, also on failure.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pyspark
 import pytest
 
 import outbox.reconcile
+from outbox.reconcile.job import ReconcileInputs, ReconcileOptions, reconcile
 from outbox.reconcile.session import postgres_jdbc_jar
 from outbox.reconcile.synthetic import generate, write_export, write_sqlite
 
@@ -111,7 +112,7 @@ def _counts(command: list[str], args: list[str], out: Path, env: dict[str, str])
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_documented_spark_submit_and_outbox_reconcile_run_on_a_standalone_cluster(tmp_path: Path) -> None:
+def test_documented_spark_submit_and_outbox_reconcile_run_on_a_standalone_cluster(spark: Any, tmp_path: Path) -> None:
     checkout = str(Path(__file__).parents[2])
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
            "SPARK_DAEMON_MEMORY": "256m", "PYTHONPATH": os.pathsep.join([checkout, os.environ.get("PYTHONPATH", "")])}
@@ -124,7 +125,9 @@ def test_documented_spark_submit_and_outbox_reconcile_run_on_a_standalone_cluste
     executor = ["--conf", "spark.executor.memory=512m"]
     jars = ["--jars", str(postgres_jdbc_jar())] if postgres_jdbc_jar().exists() else []
 
-    local = _counts([sys.executable, "-m", "outbox.reconcile"], args, tmp_path / "local", env)
+    # the local run, on the tests' shared session (a JVM of its own would add half a minute)
+    local = reconcile(spark, ReconcileInputs([producer], [consumer], str(tmp_path / "export")),
+                      ReconcileOptions(str(tmp_path / "local"), grace_s=GRACE_MS / 1000)).summary["counts"]
     assert {name: local[name] for name in data.expected} == data.expected
     with _standalone_cluster(env, tmp_path, workers=2) as (url, ui_port):
         submitted = _counts([str(SPARK_HOME / "bin" / "spark-submit"), "--master", url, "--name", "halfmoon-reconcile",
