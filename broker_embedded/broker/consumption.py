@@ -126,8 +126,7 @@ def _names_a_group(event: Event) -> bool:
     return True
 
 
-@dataclass
-class Delivery:
+class Delivery(msgspec.Struct):
     """A message read past the floor and not yet done. Its ``record`` is kept without its
     body (read again when it is delivered), so a queue's deliveries in flight hold headers,
     not megabytes of bodies."""

@@ -383,7 +383,7 @@ class EmbeddedBroker:
         for offset in reversed(self.store.lookup_message_id(message_id)):
             record = self.store.get(offset)
             if record.topic == HALF_TOPIC:
-                return codec.stored_message_of(dataclasses.replace(
+                return codec.stored_message_of(msgspec.structs.replace(
                     record, topic=record.properties.get(codec.REAL_TOPIC, record.topic)))
         return None
 

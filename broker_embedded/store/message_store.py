@@ -70,6 +70,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from ..errors import (
     BrokerClosedError,
     CorruptLogError,
@@ -619,7 +621,7 @@ class MessageStore:
         stored: list[StoredRecord] = []
         for record, data, queue_offset, offset in zip(records, encoded, queue_offsets, offsets, strict=True):
             if record.is_stored:  # put again (or twice in this batch): completed as a copy
-                record = dataclasses.replace(record)
+                record = msgspec.structs.replace(record)
             record.born_timestamp_ms = record.born_timestamp_ms or store_ms
             record.store_timestamp_ms = store_ms
             record.queue_offset = queue_offset
