@@ -1,5 +1,9 @@
 """The values that cross the broker's API (messages, results, check requests) and the
-validation of a message before anything of it is stored."""
+validation of a message before anything of it is stored.
+
+The values made per message are frozen ``msgspec.Struct``s (built, compared and encoded in
+C: a sixth of a frozen dataclass's construction cost); ``msgspec.structs.replace`` makes a
+changed copy."""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from .errors import InvalidMessageError, MessageTooLargeError
 from .topics import MAX_ID_LENGTH, validate_group, validate_user_topic
@@ -26,8 +32,7 @@ def new_message_id() -> str:
     return uuid.uuid4().hex
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(msgspec.Struct, frozen=True):
     """A message as a producer sends it. The body is bytes (or a bytearray or memoryview);
     anything else raises ``InvalidMessageError`` here, at construction.
 
@@ -41,8 +46,8 @@ class Message:
     body: bytes
     keys: tuple[str, ...] = ()
     tag: str = ""
-    properties: Mapping[str, str] = field(default_factory=dict)
-    message_id: str = field(default_factory=new_message_id)
+    properties: Mapping[str, str] = {}
+    message_id: str = msgspec.field(default_factory=new_message_id)
     delay_level: int = 0
     deliver_at_ms: int | None = None
     message_group: str | None = None
@@ -71,8 +76,7 @@ class TransactionState(enum.Enum):
     PARKED = "parked"
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
+class SendResult(msgspec.Struct, frozen=True):
     """Where the broker stored a message. ``transaction_id`` is set for half messages;
     ``recall_handle`` for a delayed message (``recall`` takes it back before it is due)."""
 
@@ -85,8 +89,7 @@ class SendResult:
     recall_handle: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class EndTransactionResult:
+class EndTransactionResult(msgspec.Struct, frozen=True):
     """The outcome of END_TRANSACTION. ``applied`` is False for a repeated, identical call."""
 
     transaction_id: str
@@ -95,8 +98,7 @@ class EndTransactionResult:
     message_ids: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
+class StoredMessage(msgspec.Struct, frozen=True):
     """A message as stored in a (real) topic, read by offset or by query."""
 
     message: Message
@@ -108,8 +110,7 @@ class StoredMessage:
     transaction_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedMessage:
+class ReceivedMessage(msgspec.Struct, frozen=True):
     """A message handed to a consumer group; ack it with ``receipt_handle``."""
 
     message: Message
@@ -122,8 +123,7 @@ class ReceivedMessage:
     transaction_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CheckRequest:
+class CheckRequest(msgspec.Struct, frozen=True):
     """A check-back the broker asks a checker to answer, for one transaction.
 
     The checker answers later, asynchronously, with

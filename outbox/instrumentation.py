@@ -56,13 +56,14 @@ changes what the outbox does.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar
+
+import msgspec
 
 from broker_embedded import Message
 
@@ -261,4 +262,4 @@ def stamped(message: Message, sending: Operation) -> Message:
     message's own properties of the same name win); ``message`` itself if none."""
     if not sending.message_properties:
         return message
-    return dataclasses.replace(message, properties={**sending.message_properties, **message.properties})
+    return msgspec.structs.replace(message, properties={**sending.message_properties, **message.properties})

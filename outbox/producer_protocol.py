@@ -21,6 +21,8 @@ import logging
 import uuid
 from collections.abc import Iterator
 
+import msgspec
+
 from broker_embedded import BrokerError, CheckRequest, Message, Resolution
 from broker_embedded import errors as broker_errors
 
@@ -117,7 +119,7 @@ def check_message(request: CheckRequest) -> Message:
     """The message a check listener is given: the half message, with its transaction id
     in the ``TRANSACTION_ID_PROPERTY`` property."""
     properties = {**request.message.properties, TRANSACTION_ID_PROPERTY: request.transaction_id}
-    return dataclasses.replace(request.message, properties=properties)
+    return msgspec.structs.replace(request.message, properties=properties)
 
 
 def answered(check: instrumentation.Operation, resolution: Resolution) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import hashlib
 import heapq
 import hmac
@@ -30,6 +29,8 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+
+import msgspec
 
 from ..clock import WALL, Clock
 from ..errors import InvalidMessageError, InvalidTopicError
@@ -165,7 +166,7 @@ class DelayService:
         fields = (HANDLE_VERSION, result.topic, str(result.commit_log_offset),
                   self._sign(result.topic, result.commit_log_offset, result.message_id), result.message_id)
         handle = base64.urlsafe_b64encode(" ".join(fields).encode()).decode()
-        return dataclasses.replace(result, recall_handle=handle)
+        return msgspec.structs.replace(result, recall_handle=handle)
 
     def _sign(self, topic: str, offset: int, message_id: str) -> str:
         signed = "\n".join((topic, str(offset), message_id)).encode()

@@ -49,6 +49,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..api import DEFAULT_PORT, FORCE_WARNINGS, BrokerAPI, BrokerStats
 from ..broker.config import BrokerConfig, ServerLimits
 from ..broker.facade import EmbeddedBroker
@@ -258,6 +260,8 @@ def _print(value: Any, as_json: bool = True, as_table: Callable[[Any], str] | No
     def plain(v: Any) -> Any:
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             return {k: plain(x) for k, x in dataclasses.asdict(v).items()}
+        if isinstance(v, msgspec.Struct):
+            return {k: plain(getattr(v, k)) for k in v.__struct_fields__}
         if isinstance(v, list | tuple):
             return [plain(x) for x in v]
         if isinstance(v, bytes):
