@@ -15,8 +15,9 @@ staged: a refused call stores nothing, and nothing stored can fail its own repla
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+import msgspec
 
 from ..errors import InvalidMessageError
 from ..message import (
@@ -31,8 +32,7 @@ from ..message import (
 from ..store.record import StoredRecord
 
 
-@dataclass(frozen=True, slots=True)
-class SendCall:
+class SendCall(msgspec.Struct, frozen=True):
     """``send(message)``."""
 
     message: Message
@@ -41,8 +41,7 @@ class SendCall:
         validate_message(self.message, limits)
 
 
-@dataclass(frozen=True, slots=True)
-class HalfCall:
+class HalfCall(msgspec.Struct, frozen=True):
     """``send_half(message, producer_group=, transaction_id=)``."""
 
     message: Message
@@ -55,8 +54,7 @@ class HalfCall:
         validate_transaction_id(self.transaction_id)
 
 
-@dataclass(frozen=True, slots=True)
-class EndCall:
+class EndCall(msgspec.Struct, frozen=True):
     """``end_transaction(transaction_id, resolution, producer_group=, from_check=, oneway=)``.
 
     ``oneway``: the caller does not wait for the END (RocketMQ's ``endTransactionOneway``),
@@ -81,8 +79,7 @@ class EndCall:
             raise InvalidMessageError(f"oneway {self.oneway!r} is not a bool")
 
 
-@dataclass(frozen=True, slots=True)
-class RelayCall:
+class RelayCall(msgspec.Struct, frozen=True):
     """``relay_committed(messages, producer_group=, transaction_id=)``: the messages of a
     transaction that committed in the producer's database, without half message or END."""
 
@@ -95,8 +92,7 @@ class RelayCall:
         validate_group_once(self.producer_group)
 
 
-@dataclass(frozen=True, slots=True)
-class ForcedResolveCall:
+class ForcedResolveCall(msgspec.Struct, frozen=True):
     """``resolve_parked(transaction_id, force=resolution)``: an operator's COMMIT or
     ROLLBACK of a parked transaction, recorded without a check-back."""
 
@@ -119,15 +115,14 @@ def _nothing() -> None:
     return None
 
 
-@dataclass(slots=True)
-class Staged:
+class Staged(msgspec.Struct):
     """A validated call: the records it writes, what it answers once they are durable
     (``finish`` gets them back completed, in the same order), and what to undo when the
     write fails, or when held records (oneway ENDs) are dropped unwritten (``abort``)."""
 
     records: list[StoredRecord]
     finish: Callable[[list[StoredRecord]], Any]
-    abort: Callable[[], None] = field(default=_nothing)
+    abort: Callable[[], None] = _nothing
 
 
 @runtime_checkable

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import functools
 import logging
 import threading
@@ -26,6 +25,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ..api import DEFAULT_PORT, BrokerAPI
 from ..broker.config import BrokerConfig, ServerLimits
@@ -308,7 +309,7 @@ class EndHolding:
             return item, oneway_end
         if oneway_end:
             self._written_at = self.now()
-            return dataclasses.replace(item, oneway=False), False
+            return msgspec.structs.replace(item, oneway=False), False
         if self.now() - self._written_at < DEFERRED_SYNC_S:
             self.holding, self._unfollowed = True, 0  # it could have carried that END: hold the next
         return item, False

@@ -91,8 +91,7 @@ def parse_tcp_url(url: str) -> tuple[str, int]:
     return parsed.hostname, parsed.port
 
 
-@dataclass(frozen=True)
-class Call(Generic[T]):
+class Call(msgspec.Struct, Generic[T], frozen=True):
     """One request and how its answer becomes the method's result."""
 
     code: RequestCode

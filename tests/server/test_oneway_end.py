@@ -8,11 +8,11 @@ nothing."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from broker_embedded import BrokerClient, BrokerConfig, Message, Resolution, TransactionState
@@ -97,7 +97,7 @@ def test_oneway_ends_are_held_while_writes_follow_them_then_written_at_once_agai
 
     assert not _held(holding, half(1))
     item, held = holding.admit(end(1))  # nothing followed an END yet: written at once, as a waited one
-    assert not held and item == dataclasses.replace(end(1), oneway=False)
+    assert not held and item == msgspec.structs.replace(end(1), oneway=False)
     clock.at += DEFERRED_SYNC_S / 2
     assert not _held(holding, half(2))  # it could have carried tx-1's END: the next ones are held
     assert _held(holding, end(2))

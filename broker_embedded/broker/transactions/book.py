@@ -43,8 +43,7 @@ FRESH_HALVES = 4096
 FRESH_HALF_BYTES = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class HalfRef:
+class HalfRef(msgspec.Struct, frozen=True):
     """Where a half message is in the commit log, and what the book needs of it."""
 
     commit_log_offset: int
@@ -87,8 +86,7 @@ class Transaction:
         return [h.commit_log_offset for h in self.halves]
 
 
-@dataclass(frozen=True, slots=True)
-class HalfFields:
+class HalfFields(msgspec.Struct, frozen=True):
     """What the broker reads of a stored half message. ``problem`` says why it cannot be
     committed (empty when it can): a record of an older version, or one damaged behind a
     valid CRC, is read as far as it goes and never stops a start."""
