@@ -2,7 +2,7 @@
 validation of a message before anything of it is stored.
 
 The values made per message are frozen ``msgspec.Struct``s (built, compared and encoded in
-C: a sixth of a frozen dataclass's construction cost); ``msgspec.structs.replace`` makes a
+C: a Message in 0.27 µs here, 1.42 µs as a frozen dataclass); ``msgspec.structs.replace`` makes a
 changed copy."""
 
 from __future__ import annotations
