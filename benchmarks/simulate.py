@@ -146,10 +146,10 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
      "            _move_for(head, places, fits, owner, held)\n", "            pass\n"),
     ("two lost records whose damaged headers say one id both named by it", "broker_embedded/store/verify.py",
      "        _unname_twins(known, indexed)\n", ""),
-    ("a cut-off record named by the id its damaged header says, which its index entry denies",
-     "broker_embedded/store/message_store.py",
-     "        if message_id is None or entries_deny_id(hashes, message_id):\n",
-     "        if message_id is None:\n"),
+    ("a damaged record named by the id its header says, which its own index entries deny (recovery's cut-off "
+     "tail, fsck, the scrub)", "broker_embedded/store/index.py",
+     "        return message_id if key_hash(\"i\", \"\", message_id) in own else None\n",
+     "        return message_id\n"),
     ("a torn index entry past the end of the log taken for a record cut off", "broker_embedded/store/message_store.py",
      "                and not all(any(at < end for at in self.index.lookup_hash(hash_)) for hash_ in keys)}\n", "}\n"),
     ("the zeros ahead of the log's last damaged records counted as one more record", "broker_embedded/store/verify.py",
@@ -161,8 +161,6 @@ MUTATIONS: list[tuple[str, str, str, str]] = [
     ("a repair run again giving a place no loss holds to a head the ledger covers (silent loss)",
      "broker_embedded/store/verify.py",
      "                    and not self.ledger.covers(offset):\n", "                    and True:\n"),
-    ("a damaged record named by the id its header says, which its index entries deny", "broker_embedded/store/verify.py",
-     "        if message_id is None or entries_deny_id(own, message_id):\n", "        if message_id is None:\n"),
 ]
 
 

@@ -46,7 +46,7 @@ import hashlib
 import logging
 import struct
 import threading
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 from .files import make_directories
@@ -79,13 +79,21 @@ def key_hash(kind: str, topic: str, key: str) -> int:
     return int.from_bytes(digest, "big") or 1
 
 
-def entries_deny_id(hashes: Collection[int], message_id: str) -> bool:
-    """Whether a record's own index entries (the ``hashes`` of those at its offset) say
-    ``message_id`` is not its id: they hold some, but not the id's. Its id entry is written
-    before its keys', so any of its entries that reached the disk hold it; a damaged header
-    saying another id had a bit flipped (naming it would name another message lost, maybe
-    one not sent yet)."""
-    return bool(hashes) and key_hash("i", "", message_id) not in hashes
+def salvaged_id(message_id: str | None, own: Collection[int],
+                held_elsewhere: Callable[[str], bool] | None = None) -> str | None:
+    """The id a damaged record's salvaged header says (``message_id``) if it names the record,
+    by what the record's own index entries (``own``: the hashes of those at its offset) say.
+    Its id entry is written before its keys', so any of its entries that reached the disk
+    holds the id: entries holding others but not it deny it (a flipped bit made the header
+    say another message's id; naming that would have the wrong message resent, or one not
+    sent yet stand as lost), entries holding it confirm it. With none left, the id names the
+    record unless ``held_elsewhere`` (if asked) says intact records elsewhere hold it.
+    Recovery's cut-off tail, fsck and the scrub all name records by this rule."""
+    if message_id is None:
+        return None
+    if own:
+        return message_id if key_hash("i", "", message_id) in own else None
+    return None if held_elsewhere is not None and held_elsewhere(message_id) else message_id
 
 
 def _write(fs: FileSystem, fd: int, data: bytes | memoryview, position: int) -> None:
@@ -563,7 +571,7 @@ class MessageIndex:
 
     def hashes_at(self, offset: int) -> set[int]:
         """The hashes of the entries of the record at commit log ``offset`` (for
-        ``entries_deny_id``)."""
+        ``salvaged_id``)."""
         with self._lock:
             return {hash_ for file in self.files if file.low_offset <= offset <= file.high_offset
                     for hash_ in file.hashes_at(offset)}

@@ -85,7 +85,7 @@ from .config import StoreConfig
 from .consume_queue import ConsumeQueue
 from .files import make_directories, write_atomically
 from .filesystem import REAL, FileSystem
-from .index import IndexedRecord, MessageIndex, entries_deny_id
+from .index import IndexedRecord, MessageIndex, salvaged_id
 from .losses import LossLedger
 from .record import PROPERTY_KEYS, PROPERTY_MESSAGE_ID, PROPERTY_TAG, StoredRecord
 from .scrub import Scrub, uncovered
@@ -382,7 +382,7 @@ class MessageStore:
     def _name_truncated(self, offset: int, hashes: set[int]) -> str | None:
         """The message id in what the torn tail recovery truncated still holds of the
         header of the record at ``offset``, if anything, unless its index entries
-        (``hashes``) deny it (``entries_deny_id``)."""
+        (``hashes``) deny it (``salvaged_id``)."""
         if self.commitlog.truncated is None:
             return None
         start, data = self.commitlog.truncated
@@ -394,10 +394,7 @@ class MessageStore:
                                      salvage=True)
         except codec.RecordError:
             return None
-        message_id = head.properties.get(PROPERTY_MESSAGE_ID)
-        if message_id is None or entries_deny_id(hashes, message_id):
-            return None
-        return message_id
+        return salvaged_id(head.properties.get(PROPERTY_MESSAGE_ID), hashes)
 
     def _index_from(self, checkpoint: dict[str, Any], verified: int) -> int:
         """Where records must be indexed again from: ``verified`` when the index holds

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from . import codec
 from .commitlog import Gap, Segment, damage_kind
 from .filesystem import read_salvaging
-from .index import entries_deny_id
+from .index import salvaged_id
 from .losses import FoundBy, Loss
 from .record import PROPERTY_MESSAGE_ID
 
@@ -325,12 +325,9 @@ class Scrub:
 
     def _salvage_id(self, offset: int, places: set[tuple[str, int, int]]) -> str | None:
         """The message id of a lost record at ``offset``, if what is left of its header
-        still says it, puts it in one of ``places`` (topic, queue id, queue offset) and is
-        confirmed by the record's own index entries (``entries_deny_id``) or, with none of
-        them left, is not the id of intact records elsewhere only (a flipped bit in the id
-        may make it another message's, or one not sent yet: naming that one would have the
-        wrong message resent, or a readable one stand as lost). fsck's rule
-        (``verify._own_id``)."""
+        still says it, puts it in one of ``places`` (topic, queue id, queue offset) and names
+        the record by fsck's rule (``salvaged_id``): confirmed by the record's own index
+        entries or, with none left, held by no intact record elsewhere."""
         segment = self._segment_holding(offset)
         if segment is None:
             return None
@@ -342,14 +339,13 @@ class Scrub:
             return None
         if (head.topic, head.queue_id, head.queue_offset) not in places:
             return None
-        message_id = head.properties.get(PROPERTY_MESSAGE_ID)
-        own = self.store.index.hashes_at(offset)
-        if message_id is None or entries_deny_id(own, message_id):
-            return None
-        if own:  # not denied: its entries hold the id's hash
-            return message_id
-        elsewhere = self.store.lookup_message_id(message_id)
-        return None if elsewhere and offset not in elsewhere else message_id
+
+        def held_elsewhere(message_id: str) -> bool:
+            elsewhere = self.store.lookup_message_id(message_id)
+            return bool(elsewhere) and offset not in elsewhere
+
+        return salvaged_id(head.properties.get(PROPERTY_MESSAGE_ID), self.store.index.hashes_at(offset),
+                           held_elsewhere)
 
 
 def damage_reasons(store: MessageStore) -> list[str]:

@@ -41,7 +41,7 @@ from .commitlog import (
 from .config import StoreConfig
 from .consume_queue import ENTRY, ENTRY_SIZE, file_name
 from .filesystem import REAL, FileSystem, read_salvaging
-from .index import IndexFile, IndexFileError, entries_deny_id, key_hash
+from .index import IndexFile, IndexFileError, key_hash, salvaged_id
 from .index_filter import FilterFileError, KeyFilter
 from .losses import Loss, LossLedger, Name, Namer, Place
 from .message_store import lock_directory, pinned_layout, read_checkpoint
@@ -564,29 +564,24 @@ class _Inspection:
 
     def _own_id(self, offset: int, head: codec.RecordHead, indexed: dict[int, set[int]],
                 destroyed: Callable[[int], bool]) -> str | None:
-        """The message id a damaged record's salvaged ``head`` says, unless its own index
-        entries deny it (``entries_deny_id``) or, with none of its entries left, intact
-        records elsewhere hold that id (a flipped bit in the id may make it another
-        message's: naming that one would have the wrong message resent, or one not sent
-        yet named lost; the record is counted instead, as the scrub does)."""
-        message_id = head.properties.get(PROPERTY_MESSAGE_ID)
-        own = indexed.get(offset, set())
-        if message_id is None or entries_deny_id(own, message_id):
-            return None
-        if own:  # not denied: its entries hold the id's hash
-            return message_id
-        hash_ = key_hash("i", "", message_id)
-        if self._offsets_by_hash is None:  # once per run, and only when a header is salvaged
-            self._offsets_by_hash = {}
-            for at, hashes in indexed.items():
-                for each in hashes:
-                    self._offsets_by_hash.setdefault(each, []).append(at)
-        for other in self._offsets_by_hash.get(hash_, ()):
-            if other != offset and not destroyed(other):
-                held = self._salvage(other)
-                if held is not None and held.properties.get(PROPERTY_MESSAGE_ID) == message_id:
-                    return None
-        return message_id
+        """The message id a damaged record's salvaged ``head`` says, if it names the record
+        (``salvaged_id``): confirmed by its own index entries or, with none of them left, held
+        by no intact record elsewhere (else the record is counted, as the scrub does)."""
+
+        def held_elsewhere(message_id: str) -> bool:
+            if self._offsets_by_hash is None:  # once per run, and only when a header is salvaged
+                self._offsets_by_hash = {}
+                for at, hashes in indexed.items():
+                    for each in hashes:
+                        self._offsets_by_hash.setdefault(each, []).append(at)
+            for other in self._offsets_by_hash.get(key_hash("i", "", message_id), ()):
+                if other != offset and not destroyed(other):
+                    held = self._salvage(other)
+                    if held is not None and held.properties.get(PROPERTY_MESSAGE_ID) == message_id:
+                        return True
+            return False
+
+        return salvaged_id(head.properties.get(PROPERTY_MESSAGE_ID), indexed.get(offset, set()), held_elsewhere)
 
     def _name(self, known: dict[int, LostMessage], indexed: dict[int, set[int]]) -> None:
         """Name lost records no header names by the ``namer``'s names: at their offset, or

@@ -112,7 +112,7 @@ def test_replayed_records_are_skipped_and_rewound_ones_are_not_doubled(tmp_path:
 
 
 def test_the_hashes_at_an_offset_are_those_of_its_record_across_rolled_files(tmp_path: Path) -> None:
-    """What ``entries_deny_id`` is given: the hashes of a record's own entries (its id's,
+    """What ``salvaged_id`` is given: the hashes of a record's own entries (its id's,
     then its keys'), found by offset in files of seven entries, a record's entries split
     across two files too; an offset no record was indexed at has none."""
     index = MessageIndex(tmp_path, slots=3, entries=7)
