@@ -167,6 +167,12 @@ class QueueProgress:
         self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
         self.mark_done(offset - 1)  # advances the floor over done offsets just above it
 
+    def attempts_so_far(self) -> dict[int, int]:
+        """The delivery attempts of every message not done: of those read but not yet
+        delivered again (``attempts``) and of those pending (delivered or due)."""
+        in_flight = {offset: d.attempt for offset, d in self.pending.items() if d.attempt}
+        return {**self.attempts, **in_flight}
+
     def take(self, record: StoredRecord, read_ahead: ReadAhead) -> None:
         """``record`` is to be delivered: pending, without its body (``read_ahead`` may keep
         it for the receive reading it; otherwise it is read again when it goes out), with
@@ -334,7 +340,7 @@ class ConsumerGroups:
             return encode_snapshot(Snapshot(
                 upto=events_stored(),
                 progress=[
-                    _SavedProgress(key, p.floor, sorted(p.done_above), dict(p.attempts))
+                    _SavedProgress(key, p.floor, sorted(p.done_above), p.attempts_so_far())
                     for key, p in self.progress.items()
                 ],
             ))

@@ -162,6 +162,24 @@ def test_delay_on_a_transactional_message_applies_after_commit(broker_factory) -
     assert broker.stats().pending_half == 0 and broker.checks.checks_sent == 0
 
 
+def test_a_snapshot_keeps_the_attempts_of_messages_in_flight(broker_factory) -> None:
+    """A snapshot written after an in-flight message's deliveries were stored replays none
+    of them on restart: it must carry their count itself, or a message redelivered across
+    restarts never reaches the DLQ."""
+    broker = broker_factory(default_queues=1)
+    broker.send(Message("orders", b"poison"))
+    attempts: list[int] = []
+    eventually(lambda: attempts.extend(r.delivery_attempt for r in broker.receive(
+        "g", "orders", invisible_duration_s=0.05, wait_s=0.1)) or len(attempts) == 2, 5)
+    assert attempts == [1, 2]
+    broker.store.flush()  # both delivery events are stored: the snapshot's cut is past them
+    broker.write_snapshots()
+    broker.close()
+    broker = broker_factory(default_queues=1)
+    again = broker.receive("g", "orders", wait_s=1)
+    assert [r.delivery_attempt for r in again] == [3]
+
+
 def test_restart_from_an_older_consumer_snapshot_replays_the_events_after_it(broker_factory, tmp_path) -> None:
     broker = broker_factory(default_queues=1)
     for n in range(6):
