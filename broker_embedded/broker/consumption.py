@@ -335,7 +335,9 @@ class ConsumerGroups:
     def snapshot(self, events_stored: Callable[[], int]) -> bytes:
         """The progress of every group, with ``upto`` = ``events_stored()`` read under the
         lock: every event record below it was applied before it was written, and
-        replaying later ones again is harmless (events are idempotent)."""
+        replaying later ones again is harmless (events are idempotent). The attempts of
+        messages in flight are in it too (their events may be below ``upto``): one whose
+        event a crash kept from being stored counts as made (one attempt fewer left)."""
         with self.lock:
             return encode_snapshot(Snapshot(
                 upto=events_stored(),
