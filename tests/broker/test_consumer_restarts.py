@@ -1,0 +1,82 @@
+"""A consumer group's progress across restarts in a row, seeded: whatever mix of sends,
+receives, acks, snapshots and restarts a seed draws, an acked message never comes back, a
+message's delivery attempts only ever go up by one, and one that used its attempts is in
+the DLQ once and delivered no more (the consumer snapshot once lost the attempts of
+messages in flight)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from broker_embedded import EmbeddedBroker, Message
+from broker_embedded.errors import UnknownReceiptError
+
+from .conftest import FAST
+
+GROUP, TOPIC = "g", "orders"
+#: The invisible duration of every receive; a step waits past it before receiving again.
+INVISIBLE_S = 0.03
+STEPS = 30
+
+
+class Model:
+    """What the consumer saw: each message's last delivery attempt, the acked ones."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.attempts: dict[str, int] = {}
+        self.acked: set[str] = set()
+
+    def delivered(self, message_id: str, attempt: int, seed: int) -> None:
+        assert message_id not in self.acked, f"seed {seed}: acked {message_id} delivered again"
+        before = self.attempts.get(message_id, 0)
+        assert before < FAST.max_delivery_attempts, f"seed {seed}: {message_id} delivered after its last attempt"
+        assert attempt == before + 1, f"seed {seed}: {message_id} delivered as attempt {attempt} after {before}"
+        self.attempts[message_id] = attempt
+
+
+def receive_and_ack(broker: EmbeddedBroker, model: Model, rng: random.Random, seed: int) -> None:
+    time.sleep(INVISIBLE_S * 1.5)  # what was delivered before is due again
+    for received in broker.receive(GROUP, TOPIC, max_messages=rng.randint(1, 4),
+                                   invisible_duration_s=INVISIBLE_S, wait_s=0):
+        message_id = received.message.message_id
+        model.delivered(message_id, received.delivery_attempt, seed)
+        if rng.random() < 0.3:
+            try:
+                broker.ack(GROUP, received.receipt_handle)
+            except UnknownReceiptError:
+                continue  # a loaded machine let its invisible duration end first: not acked
+            model.acked.add(message_id)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_progress_survives_restarts_in_a_row(broker_factory: Callable[..., EmbeddedBroker], seed: int) -> None:
+    rng = random.Random(seed)
+    model = Model()
+    broker = broker_factory(default_queues=2)
+    for _ in range(STEPS):
+        step = rng.random()
+        if step < 0.2:
+            for _ in range(rng.randint(1, 3)):
+                model.sent.append(broker.send(Message(TOPIC, f"m{len(model.sent)}".encode())).message_id)
+        elif step < 0.75:
+            receive_and_ack(broker, model, rng, seed)
+        else:
+            if rng.random() < 0.5:
+                broker.store.flush()  # the events stored: a snapshot now cuts the replay past them
+            if rng.random() < 0.5:
+                broker.write_snapshots()
+            broker.close()
+            broker = broker_factory(default_queues=2)
+    for _ in range(FAST.max_delivery_attempts + 1):  # drain: what is not acked uses its attempts
+        time.sleep(INVISIBLE_S * 1.5)
+        for received in broker.receive(GROUP, TOPIC, max_messages=64, invisible_duration_s=INVISIBLE_S, wait_s=0):
+            model.delivered(received.message.message_id, received.delivery_attempt, seed)
+    dead = Counter(m.message.message_id for m in broker.list_dlq(GROUP))
+    assert all(n == 1 for n in dead.values()), f"seed {seed}: in the DLQ more than once: {dead}"
+    assert set(dead) == set(model.sent) - model.acked, f"seed {seed}: DLQ {sorted(dead)}"
