@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_embedded import EmbeddedBroker, Message
+from broker_embedded import EmbeddedBroker, Message, ReceivedMessage
 from broker_embedded.errors import UnknownReceiptError
 
 from .conftest import FAST
@@ -25,14 +25,25 @@ STEPS = 30
 
 
 class Model:
-    """What the consumer saw: each message's last delivery attempt, the acked ones."""
+    """What the consumer of seed ``seed`` saw: each message's last delivery attempt, the acked ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
         self.sent: list[str] = []
         self.attempts: dict[str, int] = {}
         self.acked: set[str] = set()
 
-    def delivered(self, message_id: str, attempt: int, seed: int) -> None:
+    def receive(self, broker: EmbeddedBroker, max_messages: int) -> list[ReceivedMessage]:
+        """Once what was delivered before is due again, receive and check each delivery."""
+        time.sleep(INVISIBLE_S * 1.5)
+        received = broker.receive(GROUP, TOPIC, max_messages=max_messages, invisible_duration_s=INVISIBLE_S,
+                                  wait_s=0)
+        for r in received:
+            self._delivered(r.message.message_id, r.delivery_attempt)
+        return received
+
+    def _delivered(self, message_id: str, attempt: int) -> None:
+        seed = self.seed
         assert message_id not in self.acked, f"seed {seed}: acked {message_id} delivered again"
         before = self.attempts.get(message_id, 0)
         assert before < FAST.max_delivery_attempts, f"seed {seed}: {message_id} delivered after its last attempt"
@@ -40,12 +51,9 @@ class Model:
         self.attempts[message_id] = attempt
 
 
-def receive_and_ack(broker: EmbeddedBroker, model: Model, rng: random.Random, seed: int) -> None:
-    time.sleep(INVISIBLE_S * 1.5)  # what was delivered before is due again
-    for received in broker.receive(GROUP, TOPIC, max_messages=rng.randint(1, 4),
-                                   invisible_duration_s=INVISIBLE_S, wait_s=0):
+def receive_and_ack(broker: EmbeddedBroker, model: Model, rng: random.Random) -> None:
+    for received in model.receive(broker, max_messages=rng.randint(1, 4)):
         message_id = received.message.message_id
-        model.delivered(message_id, received.delivery_attempt, seed)
         if rng.random() < 0.3:
             try:
                 broker.ack(GROUP, received.receipt_handle)
@@ -57,7 +65,7 @@ def receive_and_ack(broker: EmbeddedBroker, model: Model, rng: random.Random, se
 @pytest.mark.parametrize("seed", range(8))
 def test_progress_survives_restarts_in_a_row(broker_factory: Callable[..., EmbeddedBroker], seed: int) -> None:
     rng = random.Random(seed)
-    model = Model()
+    model = Model(seed)
     broker = broker_factory(default_queues=2)
     for _ in range(STEPS):
         step = rng.random()
@@ -65,7 +73,7 @@ def test_progress_survives_restarts_in_a_row(broker_factory: Callable[..., Embed
             for _ in range(rng.randint(1, 3)):
                 model.sent.append(broker.send(Message(TOPIC, f"m{len(model.sent)}".encode())).message_id)
         elif step < 0.75:
-            receive_and_ack(broker, model, rng, seed)
+            receive_and_ack(broker, model, rng)
         else:
             if rng.random() < 0.5:
                 broker.store.flush()  # the events stored: a snapshot now cuts the replay past them
@@ -74,9 +82,7 @@ def test_progress_survives_restarts_in_a_row(broker_factory: Callable[..., Embed
             broker.close()
             broker = broker_factory(default_queues=2)
     for _ in range(FAST.max_delivery_attempts + 1):  # drain: what is not acked uses its attempts
-        time.sleep(INVISIBLE_S * 1.5)
-        for received in broker.receive(GROUP, TOPIC, max_messages=64, invisible_duration_s=INVISIBLE_S, wait_s=0):
-            model.delivered(received.message.message_id, received.delivery_attempt, seed)
+        model.receive(broker, max_messages=64)
     dead = Counter(m.message.message_id for m in broker.list_dlq(GROUP))
     assert all(n == 1 for n in dead.values()), f"seed {seed}: in the DLQ more than once: {dead}"
     assert set(dead) == set(model.sent) - model.acked, f"seed {seed}: DLQ {sorted(dead)}"
