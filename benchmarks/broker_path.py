@@ -79,7 +79,8 @@ def _child() -> None:
     from broker_embedded.wire.session import ClientSession
 
     session = ClientSession.__new__(ClientSession)  # only its request builders are used (no connection)
-    oneway = {"oneway": True} if "oneway" in EndCall.__dataclass_fields__ else {}  # as a decorated call sends it
+    fields = getattr(EndCall, "__struct_fields__", None) or getattr(EndCall, "__dataclass_fields__", ())
+    oneway = {"oneway": True} if "oneway" in fields else {}  # as a decorated call sends it
     buffer = FrameBuffer()
     numbers = iter(range(1, 1 << 62))
 

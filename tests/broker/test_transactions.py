@@ -200,3 +200,20 @@ def test_a_check_answer_arriving_after_the_producer_resolved_changes_nothing(bro
     assert broker.stats().outstanding_checks == 0 and len(holding.requests) == 1
     logged = [r.getMessage() for r in caplog.records if "t1" in r.getMessage()]
     assert any("check-back 1/" in m for m in logged) and any("check-back answer" in m for m in logged)
+
+
+def test_a_producers_own_end_is_not_a_log_line_at_info_but_a_check_backs_is(broker_factory, caplog) -> None:
+    """A decorated call's END is the everyday case, one per call: a broker at its default
+    level (INFO) writes no line for it (a line per transaction would fill an operator's disk
+    and cost the broker CPU per call); what a check-back or an operator decided still shows."""
+    broker = broker_factory(AnsweringChecker(Resolution.COMMIT), check_interval_s=0.05)
+    with caplog.at_level("INFO", logger="broker_embedded"):
+        for n, resolution in enumerate([Resolution.COMMIT, Resolution.ROLLBACK]):
+            broker.send_half(Message("orders", b"a"), producer_group="pg", transaction_id=f"own{n}")
+            broker.end_transaction(f"own{n}", resolution, producer_group="pg")
+        broker.send_half(Message("orders", b"b", transaction_timeout_s=0.1), producer_group="pg",
+                         transaction_id="checked")
+        eventually(lambda: broker.transaction_state("checked") is TransactionState.COMMITTED)
+    at_info = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert not [m for m in at_info if "own" in m]
+    assert any("checked committed by check-back answer" in m for m in at_info)

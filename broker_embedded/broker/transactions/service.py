@@ -234,7 +234,9 @@ class TransactionService:
             ended = tx.ended
             if ended is not None:  # None: held (oneway) and dropped already, ``_end_failed``
                 ended.open()
-            log.info("transaction %s %s by %s", call.transaction_id, FINAL_STATES[op.kind].value, source)
+            # a producer's own END is the everyday case, one per call: not a line each at INFO
+            (log.debug if source == "producer" else log.info)(
+                "transaction %s %s by %s", call.transaction_id, FINAL_STATES[op.kind].value, source)
             return EndTransactionResult(call.transaction_id, FINAL_STATES[op.kind], True, tx.message_ids)
 
         return Staged(records, finish, lambda: self._end_failed(tx))
