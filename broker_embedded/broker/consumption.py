@@ -19,8 +19,12 @@ retry queue is not filtered (as RocketMQ subscribes it ``*``).
 
 Durability: every delivery, ack and dead-lettering is an event record in
 ``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
-counts and delivery statistics. A message in flight at a restart is visible again at once.
-A periodic snapshot (``snapshot``/``restore``) bounds the replay to the events after it.
+counts and delivery statistics. A delivery event carries its receipt and its invisible
+time (so does a ChangeInvisibleDuration, stored as a delivery of the same attempt), so a
+message in flight at a restart stays invisible until its time and the receipt its consumer
+holds still acks it, as RocketMQ's pop checkpoints keep them. Those times are wall-clock
+times: a clock that went back while the broker was down leaves a message invisible for no
+longer than it was given. A periodic snapshot (``snapshot``/``restore``) bounds the replay to the events after it.
 Like RocketMQ's periodic consumer-offset persistence, these events are written without
 waiting for their fsync (they are durable within the store's flush interval): a crash
 can forget the last acks, which only means one more delivery of those messages, and the
@@ -82,10 +86,35 @@ class Event(msgspec.Struct, omit_defaults=True):
     message_id: str = msgspec.field(name="m")
     timestamp_ms: int = msgspec.field(name="ts")
     count: int = msgspec.field(name="c", default=1)
+    #: A delivery's receipt and the wall times it is invisible and its receipt valid until
+    #: (absent from events written before they were kept, and from other kinds).
+    receipt: str = msgspec.field(name="r", default="")
+    visible_at_ms: int = msgspec.field(name="v", default=0)
+    expires_at_ms: int = msgspec.field(name="x", default=0)
 
 
 encode_events = msgspec.msgpack.Encoder().encode
 decode_events = msgspec.msgpack.Decoder(list[Event]).decode
+
+
+class Held(msgspec.Struct, array_like=True):
+    """The receipt of a message in flight and its wall times (delivered, invisible until,
+    receipt valid until), kept from the events and the snapshot for a message whose record
+    no receive has read again since the broker started."""
+
+    receipt: str
+    delivered_at_ms: int
+    visible_at_ms: int
+    expires_at_ms: int
+
+    def on_clock(self, now_ms: int) -> Held:
+        """These times on a clock reading ``now_ms``: one that went back past the delivery
+        moves them back with it, so the message is invisible (and its receipt valid) no
+        longer than it was given."""
+        if now_ms >= self.delivered_at_ms:
+            return self
+        back = self.delivered_at_ms - now_ms
+        return Held(self.receipt, now_ms, self.visible_at_ms - back, self.expires_at_ms - back)
 
 
 class _SavedProgress(msgspec.Struct, array_like=True):
@@ -93,6 +122,7 @@ class _SavedProgress(msgspec.Struct, array_like=True):
     floor: int
     done_above: list[int]
     attempts: dict[int, int]
+    held: dict[int, Held] = {}  # absent from snapshots written before receipts were kept
 
 
 class Snapshot(msgspec.Struct):
@@ -136,6 +166,10 @@ class Delivery(msgspec.Struct):
     visible_at_ms: int = 0
     expires_at_ms: int = 0  # the current receipt is valid until then
     receipt: str = ""
+    delivered_at_ms: int = 0  # when the current receipt was given
+
+    def held(self) -> Held:
+        return Held(self.receipt, self.delivered_at_ms, self.visible_at_ms, self.expires_at_ms)
 
 
 @dataclass
@@ -147,10 +181,13 @@ class QueueProgress:
     pending: dict[int, Delivery] = field(default_factory=dict)
     done_above: set[int] = field(default_factory=set)
     attempts: dict[int, int] = field(default_factory=dict)
+    #: The receipts of messages in flight when the broker started, until their records are read.
+    held: dict[int, Held] = field(default_factory=dict)
 
     def mark_done(self, offset: int) -> None:
         self.pending.pop(offset, None)
         self.attempts.pop(offset, None)
+        self.held.pop(offset, None)
         if offset >= self.floor:
             self.done_above.add(offset)
         while self.floor in self.done_above:
@@ -165,6 +202,7 @@ class QueueProgress:
         self.floor = offset
         self.done_above = {o for o in self.done_above if o >= offset}
         self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
+        self.held = {o: h for o, h in self.held.items() if o >= offset}
         self.mark_done(offset - 1)  # advances the floor over done offsets just above it
 
     def attempts_so_far(self) -> dict[int, int]:
@@ -173,12 +211,24 @@ class QueueProgress:
         in_flight = {offset: d.attempt for offset, d in self.pending.items() if d.attempt}
         return {**self.attempts, **in_flight}
 
+    def held_so_far(self) -> dict[int, Held]:
+        """The receipts of every message in flight: of those pending and of those held."""
+        return {**self.held, **{offset: d.held() for offset, d in self.pending.items() if d.receipt}}
+
     def take(self, record: StoredRecord, read_ahead: ReadAhead) -> None:
         """``record`` is to be delivered: pending, without its body (``read_ahead`` may keep
         it for the receive reading it; otherwise it is read again when it goes out), with
-        the attempts it already had."""
+        the attempts it already had and the receipt it holds; nothing when it is pending
+        already (the ack of a receipt from before a restart read it)."""
+        offset = record.queue_offset
+        if offset in self.pending:
+            return
         read_ahead.keep(record)
-        self.pending[record.queue_offset] = Delivery(record.without_body(), self.attempts.pop(record.queue_offset, 0))
+        delivery = self.pending[offset] = Delivery(record.without_body(), self.attempts.pop(offset, 0))
+        held = self.held.pop(offset, None)
+        if held is not None:
+            delivery.receipt, delivery.delivered_at_ms = held.receipt, held.delivered_at_ms
+            delivery.visible_at_ms, delivery.expires_at_ms = held.visible_at_ms, held.expires_at_ms
 
     def mark_done_range(self, start: int, end: int) -> None:
         """The offsets from ``start`` to ``end`` (excluded), none of them pending, are done."""
@@ -261,9 +311,12 @@ def _newest(pending: dict[int, Delivery], count: int) -> list[tuple[int, Deliver
 
 
 def _event(kind: str, group: str, topic: str, key: ProgressKey, d: Delivery, at_ms: int) -> Event:
-    """The event ``kind`` of delivery ``d`` at ``at_ms`` (epoch ms)."""
-    return Event(kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt,
-                 d.record.properties.get(PROPERTY_MESSAGE_ID, ""), at_ms)
+    """The event ``kind`` of delivery ``d`` at ``at_ms`` (epoch ms); a delivery's with its receipt and times."""
+    message_id = d.record.properties.get(PROPERTY_MESSAGE_ID, "")
+    if kind == EVENT_DELIVERED:
+        return Event(kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt, message_id, at_ms,
+                     receipt=d.receipt, visible_at_ms=d.visible_at_ms, expires_at_ms=d.expires_at_ms)
+    return Event(kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt, message_id, at_ms)
 
 
 def _add_skip(skipped: Skipped, key: ProgressKey, start: int, end: int) -> None:
@@ -311,16 +364,22 @@ class ConsumerGroups:
                 for event in events_of(record):
                     progress = self._progress((event.group, event.topic, event.stored_topic, event.queue_id))
                     if event.kind == EVENT_DELIVERED:
-                        if event.queue_offset >= progress.floor and event.queue_offset not in progress.done_above:
-                            progress.attempts[event.queue_offset] = max(progress.attempts.get(event.queue_offset, 0), event.attempt)
+                        offset = event.queue_offset
+                        if offset >= progress.floor and offset not in progress.done_above:
+                            progress.attempts[offset] = max(progress.attempts.get(offset, 0), event.attempt)
+                            if event.receipt:
+                                progress.held[offset] = Held(event.receipt, event.timestamp_ms,
+                                                             event.visible_at_ms, event.expires_at_ms)
                     elif event.kind == EVENT_SKIPPED:
                         progress.mark_done_range(event.queue_offset, event.queue_offset + event.count)
                     else:
                         progress.mark_done(event.queue_offset)
                         if event.kind == EVENT_DEAD:
                             dead.append((event, record))
+            now = self.clock.time_ms()
             for progress in self.progress.values():
                 progress.next_offset = progress.floor
+                progress.held = {offset: held.on_clock(now) for offset, held in progress.held.items()}
         missing = [
             self._dead_letter_copy(event.group, original, event.attempt)
             for event, record in dead if _names_a_group(event)
@@ -335,14 +394,15 @@ class ConsumerGroups:
     def snapshot(self, events_stored: Callable[[], int]) -> bytes:
         """The progress of every group, with ``upto`` = ``events_stored()`` read under the
         lock: every event record below it was applied before it was written, and
-        replaying later ones again is harmless (events are idempotent). The attempts of
-        messages in flight are in it too (their events may be below ``upto``): one whose
-        event a crash kept from being stored counts as made (one attempt fewer left)."""
+        replaying later ones again is harmless (events are idempotent). The attempts and
+        receipts of messages in flight are in it too (their events may be below ``upto``):
+        an attempt whose event a crash kept from being stored counts as made (one attempt
+        fewer left)."""
         with self.lock:
             return encode_snapshot(Snapshot(
                 upto=events_stored(),
                 progress=[
-                    _SavedProgress(key, p.floor, sorted(p.done_above), p.attempts_so_far())
+                    _SavedProgress(key, p.floor, sorted(p.done_above), p.attempts_so_far(), p.held_so_far())
                     for key, p in self.progress.items()
                 ],
             ))
@@ -356,6 +416,7 @@ class ConsumerGroups:
                 progress.floor = progress.next_offset = saved.floor
                 progress.done_above = set(saved.done_above)
                 progress.attempts = dict(saved.attempts)
+                progress.held = dict(saved.held)
         return snapshot.upto
 
     def _progress(self, key: ProgressKey) -> QueueProgress:
@@ -487,6 +548,7 @@ class ConsumerGroups:
             gathering.room -= delivery.record.size
             delivery.attempt += 1
             delivery.receipt = new_receipt()
+            delivery.delivered_at_ms = now
             backoff = self.retry_backoff_ms[min(delivery.attempt - 1, len(self.retry_backoff_ms) - 1)]
             delivery.visible_at_ms = now + gathering.invisible_ms + backoff
             delivery.expires_at_ms = now + gathering.invisible_ms
@@ -632,7 +694,7 @@ class ConsumerGroups:
             topic, stored_topic, queue_id, offset, receipt = handle.split("|")
             key = (group, topic, stored_topic, int(queue_id))
             progress = self.progress[key]
-            delivery = progress.pending[int(offset)]
+            delivery = progress.pending.get(int(offset)) or self._read_held(key, progress, int(offset))
         except (ValueError, KeyError):
             raise UnknownReceiptError(f"unknown receipt handle {handle!r} for group {group!r}") from None
         if delivery.receipt != receipt:
@@ -644,6 +706,16 @@ class ConsumerGroups:
                 f"expired receipt handle {handle!r}: its invisible duration is over"
             )
         return key, progress, delivery
+
+    def _read_held(self, key: ProgressKey, progress: QueueProgress, offset: int) -> Delivery:
+        """The delivery of a message in flight since before the broker started, its record
+        read now (no receive has read it yet); ``KeyError`` when there is none."""
+        if offset in progress.held:
+            for record in self.store.read_queue(key[2], key[3], offset, 1):
+                if record.queue_offset == offset:
+                    progress.take(record, ReadAhead(0, 0))
+                    return progress.pending[offset]
+        raise KeyError(offset)
 
     def ack(self, group: str, handle: str) -> None:
         """Mark a delivered message done for the group (durable per ``sync_consumer_progress``)."""
@@ -709,13 +781,17 @@ class ConsumerGroups:
             for record in records)
 
     def change_invisible_duration(self, group: str, handle: str, invisible_ms: int) -> str:
-        """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle."""
+        """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle
+        (stored as a delivery of the same attempt, so a restart keeps it)."""
         with self.lock:
             now = self.clock.time_ms()
             key, _, delivery = self._lookup(group, handle, now)
             delivery.receipt = new_receipt()
+            delivery.delivered_at_ms = now
             delivery.visible_at_ms = delivery.expires_at_ms = now + invisible_ms
-            return self._receipt_handle(key, delivery)
+            event = _event(EVENT_DELIVERED, group, key[1], key, delivery, now)
+        self._persist([event])
+        return self._receipt_handle(key, delivery)
 
     # -- admin ----------------------------------------------------------------------------
     def _queue_lags(self) -> Iterator[tuple[ProgressKey, int, QueueProgress | None]]:
@@ -737,8 +813,9 @@ class ConsumerGroups:
         now = self.clock.time_ms()
         with self.lock:
             return [
-                ConsumerQueue(*key, lag, 0 if progress is None else sum(
-                    1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now))
+                ConsumerQueue(*key, lag, 0 if progress is None else (
+                    sum(1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now)
+                    + sum(1 for h in progress.held.values() if h.expires_at_ms > now)))
                 for key, lag, progress in self._queue_lags()
             ]
 

@@ -259,9 +259,13 @@ def test_parking_is_all_or_nothing_at_every_byte(tmp_path: Path) -> None:
     assert not violations, report(violations, len(positions), "parking")
 
 
+#: The invisible duration of ``receive_once``'s deliveries; a restart keeps it.
+INVISIBLE_S = 0.05
+
+
 def receive_once(broker: EmbeddedBroker, wait_s: float = 0.2) -> list[str]:
     """One receive of the consumer group that never acks; the message ids it got."""
-    received = broker.receive(CONSUMER_GROUP, TOPIC, invisible_duration_s=0.05, wait_s=wait_s)
+    received = broker.receive(CONSUMER_GROUP, TOPIC, invisible_duration_s=INVISIBLE_S, wait_s=wait_s)
     return [r.message.message_id for r in received]
 
 
@@ -280,6 +284,7 @@ def prepare_dlq(tmp_path: Path) -> Prepared:
         assert wait_until(lambda: receive_once(broker) == [message.message_id], 5)
     start = keep_before(broker, tmp_path / "before")
     broker = EmbeddedBroker(data, QUIET)
+    time.sleep(INVISIBLE_S)  # the last delivery's invisible time, which the restart kept
     assert receive_once(broker, wait_s=0) == []
     assert dlq_count(broker, message.message_id) == 1
     end = finish_after(broker)
@@ -290,7 +295,7 @@ def prepare_dlq(tmp_path: Path) -> Prepared:
 def check_dlq(data: Path, message_id: str) -> str | None:
     """In the DLQ at most once, never delivered once there; after a few receives it is
     there exactly once (its delivery attempts are spent)."""
-    with EmbeddedBroker(data, QUIET) as broker:
+    with EmbeddedBroker(data, QUIET) as broker:  # past the last delivery's invisible time (prepare_dlq waited)
         for attempt in range(FAST.max_delivery_attempts + 2):
             before = dlq_count(broker, message_id)
             if before > 1:

@@ -108,13 +108,14 @@ def test_acks_and_in_flight_messages_survive_restart(broker_factory) -> None:
     broker = broker_factory()
     for n in range(4):
         broker.send(Message("orders", f"m{n}".encode()))
-    batch = broker.receive("g", "orders", max_messages=4)
+    batch = broker.receive("g", "orders", max_messages=4, invisible_duration_s=0.5)
     acked = {r.message.body for r in batch[:2]}
     for received in batch[:2]:
         broker.ack("g", received.receipt_handle)
     broker.close()
     broker = broker_factory()
-    again = broker.receive("g", "orders", max_messages=10, wait_s=1)
+    assert broker.receive("g", "orders", max_messages=10) == []  # in flight: invisible until its time
+    again = broker.receive("g", "orders", max_messages=10, wait_s=2)
     assert {r.message.body for r in again} == {r.message.body for r in batch[2:]}
     assert not acked & {r.message.body for r in again}
     assert all(r.delivery_attempt == 2 for r in again)
@@ -184,7 +185,7 @@ def test_restart_from_an_older_consumer_snapshot_replays_the_events_after_it(bro
     broker = broker_factory(default_queues=1)
     for n in range(6):
         broker.send(Message("orders", f"m{n}".encode()))
-    batch = broker.receive("g", "orders", max_messages=6)
+    batch = broker.receive("g", "orders", max_messages=6, invisible_duration_s=0.3)
     for received in batch[:2]:
         broker.ack("g", received.receipt_handle)
     broker.write_snapshots()
@@ -194,7 +195,7 @@ def test_restart_from_an_older_consumer_snapshot_replays_the_events_after_it(bro
     broker.close()
     snapshot.write_bytes(older)  # as if the broker died before its next snapshot
     broker = broker_factory(default_queues=1)
-    again = broker.receive("g", "orders", max_messages=10, wait_s=1)
+    again = broker.receive("g", "orders", max_messages=10, wait_s=1, invisible_duration_s=0.3)
     assert [r.message.body for r in again] == [b"m3", b"m4", b"m5"]
     assert all(r.delivery_attempt == 2 for r in again)
     broker.close()

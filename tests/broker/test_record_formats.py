@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from broker_embedded.broker.consumption import Event, decode_events, encode_events
+from broker_embedded.broker.consumption import (
+    Event,
+    Held,
+    Snapshot,
+    _SavedProgress,
+    decode_events,
+    decode_snapshot,
+    encode_events,
+    encode_snapshot,
+)
 from broker_embedded.broker.transactions.ops import Op, decode_op, encode_op
 from broker_embedded.store import codec as record_codec
 from broker_embedded.store.record import StoredRecord
@@ -25,6 +34,22 @@ EVENTS_BYTES = (b"\x91\x89\xa1e\xa1d\xa1g\xa4shop\xa1s\xa6orders\xa1t\xab%RETRY%
                 b"\xa1m\xa2m1\xa2ts\xcf\x00\x00\x01\x8b\xcf\xe5h\x00")
 
 
+# A delivery event since receipts are kept (its receipt and wall times under r, v, x).
+DELIVERED = Event(kind="d", group="shop", topic="orders", stored_topic="%RETRY%shop", queue_id=3, queue_offset=42,
+                  attempt=2, message_id="m1", timestamp_ms=1_700_000_000_000, receipt="00ff00ff00ff00ff",
+                  visible_at_ms=1_700_000_030_000, expires_at_ms=1_700_000_030_000)
+DELIVERED_BYTES = (b"\x91\x8c\xa1e\xa1d\xa1g\xa4shop\xa1s\xa6orders\xa1t\xab%RETRY%shop\xa1q\x03\xa1o*\xa1n\x02"
+                   b"\xa1m\xa2m1\xa2ts\xcf\x00\x00\x01\x8b\xcf\xe5h\x00\xa1r\xb000ff00ff00ff00ff"
+                   b"\xa1v\xcf\x00\x00\x01\x8b\xcf\xe5\xdd0\xa1x\xcf\x00\x00\x01\x8b\xcf\xe5\xdd0")
+# The consumer snapshot: one queue's progress, before receipts were kept (4 fields) and since (5).
+PROGRESS = _SavedProgress(("shop", "orders", "orders", 3), 40, [42], {41: 2})
+SNAPSHOT_BEFORE_RECEIPTS_BYTES = b"\x82\xa4upto\x07\xa8progress\x91\x94\x94\xa4shop\xa6orders\xa6orders\x03(\x91*\x81)\x02"
+HELD = Held("00ff00ff00ff00ff", 1_700_000_000_000, 1_700_000_030_000, 1_700_000_030_000)
+SNAPSHOT_BYTES = (b"\x82\xa4upto\x07\xa8progress\x91\x95\x94\xa4shop\xa6orders\xa6orders\x03(\x91*\x81)\x02\x81)"
+                  b"\x94\xb000ff00ff00ff00ff\xcf\x00\x00\x01\x8b\xcf\xe5h\x00\xcf\x00\x00\x01\x8b\xcf\xe5\xdd0"
+                  b"\xcf\x00\x00\x01\x8b\xcf\xe5\xdd0")
+
+
 def test_op_records_encode_to_the_bytes_older_versions_wrote_and_read() -> None:
     assert encode_op(COMMIT_OP) == COMMIT_OP_BYTES
     assert encode_op(CHECK_OP) == CHECK_OP_BYTES  # defaults stay omitted
@@ -35,6 +60,15 @@ def test_op_records_encode_to_the_bytes_older_versions_wrote_and_read() -> None:
 def test_progress_events_encode_to_the_bytes_older_versions_wrote_and_read() -> None:
     assert encode_events([EVENT]) == EVENTS_BYTES
     assert decode_events(EVENTS_BYTES) == [EVENT]
+    assert encode_events([DELIVERED]) == DELIVERED_BYTES
+    assert decode_events(DELIVERED_BYTES) == [DELIVERED]
+
+
+def test_a_consumer_snapshot_from_before_receipts_were_kept_still_loads() -> None:
+    assert decode_snapshot(SNAPSHOT_BEFORE_RECEIPTS_BYTES) == Snapshot(7, [PROGRESS])
+    with_receipts = Snapshot(7, [_SavedProgress(("shop", "orders", "orders", 3), 40, [42], {41: 2}, {41: HELD})])
+    assert encode_snapshot(with_receipts) == SNAPSHOT_BYTES
+    assert decode_snapshot(SNAPSHOT_BYTES) == with_receipts
 
 
 # The store's commit log record, in its two formats: data directories written before a record
