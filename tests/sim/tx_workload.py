@@ -39,7 +39,9 @@ After every recovery the checker holds the broker to a reference model:
 * a fresh consumer group reads every message of every committed transaction exactly
   once, with its body, and no message of any other (the loss ledger stays empty: no
   media fault is injected); the consumer group of the schedule never receives a message
-  of a transaction that is not committed;
+  of a transaction that is not committed, nor (at any step) a message again once its ack
+  returned, or before the invisible time of its last delivery ended (crashes and power
+  losses in between), and a message's delivery attempts only go up;
 * a repeated END answers the resolution; the opposite one is refused;
 * a delayed message is never delivered before it is due; a fresh group reads it at most
   once, and once a run of the timers at or after its due time has returned, exactly once;
@@ -115,6 +117,8 @@ DATA_DIR = Path("/sim/broker")
 TOPIC = "orders"
 GROUPS = ("pg-a", "pg-b")
 WORKERS = "workers"
+#: The invisible duration of the schedule's consumer group's receives.
+WORKERS_INVISIBLE_S = 60.0
 CONFIG = BrokerConfig(
     store=StoreConfig(
         segment_size=256 * 1024,
@@ -306,6 +310,10 @@ class TxSimulation:
         self.tx_of: dict[int, Tx] = {}  # message number -> its transaction
         self.next_number = 0
         self.fresh_groups = itertools.count()
+        #: The schedule's consumer group: per message, the attempt and invisible-until time of
+        #: its last delivery that returned, and the messages whose ack returned accepted.
+        self.worker_deliveries: dict[str, tuple[int, int]] = {}
+        self.worker_acked: set[str] = set()
         self.broker: EmbeddedBroker | None = None
 
     def step(self, text: str) -> None:
@@ -551,15 +559,39 @@ class TxSimulation:
         broker = self.broker
         assert broker is not None
         received = self.attempt(f"{WORKERS}: receive", lambda: broker.receive(
-            WORKERS, TOPIC, max_messages=count, invisible_duration_s=60.0), crash_at)
+            WORKERS, TOPIC, max_messages=count, invisible_duration_s=WORKERS_INVISIBLE_S), crash_at)
         if not isinstance(received, list):
             return
         for message in received:
             self._delivered(message.message.message_id, message.transaction_id, f"{WORKERS} received")
+            self._delivered_to_workers(message.message.message_id, message.delivery_attempt)
         if received and ack:
             handles = [m.receipt_handle for m in received]
-            self.attempt(f"{WORKERS}: ack {len(handles)}", lambda: broker.ack_many(WORKERS, handles), None)
+            outcomes = self.attempt(f"{WORKERS}: ack {len(handles)}", lambda: broker.ack_many(WORKERS, handles), None)
+            for message, outcome in zip(received, outcomes if isinstance(outcomes, list) else [], strict=False):
+                if outcome is not None:
+                    self.fail(f"{WORKERS}: the ack of {message.message.message_id} right after its receive was "
+                              f"refused: {outcome}")
+                self.worker_acked.add(message.message.message_id)
         self.step(f"{WORKERS}: received {[m.message.message_id for m in received]}{', acked' if ack else ''}")
+
+    def _delivered_to_workers(self, message_id: str, attempt: int) -> None:
+        """Hold a delivery to the schedule's consumer group to what the group was promised
+        (its progress events are fsync'd before a call returns, so crashes change none of
+        it): no message again once its ack returned, none before its invisible time ended
+        (a restart keeps it; the clock never goes back here), and attempts that only go up."""
+        if message_id in self.worker_acked:
+            self.fail(f"{WORKERS} received {message_id} again after its ack returned")
+        now = self.clock.time_ms()
+        last = self.worker_deliveries.get(message_id)
+        if last is not None:
+            last_attempt, invisible_until = last
+            if now < invisible_until:
+                self.fail(f"{WORKERS} received {message_id} again {(invisible_until - now) / 1000:g} s before the "
+                          f"invisible time of its attempt {last_attempt} ended")
+            if attempt <= last_attempt:
+                self.fail(f"{WORKERS} received {message_id} as attempt {attempt} after attempt {last_attempt}")
+        self.worker_deliveries[message_id] = (attempt, now + int(WORKERS_INVISIBLE_S * 1000))
 
     def _delivered(self, message_id: str, transaction_id: str | None, how: str) -> int:
         """Hold a delivery of ``message_id`` to the model; the message's body size."""
