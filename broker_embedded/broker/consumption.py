@@ -593,7 +593,8 @@ class ConsumerGroups:
                          skipped: Skipped, read_ahead: ReadAhead, want: int) -> tuple[int, bool]:
         """``_top_up`` through ``subscription``: the consume queue's tag hashes pick the
         records to read (a message delivered before, whose attempts count, is read whatever
-        its tag); the offsets not taken are done, added to ``skipped``. Up to
+        its tag, and so is one pending already: a receipt from before a restart read it); the
+        offsets not taken are done, added to ``skipped``. Up to
         ``FILTER_SCAN_LIMIT`` entries: how many it took, and whether it stopped there with
         more to scan."""
         _, _, stored_topic, queue_id = key
@@ -608,8 +609,8 @@ class ConsumerGroups:
             entries = self.store.tagged_entries(stored_topic, queue_id, scan_start, FILTER_SCAN_ENTRIES)
             if not entries:
                 break
-            hits = [offset for offset, size, hashed in entries
-                    if size and (subscription.matches_hash(hashed) or offset in progress.attempts)]
+            hits = [offset for offset, size, hashed in entries if size and (
+                subscription.matches_hash(hashed) or offset in progress.attempts or offset in progress.pending)]
             taken: list[int] = []
             for first, end in consecutive_runs(hits):
                 for record in self.store.read_queue(stored_topic, queue_id, first, end - first):
@@ -618,7 +619,8 @@ class ConsumerGroups:
                         break  # read past a damaged run: those come with their own run
                     if offset < progress.floor or offset in progress.done_above:
                         continue
-                    if offset in progress.attempts or subscription.accepts(codec.FilterProperties(record.properties)):
+                    if offset in progress.attempts or offset in progress.pending \
+                            or subscription.accepts(codec.FilterProperties(record.properties)):
                         progress.take(record, read_ahead)
                         taken.append(offset)
             progress.next_offset = scan_end = entries[-1][0] + 1

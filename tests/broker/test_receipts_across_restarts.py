@@ -124,3 +124,21 @@ def test_an_expired_receipt_from_before_a_restart_is_refused_and_its_message_del
         broker.ack(GROUP, first.receipt_handle)
     [again] = broker.receive(GROUP, TOPIC)
     assert (again.message.body, again.delivery_attempt) == (b"m", 2)
+
+
+def test_a_renewed_message_from_before_a_restart_comes_back_whatever_the_groups_filter_became(
+        broker_factory) -> None:
+    """Its receipt read the message back before any receive did; a receive whose tag filter
+    no longer matches it must not count it as passed over (done): a message delivered
+    already comes back until acked."""
+    broker = broker_factory(default_queues=1)
+    broker.send(Message(TOPIC, b"red", tag="red"))
+    [red] = broker.receive(GROUP, TOPIC, invisible_duration_s=30, filter_expression="red")
+    broker.close()
+    broker = broker_factory(default_queues=1)
+    broker.change_invisible_duration(GROUP, red.receipt_handle, 0.2)
+    broker.send(Message(TOPIC, b"blue", tag="blue"))
+    got = [r.message.body for r in broker.receive(GROUP, TOPIC, max_messages=10, filter_expression="blue")]
+    time.sleep(0.3)
+    got += [r.message.body for r in broker.receive(GROUP, TOPIC, max_messages=10, filter_expression="blue")]
+    assert got == [b"blue", b"red"]
