@@ -24,7 +24,8 @@ time (so does a ChangeInvisibleDuration, stored as a delivery of the same attemp
 message in flight at a restart stays invisible until its time and the receipt its consumer
 holds still acks it, as RocketMQ's pop checkpoints keep them. Those times are wall-clock
 times: a clock that went back while the broker was down leaves a message invisible for no
-longer than it was given. A periodic snapshot (``snapshot``/``restore``) bounds the replay to the events after it.
+longer than it was given. A periodic snapshot (``snapshot``/``restore``) bounds the replay
+to the events after it.
 Like RocketMQ's periodic consumer-offset persistence, these events are written without
 waiting for their fsync (they are durable within the store's flush interval): a crash
 can forget the last acks, which only means one more delivery of those messages, and the
@@ -792,8 +793,9 @@ class ConsumerGroups:
             delivery.delivered_at_ms = now
             delivery.visible_at_ms = delivery.expires_at_ms = now + invisible_ms
             event = _event(EVENT_DELIVERED, group, key[1], key, delivery, now)
+            renewed = self._receipt_handle(key, delivery)
         self._persist([event])
-        return self._receipt_handle(key, delivery)
+        return renewed
 
     # -- admin ----------------------------------------------------------------------------
     def _queue_lags(self) -> Iterator[tuple[ProgressKey, int, QueueProgress | None]]:
