@@ -108,14 +108,14 @@ def test_acks_and_in_flight_messages_survive_restart(broker_factory) -> None:
     broker = broker_factory()
     for n in range(4):
         broker.send(Message("orders", f"m{n}".encode()))
-    batch = broker.receive("g", "orders", max_messages=4, invisible_duration_s=0.5)
+    batch = broker.receive("g", "orders", max_messages=4, invisible_duration_s=3)
     acked = {r.message.body for r in batch[:2]}
     for received in batch[:2]:
         broker.ack("g", received.receipt_handle)
     broker.close()
     broker = broker_factory()
     assert broker.receive("g", "orders", max_messages=10) == []  # in flight: invisible until its time
-    again = broker.receive("g", "orders", max_messages=10, wait_s=2)
+    again = broker.receive("g", "orders", max_messages=10, wait_s=10)
     assert {r.message.body for r in again} == {r.message.body for r in batch[2:]}
     assert not acked & {r.message.body for r in again}
     assert all(r.delivery_attempt == 2 for r in again)
