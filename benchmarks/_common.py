@@ -216,8 +216,9 @@ def listening(server: subprocess.Popen[bytes], port: int) -> Iterator[None]:
 
 def serve_arguments(data_dir: Path, port: int, *extra: str) -> list[str]:
     """The arguments of ``python -m broker_embedded`` serving ``data_dir`` on ``port`` (sync
-    flush unless ``extra`` says otherwise), warnings and worse logged."""
-    return ["serve", "--data-dir", str(data_dir.resolve()), "--port", str(port), "--log-level", "WARNING", *extra]
+    flush unless ``extra`` says otherwise), logging at its default level, as users run it
+    (what it logs per request is part of its cost)."""
+    return ["serve", "--data-dir", str(data_dir.resolve()), "--port", str(port), *extra]
 
 
 @contextmanager
@@ -227,11 +228,13 @@ def halfmoon_process(data_dir: Path, *extra: str, code: Path | None = None, prof
     ``extra`` says otherwise), running checkout ``code`` if given (first on its PYTHONPATH
     and its working directory, which ``-m`` puts before it), under cProfile writing to
     ``profile_to`` at exit if given (``PROFILED_BROKER``); yields it and its port,
-    terminates it on exit."""
+    terminates it on exit. Its log goes to ``<data_dir>.log``, not to this run's output."""
     port = free_port() if port is None else port
     launcher = ["-m", "broker_embedded"] if profile_to is None else ["-c", PROFILED_BROKER, str(profile_to)]
-    server = subprocess.Popen([sys.executable, *launcher, *serve_arguments(data_dir, port, *extra)],
-                              env=code_env(code) if code else None, cwd=code)
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with data_dir.with_name(data_dir.name + ".log").open("ab") as log:
+        server = subprocess.Popen([sys.executable, *launcher, *serve_arguments(data_dir, port, *extra)],
+                                  env=code_env(code) if code else None, cwd=code, stdout=log, stderr=log)
     with listening(server, port):
         yield server, port
 

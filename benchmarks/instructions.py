@@ -177,7 +177,8 @@ def broker_server(code: Path, workload: str, ops: int) -> int:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="hm-instructions-") as folder:
         command = [sys.executable, "-m", "broker_embedded",
-                   *serve_arguments(Path(folder) / "data", port, "--scrub-rate", "0")]
+                   # at WARNING, as the counts in benchmarks/results were taken
+                   *serve_arguments(Path(folder) / "data", port, "--scrub-rate", "0", "--log-level", "WARNING")]
         with counted_server(command, port, code) as count:
             run_client(code, port, ops, workload, under_callgrind=False)
     return count[0]
