@@ -44,10 +44,10 @@ class Model:
         received = broker.receive(GROUP, TOPIC, max_messages=max_messages, invisible_duration_s=INVISIBLE_S,
                                   wait_s=0)
         for r in received:
-            self._delivered(r.message.message_id, r.delivery_attempt)
+            self.delivered(r.message.message_id, r.delivery_attempt)
         return received
 
-    def _delivered(self, message_id: str, attempt: int) -> None:
+    def delivered(self, message_id: str, attempt: int) -> None:
         seed = self.seed
         assert message_id not in self.acked, f"seed {seed}: acked {message_id} delivered again"
         assert message_id not in self.held, f"seed {seed}: held {message_id} delivered again"
@@ -72,7 +72,7 @@ def hold(broker: EmbeddedBroker, model: Model, rng: random.Random) -> None:
     """Receive a few messages for ``HOLD_S``, to be acked some steps (and restarts) later."""
     received = broker.receive(GROUP, TOPIC, max_messages=rng.randint(1, 2), invisible_duration_s=HOLD_S, wait_s=0)
     for r in received:
-        model._delivered(r.message.message_id, r.delivery_attempt)
+        model.delivered(r.message.message_id, r.delivery_attempt)
         model.held[r.message.message_id] = r.receipt_handle
 
 

@@ -31,13 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: then (argv[2]) closes, or flushes the events (and writes the snapshots) and waits for its SIGKILL.
 CHILD = """
 import json, sys
-from dataclasses import replace
 from broker_embedded import EmbeddedBroker, Message
-from broker_embedded.broker.config import BrokerConfig
-from broker_embedded.store.config import StoreConfig
-config = BrokerConfig(store=StoreConfig(segment_size=256 * 1024, index_slots=4096, index_entries=16384),
-                      retry_backoff_s=(0.0,), max_delivery_attempts=3)
-broker = EmbeddedBroker(sys.argv[1], config)
+from tests.broker.conftest import FAST
+broker = EmbeddedBroker(sys.argv[1], FAST)
 for n in range(3):
     broker.send(Message("orders", b"m%d" % n))
 received = broker.receive("g", "orders", max_messages=3, invisible_duration_s=30)

@@ -568,11 +568,12 @@ class TxSimulation:
         if received and ack:
             handles = [m.receipt_handle for m in received]
             outcomes = self.attempt(f"{WORKERS}: ack {len(handles)}", lambda: broker.ack_many(WORKERS, handles), None)
-            for message, outcome in zip(received, outcomes if isinstance(outcomes, list) else [], strict=False):
-                if outcome is not None:
-                    self.fail(f"{WORKERS}: the ack of {message.message.message_id} right after its receive was "
-                              f"refused: {outcome}")
-                self.worker_acked.add(message.message.message_id)
+            if isinstance(outcomes, list):  # else the call failed or was cut: the acks may not be kept
+                for message, outcome in zip(received, outcomes, strict=True):
+                    if outcome is not None:
+                        self.fail(f"{WORKERS}: the ack of {message.message.message_id} right after its receive "
+                                  f"was refused: {outcome}")
+                    self.worker_acked.add(message.message.message_id)
         self.step(f"{WORKERS}: received {[m.message.message_id for m in received]}{', acked' if ack else ''}")
 
     def _delivered_to_workers(self, message_id: str, attempt: int) -> None:
