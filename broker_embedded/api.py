@@ -276,8 +276,13 @@ class BrokerAPI(Protocol):
         one request, one lock and one write."""
         return ack_each(self, group, receipt_handles)
 
-    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
-        """Extend or shorten a receipt's invisibility; returns the new receipt handle."""
+    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float, *,
+                                  keep_receipt: bool = False) -> str:
+        """Extend or shorten a receipt's invisibility; returns the new receipt handle (the
+        old one is refused from then on, as RocketMQ's). With ``keep_receipt`` the handle
+        stays the same and is returned: a front renewing a message for its consumer (RocketMQ
+        5's ``auto_renew``) so that the consumer's handle stays good whatever the front
+        forgets (its client reconnected, the broker restarted)."""
         ...
 
     def dead_letter(self, group: str, receipt_handle: str) -> None:

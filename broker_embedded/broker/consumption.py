@@ -783,13 +783,15 @@ class ConsumerGroups:
             record.properties.get(PROPERTY_MESSAGE_ID, ""), record.commit_log_offset, (dlq_topic(group),))
             for record in records)
 
-    def change_invisible_duration(self, group: str, handle: str, invisible_ms: int) -> str:
-        """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle
-        (stored as a delivery of the same attempt, so a restart keeps it)."""
+    def change_invisible_duration(self, group: str, handle: str, invisible_ms: int, keep_receipt: bool = False) -> str:
+        """Move a receipt's visibility to now + ``invisible_ms``; returns the new handle, or
+        ``handle`` itself with ``keep_receipt`` (stored as a delivery of the same attempt, so
+        a restart keeps it)."""
         with self.lock:
             now = self.clock.time_ms()
             key, _, delivery = self._lookup(group, handle, now)
-            delivery.receipt = new_receipt()
+            if not keep_receipt:
+                delivery.receipt = new_receipt()
             delivery.delivered_at_ms = now
             delivery.visible_at_ms = delivery.expires_at_ms = now + invisible_ms
             event = _event(EVENT_DELIVERED, group, key[1], key, delivery, now)

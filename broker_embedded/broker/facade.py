@@ -348,10 +348,11 @@ class EmbeddedBroker:
         validate_group(group)
         self.consumers.dead_letter(group, receipt_handle)
 
-    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
+    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float, *,
+                                  keep_receipt: bool = False) -> str:
         self._check_open()
         return self.consumers.change_invisible_duration(
-            group, receipt_handle, duration_ms("invisible_duration_s", invisible_duration_s))
+            group, receipt_handle, duration_ms("invisible_duration_s", invisible_duration_s), keep_receipt)
 
     # -- reading, admin -------------------------------------------------------------------
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,

@@ -197,8 +197,10 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
         None or the typed error that refused it."""
         return await self._do(self._session.ack_many(group, receipt_handles))
 
-    async def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
-        return await self._do(self._session.change_invisible_duration(group, receipt_handle, invisible_duration_s))
+    async def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float, *,
+                                        keep_receipt: bool = False) -> str:
+        return await self._do(self._session.change_invisible_duration(group, receipt_handle, invisible_duration_s,
+                                                                      keep_receipt))
 
     async def dead_letter(self, group: str, receipt_handle: str) -> None:
         await self._do(self._session.dead_letter(group, receipt_handle))

@@ -400,15 +400,18 @@ class RocketMQ5Broker:
         client acks one message per call)."""
         return ack_each(self, group, receipt_handles)
 
-    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
-        """Change a received message's invisibility; the new receipt handle."""
+    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float, *,
+                                  keep_receipt: bool = False) -> str:
+        """Change a received message's invisibility; the new receipt handle (with
+        ``keep_receipt``, ``receipt_handle``: this connection maps it to the proxy's new one,
+        as the proxy does for a push consumer)."""
         found = self._receipt(receipt_handle)
         with self._calling(f"change invisible duration for {group}"):
             found.consumer.change_invisible_duration(found.message, max(1, round(invisible_duration_s)))
+        handle = receipt_handle if keep_receipt else str(found.message.receipt_handle)
         with self._lock:
-            self._received[found.message.receipt_handle] = _Received(
-                found.consumer, found.message, time.monotonic() + invisible_duration_s)
-        return str(found.message.receipt_handle)
+            self._received[handle] = _Received(found.consumer, found.message, time.monotonic() + invisible_duration_s)
+        return handle
 
     # -- what the proxy does not offer ----------------------------------------------------
     @staticmethod

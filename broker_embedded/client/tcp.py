@@ -547,8 +547,10 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
         None or the typed error that refused it."""
         return self._do(self._session.ack_many(group, receipt_handles))
 
-    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> str:
-        return self._do(self._session.change_invisible_duration(group, receipt_handle, invisible_duration_s))
+    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float, *,
+                                  keep_receipt: bool = False) -> str:
+        return self._do(self._session.change_invisible_duration(group, receipt_handle, invisible_duration_s,
+                                                                keep_receipt))
 
     def dead_letter(self, group: str, receipt_handle: str) -> None:
         self._do(self._session.dead_letter(group, receipt_handle))

@@ -315,9 +315,12 @@ class ClientSession(Generic[C]):
         return Call(RequestCode.ACK_MESSAGE_BATCH, {"group": group, "receipt_handles": list(receipt_handles)},
                     lambda items: [outcome_from_wire(item, None) for item in items])
 
-    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float) -> Call[str]:
+    def change_invisible_duration(self, group: str, receipt_handle: str, invisible_duration_s: float,
+                                  keep_receipt: bool = False) -> Call[str]:
+        # sent only when set: a broker from before it takes the request as it was
+        keeping = {"keep_receipt": True} if keep_receipt else {}
         return _method("change_invisible_duration", group=group, receipt_handle=receipt_handle,
-                       invisible_duration_s=invisible_duration_s)
+                       invisible_duration_s=invisible_duration_s, **keeping)
 
     def dead_letter(self, group: str, receipt_handle: str) -> Call[None]:
         return _method("dead_letter", group=group, receipt_handle=receipt_handle)

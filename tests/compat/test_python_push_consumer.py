@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,7 +23,7 @@ from broker_embedded.server.grpc._proto import definition_pb2 as pb
 from broker_embedded.server.grpc._proto import service_pb2 as spb
 from broker_embedded.server.grpc.service import SERVICE_NAME
 
-from .conftest import GrpcBroker, InProcess, eventually, rocketmq
+from .conftest import GrpcBroker, InProcess, eventually, in_process_grpc, rocketmq
 
 #: Attempts and back-off of the in-process broker: a failing message is delivered three times,
 #: one second apart (the Python client reads whole seconds), then dead-lettered.
@@ -242,3 +243,59 @@ def test_held_messages_come_back_when_their_client_ends(in_process: Callable[...
     [again] = _receive(served.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
     assert again.system_properties.message_id == held.system_properties.message_id
     assert again.system_properties.delivery_attempt == 2
+
+
+def _unary(endpoint: str, method: str, request: Any, response_type: Any, client_id: str) -> Any:
+    """One unary call of the service over a plain gRPC channel, as client ``client_id``."""
+    with grpc.insecure_channel(endpoint) as channel:
+        return channel.unary_unary(f"{SERVICE}/{method}", request_serializer=type(request).SerializeToString,
+                                   response_deserializer=response_type.FromString)(
+            request, metadata=(("x-mq-client-id", client_id),), timeout=30)
+
+
+def _ack(endpoint: str, group: str, message: Any, client_id: str) -> int:
+    """AckMessage of ``message`` with the receipt handle it was received with: the status code."""
+    entry = spb.AckMessageEntry(message_id=message.system_properties.message_id,
+                                receipt_handle=message.system_properties.receipt_handle)
+    answer = _unary(endpoint, "AckMessage", spb.AckMessageRequest(group=pb.Resource(name=group), entries=[entry]),
+                    spb.AckMessageResponse, client_id)
+    return int(answer.status.code)
+
+
+#: Push invisibility of the tests below: renewed 2 s after a receive (a third before its end),
+#: so 2.5 s after one the message was renewed once and stays invisible for ~2.5 s more.
+RENEWED_INVISIBLE_S = 3.0
+AFTER_A_RENEWAL_S = 2.5
+
+
+def test_a_held_message_is_acked_with_its_first_handle_after_its_client_ended(
+        in_process: Callable[..., InProcess]) -> None:
+    """The front renews a held message in place (its receipt handle stays the one the client
+    has), so the client's ack with that handle is taken even after the front stopped renewing
+    for it (its Telemetry stream closed: a reconnect), and the message is not delivered again.
+    A renewal that issued a new handle left the client's refused (INVALID_RECEIPT_HANDLE) and
+    the message came back."""
+    served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=RENEWED_INVISIBLE_S)
+    topic, group = _name("kept"), _name("group")
+    served.broker.send(Message(topic=topic, body=b"kept"))
+    [held] = _receive(served.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+    time.sleep(AFTER_A_RENEWAL_S)
+    _unary(served.endpoint, "NotifyClientTermination", spb.NotifyClientTerminationRequest(group=pb.Resource(name=group)),
+           spb.NotifyClientTerminationResponse, "client-1")
+    assert _ack(served.endpoint, group, held, "client-1") == pb.OK
+    assert _receive(served.endpoint, group, topic, "client-2", auto_renew=False, wait_s=int(RENEWED_INVISIBLE_S) + 1) == []
+
+
+def test_a_held_message_is_acked_with_its_first_handle_after_the_broker_restarted(tmp_path: Path) -> None:
+    """Across a restart of the broker (and its gRPC front, whose renewals are in memory): the
+    renewal's invisible time and the client's first handle survive, so the ack is taken and
+    the message is not delivered again."""
+    topic, group = _name("restart"), _name("group")
+    config = BrokerConfig(retry_backoff_s=(0.5,))
+    with in_process_grpc(tmp_path / "broker", config, push_invisible_s=RENEWED_INVISIBLE_S) as (broker, endpoint):
+        broker.send(Message(topic=topic, body=b"held across a restart"))
+        [held] = _receive(endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+        time.sleep(AFTER_A_RENEWAL_S)
+    with in_process_grpc(tmp_path / "broker", config, push_invisible_s=RENEWED_INVISIBLE_S) as (broker, endpoint):
+        assert _ack(endpoint, group, held, "client-1") == pb.OK
+        assert _receive(endpoint, group, topic, "client-2", auto_renew=False, wait_s=int(RENEWED_INVISIBLE_S) + 1) == []

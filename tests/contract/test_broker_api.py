@@ -86,6 +86,21 @@ def test_a_changed_invisible_duration_gives_a_new_receipt(driver: Driver) -> Non
         driver.api.ack(GROUP, handle)
 
 
+def test_a_change_that_keeps_the_receipt_leaves_the_handle_good(driver: Driver) -> None:
+    """``keep_receipt`` (a front renewing for its consumer): the same handle comes back, the
+    message stays invisible, and that handle acks it once."""
+    topic = driver.topic()
+    driver.api.send(Message(topic, b"renewed"))
+    (received,) = driver.api.receive(GROUP, topic, wait_s=5, invisible_duration_s=2)
+    handle = driver.api.change_invisible_duration(GROUP, received.receipt_handle, 60, keep_receipt=True)
+    assert handle == received.receipt_handle
+    time.sleep(2.5)  # past the first invisible duration
+    assert _nothing_visible(driver, topic)
+    driver.api.ack(GROUP, handle)
+    with pytest.raises(UnknownReceiptError):
+        driver.api.ack(GROUP, handle)
+
+
 def test_ack_many_answers_per_receipt_and_acks_the_good_ones(driver: Driver) -> None:
     """As RocketMQ 5's batch AckMessage: a status per entry, one bad receipt (unknown, or
     already acked) refusing only itself."""

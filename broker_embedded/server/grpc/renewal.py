@@ -3,11 +3,13 @@
 A push consumer receives with ``auto_renew`` (and no invisible duration): the server is to keep
 each message invisible while the client's listener works on it, as RocketMQ's proxy does. A
 held message's invisibility is extended shortly before it ends, by the same duration each
-time, for at most ``MAX_HOLD_S``. The client keeps the receipt handle it received, so its ack
-and its ChangeInvisibleDuration are given the broker's current handle (``settle``). A message
-stops being held when it is settled that way, when its client ends (NotifyClientTermination,
-or its Telemetry stream closes), or after ``MAX_HOLD_S``; unacked, it then comes back when its
-current invisible duration ends.
+time, for at most ``MAX_HOLD_S``. The renewals keep the receipt handle the client holds
+(``keep_receipt``), so its ack and its ChangeInvisibleDuration take that handle as it is,
+whatever this front forgot meanwhile (RocketMQ's proxy maps the client's handle to the
+broker's newest in its memory: a reconnect or a restart loses the map and the client's
+handle with it). A message stops being held when it is settled, when its client ends
+(NotifyClientTermination, or its Telemetry stream closes), or after ``MAX_HOLD_S``; unacked,
+it then comes back when its current invisible duration ends.
 """
 
 from __future__ import annotations
@@ -15,34 +17,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 #: The longest a message is kept invisible for a push consumer (RocketMQ's proxy: 3 h).
 MAX_HOLD_S = 3 * 3600.0
 
-#: ``change(group, receipt_handle, invisible_duration_s)``: the new receipt handle.
-ChangeInvisible = Callable[[str, str, float], Awaitable[str]]
+#: ``renew(group, receipt_handle, invisible_duration_s)``: invisible that long from now, the
+#: receipt handle kept.
+Renew = Callable[[str, str, float], Awaitable[object]]
 
 
 @dataclass(eq=False)
 class Held:
-    """A message a push consumer holds: the broker's current receipt handle for it."""
+    """A message a push consumer holds, by the receipt handle it was given."""
 
     group: str
     client_id: str
     handle: str
     renew_at: float
     held_until: float
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Renewals:
     """The held messages of every push consumer, renewed by ``run`` (one event loop's)."""
 
-    def __init__(self, change: ChangeInvisible, invisible_s: float) -> None:
-        self.change = change
+    def __init__(self, renew: Renew, invisible_s: float) -> None:
+        self.renew = renew
         self.invisible_s = invisible_s
         #: Renewed this long before the invisibility ends (a third of it: a slow broker call
         #: or a busy loop still renews in time).
@@ -55,14 +57,11 @@ class Renewals:
         self._held[(group, handle)] = Held(group, client_id, handle, now + self.invisible_s - self.ahead_s,
                                            now + MAX_HOLD_S)
 
-    async def settle(self, group: str, handle: str) -> str:
-        """Stop renewing ``handle`` (the client acks it or changes its invisibility): the
-        broker's current handle for it (``handle`` itself when it is not held)."""
-        held = self._held.pop((group, handle), None)
-        if held is None:
-            return handle
-        async with held.lock:  # a renewal in flight ends first: its new handle is the current one
-            return held.handle
+    def settle(self, group: str, handle: str) -> None:
+        """Stop renewing ``handle`` (the client acks it, changes its invisibility or sends it
+        to the DLQ). A renewal in flight may still land before that request or be refused
+        after it: either way the client's request decides."""
+        self._held.pop((group, handle), None)
 
     def forget_client(self, client_id: str) -> None:
         """The client ended: its messages come back when their invisible duration ends."""
@@ -81,18 +80,19 @@ class Renewals:
         await asyncio.gather(*(self._renew(key, held, now) for key, held in due))
 
     async def _renew(self, key: tuple[str, str], held: Held, now: float) -> None:
-        async with held.lock:
-            if self._held.get(key) is not held:
-                return  # settled or forgotten meanwhile
-            if now >= held.held_until:
+        if self._held.get(key) is not held:
+            return  # settled or forgotten meanwhile
+        if now >= held.held_until:
+            del self._held[key]
+            log.info("message of group %s held by client %s for %gs: no longer renewed", held.group,
+                     held.client_id, MAX_HOLD_S)
+            return
+        held.renew_at = float("inf")  # not due again while this renewal is in flight
+        try:
+            await self.renew(held.group, held.handle, self.invisible_s)
+        except Exception as exc:  # settled, expired or gone: nothing left to renew
+            if self._held.get(key) is held:
                 del self._held[key]
-                log.info("message of group %s held by client %s for %gs: no longer renewed", held.group,
-                         held.client_id, MAX_HOLD_S)
-                return
-            try:
-                held.handle = await self.change(held.group, held.handle, self.invisible_s)
-            except Exception as exc:  # expired or gone: nothing left to renew
-                self._held.pop(key, None)
-                log.debug("renewing a message of group %s failed: %s", held.group, exc)
-                return
-            held.renew_at = asyncio.get_running_loop().time() + self.invisible_s - self.ahead_s
+            log.debug("renewing a message of group %s failed: %s", held.group, exc)
+            return
+        held.renew_at = asyncio.get_running_loop().time() + self.invisible_s - self.ahead_s

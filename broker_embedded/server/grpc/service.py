@@ -107,7 +107,7 @@ class MessagingService:
         config = getattr(broker, "config", None)
         self.config = config if isinstance(config, BrokerConfig) else BrokerConfig()
         self.stopping = False
-        self.renewals = Renewals(self._change_invisible, push_invisible_s)
+        self.renewals = Renewals(self._renew, push_invisible_s)
         #: Concurrent writes share one append and one fsync (group commit), as on the native port.
         self._tasks: set[asyncio.Future[None]] = set()
         self._writes = write_batcher(broker, executor, self._track)
@@ -371,10 +371,12 @@ class MessagingService:
 
     async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
         group = request.group.name
-        handles = [await self.renewals.settle(group, entry.receipt_handle) for entry in request.entries]
+        for entry in request.entries:
+            self.renewals.settle(group, entry.receipt_handle)
         # one batch for the request's entries (and the acks of other calls arriving with them):
         # one ack_many per group, one lock and one consumer-state write
-        acked = [self._submit(self._acks, {"group": group, "receipt_handle": handle}, None) for handle in handles]
+        acked = [self._submit(self._acks, {"group": group, "receipt_handle": entry.receipt_handle}, None)
+                 for entry in request.entries]
         entries = [spb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                                              status=ok() if outcome is None else status_of(outcome))
                    for entry, outcome in zip(request.entries, [await ack for ack in acked], strict=True)]
@@ -384,9 +386,9 @@ class MessagingService:
     async def ChangeInvisibleDuration(self, request: spb.ChangeInvisibleDurationRequest,
                                       context: Any) -> spb.ChangeInvisibleDurationResponse:
         try:
-            current = await self.renewals.settle(request.group.name, request.receipt_handle)
-            handle = await self._change_invisible(request.group.name, current,
-                                                  _seconds(request.invisible_duration) or VISIBLE_NOW_S)
+            self.renewals.settle(request.group.name, request.receipt_handle)
+            handle = str(await self._call(self.broker.change_invisible_duration, request.group.name,
+                                          request.receipt_handle, _seconds(request.invisible_duration) or VISIBLE_NOW_S))
         except Exception as exc:
             return spb.ChangeInvisibleDurationResponse(status=status_of(exc))
         return spb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
@@ -397,14 +399,16 @@ class MessagingService:
         OK again for one forwarded already (the clients retry until OK),
         INVALID_RECEIPT_HANDLE for a receipt not in flight."""
         try:
-            handle = await self.renewals.settle(request.group.name, request.receipt_handle)
-            await self._call(self.broker.dead_letter, request.group.name, handle)
+            self.renewals.settle(request.group.name, request.receipt_handle)
+            await self._call(self.broker.dead_letter, request.group.name, request.receipt_handle)
         except Exception as exc:
             return spb.ForwardMessageToDeadLetterQueueResponse(status=status_of(exc))
         return spb.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
-    async def _change_invisible(self, group: str, receipt_handle: str, invisible_s: float) -> str:
-        return str(await self._call(self.broker.change_invisible_duration, group, receipt_handle, invisible_s))
+    async def _renew(self, group: str, receipt_handle: str, invisible_s: float) -> object:
+        """A held message's renewal (``renewals``): its receipt handle stays the client's."""
+        return await self._call(self.broker.change_invisible_duration, group, receipt_handle, invisible_s,
+                                keep_receipt=True)
 
     # -- the service ----------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
