@@ -4,7 +4,9 @@ message's delivery attempts only ever go up by one, one that used its attempts i
 the DLQ once and delivered no more (the consumer snapshot once lost the attempts of
 messages in flight), and a message held (received with a long invisible duration) is not
 delivered again while held and its receipt acks it after any restarts (a restart once made
-every message in flight due at once and refused its receipt)."""
+every message in flight due at once and refused its receipt), whether its invisible time
+was renewed in the meantime with a new receipt or in place (``keep_receipt``, as the gRPC
+front renews a push consumer's messages)."""
 
 from __future__ import annotations
 
@@ -76,6 +78,16 @@ def hold(broker: EmbeddedBroker, model: Model, rng: random.Random) -> None:
         model.held[r.message.message_id] = r.receipt_handle
 
 
+def renew_held(broker: EmbeddedBroker, model: Model, rng: random.Random) -> None:
+    """Renew each held message for ``HOLD_S`` more: in place (its receipt stays the one it
+    was received with) or with a new receipt, which the model holds from then on."""
+    for message_id, handle in model.held.items():
+        keep = rng.random() < 0.5
+        renewed = broker.change_invisible_duration(GROUP, handle, HOLD_S, keep_receipt=keep)
+        assert (renewed == handle) == keep, f"seed {model.seed}: renewed {message_id} {handle} -> {renewed}"
+        model.held[message_id] = renewed
+
+
 def ack_held(broker: EmbeddedBroker, model: Model) -> None:
     """Ack every held message with the receipt it was received with."""
     for message_id, handle in model.held.items():
@@ -99,6 +111,8 @@ def test_progress_survives_restarts_in_a_row(broker_factory: Callable[..., Embed
         elif step < 0.7:
             hold(broker, model, rng)
         elif step < 0.75:
+            renew_held(broker, model, rng)
+        elif step < 0.78:
             ack_held(broker, model)
         else:
             if rng.random() < 0.5:
