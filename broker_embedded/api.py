@@ -282,7 +282,7 @@ class BrokerAPI(Protocol):
         old one is refused from then on, as RocketMQ's). With ``keep_receipt`` the handle
         stays the same and is returned: a front renewing a message for its consumer (RocketMQ
         5's ``auto_renew``) so that the consumer's handle stays good whatever the front
-        forgets (its client reconnected, the broker restarted)."""
+        forgets (the broker restarted)."""
         ...
 
     def dead_letter(self, group: str, receipt_handle: str) -> None:

@@ -5,11 +5,14 @@ each message invisible while the client's listener works on it, as RocketMQ's pr
 held message's invisibility is extended shortly before it ends, by the same duration each
 time, for at most ``MAX_HOLD_S``. The renewals keep the receipt handle the client holds
 (``keep_receipt``), so its ack and its ChangeInvisibleDuration take that handle as it is,
-whatever this front forgot meanwhile (RocketMQ's proxy maps the client's handle to the
-broker's newest in its memory: a reconnect or a restart loses the map and the client's
-handle with it). A message stops being held when it is settled, when its client ends
-(NotifyClientTermination, or its Telemetry stream closes), or after ``MAX_HOLD_S``; unacked,
-it then comes back when its current invisible duration ends.
+even after a restart of the broker emptied this front's memory (RocketMQ's proxy maps the
+client's handle to the broker's newest in its memory: a restart loses the map and the
+client's handle with it). A message stops being held when it is settled, when its client ends
+(NotifyClientTermination, or its Telemetry stream closes: its messages are then visible again
+within ``RELEASED_INVISIBLE_S``, as RocketMQ's proxy clears a client gone offline), or after
+``MAX_HOLD_S``, when it comes back once its current invisible duration ends. The front's own
+stop releases nothing: the broker keeps the receipts across a restart, so the client may
+still ack with them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ log = logging.getLogger(__name__)
 
 #: The longest a message is kept invisible for a push consumer (RocketMQ's proxy: 3 h).
 MAX_HOLD_S = 3 * 3600.0
+
+#: How soon the messages of a client that ended are visible again (RocketMQ's proxy:
+#: ``invisibleTimeMillisWhenClear``).
+RELEASED_INVISIBLE_S = 1.0
 
 #: ``renew(group, receipt_handle, invisible_duration_s)``: invisible that long from now, the
 #: receipt handle kept.
@@ -50,6 +57,8 @@ class Renewals:
         #: or a busy loop still renews in time).
         self.ahead_s = invisible_s / 3
         self._held: dict[tuple[str, str], Held] = {}  # (group, the client's handle) -> held
+        #: The releases of ended clients' messages under way (``end_client``).
+        self._releasing: set[asyncio.Task[None]] = set()
 
     def hold(self, client_id: str, group: str, handle: str) -> None:
         """``client_id`` received ``handle`` with ``auto_renew`` (invisible for ``invisible_s``)."""
@@ -63,16 +72,34 @@ class Renewals:
         after it: either way the client's request decides."""
         self._held.pop((group, handle), None)
 
-    def forget_client(self, client_id: str) -> None:
-        """The client ended: its messages come back when their invisible duration ends."""
-        for key in [key for key, held in self._held.items() if held.client_id == client_id]:
-            del self._held[key]
+    def end_client(self, client_id: str, release: bool = True) -> None:
+        """The client ended: stop renewing its messages and, with ``release``, make them
+        visible again in ``RELEASED_INVISIBLE_S`` (in a task of the loop); without, they come
+        back when their invisible duration ends."""
+        ended = [self._held.pop(key) for key in
+                 [key for key, held in self._held.items() if held.client_id == client_id]]
+        if release and ended:
+            task = asyncio.get_running_loop().create_task(self._release(ended))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    async def _release(self, ended: list[Held]) -> None:
+        outcomes = await asyncio.gather(*(self.renew(held.group, held.handle, RELEASED_INVISIBLE_S)
+                                          for held in ended), return_exceptions=True)
+        for held, outcome in zip(ended, outcomes, strict=True):
+            if isinstance(outcome, BaseException):  # settled meanwhile, or expired: nothing to release
+                log.debug("releasing a message of group %s failed: %s", held.group, outcome)
 
     async def run(self, tick_s: float) -> None:
-        """Renew what is due every ``tick_s``, until cancelled."""
-        while True:
-            await asyncio.sleep(tick_s)
-            await self.renew_due()
+        """Renew what is due every ``tick_s``, until cancelled (which cancels the releases
+        under way too)."""
+        try:
+            while True:
+                await asyncio.sleep(tick_s)
+                await self.renew_due()
+        finally:
+            for task in list(self._releasing):
+                task.cancel()
 
     async def renew_due(self) -> None:
         now = asyncio.get_running_loop().time()

@@ -190,7 +190,7 @@ class MessagingService:
 
     async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
                                       context: Any) -> spb.NotifyClientTerminationResponse:
-        self.renewals.forget_client(_client_id(context))
+        self.renewals.end_client(_client_id(context), release=not self.stopping)
         return spb.NotifyClientTerminationResponse(status=ok())
 
     # -- producing ------------------------------------------------------------------------
@@ -256,7 +256,8 @@ class MessagingService:
         finally:
             reading.cancel()
             self.router.close(session)
-            self.renewals.forget_client(session.client_id)
+            # the front stopping ends every stream: nothing released, the client may ack after a restart
+            self.renewals.end_client(session.client_id, release=not self.stopping)
 
     async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], session: TelemetrySession) -> None:
         try:
