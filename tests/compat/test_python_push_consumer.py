@@ -225,6 +225,14 @@ def _receive(endpoint: str, group: str, topic: str, client_id: str, auto_renew: 
                 if answer.HasField("message")]
 
 
+def _unary(endpoint: str, method: str, request: Any, response_type: Any, client_id: str) -> Any:
+    """One unary call of the service over a plain gRPC channel, as client ``client_id``."""
+    with grpc.insecure_channel(endpoint) as channel:
+        return channel.unary_unary(f"{SERVICE}/{method}", request_serializer=type(request).SerializeToString,
+                                   response_deserializer=response_type.FromString)(
+            request, metadata=(("x-mq-client-id", client_id),), timeout=30)
+
+
 def test_held_messages_come_back_when_their_client_ends(in_process: Callable[..., InProcess]) -> None:
     """Received with auto_renew, a message stays invisible past its invisible duration until its
     client says it ends (NotifyClientTermination): then it comes back."""
@@ -234,23 +242,11 @@ def test_held_messages_come_back_when_their_client_ends(in_process: Callable[...
     [held] = _receive(served.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
     time.sleep(3.0)  # three invisible durations
     assert _receive(served.endpoint, group, topic, "client-2", auto_renew=False) == []
-    with grpc.insecure_channel(served.endpoint) as channel:
-        channel.unary_unary(f"{SERVICE}/NotifyClientTermination",
-                            request_serializer=spb.NotifyClientTerminationRequest.SerializeToString,
-                            response_deserializer=spb.NotifyClientTerminationResponse.FromString)(
-            spb.NotifyClientTerminationRequest(group=pb.Resource(name=group)),
-            metadata=(("x-mq-client-id", "client-1"),), timeout=30)
+    _unary(served.endpoint, "NotifyClientTermination", spb.NotifyClientTerminationRequest(group=pb.Resource(name=group)),
+           spb.NotifyClientTerminationResponse, "client-1")
     [again] = _receive(served.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
     assert again.system_properties.message_id == held.system_properties.message_id
     assert again.system_properties.delivery_attempt == 2
-
-
-def _unary(endpoint: str, method: str, request: Any, response_type: Any, client_id: str) -> Any:
-    """One unary call of the service over a plain gRPC channel, as client ``client_id``."""
-    with grpc.insecure_channel(endpoint) as channel:
-        return channel.unary_unary(f"{SERVICE}/{method}", request_serializer=type(request).SerializeToString,
-                                   response_deserializer=response_type.FromString)(
-            request, metadata=(("x-mq-client-id", client_id),), timeout=30)
 
 
 def _telemetry(endpoint: str, client_id: str) -> threading.Thread:
