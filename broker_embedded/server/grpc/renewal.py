@@ -9,7 +9,8 @@ even after a restart of the broker emptied this front's memory (RocketMQ's proxy
 client's handle to the broker's newest in its memory: a restart loses the map and the
 client's handle with it). A message stops being held when it is settled, when its client ends
 (NotifyClientTermination, or its Telemetry stream closes: its messages are then visible again
-within ``RELEASED_INVISIBLE_S``, as RocketMQ's proxy clears a client gone offline), or after
+within ``RELEASED_INVISIBLE_S``, as RocketMQ's proxy clears a client gone offline: after
+the renewal in flight, if any, so that it cannot land last), or after
 ``MAX_HOLD_S``, when it comes back once its current invisible duration ends. The front's own
 stop releases nothing: the broker keeps the receipts across a restart, so the client may
 still ack with them.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class Held:
     handle: str
     renew_at: float
     held_until: float
+    #: The renewal in flight, if any (``Renewals._renew``).
+    renewal: asyncio.Future[object] | None = field(default=None, repr=False)
 
 
 class Renewals:
@@ -84,11 +87,15 @@ class Renewals:
             task.add_done_callback(self._releasing.discard)
 
     async def _release(self, ended: list[Held]) -> None:
-        outcomes = await asyncio.gather(*(self.renew(held.group, held.handle, RELEASED_INVISIBLE_S)
-                                          for held in ended), return_exceptions=True)
+        outcomes = await asyncio.gather(*(self._release_one(held) for held in ended), return_exceptions=True)
         for held, outcome in zip(ended, outcomes, strict=True):
             if isinstance(outcome, BaseException):  # settled meanwhile, or expired: nothing to release
                 log.debug("releasing a message of group %s failed: %s", held.group, outcome)
+
+    async def _release_one(self, held: Held) -> None:
+        if held.renewal is not None:  # landing after the release, it would hide the message again
+            await asyncio.wait((held.renewal,))  # its outcome is ``_renew``'s
+        await self.renew(held.group, held.handle, RELEASED_INVISIBLE_S)
 
     async def run(self, tick_s: float) -> None:
         """Renew what is due every ``tick_s``, until cancelled (which cancels the releases
@@ -115,8 +122,9 @@ class Renewals:
                      held.client_id, MAX_HOLD_S)
             return
         held.renew_at = float("inf")  # not due again while this renewal is in flight
+        held.renewal = asyncio.ensure_future(self.renew(held.group, held.handle, self.invisible_s))
         try:
-            await self.renew(held.group, held.handle, self.invisible_s)
+            await held.renewal
         except Exception as exc:  # settled, expired or gone: nothing left to renew
             if self._held.get(key) is held:
                 del self._held[key]
