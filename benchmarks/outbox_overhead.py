@@ -20,7 +20,10 @@ In one run, on a fresh database and a broker server process (SQLAlchemy 2 + psyc
   catch-up: the table outbox's writes to the broker happen after its calls, and would
   otherwise run in the next variant's window). Each row also has the CPU every process
   spent per call (``CPU_GROUPS``: the clients, PostgreSQL's processes on this machine, the
-  broker, the relay), in the window and in the catch-up after it;
+  broker, the relay), in the window and in the catch-up after it, and the calls per second
+  whose message was in the broker by the window's end ("delivered/s": the decorator's
+  every call; the table outbox's less the rows its relay had not published yet, which
+  keep growing while the clients keep the machine busy);
 * latency from the DB commit to the consumer's handler: each decorator mode against the
   table outbox's relay at each poll interval (100 ms, and 1 s as django-outbox-pattern's
   default), the samples interleaved; then the decorator (defaults) alone, a call every
@@ -348,12 +351,15 @@ class Run:
     """One variant's round: calls per second in its window; the CPU microseconds per call of
     each of ``CPU_GROUPS`` during the window, and after it while the table outbox's relay
     published what the window left in the outbox (``catch_up_s``; nothing for the decorator,
-    whose messages are all sent, ENDs included, within its run)."""
+    whose messages are all sent, ENDs included, within its run); ``delivered_rate``: the
+    calls per second of the window whose message was in the broker at its end (the
+    decorator's all; the table outbox's less what its relay had not published yet)."""
 
     rate: float
     cpu_us: dict[str, float]
     catch_up_cpu_us: dict[str, float]
     catch_up_s: float
+    delivered_rate: float
 
     @property
     def total_cpu_us(self) -> float:
@@ -383,11 +389,13 @@ def measured_run(meter: CpuMeter, engine: Any, rate: Callable[[str, float], floa
     before = meter.read()
     calls_per_s = rate(name, seconds)
     window = meter.read()
+    unpublished = 0 if engine is None else relay_backlog(engine)
     catch_up_s = 0.0 if engine is None else relay_caught_up(engine)
     after = meter.read()
     calls = max(1.0, calls_per_s * seconds)
     return Run(calls_per_s, {group: (window[group] - before[group]) / calls * 1e6 for group in CPU_GROUPS},
-               {group: (after[group] - window[group]) / calls * 1e6 for group in CPU_GROUPS}, catch_up_s)
+               {group: (after[group] - window[group]) / calls * 1e6 for group in CPU_GROUPS}, catch_up_s,
+               calls_per_s - unpublished / seconds)
 
 
 def throughput(url: str, broker_url: str, broker_pid: int, args: argparse.Namespace) -> None:
@@ -448,9 +456,11 @@ def print_throughput(label: str, clients: int, runs: dict[str, list[Run]], refus
     bare = next(iter(rates.values()))
     table_share = ratios(rates[TABLE_OUTBOX], bare) if TABLE_OUTBOX in rates else []
     table_cpu = [run.total_cpu_us for run in runs.get(TABLE_OUTBOX, [])]
+    table_delivered = [run.delivered_rate for run in runs.get(TABLE_OUTBOX, [])]
     print(f"\n{label:<30}{'tx/s':>24}{'share of bare %':>22}{'added ms':>10}"
           f"{'share / table outbox' if table_share else '':>22}{' (issue 24: >= 1)' if table_share else '':<18}"
-          f"{'CPU µs/call, all':>18}{'/ table outbox':>20}{'catch-up s':>12}")
+          f"{'CPU µs/call, all':>18}{'/ table outbox':>20}{'catch-up s':>12}"
+          f"{'delivered/s' if table_delivered else '':>24}{'/ table outbox' if table_delivered else '':>20}")
     for name, samples in rates.items():
         share = ratios(samples, bare)
         added = (clients / statistics.median(samples) - clients / statistics.median(bare)) * 1000
@@ -458,9 +468,13 @@ def print_throughput(label: str, clients: int, runs: dict[str, list[Run]], refus
                         if table_share and name not in (BARE, TABLE_OUTBOX) else "")
         cpu = [run.total_cpu_us for run in runs[name]]
         cpu_versus_table = summary(ratios(cpu, table_cpu), ".2f") if table_cpu and name != TABLE_OUTBOX else ""
+        delivered = [run.delivered_rate for run in runs[name]]
+        delivered_cells = (f"{summary(delivered, ',.0f'):>24}" + (
+            f"{summary(ratios(delivered, table_delivered), '.2f'):>20}" if name != TABLE_OUTBOX else "")
+            if table_delivered and name != BARE else "")
         print(f"{name:<30}{summary(samples, ',.0f'):>24}{summary([s * 100 for s in share], '.0f'):>22}"
               f"{added:>10.2f}{versus_table:>22}{'':<18}{statistics.median(cpu):>18,.0f}{cpu_versus_table:>20}"
-              f"{statistics.median(run.catch_up_s for run in runs[name]):>12.1f}")
+              f"{statistics.median(run.catch_up_s for run in runs[name]):>12.1f}{delivered_cells}")
     for name in refused:
         print(f"{name:<30}{'n/a':>24}")
     print(f"{'CPU µs per call, median':<30}" + "".join(f"{group:>18}" for group in CPU_GROUPS)
