@@ -11,7 +11,9 @@ client's handle with it). A message stops being held when it is settled, when it
 (NotifyClientTermination, or its Telemetry stream closes: its messages are then visible again
 within ``RELEASED_INVISIBLE_S``, as RocketMQ's proxy clears a client gone offline: after
 the renewal in flight, if any, so that it cannot land last), or after
-``MAX_HOLD_S``, when it comes back once its current invisible duration ends. The front's own
+``MAX_HOLD_S``, when it comes back once its current invisible duration ends. A renewal the
+broker refuses for a passing reason (a full disk) is tried again every ``RETRY_S`` while the
+message is still invisible; one whose receipt is gone (settled, expired) ends the hold. The front's own
 stop releases nothing: the broker keeps the receipts across a restart, so the client may
 still ack with them.
 """
@@ -23,6 +25,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from ...errors import BrokerClosedError, UnknownReceiptError
+
 log = logging.getLogger(__name__)
 
 #: The longest a message is kept invisible for a push consumer (RocketMQ's proxy: 3 h).
@@ -31,6 +35,9 @@ MAX_HOLD_S = 3 * 3600.0
 #: How soon the messages of a client that ended are visible again (RocketMQ's proxy:
 #: ``invisibleTimeMillisWhenClear``).
 RELEASED_INVISIBLE_S = 1.0
+
+#: How soon a renewal the broker could not take for a passing reason is tried again.
+RETRY_S = 1.0
 
 #: ``renew(group, receipt_handle, invisible_duration_s)``: invisible that long from now, the
 #: receipt handle kept.
@@ -46,6 +53,8 @@ class Held:
     handle: str
     renew_at: float
     held_until: float
+    #: When its current invisible duration ends (the loop's clock).
+    visible_at: float
     #: The renewal in flight, if any (``Renewals._renew``).
     renewal: asyncio.Future[object] | None = field(default=None, repr=False)
 
@@ -67,7 +76,7 @@ class Renewals:
         """``client_id`` received ``handle`` with ``auto_renew`` (invisible for ``invisible_s``)."""
         now = asyncio.get_running_loop().time()
         self._held[(group, handle)] = Held(group, client_id, handle, now + self.invisible_s - self.ahead_s,
-                                           now + MAX_HOLD_S)
+                                           now + MAX_HOLD_S, now + self.invisible_s)
 
     def settle(self, group: str, handle: str) -> None:
         """Stop renewing ``handle`` (the client acks it, changes its invisibility or sends it
@@ -125,9 +134,24 @@ class Renewals:
         held.renewal = asyncio.ensure_future(self.renew(held.group, held.handle, self.invisible_s))
         try:
             await held.renewal
-        except Exception as exc:  # settled, expired or gone: nothing left to renew
-            if self._held.get(key) is held:
-                del self._held[key]
+        except (UnknownReceiptError, BrokerClosedError) as exc:  # settled, expired or gone: nothing to renew
+            self._forget(key, held)
             log.debug("renewing a message of group %s failed: %s", held.group, exc)
             return
-        held.renew_at = asyncio.get_running_loop().time() + self.invisible_s - self.ahead_s
+        except Exception as exc:  # a full disk, say: again while the message is still invisible
+            if self._held.get(key) is not held:
+                return  # settled or released meanwhile
+            retry_at = asyncio.get_running_loop().time() + RETRY_S
+            if retry_at >= held.visible_at:
+                self._forget(key, held)
+                log.warning("renewing a message of group %s failed: %s; no longer renewed", held.group, exc)
+                return
+            held.renew_at = retry_at
+            log.warning("renewing a message of group %s failed, trying again in %gs: %s", held.group, RETRY_S, exc)
+            return
+        held.visible_at = now + self.invisible_s
+        held.renew_at = held.visible_at - self.ahead_s
+
+    def _forget(self, key: tuple[str, str], held: Held) -> None:
+        if self._held.get(key) is held:
+            del self._held[key]
