@@ -26,22 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from broker_embedded import AsyncBrokerClient, ReceivedMessage
 from broker_embedded.errors import BrokerError, BrokerUnavailableError
 
-from .consumer import ACK_ERRORS, ConsumerRun
+from .consumer import ACK_ERRORS, RELEASED_INVISIBLE_S, ConsumerRun
 from .errors import ConfigurationError
-
-log = logging.getLogger(__name__)
 
 #: An async handler; False means the message was skipped (a duplicate), anything else handled.
 AsyncHandler = Callable[[ReceivedMessage], Awaitable[bool | None]]
-
-#: How long a released message stays invisible: next to nothing, the broker wants a duration.
-RELEASED_INVISIBLE_S = 0.001
 
 
 async def arun_consumer(
@@ -79,7 +73,7 @@ async def arun_consumer(
             handled: list[ReceivedMessage] = []
             for index, received in enumerate(batch):
                 if stop.is_set():
-                    await _release(broker, group, batch[index:])
+                    await _release(broker, run, batch[index:])
                     break
                 if await _deliver(run, handler, received):
                     handled.append(received)
@@ -124,12 +118,10 @@ async def _pause(stop: asyncio.Event, seconds: float) -> None:
         pass
 
 
-async def _release(broker: AsyncBrokerClient, group: str, unhandled: Sequence[ReceivedMessage]) -> None:
-    """Make messages received but not handled visible again now (best effort: one that
-    cannot be released comes back after its invisible duration anyway)."""
+async def _release(broker: AsyncBrokerClient, run: ConsumerRun, unhandled: Sequence[ReceivedMessage]) -> None:
+    """``outbox.consumer._release``, awaited."""
     for received in unhandled:
         try:
-            await broker.change_invisible_duration(group, received.receipt_handle, RELEASED_INVISIBLE_S)
+            await broker.change_invisible_duration(run.group, received.receipt_handle, RELEASED_INVISIBLE_S)
         except BrokerError as exc:
-            log.info("message %s not released (%s); it comes back after its invisible duration",
-                     received.message.message_id, exc)
+            run.not_released(received, exc)

@@ -45,6 +45,9 @@ LOG_INTERVAL_S = 10.0
 #: check skips it, so they are logged, not raised.
 ACK_ERRORS = (BrokerUnavailableError, UnknownReceiptError)
 
+#: How long a released message stays invisible: next to nothing, the broker wants a duration.
+RELEASED_INVISIBLE_S = 0.001
+
 
 class ConsumerRun:
     """The bookkeeping of one consumer loop, without I/O: shared by ``run_consumer`` and
@@ -90,6 +93,12 @@ class ConsumerRun:
                 self.ack_failed(received, outcome)
             elif outcome is not None:
                 raise outcome
+
+    @staticmethod
+    def not_released(received: ReceivedMessage, error: BrokerError) -> None:
+        """A message received but not handled (the loop stopped) could not be released."""
+        log.info("message %s not released (%s); it comes back after its invisible duration",
+                 received.message.message_id, error)
 
     def log_interval(self, force: bool = False) -> None:
         """Once ``log_interval_s`` has passed (or when ``force``), log the interval's counts
@@ -138,7 +147,13 @@ def run_consumer(
 
     While the broker is unreachable it backs off (0.5 s doubling to 30 s, jittered) and logs
     once when the broker goes down and once when it is back (see ``outbox.outage``). Every
-    ``log_interval_s`` with messages, one INFO line counts what was handled, skipped, failed."""
+    ``log_interval_s`` with messages, one INFO line counts what was handled, skipped, failed.
+
+    ``stop.set()`` (``stop_on_signals`` does it on SIGTERM) is a graceful stop, as for
+    ``arun_consumer``: no new receive; the handler in progress finishes and its message is
+    acked with those of its batch handled before it; the rest of its batch is released
+    (visible again at once, for the next consumer). A long poll under way is let finish:
+    stopping takes up to ``wait_s`` more."""
     run = ConsumerRun(group, topic, log_interval_s)
     while not stop.is_set():
         run.log_interval()
@@ -150,7 +165,10 @@ def run_consumer(
             continue
         run.outage.recovered()
         handled: list[ReceivedMessage] = []
-        for received in batch:
+        for index, received in enumerate(batch):
+            if stop.is_set():
+                _release(broker, run, batch[index:])
+                break
             with run.delivering(received) as delivery:
                 try:
                     result = handler(received)
@@ -175,6 +193,16 @@ def _ack(broker: BrokerAPI, run: ConsumerRun, handled: list[ReceivedMessage]) ->
     except ACK_ERRORS as exc:
         outcomes = [exc] * len(handled)
     run.acked(handled, outcomes)
+
+
+def _release(broker: BrokerAPI, run: ConsumerRun, unhandled: Sequence[ReceivedMessage]) -> None:
+    """Make messages received but not handled visible again now (best effort: one that
+    cannot be released comes back after its invisible duration anyway)."""
+    for received in unhandled:
+        try:
+            broker.change_invisible_duration(run.group, received.receipt_handle, RELEASED_INVISIBLE_S)
+        except BrokerError as exc:
+            run.not_released(received, exc)
 
 
 def stop_on_signals(stop: threading.Event) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -157,5 +158,35 @@ def test_a_batch_is_acked_in_one_call_without_the_failed_message(tmp_path: Path,
         run_consumer(broker, "g", "batch", handle, stop, wait_s=0.1, batch_acks=batch_acks)
         assert broker.ack_calls == ([handled] if batch_acks else [[h] for h in handled])
         assert broker.consumers.summary()[("g", "batch")] == (1, 1)  # m2: not done, still invisible
+    finally:
+        broker.close()
+
+
+def test_stop_finishes_the_handler_in_progress_and_releases_the_rest(tmp_path: Path) -> None:
+    """A shutdown (SIGTERM sets ``stop``) while the first message of a batch is handled:
+    that message is finished and acked, the rest of the batch is released for the next
+    consumer at once, as ``arun_consumer`` does, not handled first (a batch of slow
+    handlers would hold the shutdown) nor kept invisible for ``invisible_duration_s``."""
+    broker = EmbeddedBroker(tmp_path / "broker")
+    try:
+        broker.create_topic("orders", 1)
+        for order in ("o1", "o2", "o3"):
+            broker.send(Message("orders", b"{}", message_id=order))
+        stop = threading.Event()
+        handled: list[str] = []
+
+        def stopping(received: ReceivedMessage) -> bool:
+            stop.set()  # the shutdown arrives while the first message is handled
+            handled.append(received.message.message_id)
+            return True
+
+        # Hidden for a minute once received: only a release brings them back sooner.
+        assert run_consumer(broker, "g", "orders", stopping, stop, invisible_duration_s=60, wait_s=0.1) == 1
+        assert handled == ["o1"]
+        rest: list[ReceivedMessage] = []
+        deadline = time.monotonic() + 10
+        while len(rest) < 2 and time.monotonic() < deadline:  # each is due again a moment after its release
+            rest += broker.receive("g", "orders", max_messages=10, wait_s=1)
+        assert sorted(r.message.message_id for r in rest) == ["o2", "o3"]
     finally:
         broker.close()
