@@ -249,22 +249,23 @@ def test_held_messages_come_back_when_their_client_ends(in_process: Callable[...
     assert again.system_properties.delivery_attempt == 2
 
 
-def _telemetry(endpoint: str, client_id: str) -> threading.Thread:
-    """A Telemetry stream of client ``client_id``, open until the server ends it (a thread
-    reading it; join it after)."""
+def _telemetry(endpoint: str, client_id: str, quiet: threading.Event | None = None) -> threading.Thread:
+    """A Telemetry stream of client ``client_id``, open until the server ends it or ``quiet``
+    is set (a thread reading it; join it after)."""
+    ended = quiet or threading.Event()
+
     def run() -> None:
-        quiet = threading.Event()
         with grpc.insecure_channel(endpoint) as channel:
             call = channel.stream_stream(f"{SERVICE}/Telemetry", request_serializer=spb.TelemetryCommand.SerializeToString,
                                          response_deserializer=spb.TelemetryCommand.FromString)
-            commands = call(iter(quiet.wait, True), metadata=(("x-mq-client-id", client_id),))  # sends nothing
+            commands = call(iter(ended.wait, True), metadata=(("x-mq-client-id", client_id),))  # sends nothing
             try:
                 for _ in commands:
                     pass
             except grpc.RpcError:
                 pass  # the server went away
             finally:
-                quiet.set()
+                ended.set()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -282,9 +283,10 @@ def _ack(endpoint: str, group: str, message: Any, client_id: str) -> int:
 
 def test_a_held_message_comes_back_within_a_second_when_its_client_ends(
         in_process: Callable[..., InProcess]) -> None:
-    """A client that ends (NotifyClientTermination; a closed Telemetry stream does the same)
-    has its held messages released, as RocketMQ's proxy clears a client gone offline: another
-    consumer gets one within about a second, not once its 30 s of invisibility are over."""
+    """A client that ends (NotifyClientTermination; a closed Telemetry stream and no sign of
+    life for 30 s do the same) has its held messages released, as RocketMQ's proxy clears a
+    client gone offline: another consumer gets one within about a second, not once its 30 s of
+    invisibility are over."""
     served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=30.0)
     topic, group = _name("released"), _name("group")
     served.broker.send(Message(topic=topic, body=b"released"))
@@ -294,6 +296,31 @@ def test_a_held_message_comes_back_within_a_second_when_its_client_ends(
     [again] = _receive(served.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
     assert again.system_properties.message_id == held.system_properties.message_id
     assert again.system_properties.delivery_attempt == 2
+
+
+def test_a_held_message_stays_held_when_the_telemetry_stream_of_a_live_client_closes(
+        in_process: Callable[..., InProcess]) -> None:
+    """A proxy or load balancer resetting a consumer's Telemetry stream does not end the
+    client (it opens another at its next settings sync, and heartbeats meanwhile): the
+    messages it holds stay invisible to the others instead of coming back within a second
+    while its listener works on them; its NotifyClientTermination still releases them."""
+    served = in_process(BrokerConfig(retry_backoff_s=(0.5,)), push_invisible_s=30.0)
+    topic, group = _name("held"), _name("group")
+    served.broker.send(Message(topic=topic, body=b"held"))
+    [held] = _receive(served.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+    reset = threading.Event()
+    telemetry = _telemetry(served.endpoint, "client-1", reset)
+    time.sleep(0.5)  # the stream is open
+    reset.set()
+    telemetry.join(timeout=10)
+    assert not telemetry.is_alive()
+    _unary(served.endpoint, "Heartbeat", spb.HeartbeatRequest(group=pb.Resource(name=group)),
+           spb.HeartbeatResponse, "client-1")
+    assert _receive(served.endpoint, group, topic, "client-2", auto_renew=False, wait_s=3) == []
+    _unary(served.endpoint, "NotifyClientTermination", spb.NotifyClientTerminationRequest(group=pb.Resource(name=group)),
+           spb.NotifyClientTerminationResponse, "client-1")
+    [again] = _receive(served.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
+    assert again.system_properties.message_id == held.system_properties.message_id
 
 
 #: Push invisibility of the test below: renewed 4 s after a receive (a third before its end),

@@ -122,3 +122,31 @@ def test_a_renewal_refused_for_a_full_disk_is_tried_again(broker: EmbeddedBroker
 
     asked = asyncio.run(scenario())
     assert len(asked) == 2, asked  # refused, then taken
+
+
+def test_a_client_whose_stream_closed_is_released_once_it_gives_no_sign_of_life(broker: EmbeddedBroker) -> None:
+    """A client whose Telemetry stream closed (``detach``) keeps its messages while it shows
+    signs of life (``seen``: a heartbeat); once it gives none for ``gone_after_s`` it counts
+    as gone and its messages are released, long before their renewed invisibility ends."""
+    handle = _held_handle(broker)
+
+    async def scenario() -> float:
+        renewals = Renewals(_renewing(broker), INVISIBLE_S, gone_after_s=1.0)
+        renewing = asyncio.get_running_loop().create_task(renewals.run(0.05))
+        try:
+            renewals.hold("client-1", "group", handle)
+            renewals.detach("client-1")
+            await asyncio.sleep(0.6)
+            renewals.seen("client-1")  # a heartbeat within the second: not gone
+            await asyncio.sleep(1.9)  # released, it would be visible by now
+            assert not broker.receive("group", "orders", invisible_duration_s=60.0), "released while alive"
+            renewals.detach("client-1")
+            detached_at = time.monotonic()
+            return await _visible_again_after(broker, detached_at, INVISIBLE_S + 3)
+        finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
+
+    back_after_s = asyncio.run(scenario())
+    # gone after 1 s, then visible RELEASED_INVISIBLE_S later; kept, it would be invisible until ~10 s after the receive
+    assert 1.0 <= back_after_s < 1.0 + RELEASED_INVISIBLE_S + 1.5, back_after_s

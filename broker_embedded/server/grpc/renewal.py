@@ -8,9 +8,10 @@ time, for at most ``MAX_HOLD_S``. The renewals keep the receipt handle the clien
 even after a restart of the broker emptied this front's memory (RocketMQ's proxy maps the
 client's handle to the broker's newest in its memory: a restart loses the map and the
 client's handle with it). A message stops being held when it is settled, when its client ends
-(NotifyClientTermination, or its Telemetry stream closes: its messages are then visible again
-within ``RELEASED_INVISIBLE_S``, as RocketMQ's proxy clears a client gone offline: after
-the renewal in flight, if any, so that it cannot land last), or after
+(NotifyClientTermination, or ``GONE_AFTER_S`` without a sign of life after its Telemetry stream
+closed: its messages are then visible again within ``RELEASED_INVISIBLE_S``, as RocketMQ's
+proxy clears a client gone offline: after the renewal in flight, if any, so that it cannot
+land last), or after
 ``MAX_HOLD_S``, when it comes back once its current invisible duration ends. A renewal the
 broker refuses for a passing reason (a full disk) is tried again every ``RETRY_S`` while the
 message is still invisible; one whose receipt is gone (settled, expired) ends the hold. The front's own
@@ -39,6 +40,12 @@ RELEASED_INVISIBLE_S = 1.0
 #: How soon a renewal the broker could not take for a passing reason is tried again.
 RETRY_S = 1.0
 
+#: How long a client whose Telemetry stream closed may give no sign of life (a Heartbeat: the
+#: official clients send one every 10 s; a new Telemetry stream; a receive) before it counts
+#: as gone. A stream also closes under a live client (a proxy or load balancer resetting it;
+#: the client opens another at its next settings sync), whose messages stay held meanwhile.
+GONE_AFTER_S = 30.0
+
 #: ``renew(group, receipt_handle, invisible_duration_s)``: invisible that long from now, the
 #: receipt handle kept.
 Renew = Callable[[str, str, float], Awaitable[object]]
@@ -62,18 +69,22 @@ class Held:
 class Renewals:
     """The held messages of every push consumer, renewed by ``run`` (one event loop's)."""
 
-    def __init__(self, renew: Renew, invisible_s: float) -> None:
+    def __init__(self, renew: Renew, invisible_s: float, gone_after_s: float = GONE_AFTER_S) -> None:
         self.renew = renew
         self.invisible_s = invisible_s
+        self.gone_after_s = gone_after_s
         #: Renewed this long before the invisibility ends (a third of it: a slow broker call
         #: or a busy loop still renews in time).
         self.ahead_s = invisible_s / 3
         self._held: dict[tuple[str, str], Held] = {}  # (group, the client's handle) -> held
         #: The releases of ended clients' messages under way (``end_client``).
         self._releasing: set[asyncio.Task[None]] = set()
+        #: Clients whose Telemetry stream closed: when each counts as gone (``detach``).
+        self._detached: dict[str, float] = {}
 
     def hold(self, client_id: str, group: str, handle: str) -> None:
         """``client_id`` received ``handle`` with ``auto_renew`` (invisible for ``invisible_s``)."""
+        self.seen(client_id)
         now = asyncio.get_running_loop().time()
         self._held[(group, handle)] = Held(group, client_id, handle, now + self.invisible_s - self.ahead_s,
                                            now + MAX_HOLD_S, now + self.invisible_s)
@@ -84,10 +95,20 @@ class Renewals:
         after it: either way the client's request decides."""
         self._held.pop((group, handle), None)
 
+    def detach(self, client_id: str) -> None:
+        """The client's Telemetry stream closed: its messages are still renewed, and released
+        (``end_client``) if it gives no sign of life (``seen``) for ``gone_after_s``."""
+        self._detached[client_id] = asyncio.get_running_loop().time() + self.gone_after_s
+
+    def seen(self, client_id: str) -> None:
+        """A sign of life of the client (a Heartbeat, a Telemetry stream, a receive)."""
+        self._detached.pop(client_id, None)
+
     def end_client(self, client_id: str, release: bool = True) -> None:
         """The client ended: stop renewing its messages and, with ``release``, make them
         visible again in ``RELEASED_INVISIBLE_S`` (in a task of the loop); without, they come
         back when their invisible duration ends."""
+        self._detached.pop(client_id, None)
         ended = [self._held.pop(key) for key in
                  [key for key, held in self._held.items() if held.client_id == client_id]]
         if release and ended:
@@ -107,15 +128,24 @@ class Renewals:
         await self.renew(held.group, held.handle, RELEASED_INVISIBLE_S)
 
     async def run(self, tick_s: float) -> None:
-        """Renew what is due every ``tick_s``, until cancelled (which cancels the releases
-        under way too)."""
+        """Every ``tick_s``, end the clients gone and renew what is due, until cancelled
+        (which cancels the releases under way too)."""
         try:
             while True:
                 await asyncio.sleep(tick_s)
+                self.end_gone()
                 await self.renew_due()
         finally:
             for task in list(self._releasing):
                 task.cancel()
+
+    def end_gone(self) -> None:
+        """``end_client`` each detached client whose ``gone_after_s`` is over."""
+        now = asyncio.get_running_loop().time()
+        for client_id in [client_id for client_id, gone_at in self._detached.items() if gone_at <= now]:
+            log.info("gRPC client %s gave no sign of life for %gs since its Telemetry stream closed: "
+                     "its held messages are released", client_id, self.gone_after_s)
+            self.end_client(client_id)
 
     async def renew_due(self) -> None:
         now = asyncio.get_running_loop().time()

@@ -186,6 +186,7 @@ class MessagingService:
         return self.broker.create_topic(topic).queues
 
     async def Heartbeat(self, request: spb.HeartbeatRequest, context: Any) -> spb.HeartbeatResponse:
+        self.renewals.seen(_client_id(context))
         return spb.HeartbeatResponse(status=ok())
 
     async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
@@ -249,6 +250,7 @@ class MessagingService:
         of the topics it publishes are written to it while the stream is open."""
         session = TelemetrySession(_client_id(context), asyncio.get_running_loop())
         self.router.open(session)
+        self.renewals.seen(session.client_id)
         reading = asyncio.create_task(self._read_telemetry(requests, session))
         try:
             while (command := await session.outgoing.get()) is not None:
@@ -256,8 +258,10 @@ class MessagingService:
         finally:
             reading.cancel()
             self.router.close(session)
-            # the front stopping ends every stream: nothing released, the client may ack after a restart
-            self.renewals.end_client(session.client_id, release=not self.stopping)
+            if self.stopping:  # it ends every stream: nothing released, the client may ack after a restart
+                self.renewals.end_client(session.client_id, release=False)
+            elif not self.router.connected(session.client_id):  # no newer stream of the client
+                self.renewals.detach(session.client_id)
 
     async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], session: TelemetrySession) -> None:
         try:

@@ -70,6 +70,11 @@ class CheckRouter:
             self.broker.register_producer(topic, self._callbacks[topic])  # type: ignore[arg-type]
             log.info("gRPC producers registered for check-backs of topic %s", topic)
 
+    def connected(self, client_id: str) -> bool:
+        """Whether ``client_id`` has a Telemetry stream open."""
+        with self._lock:
+            return client_id in self._sessions
+
     def close(self, session: TelemetrySession) -> None:
         """The session's stream ended: it answers no more checks."""
         with self._lock:
