@@ -11,12 +11,11 @@ client's handle with it). A message stops being held when it is settled, when it
 (NotifyClientTermination, or ``GONE_AFTER_S`` without a sign of life after its Telemetry stream
 closed: its messages are then visible again within ``RELEASED_INVISIBLE_S``, as RocketMQ's
 proxy clears a client gone offline: after the renewal in flight, if any, so that it cannot
-land last), or after
-``MAX_HOLD_S``, when it comes back once its current invisible duration ends. A renewal the
-broker refuses for a passing reason (a full disk) is tried again every ``RETRY_S`` while the
-message is still invisible; one whose receipt is gone (settled, expired) ends the hold. The front's own
-stop releases nothing: the broker keeps the receipts across a restart, so the client may
-still ack with them.
+land last), or after ``MAX_HOLD_S``, when it comes back once its current invisible duration
+ends. A renewal the broker refuses for a passing reason (a full disk) is tried again every
+``RETRY_S`` while the message is still invisible; one whose receipt is gone (settled,
+expired) ends the hold. The front's own stop releases nothing: the broker keeps the receipts
+across a restart, so the client may still ack with them.
 """
 
 from __future__ import annotations
@@ -143,8 +142,9 @@ class Renewals:
         """``end_client`` each detached client whose ``gone_after_s`` is over."""
         now = asyncio.get_running_loop().time()
         for client_id in [client_id for client_id, gone_at in self._detached.items() if gone_at <= now]:
-            log.info("gRPC client %s gave no sign of life for %gs since its Telemetry stream closed: "
-                     "its held messages are released", client_id, self.gone_after_s)
+            if any(held.client_id == client_id for held in self._held.values()):
+                log.info("gRPC client %s gave no sign of life for %gs since its Telemetry stream closed: "
+                         "its held messages are released", client_id, self.gone_after_s)
             self.end_client(client_id)
 
     async def renew_due(self) -> None:
