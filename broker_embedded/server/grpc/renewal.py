@@ -103,10 +103,10 @@ class Renewals:
         """A sign of life of the client (a Heartbeat, a Telemetry stream, a receive)."""
         self._detached.pop(client_id, None)
 
-    def end_client(self, client_id: str, release: bool = True) -> None:
+    def end_client(self, client_id: str, release: bool = True) -> int:
         """The client ended: stop renewing its messages and, with ``release``, make them
         visible again in ``RELEASED_INVISIBLE_S`` (in a task of the loop); without, they come
-        back when their invisible duration ends."""
+        back when their invisible duration ends. How many it held."""
         self._detached.pop(client_id, None)
         ended = [self._held.pop(key) for key in
                  [key for key, held in self._held.items() if held.client_id == client_id]]
@@ -114,6 +114,7 @@ class Renewals:
             task = asyncio.get_running_loop().create_task(self._release(ended))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
+        return len(ended)
 
     async def _release(self, ended: list[Held]) -> None:
         outcomes = await asyncio.gather(*(self._release_one(held) for held in ended), return_exceptions=True)
@@ -142,10 +143,9 @@ class Renewals:
         """``end_client`` each detached client whose ``gone_after_s`` is over."""
         now = asyncio.get_running_loop().time()
         for client_id in [client_id for client_id, gone_at in self._detached.items() if gone_at <= now]:
-            if any(held.client_id == client_id for held in self._held.values()):
+            if released := self.end_client(client_id):
                 log.info("gRPC client %s gave no sign of life for %gs since its Telemetry stream closed: "
-                         "its held messages are released", client_id, self.gone_after_s)
-            self.end_client(client_id)
+                         "its %d held messages are released", client_id, self.gone_after_s, released)
 
     async def renew_due(self) -> None:
         now = asyncio.get_running_loop().time()
