@@ -469,9 +469,11 @@ def print_throughput(label: str, clients: int, runs: dict[str, list[Run]], refus
         cpu = [run.total_cpu_us for run in runs[name]]
         cpu_versus_table = summary(ratios(cpu, table_cpu), ".2f") if table_cpu and name != TABLE_OUTBOX else ""
         delivered = [run.delivered_rate for run in runs[name]]
-        delivered_cells = (f"{summary(delivered, ',.0f'):>24}" + (
-            f"{summary(ratios(delivered, table_delivered), '.2f'):>20}" if name != TABLE_OUTBOX else "")
-            if table_delivered and name != BARE else "")
+        delivered_cells = ""
+        if table_delivered and name != BARE:
+            delivered_cells = f"{summary(delivered, ',.0f'):>24}"
+            if name != TABLE_OUTBOX:
+                delivered_cells += f"{summary(ratios(delivered, table_delivered), '.2f'):>20}"
         print(f"{name:<30}{summary(samples, ',.0f'):>24}{summary([s * 100 for s in share], '.0f'):>22}"
               f"{added:>10.2f}{versus_table:>22}{'':<18}{statistics.median(cpu):>18,.0f}{cpu_versus_table:>20}"
               f"{statistics.median(run.catch_up_s for run in runs[name]):>12.1f}{delivered_cells}")
