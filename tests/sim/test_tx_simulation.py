@@ -1,8 +1,10 @@
 """The transaction core on a simulated disk and clock: seeded clients with half messages,
 ENDs, check-backs answered from a fenced transaction_log (SQLite in memory), consumers,
 crashes and power losses anywhere, recovery included, (profiles ``clock`` and ``delays``)
-delayed messages and retention over hours of simulated time, and (profile ``delays``)
-delayed half messages and recalls (``tests/sim/tx_workload.py``). A failing seed prints
+delayed messages and retention over hours of simulated time, (profile ``delays``)
+delayed half messages and recalls, and (profile ``consume``) a consumer group that keeps
+receipts, settles them late, changes invisible times, dead-letters and runs messages out
+of attempts (``tests/sim/tx_workload.py``). A failing seed prints
 the command that replays it; ``benchmarks/simulate.py --workload tx --seconds N``
 searches further."""
 
@@ -16,8 +18,8 @@ from tests.sim.tx_workload import PROFILES, run
 #: Seeds run on every test run, per profile (fewer than they were until CI time ran
 #: short; ``benchmarks/simulate.py`` searches on, ``REGRESSIONS`` replays the seeds past
 #: it): ``io`` finds its mutations by seed 42; ``clock``'s seeds take longer (its mutations
-#: are found by seed 41); ``delays`` finds its mutations by seed 2.
-SEED_BUDGET = {"power": 200, "io": 150, "clock": 100, "delays": 30}
+#: are found by seed 41); ``delays`` finds its mutations by seed 2, ``consume`` by seed 55.
+SEED_BUDGET = {"power": 200, "io": 150, "clock": 100, "delays": 30, "consume": 60}
 
 #: The first seed that found each bug the transaction workload found (and that fails again
 #: when the bug is put back: ``benchmarks/simulate.py --mutations --workload tx``).
@@ -64,6 +66,15 @@ def test_the_delays_profile_delivers_delayed_halves_and_recalls() -> None:
     assert any("(0 of them delayed)" not in step for step in steps if "of them delayed" in step)
     assert any(step.startswith("recall of") and step.endswith("recalled") for step in steps)
     assert any(step.startswith("recall of") and step.endswith("(delivered already)") for step in steps)
+
+
+def test_the_consume_profile_settles_kept_receipts_and_fills_the_dlq() -> None:
+    steps = [step for seed in range(30) for step in run(seed, "consume").steps]
+    settled = [step for step in steps if step.startswith("workers: ") and step.endswith("returned")]
+    for action in ("ack of", "dead-letter of", "keep of", "new of"):
+        assert any(action in step for step in settled), action
+    assert any(step.startswith("workers: ack of") and "refused" in step for step in steps)
+    assert any("(0 after 3 deliveries)" not in step for step in steps if "after 3 deliveries" in step)
 
 
 def test_the_simulated_clock_moves_only_when_told() -> None:

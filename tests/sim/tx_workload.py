@@ -26,7 +26,10 @@ simulated disk keeps each file's mtime by the simulated clock). In the ``DELAYS`
 a third of the half messages carry a delay level too (its delay counts from the commit),
 and a third of the delayed messages are recalled (at the next move of the clock or the
 one after, before or after they are due); which follows from their numbers, not from the
-schedule's random draws.
+schedule's random draws. In the ``CONSUMING`` profile the consumer group keeps receipts past
+its receives and settles them at later steps: a late ack, a dead-lettering, or a
+ChangeInvisibleDuration (keeping the receipt or not); messages left alone run out of their
+three attempts into the group's DLQ.
 
 After every recovery the checker holds the broker to a reference model:
 
@@ -43,6 +46,12 @@ After every recovery the checker holds the broker to a reference model:
   returned, or before the invisible time of its last delivery ended (crashes and power
   losses in between), and a message's delivery attempts only go up;
 * a repeated END answers the resolution; the opposite one is refused;
+* (``CONSUMING``) a receipt is current until the invisible time its receive, or its last
+  change that returned, gave it, and a later delivery replaces it: a call with a current
+  one is taken, any other refused; a change answers the receipt it kept, or a new one; no
+  delivery before a change's invisible time ended, none once a dead-lettering returned,
+  none past the last attempt; the group's DLQ holds every message whose dead-lettering
+  returned, each once, and none whose ack returned;
 * a delayed message is never delivered before it is due; a fresh group reads it at most
   once, and once a run of the timers at or after its due time has returned, exactly once;
 * a delayed half message is never delivered before its transaction's first END or check
@@ -77,9 +86,11 @@ from sqlalchemy.pool import NullPool
 from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.broker.facade import EmbeddedBroker
 from broker_embedded.errors import (
+    BrokerClosedError,
     BrokerError,
     InvalidMessageError,
     TransactionConflictError,
+    UnknownReceiptError,
     UnknownTransactionError,
 )
 from broker_embedded.message import (
@@ -102,6 +113,7 @@ PROFILES: dict[str, Faults] = {
     "io": Faults(write_error=0.03, fsync_error=0.03),
     "clock": Faults(),
     "delays": Faults(),
+    "consume": Faults(write_error=0.02, fsync_error=0.02),
 }
 #: Profiles whose clients also send delayed messages, whose clock also jumps by up to hours
 #: and whose broker runs retention (``RETENTION_HOURS``; the others keep it off, so their
@@ -110,6 +122,17 @@ TIMED = frozenset({"clock", "delays"})
 #: Profiles whose half messages also carry delay levels and whose delayed messages are also
 #: recalled (``clock`` keeps the schedules it had: its seeds in ``REGRESSIONS`` replay).
 DELAYS = frozenset({"delays"})
+#: Profiles whose consumer group also keeps messages past their receive: acks them later
+#: (maybe too late), changes their invisible time (keeping the receipt or not), dead-letters
+#: them, or lets them come back until the DLQ takes them; with ``CONSUMING_ATTEMPTS`` and ``CONSUMING_BACKOFF_S``.
+CONSUMING = frozenset({"consume"})
+#: Their broker's retries: a message goes to the DLQ after its third delivery, and comes
+#: back a second or four after its invisible time.
+CONSUMING_ATTEMPTS = 3
+CONSUMING_BACKOFF_S = (1.0, 4.0)
+#: Their receives' invisible time, and the durations their ChangeInvisibleDuration asks.
+CONSUMING_INVISIBLE_S = 8.0
+CHANGED_INVISIBLE_S = (0.5, 3.0, 10.0, 40.0)
 #: Their store: messages expire after half an hour, in segments small enough that a
 #: schedule fills several.
 TIMED_STORE = {"retention_hours": 0.5, "segment_size": 16 * 1024}
@@ -278,13 +301,20 @@ class TxSimulation:
     schedule. ``rng`` decides what a step leaves open (how a failed call ends, a crash
     inside a recovery); the steps' arguments are the driver's."""
 
-    def __init__(self, rng: random.Random, disk: SimulatedDisk, timed: bool = False, delays: bool = False) -> None:
+    def __init__(self, rng: random.Random, disk: SimulatedDisk, timed: bool = False, delays: bool = False,
+                 consuming: bool = False) -> None:
         self.rng = rng
         self.disk = disk
         self.clock = SimClock()
         disk.clock = self.clock
         store = dataclasses.replace(CONFIG.store, filesystem=disk, clock=self.clock, **(TIMED_STORE if timed else {}))
         self.config = dataclasses.replace(CONFIG, store=store)
+        if consuming:
+            self.config = dataclasses.replace(self.config, max_delivery_attempts=CONSUMING_ATTEMPTS,
+                                              retry_backoff_s=CONSUMING_BACKOFF_S)
+        #: The consumer group keeps receipts (the ``CONSUMING`` profiles), received for this long.
+        self.consuming = consuming
+        self.workers_invisible_s = CONSUMING_INVISIBLE_S if consuming else WORKERS_INVISIBLE_S
         self.retention_ms = int(store.retention_hours * 3_600_000)
         #: Messages written to their topic before this time may be gone (retention ran,
         #: or may have, with this cutoff); None: it never ran.
@@ -314,6 +344,16 @@ class TxSimulation:
         #: its last delivery that returned, and the messages whose ack returned accepted.
         self.worker_deliveries: dict[str, tuple[int, int]] = {}
         self.worker_acked: set[str] = set()
+        #: Its receipts kept past the receive (``CONSUMING``), by message id: the handle and
+        #: when it expires, as the receive (or the ChangeInvisibleDuration) that returned gave
+        #: them. One whose settling failed or was cut is dropped (it may have been applied),
+        #: and so is every one when a receive failed or was cut (it may have delivered a
+        #: message again, with a new receipt).
+        self.worker_receipts: dict[str, tuple[str, int]] = {}
+        #: Messages whose dead-lettering returned: in the group's DLQ, never delivered again.
+        self.worker_dead: set[str] = set()
+        #: Messages an ack that failed or was cut may have settled.
+        self.worker_maybe_acked: set[str] = set()
         self.broker: EmbeddedBroker | None = None
 
     def step(self, text: str) -> None:
@@ -559,15 +599,26 @@ class TxSimulation:
         broker = self.broker
         assert broker is not None
         received = self.attempt(f"{WORKERS}: receive", lambda: broker.receive(
-            WORKERS, TOPIC, max_messages=count, invisible_duration_s=WORKERS_INVISIBLE_S), crash_at)
+            WORKERS, TOPIC, max_messages=count, invisible_duration_s=self.workers_invisible_s), crash_at)
         if not isinstance(received, list):
+            self.worker_receipts.clear()
             return
+        now = self.clock.time_ms()
+        # a receipt a change made expire now may have lost its message to this receive's
+        # DLQ move (its invisible time ends now too): neither current nor stale for sure
+        self.worker_receipts = {message_id: kept for message_id, kept in self.worker_receipts.items()
+                                if kept[1] != now}
+        expires = now + int(self.workers_invisible_s * 1000)
         for message in received:
             self._delivered(message.message.message_id, message.transaction_id, f"{WORKERS} received")
             self._delivered_to_workers(message.message.message_id, message.delivery_attempt)
+            self.worker_receipts[message.message.message_id] = (message.receipt_handle, expires)
         if received and ack:
             handles = [m.receipt_handle for m in received]
             outcomes = self.attempt(f"{WORKERS}: ack {len(handles)}", lambda: broker.ack_many(WORKERS, handles), None)
+            for message in received:
+                self.worker_receipts.pop(message.message.message_id, None)
+                self.worker_maybe_acked.add(message.message.message_id)
             if isinstance(outcomes, list):  # else the call failed or was cut: the acks may not be kept
                 for message, outcome in zip(received, outcomes, strict=True):
                     if outcome is not None:
@@ -576,13 +627,104 @@ class TxSimulation:
                     self.worker_acked.add(message.message.message_id)
         self.step(f"{WORKERS}: received {[m.message.message_id for m in received]}{', acked' if ack else ''}")
 
+    def settle_held(self, message_id: str, action: str, crash_at: int | None) -> None:
+        """The consumer group settles a message it kept past its receive (``CONSUMING``):
+        ``ack``, ``dead-letter``, or ``change <seconds> keep|new`` its invisible time. A
+        receipt is current until it expires (the receive's invisible time, or the change's),
+        and a later delivery replaces it: the call must take a current one and refuse any
+        other (a dead-lettering repeated after the DLQ took the message returns)."""
+        broker = self.broker
+        assert broker is not None
+        handle, expires = self.worker_receipts.pop(message_id)
+        now = self.clock.time_ms()
+        current = now <= expires
+        verb, _, how = action.partition(" ")
+        if verb == "ack":
+            self.worker_maybe_acked.add(message_id)
+            outcome = self.attempt(f"{WORKERS}: late ack of {message_id}", lambda: broker.ack(WORKERS, handle), crash_at)
+        elif verb == "dead-letter":
+            outcome = self.attempt(f"{WORKERS}: dead-letter {message_id}", lambda: broker.dead_letter(WORKERS, handle),
+                                   crash_at)
+        else:
+            seconds, keep = float(how.split()[0]), how.endswith("keep")
+            outcome = self.attempt(f"{WORKERS}: change {message_id} to {seconds:g} s", lambda: (
+                broker.change_invisible_duration(WORKERS, handle, seconds, keep_receipt=keep)), crash_at)
+            attempt, until = self.worker_deliveries[message_id]
+            if isinstance(outcome, str):
+                if (outcome == handle) != keep:
+                    self.fail(f"{WORKERS}: a change of {message_id} with keep_receipt={keep} answered "
+                              f"{'its own' if outcome == handle else 'a new'} receipt")
+                self.worker_receipts[message_id] = (outcome, now + int(seconds * 1000))
+                self.worker_deliveries[message_id] = (attempt, now + int(seconds * 1000))
+            elif not isinstance(outcome, UnknownReceiptError):  # failed or cut: maybe applied
+                self.worker_deliveries[message_id] = (attempt, min(until, now + int(seconds * 1000)))
+        if isinstance(outcome, UnknownReceiptError):
+            if current:
+                self.fail(f"{WORKERS}: {action} of {message_id} refused its current receipt "
+                          f"({(expires - now) / 1000:g} s left): {outcome}")
+            self.step(f"{WORKERS}: {action} of {message_id} refused ({(now - expires) / 1000:g} s late)")
+            return
+        if outcome is _CUT or isinstance(outcome, BaseException):
+            return
+        if not current and not (verb == "dead-letter" and message_id in self._dead_letters()):
+            self.fail(f"{WORKERS}: {action} of {message_id} took a receipt {(now - expires) / 1000:g} s expired")
+        if verb == "ack":
+            self.worker_acked.add(message_id)
+        elif verb == "dead-letter":
+            self.worker_dead.add(message_id)
+        self.step(f"{WORKERS}: {action} of {message_id} returned")
+
+    def drain_workers(self) -> None:
+        """The end of a ``CONSUMING`` schedule: an hour later (every invisible time and
+        back-off over), the consumer group receives until nothing comes, acking all (after a
+        clean restart if the broker refuses writes since an fsync failed). Every message of a
+        committed transaction must then have been received, or be in the group's DLQ, or
+        have had an ack (maybe cut) sent: nothing is stuck between them, not even after a
+        settling call that failed."""
+        self.clock.advance(3600.0)
+        self.disk.faults_on = False
+        broker = self.broker
+        assert broker is not None
+        try:
+            broker.flush()
+        except BrokerClosedError:
+            self.restart()
+            self.disk.faults_on = False
+            broker = self.broker
+            assert broker is not None
+        drained: set[str] = set()
+        while received := broker.receive(WORKERS, TOPIC, max_messages=64, invisible_duration_s=3600.0):
+            for message in received:
+                message_id = message.message.message_id
+                self._delivered(message_id, message.transaction_id, f"{WORKERS} drained")
+                self._delivered_to_workers(message_id, message.delivery_attempt)
+                drained.add(message_id)
+            broker.ack_many(WORKERS, [message.receipt_handle for message in received])
+        settled = drained | set(self._dead_letters()) | self.worker_maybe_acked
+        stuck = sorted(f"m{number}" for tx in self.txs.values() if tx.decided is TransactionState.COMMITTED
+                       for number in tx.halves if self.due_and_kept(tx, number) and f"m{number}" not in settled)
+        if stuck:
+            self.fail(f"{WORKERS} never gets {stuck} again, nor does its DLQ hold them, though no ack of them was sent")
+        self.step(f"{WORKERS}: drained {sorted(drained)}")
+
+    def _dead_letters(self) -> list[str]:
+        """The message ids in the consumer group's DLQ, in order."""
+        assert self.broker is not None
+        return [stored.message.message_id for stored in self.broker.list_dlq(WORKERS, max_messages=100_000)]
+
     def _delivered_to_workers(self, message_id: str, attempt: int) -> None:
         """Hold a delivery to the schedule's consumer group to what the group was promised
         (its progress events are fsync'd before a call returns, so crashes change none of
-        it): no message again once its ack returned, none before its invisible time ended
-        (a restart keeps it; the clock never goes back here), and attempts that only go up."""
+        it): no message again once its ack or dead-lettering returned, none before its
+        invisible time ended (a restart keeps it; the clock never goes back here), attempts
+        that only go up, to ``max_delivery_attempts`` at most."""
         if message_id in self.worker_acked:
             self.fail(f"{WORKERS} received {message_id} again after its ack returned")
+        if message_id in self.worker_dead:
+            self.fail(f"{WORKERS} received {message_id} again after its dead-lettering returned")
+        if attempt > self.config.max_delivery_attempts:
+            self.fail(f"{WORKERS} received {message_id} as attempt {attempt}, past the maximum of "
+                      f"{self.config.max_delivery_attempts}")
         now = self.clock.time_ms()
         last = self.worker_deliveries.get(message_id)
         if last is not None:
@@ -592,7 +734,7 @@ class TxSimulation:
                           f"invisible time of its attempt {last_attempt} ended")
             if attempt <= last_attempt:
                 self.fail(f"{WORKERS} received {message_id} as attempt {attempt} after attempt {last_attempt}")
-        self.worker_deliveries[message_id] = (attempt, now + int(WORKERS_INVISIBLE_S * 1000))
+        self.worker_deliveries[message_id] = (attempt, now + int(self.workers_invisible_s * 1000))
 
     def _delivered(self, message_id: str, transaction_id: str | None, how: str) -> int:
         """Hold a delivery of ``message_id`` to the model; the message's body size."""
@@ -650,7 +792,8 @@ class TxSimulation:
             return _CUT
         except (OSError, BrokerError) as exc:
             self.disk.crash_after(None)
-            if isinstance(exc, TransactionConflictError | UnknownTransactionError | InvalidMessageError):
+            if isinstance(exc, TransactionConflictError | UnknownTransactionError | InvalidMessageError
+                          | UnknownReceiptError):
                 return exc
             self.step(f"{what}: failed ({type(exc).__name__}: {exc})")
             if self.rng.random() < 0.5:
@@ -774,11 +917,22 @@ class TxSimulation:
             tx = self.tx_of.get(number)
             if tx is not None and number in tx.maybe:
                 tx.halves[number] = tx.maybe.pop(number)
+        dead = self._dead_letters() if self.consuming else []
+        if len(set(dead)) < len(dead):
+            self.fail(f"after a {cause} the DLQ of {WORKERS} holds a message twice: {dead}")
+        if acked := sorted(self.worker_acked & set(dead)):
+            self.fail(f"after a {cause} the DLQ of {WORKERS} holds {acked}, whose ack returned")
+        if lacking := sorted(self.worker_dead - set(dead)):
+            self.fail(f"after a {cause} the DLQ of {WORKERS} lacks {lacking}, whose dead-lettering returned")
         delayed = sum(1 for number in seen if number in self.delayed)
         halves = sum(1 for number in seen if number in self.tx_of and number in self.tx_of[number].delays)
         of_them = f" ({halves} of them delayed)" if self.delays else ""
+        most = self.config.max_delivery_attempts
+        spent = sum(1 for message_id in set(dead) - self.worker_dead
+                    if self.worker_deliveries.get(message_id, (0, 0))[0] == most)
+        in_dlq = f", {len(dead)} in the DLQ of {WORKERS} ({spent} after {most} deliveries)" if self.consuming else ""
         self.step(f"{cause}, reopen: {len(seen) - delayed} committed{of_them} and {delayed} delayed messages read "
-                  f"once, {len(broker.book.by_id)} open transactions")
+                  f"once, {len(broker.book.by_id)} open transactions{in_dlq}")
 
     def due_and_kept(self, tx: Tx, number: int) -> bool:
         """Whether a fresh group must read ``m{number}`` of ``tx``, committed: not delayed,
@@ -849,7 +1003,8 @@ class _SeededSchedule:
         self.rng = random.Random(seed)
         disk = SimulatedDisk(random.Random(self.rng.getrandbits(64)), PROFILES[profile])
         self.timed = profile in TIMED
-        self.simulation = TxSimulation(self.rng, disk, self.timed, profile in DELAYS)
+        self.consuming = profile in CONSUMING
+        self.simulation = TxSimulation(self.rng, disk, self.timed, profile in DELAYS, self.consuming)
 
     def run(self, steps: int) -> None:
         sim, rng = self.simulation, self.rng
@@ -859,6 +1014,21 @@ class _SeededSchedule:
             open_txs = [tx for tx in txs if tx.connection is not None]
             to_end = [tx for tx in txs if tx.final is not None and tx.ends and not tx.ended]
             ended = [tx for tx in txs if tx.ended and tx.decided is not None]
+            if self.consuming:
+                draw = rng.random()
+                if draw < 0.15 and sim.worker_receipts:
+                    message_id = rng.choice(sorted(sim.worker_receipts))
+                    action = rng.choice(("ack", "dead-letter", "change", "change"))
+                    if action == "change":
+                        action += f" {rng.choice(CHANGED_INVISIBLE_S):g} s {rng.choice(('keep', 'new'))}"
+                    sim.settle_held(message_id, action, self.crash_at())
+                    continue
+                if draw < 0.3:
+                    sim.consume(rng.randint(1, 8), rng.random() < 0.3, self.crash_at())
+                    continue
+                if draw < 0.4:
+                    sim.advance(rng.choice(ADVANCES), self.crash_at())
+                    continue
             timed = rng.random() if self.timed else 1.0
             if timed < 0.12:
                 sim.send_delayed(rng.choice(LEVELS), self.size(), self.crash_at())
@@ -893,6 +1063,8 @@ class _SeededSchedule:
                 sim.crash(power=False)
             else:
                 sim.restart()
+        if self.consuming:
+            sim.drain_workers()
 
     def size(self) -> int:
         large = 12_000 if self.timed else 20_000  # within a TIMED profile's segment
