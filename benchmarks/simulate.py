@@ -205,6 +205,20 @@ TX_MUTATIONS: list[tuple[str, str, str, str]] = [
     ("a restart forgetting the receipts and invisible times of messages in flight",
      "broker_embedded/broker/consumption.py",
      "        held = self.held.pop(offset, None)\n", "        held = self.held.pop(offset, None) and None\n"),
+    ("a ChangeInvisibleDuration kept in memory only (a restart forgets it)", "broker_embedded/broker/consumption.py",
+     "        try:\n            self._persist([event])\n        except BaseException:",
+     "        try:\n            pass\n        except BaseException:"),
+    ("an expired receipt still taken", "broker_embedded/broker/consumption.py",
+     "        if now > delivery.expires_at_ms:\n", "        if False:\n"),
+    ("a dead-lettered message done for the group but not copied to its DLQ", "broker_embedded/broker/consumption.py",
+     "            self._persist(events, copies)\n", "            self._persist(events, [])\n"),
+    ("a settlement the disk refused kept as done (neither delivered again nor in the DLQ)",
+     "broker_embedded/broker/consumption.py",
+     "                        self.progress[key].reopen(delivery.record.queue_offset, delivery)\n",
+     "                        pass\n"),
+    ("a message delivered once more than max_delivery_attempts", "broker_embedded/broker/consumption.py",
+     "            if delivery.attempt >= self.max_delivery_attempts:\n",
+     "            if delivery.attempt > self.max_delivery_attempts:\n"),
 ]
 
 

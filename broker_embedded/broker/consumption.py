@@ -30,10 +30,15 @@ Like RocketMQ's periodic consumer-offset persistence, these events are written w
 waiting for their fsync (they are durable within the store's flush interval): a crash
 can forget the last acks, which only means one more delivery of those messages, and the
 idempotent consumer absorbs it. Dead-lettered messages themselves are written durably.
+An ack, a dead-lettering (a call's or the last attempt's) or a ChangeInvisibleDuration
+whose event the store refuses (a full disk, an I/O error) changes nothing: the message
+stays in flight with the receipt and time its consumer holds (an acked or dead-lettered
+one also in a snapshot taken while the refused write was under way: ``_store``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import random
@@ -172,6 +177,12 @@ class Delivery(msgspec.Struct):
     def held(self) -> Held:
         return Held(self.receipt, self.delivered_at_ms, self.visible_at_ms, self.expires_at_ms)
 
+    def restore(self, held: Held) -> None:
+        """Take the receipt and times of ``held`` (kept across a restart, or a change that
+        could not be stored)."""
+        self.receipt, self.delivered_at_ms = held.receipt, held.delivered_at_ms
+        self.visible_at_ms, self.expires_at_ms = held.visible_at_ms, held.expires_at_ms
+
 
 @dataclass
 class QueueProgress:
@@ -195,6 +206,16 @@ class QueueProgress:
             self.done_above.discard(self.floor)
             self.floor += 1
         self.next_offset = max(self.next_offset, self.floor)
+
+    def reopen(self, offset: int, delivery: Delivery) -> None:
+        """Undo ``mark_done(offset)`` of ``delivery``, whose event could not be stored:
+        pending again as it was (the offsets the floor passed meanwhile stay done)."""
+        if offset < self.floor:
+            self.done_above.update(range(offset + 1, self.floor))
+            self.floor = offset
+        else:
+            self.done_above.discard(offset)
+        self.pending[offset] = delivery
 
     def skip_to(self, offset: int) -> None:
         """Messages below ``offset`` are gone (retention deleted them): nothing to do there."""
@@ -228,8 +249,7 @@ class QueueProgress:
         delivery = self.pending[offset] = Delivery(record.without_body(), self.attempts.pop(offset, 0))
         held = self.held.pop(offset, None)
         if held is not None:
-            delivery.receipt, delivery.delivered_at_ms = held.receipt, held.delivered_at_ms
-            delivery.visible_at_ms, delivery.expires_at_ms = held.visible_at_ms, held.expires_at_ms
+            delivery.restore(held)
 
     def mark_done_range(self, start: int, end: int) -> None:
         """The offsets from ``start`` to ``end`` (excluded), none of them pending, are done."""
@@ -320,6 +340,16 @@ def _event(kind: str, group: str, topic: str, key: ProgressKey, d: Delivery, at_
     return Event(kind, group, topic, key[2], key[3], d.record.queue_offset, d.attempt, message_id, at_ms)
 
 
+def _saved(key: ProgressKey, progress: QueueProgress, unstored: list[Delivery]) -> _SavedProgress:
+    """A queue's progress as a snapshot keeps it: the ``unstored`` deliveries in flight."""
+    if unstored:
+        progress = dataclasses.replace(progress, pending=dict(progress.pending), done_above=set(progress.done_above))
+        for delivery in unstored:
+            progress.reopen(delivery.record.queue_offset, delivery)
+    return _SavedProgress(key, progress.floor, sorted(progress.done_above), progress.attempts_so_far(),
+                          progress.held_so_far())
+
+
 def _add_skip(skipped: Skipped, key: ProgressKey, start: int, end: int) -> None:
     """Record offsets ``start`` to ``end`` as skipped, joined to the previous range if adjacent."""
     if skipped and skipped[-1][0] == key and skipped[-1][2] == start:
@@ -354,6 +384,9 @@ class ConsumerGroups:
         self.arrived = threading.Condition(self.lock)
         self.closed = False
         self.progress: dict[ProgressKey, QueueProgress] = {}
+        #: Deliveries marked done whose settling events are being stored (``_store``): a
+        #: snapshot taken meanwhile keeps them in flight, since the store may refuse them.
+        self._unstored: list[tuple[ProgressKey, Delivery]] = []
 
     # -- replay ---------------------------------------------------------------------------
     def replay(self, records: Iterable[StoredRecord]) -> None:
@@ -400,12 +433,12 @@ class ConsumerGroups:
         an attempt whose event a crash kept from being stored counts as made (one attempt
         fewer left)."""
         with self.lock:
+            unstored: dict[ProgressKey, list[Delivery]] = {}
+            for key, delivery in self._unstored:
+                unstored.setdefault(key, []).append(delivery)
             return encode_snapshot(Snapshot(
                 upto=events_stored(),
-                progress=[
-                    _SavedProgress(key, p.floor, sorted(p.done_above), p.attempts_so_far(), p.held_so_far())
-                    for key, p in self.progress.items()
-                ],
+                progress=[_saved(key, p, unstored.get(key, [])) for key, p in self.progress.items()],
             ))
 
     def restore(self, data: bytes) -> int:
@@ -455,6 +488,7 @@ class ConsumerGroups:
                     raise BrokerClosedError("the broker closed while receiving")
                 delivered, dead, unscanned = self._collect(group, topic, max_messages, invisible_ms, room,
                                                            subscription, skipped, read_ahead)
+                self._unstored += dead
             now = self.clock.time_ms()
             events = [_event(EVENT_DELIVERED, group, topic, key, d, now) for key, d in delivered]
             events += [_event(EVENT_DEAD, group, topic, key, d, now) for key, d in dead]
@@ -462,9 +496,7 @@ class ConsumerGroups:
                        for key, start, end in skipped]
             if events:
                 # dead-letterings: the decision (event) first, with the DLQ copies, durable
-                copies = [self._dead_letter_copy(group, self.store.get(d.record.commit_log_offset), d.attempt)
-                          for _, d in dead]
-                self._persist(events, copies)
+                self._store(events, dead, dead_letters_of=group)
             if delivered:
                 return [self._received(key, d, read_ahead) for key, d in delivered]
             if unscanned:
@@ -652,6 +684,32 @@ class ConsumerGroups:
             transaction_id=record.properties.get(codec.TRANSACTION_ID),
         )
 
+    def _store(self, events: list[Event], settled: list[tuple[ProgressKey, Delivery]],
+               dead_letters_of: str | None = None) -> None:
+        """Store ``events``, which settled the ``settled`` deliveries (marked done under the
+        lock and put in ``_unstored`` there), with their copies for ``dead_letters_of``'s DLQ
+        if they are its dead-letterings. If that fails (a full disk, an I/O error), they are
+        pending again as they were and the error is raised: a settlement the broker refused
+        changes nothing, so the same receipt can settle the message once the disk takes
+        writes again."""
+        if not settled:
+            self._persist(events)
+            return
+        stored = False
+        try:
+            copies = [] if dead_letters_of is None else [
+                self._dead_letter_copy(dead_letters_of, self.store.get(d.record.commit_log_offset), d.attempt)
+                for _, d in settled]
+            self._persist(events, copies)
+            stored = True
+        finally:
+            with self.lock:
+                done = {id(delivery) for _, delivery in settled}
+                self._unstored = [entry for entry in self._unstored if id(entry[1]) not in done]
+                if not stored:
+                    for key, delivery in settled:
+                        self.progress[key].reopen(delivery.record.queue_offset, delivery)
+
     def _persist(self, events: list[Event], dead_letter_copies: list[StoredRecord] | None = None) -> None:
         records = [StoredRecord(topic=CONSUMER_STATE_TOPIC, queue_id=0, body=encode_events(events))]
         self.store.put_batch(records + (dead_letter_copies or []),
@@ -732,6 +790,7 @@ class ConsumerGroups:
         refused the second time: its message is done)."""
         outcomes: list[UnknownReceiptError | None] = []
         events: list[Event] = []
+        acked: list[tuple[ProgressKey, Delivery]] = []
         with self.lock:
             now = self.clock.time_ms()
             for handle in handles:
@@ -741,10 +800,12 @@ class ConsumerGroups:
                     outcomes.append(exc)
                     continue
                 progress.mark_done(delivery.record.queue_offset)
+                acked.append((key, delivery))
                 events.append(_event(EVENT_ACKED, group, key[1], key, delivery, now))
                 outcomes.append(None)
+            self._unstored += acked
         if events:
-            self._persist(events)
+            self._store(events, acked)
             self.notify()  # the next message of a FIFO group may be deliverable now
         return outcomes
 
@@ -765,8 +826,8 @@ class ConsumerGroups:
                 raise
             progress.mark_done(delivery.record.queue_offset)
             event = _event(EVENT_DEAD, group, key[1], key, delivery, now)
-        copy = self._dead_letter_copy(group, self.store.get(delivery.record.commit_log_offset), delivery.attempt)
-        self._persist([event], [copy])
+            self._unstored.append((key, delivery))
+        self._store([event], [(key, delivery)], dead_letters_of=group)
         self.notify()  # the next message of its FIFO group may be deliverable now
 
     def _dead_lettered(self, group: str, handle: str) -> bool:
@@ -790,13 +851,20 @@ class ConsumerGroups:
         with self.lock:
             now = self.clock.time_ms()
             key, _, delivery = self._lookup(group, handle, now)
+            before = delivery.held()
             if not keep_receipt:
                 delivery.receipt = new_receipt()
             delivery.delivered_at_ms = now
             delivery.visible_at_ms = delivery.expires_at_ms = now + invisible_ms
             event = _event(EVENT_DELIVERED, group, key[1], key, delivery, now)
             renewed = self._receipt_handle(key, delivery)
-        self._persist([event])
+        try:
+            self._persist([event])
+        except BaseException:  # refused: the receipt and its times stay as they were
+            with self.lock:
+                if delivery.receipt == event.receipt and delivery.delivered_at_ms == now:
+                    delivery.restore(before)
+            raise
         return renewed
 
     # -- admin ----------------------------------------------------------------------------

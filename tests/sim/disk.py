@@ -128,6 +128,9 @@ class SimulatedDisk:
         #: The simulation's clock, if it has one (``time_ms``): a file's mtime is its time at the
         #: file's last write or truncate; without one every mtime is 0 (old for retention).
         self.clock: Clock | None = None
+        #: What ``free_bytes`` reports: set it under ``StoreConfig.min_free_disk_bytes`` and the
+        #: store refuses writes as on a full disk (``StoreFullError``).
+        self.free = 1 << 40
 
     def crash_after(self, operations: int | None) -> None:
         """Stop the process (``PowerCut``) at the ``operations``-th next change to the disk
@@ -550,7 +553,7 @@ class SimulatedDisk:
             inode.mtime_ms = self.clock.time_ms()
 
     def free_bytes(self, path: Path) -> int:
-        return 1 << 40
+        return self.free
 
     def read_bytes(self, path: Path) -> bytes:
         fd = self.open(path, read_only=True)

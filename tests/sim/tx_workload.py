@@ -641,7 +641,8 @@ class TxSimulation:
         verb, _, how = action.partition(" ")
         if verb == "ack":
             self.worker_maybe_acked.add(message_id)
-            outcome = self.attempt(f"{WORKERS}: late ack of {message_id}", lambda: broker.ack(WORKERS, handle), crash_at)
+            outcome = self.attempt(f"{WORKERS}: late ack of {message_id}", lambda: broker.ack(WORKERS, handle),
+                                   crash_at)
         elif verb == "dead-letter":
             outcome = self.attempt(f"{WORKERS}: dead-letter {message_id}", lambda: broker.dead_letter(WORKERS, handle),
                                    crash_at)
