@@ -33,7 +33,8 @@ idempotent consumer absorbs it. Dead-lettered messages themselves are written du
 An ack, a dead-lettering (a call's or the last attempt's) or a ChangeInvisibleDuration
 whose event the store refuses (a full disk, an I/O error) changes nothing: the message
 stays in flight with the receipt and time its consumer holds (an acked or dead-lettered
-one also in a snapshot taken while the refused write was under way: ``_store``).
+one also in a snapshot taken while the refused write was under way: ``_store``); a receive
+refused so spends no attempt and hides nothing (``_Gathering.undo``).
 """
 
 from __future__ import annotations
@@ -318,6 +319,15 @@ class _Gathering:
     delivered: list[tuple[ProgressKey, Delivery]] = field(default_factory=list)
     dead: list[tuple[ProgressKey, Delivery]] = field(default_factory=list)
     unscanned: bool = False
+    #: Each delivery's attempts and receipt before it was delivered (``undo``).
+    before: list[tuple[Delivery, int, Held]] = field(default_factory=list)
+
+    def undo(self) -> None:
+        """The deliveries as they were before (their events could not be stored): no
+        attempt spent, no receipt given."""
+        for delivery, attempt, held in self.before:
+            delivery.attempt = attempt
+            delivery.restore(held)
 
     @property
     def full(self) -> bool:
@@ -486,8 +496,9 @@ class ConsumerGroups:
             with self.lock:
                 if self.closed:
                     raise BrokerClosedError("the broker closed while receiving")
-                delivered, dead, unscanned = self._collect(group, topic, max_messages, invisible_ms, room,
-                                                           subscription, skipped, read_ahead)
+                gathering = self._collect(group, topic, max_messages, invisible_ms, room, subscription, skipped,
+                                          read_ahead)
+                delivered, dead = gathering.delivered, gathering.dead
                 self._unstored += dead
             now = self.clock.time_ms()
             events = [_event(EVENT_DELIVERED, group, topic, key, d, now) for key, d in delivered]
@@ -496,10 +507,15 @@ class ConsumerGroups:
                        for key, start, end in skipped]
             if events:
                 # dead-letterings: the decision (event) first, with the DLQ copies, durable
-                self._store(events, dead, dead_letters_of=group)
+                try:
+                    self._store(events, dead, dead_letters_of=group)
+                except BaseException:  # refused (a full disk): nothing delivered, no attempt spent
+                    with self.lock:
+                        gathering.undo()
+                    raise
             if delivered:
                 return [self._received(key, d, read_ahead) for key, d in delivered]
-            if unscanned:
+            if gathering.unscanned:
                 continue  # the filter's scan stopped at FILTER_SCAN_LIMIT: on with it
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -514,10 +530,10 @@ class ConsumerGroups:
     def _collect(
         self, group: str, topic: str, max_messages: int, invisible_ms: int, room: int,
         subscription: Subscription, skipped: Skipped, read_ahead: ReadAhead,
-    ) -> tuple[list[tuple[ProgressKey, Delivery]], list[tuple[ProgressKey, Delivery]], bool]:
-        """The deliveries (of ``room`` bytes of records at most, at least one) and
-        dead-letterings of one pass over the group's queues, and whether a filter left
-        entries unscanned. Each queue's pending messages go first;
+    ) -> _Gathering:
+        """The gathering of one pass over the group's queues: its deliveries (of ``room``
+        bytes of records at most, at least one) and dead-letterings, and whether a filter
+        left entries unscanned. Each queue's pending messages go first;
         then it reads on, as many records at a time as the receive still wants (at least
         ``READ_BATCH``), until it has them, the queue ends or ``max_inflight`` are pending:
         so the records read are mostly the ones delivered, and ``read_ahead`` keeps them
@@ -532,7 +548,7 @@ class ConsumerGroups:
             reading = True
             while True:
                 if self._pick(gathering, key, progress, filtered, busy_groups, candidates):
-                    return gathering.delivered, gathering.dead, gathering.unscanned
+                    return gathering
                 if gathering.full or not reading:
                     break
                 want = max(max_messages - len(gathering.delivered), READ_BATCH)
@@ -547,7 +563,7 @@ class ConsumerGroups:
                 candidates = _newest(progress.pending, taken)
             if gathering.full:
                 break
-        return gathering.delivered, gathering.dead, gathering.unscanned
+        return gathering
 
     def _pick(self, gathering: _Gathering, key: ProgressKey, progress: QueueProgress, filtered: bool,
               busy_groups: set[str], candidates: list[tuple[int, Delivery]]) -> bool:
@@ -579,6 +595,7 @@ class ConsumerGroups:
             if gathering.delivered and delivery.record.size > gathering.room:
                 return True  # left as it is, for the next receive
             gathering.room -= delivery.record.size
+            gathering.before.append((delivery, delivery.attempt, delivery.held()))
             delivery.attempt += 1
             delivery.receipt = new_receipt()
             delivery.delivered_at_ms = now

@@ -1,12 +1,14 @@
 """A settlement the disk refuses changes nothing: an ack, a dead-lettering, a move to the
 DLQ after the last attempt and a ChangeInvisibleDuration that cannot be stored (here a full
 disk: ``StoreFullError``) leave the message as it was, in flight with the receipt its
-consumer holds, so the same call settles it once the disk takes writes again, and neither a
-clean restart nor a snapshot in between loses it, not even one taken while the refused
-write was under way (then killed, the broker restarts from that snapshot). Before, the broker marked the message
-done (or gave it a new receipt) before storing the event, and kept that when the store
+consumer holds, so the same call settles it once the disk takes writes again; neither a
+clean restart nor a snapshot loses it, not even one taken while the refused write was
+under way (the broker then killed and restarted from that snapshot). A receive refused so
+spends no attempt and hides nothing. Before, the broker marked the message done (or gave
+it a new receipt, or an attempt) before storing the event, and kept that when the store
 refused it: a dead-lettering refused for a full disk left the message neither delivered
-again nor in the DLQ, for good once a snapshot or a clean close wrote the group's progress.
+again nor in the DLQ, for good once a snapshot or a clean close wrote the group's
+progress, and receives refused for a while sent messages no consumer had seen to the DLQ.
 The broker runs on the simulated disk (``tests/sim/disk.py``), whose free space the test
 sets, with a simulated clock."""
 
@@ -196,3 +198,12 @@ def test_a_snapshot_taken_while_a_refused_settlement_was_being_written_keeps_the
     broker = sim.kill_and_reopen()  # from that snapshot
     getattr(broker, settle)(GROUP, handle)  # still in flight, with the same receipt
     assert _dlq(broker) == ([b"m"] if settle == "dead_letter" else [])
+
+
+def test_a_receive_refused_for_a_full_disk_spends_no_attempt_and_hides_nothing(sim: Broker) -> None:
+    sim.broker.send(Message(TOPIC, b"m"))
+    for _ in range(3):  # more than max_delivery_attempts (2)
+        sim.refused_on_a_full_disk(lambda: sim.broker.receive(GROUP, TOPIC, invisible_duration_s=5.0))
+    [message] = sim.broker.receive(GROUP, TOPIC, invisible_duration_s=5.0)  # at once: not invisible
+    assert message.delivery_attempt == 1
+    assert _dlq(sim.broker) == []
