@@ -201,7 +201,7 @@ TX_MUTATIONS: list[tuple[str, str, str, str]] = [
      "stored_after(message_id, record.commit_log_offset, (topic,))"),
     # the schedule's consumer group (every profile)
     ("the consumer snapshot without the attempts of messages in flight", "broker_embedded/broker/consumption.py",
-     "sorted(p.done_above), p.attempts_so_far(),", "sorted(p.done_above), p.attempts,"),
+     "sorted(progress.done_above), progress.attempts_so_far(),", "sorted(progress.done_above), progress.attempts,"),
     ("a restart forgetting the receipts and invisible times of messages in flight",
      "broker_embedded/broker/consumption.py",
      "        held = self.held.pop(offset, None)\n", "        held = self.held.pop(offset, None) and None\n"),
