@@ -46,7 +46,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -506,13 +506,9 @@ class ConsumerGroups:
             events += [Event(EVENT_SKIPPED, group, topic, key[2], key[3], start, 0, "", now, end - start)
                        for key, start, end in skipped]
             if events:
-                # dead-letterings: the decision (event) first, with the DLQ copies, durable
-                try:
-                    self._store(events, dead, dead_letters_of=group)
-                except BaseException:  # refused (a full disk): nothing delivered, no attempt spent
-                    with self.lock:
-                        gathering.undo()
-                    raise
+                # dead-letterings: the decision (event) first, with the DLQ copies, durable;
+                # refused (a full disk): nothing delivered, no attempt spent
+                self._store(events, dead, dead_letters_of=group, undo=gathering.undo)
             if delivered:
                 return [self._received(key, d, read_ahead) for key, d in delivered]
             if gathering.unscanned:
@@ -701,17 +697,15 @@ class ConsumerGroups:
             transaction_id=record.properties.get(codec.TRANSACTION_ID),
         )
 
-    def _store(self, events: list[Event], settled: list[tuple[ProgressKey, Delivery]],
-               dead_letters_of: str | None = None) -> None:
+    def _store(self, events: list[Event], settled: Sequence[tuple[ProgressKey, Delivery]] = (),
+               dead_letters_of: str | None = None, undo: Callable[[], None] | None = None) -> None:
         """Store ``events``, which settled the ``settled`` deliveries (marked done under the
         lock and put in ``_unstored`` there), with their copies for ``dead_letters_of``'s DLQ
         if they are its dead-letterings. If that fails (a full disk, an I/O error), they are
-        pending again as they were and the error is raised: a settlement the broker refused
+        pending again as they were, ``undo`` runs under the lock (it puts back what else the
+        events changed in memory), and the error is raised: a settlement the broker refused
         changes nothing, so the same receipt can settle the message once the disk takes
         writes again."""
-        if not settled:
-            self._persist(events)
-            return
         stored = False
         try:
             copies = [] if dead_letters_of is None else [
@@ -720,12 +714,19 @@ class ConsumerGroups:
             self._persist(events, copies)
             stored = True
         finally:
-            with self.lock:
-                done = {id(delivery) for _, delivery in settled}
-                self._unstored = [entry for entry in self._unstored if id(entry[1]) not in done]
-                if not stored:
-                    for key, delivery in settled:
-                        self.progress[key].reopen(delivery.record.queue_offset, delivery)
+            if settled or not stored:  # a lone write that was taken costs no lock
+                with self.lock:
+                    self._settled(settled, stored)
+                    if not stored and undo is not None:
+                        undo()
+
+    def _settled(self, settled: Sequence[tuple[ProgressKey, Delivery]], stored: bool) -> None:
+        """Under the lock: ``settled`` out of ``_unstored``; pending again unless ``stored``."""
+        done = {id(delivery) for _, delivery in settled}
+        self._unstored = [entry for entry in self._unstored if id(entry[1]) not in done]
+        if not stored:
+            for key, delivery in settled:
+                self.progress[key].reopen(delivery.record.queue_offset, delivery)
 
     def _persist(self, events: list[Event], dead_letter_copies: list[StoredRecord] | None = None) -> None:
         records = [StoredRecord(topic=CONSUMER_STATE_TOPIC, queue_id=0, body=encode_events(events))]
@@ -875,13 +876,12 @@ class ConsumerGroups:
             delivery.visible_at_ms = delivery.expires_at_ms = now + invisible_ms
             event = _event(EVENT_DELIVERED, group, key[1], key, delivery, now)
             renewed = self._receipt_handle(key, delivery)
-        try:
-            self._persist([event])
-        except BaseException:  # refused: the receipt and its times stay as they were
-            with self.lock:
-                if delivery.receipt == event.receipt and delivery.delivered_at_ms == now:
-                    delivery.restore(before)
-            raise
+
+        def undo() -> None:  # refused: the receipt and its times stay as they were
+            if delivery.receipt == event.receipt and delivery.delivered_at_ms == now:
+                delivery.restore(before)
+
+        self._store([event], undo=undo)
         return renewed
 
     # -- admin ----------------------------------------------------------------------------
