@@ -27,8 +27,8 @@ from broker_embedded.errors import StoreFullError, UnknownReceiptError
 from broker_embedded.store.config import StoreConfig
 
 from ..sim.clock import SimClock
+from ..sim.crash import abandon
 from ..sim.disk import SimulatedDisk
-from ..sim.tx_workload import _abandon
 
 GROUP, TOPIC = "g", "orders"
 DATA = Path("/broker")
@@ -83,7 +83,7 @@ class Broker:
 
     def kill_and_reopen(self) -> EmbeddedBroker:
         """The broker killed (no flush, snapshot or close) and reopened."""
-        _abandon(self.broker)
+        abandon(self.broker)
         self.disk.process_crash()
         self.broker = EmbeddedBroker(DATA, self.config)
         return self.broker

@@ -18,8 +18,9 @@ from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from broker_embedded.store.repair import repair
 from broker_embedded.store.verify import inspect
+from tests.sim.crash import abandon
 from tests.sim.disk import Faults, SimulatedDisk
-from tests.sim.workload import CONFIG, DATA_DIR, PROFILES, _abandon, _read_all, body_of, run
+from tests.sim.workload import CONFIG, DATA_DIR, PROFILES, _read_all, body_of, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -282,7 +283,7 @@ def test_an_unreadable_header_at_a_segments_end_may_be_its_blank_and_is_not_coun
         if stored.commit_log_offset >= CONFIG.segment_size:
             break
         last, number = stored, number + 1
-    _abandon(store)
+    abandon(store)
     disk.process_crash()
     blank = last.commit_log_offset + last.size  # the roll-over blank's header, after the last record's tail
     assert blank % 4096 and blank < CONFIG.segment_size
@@ -321,7 +322,7 @@ def test_a_loss_past_the_logs_end_is_cut_there_so_a_record_appended_over_its_byt
     [torn] = store.put_batch([message(5)])
     store.losses.record("repair", torn.commit_log_offset, torn.commit_log_offset + torn.size, ["m5"], 0,
                         "a repair cut short before it filled the range")
-    _abandon(store)
+    abandon(store)
     segment = disk.open(DATA_DIR / "commitlog" / f"{0:020d}")
     disk.pwrite(segment, bytes(torn.size), torn.commit_log_offset)  # the range, as the next open finds it
     disk.fsync(segment)
@@ -366,7 +367,7 @@ def test_damaged_records_at_the_logs_end_over_an_unreadable_page_are_not_taken_f
     first, *rest = [store.put_batch([StoredRecord("orders", 0, body_of(number, size),
                                                   {PROPERTY_MESSAGE_ID: f"m{number}"})])[0]
                     for number, size in enumerate((60_000, 4000, 800))]
-    _abandon(store)  # acknowledged, no checkpoint
+    abandon(store)  # acknowledged, no checkpoint
     segment = disk.open(DATA_DIR / "commitlog" / f"{0:020d}")
     disk.pwrite(segment, b"X", first.commit_log_offset + first.size // 2)  # a bit flip
     disk.fsync(segment)
@@ -396,7 +397,7 @@ def test_bit_flips_in_the_last_records_of_the_log_are_not_taken_for_a_torn_appen
     records = [store.put_batch([StoredRecord("orders", 0, body_of(number, 3000),
                                              {PROPERTY_MESSAGE_ID: f"m{number}"})])[0]
                for number in range(3)]
-    _abandon(store)  # acknowledged, no checkpoint
+    abandon(store)  # acknowledged, no checkpoint
     segment = disk.open(DATA_DIR / "commitlog" / f"{0:020d}")
     for record in records[1:]:
         disk.pwrite(segment, b"X", record.commit_log_offset + record.size // 2)  # a bit flip in its body
@@ -423,7 +424,7 @@ def test_a_torn_append_of_several_records_is_still_cut_at_the_first_bad_one() ->
     end = store.commitlog.write_offset
     store.put_batch([StoredRecord("orders", 0, body_of(number, 3000), {PROPERTY_MESSAGE_ID: f"m{number}"})
                      for number in (1, 2, 3)], wait_for_flush=False)
-    _abandon(store)
+    abandon(store)
     segment = disk.open(DATA_DIR / "commitlog" / f"{0:020d}")
     disk.ftruncate(segment, end + 1500)  # the write torn inside its first record
     disk.fsync(segment)
@@ -513,7 +514,7 @@ def test_an_append_over_part_of_an_unreadable_page_fails_and_the_store_reopens_w
     with pytest.raises(OSError) as failed:
         store.put(StoredRecord("orders", 0, b"late", {PROPERTY_MESSAGE_ID: "m5"}))
     assert failed.value.errno == errno.EIO and len(segment.data) == end
-    _abandon(store)
+    abandon(store)
     disk.power_loss()
     store = MessageStore(DATA_DIR, config)
     try:
@@ -569,7 +570,7 @@ def test_an_append_failing_as_it_rolls_over_leaves_nothing_a_power_loss_can_brin
                               {PROPERTY_MESSAGE_ID: f"m{number}"}) for number in (6, 7)]
         with pytest.raises(OSError):
             store.put_batch(batch)
-        _abandon(store)
+        abandon(store)
         disk.power_loss()
         store = MessageStore(DATA_DIR, config)
         try:
@@ -593,7 +594,7 @@ def test_a_roll_back_that_cannot_be_made_durable_stops_appends_until_a_restart()
         store.put(StoredRecord("orders", 0, body_of(1, 2000), {PROPERTY_MESSAGE_ID: "m1"}))
     with pytest.raises(BrokerClosedError, match="until the broker restarts"):
         store.put(StoredRecord("orders", 0, body_of(2, 2000), {PROPERTY_MESSAGE_ID: "m2"}))
-    _abandon(store)
+    abandon(store)
     disk.power_loss()
     store = MessageStore(DATA_DIR, config)
     try:
@@ -613,7 +614,7 @@ def test_a_queue_retention_emptied_continues_after_a_crash_before_the_next_check
     for number in range(40):
         store.put(StoredRecord("orders", 0, body_of(number, 1000), {}))
     assert store.delete_expired_segments(now_ms=2**62) > 0  # every mtime is 0 here: all old
-    _abandon(store)
+    abandon(store)
     disk.process_crash()
     store = MessageStore(DATA_DIR, config)
     try:
@@ -655,7 +656,7 @@ def test_the_zeros_ahead_of_a_last_record_on_an_unreadable_page_are_no_record_of
     for number in range(3):
         store.put(StoredRecord("orders", 0, body_of(number, 20 * 1024), {PROPERTY_MESSAGE_ID: f"m{number}"}))
     last = store.put(StoredRecord("orders", 0, body_of(3, 100 * 1024), {PROPERTY_MESSAGE_ID: "m3"}))
-    _abandon(store)
+    abandon(store)
     disk.process_crash()
     segment = DATA_DIR / "commitlog" / f"{0:020d}"
     fd = disk.open(segment)

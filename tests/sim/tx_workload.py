@@ -104,6 +104,7 @@ from broker_embedded.store.config import StoreConfig
 from outbox.integrations.sqlalchemy.recorder import RECORDER
 from outbox.integrations.sqlalchemy.tables import transaction_log
 from tests.sim.clock import SimClock
+from tests.sim.crash import abandon
 from tests.sim.disk import Faults, PowerCut, SimulatedDisk
 from tests.sim.workload import Result, body_of
 
@@ -808,7 +809,7 @@ class TxSimulation:
         reopen (maybe crashing inside the recovery, then once more)."""
         assert self.broker is not None
         self._keep_covered_ends()  # an fsync that returned covered them: durable, whatever follows
-        _abandon(self.broker)
+        abandon(self.broker)
         self.broker = None
         self._lose(power)
         cause = "power loss" if power else "process crash"
@@ -833,7 +834,7 @@ class TxSimulation:
             self.broker.close()
         except (OSError, BrokerError) as exc:
             self.step(f"close: failed ({type(exc).__name__}: {exc})")
-            _abandon(self.broker)
+            abandon(self.broker)
             self.disk.process_crash()
             self.covered_ends = []
         else:
@@ -851,7 +852,7 @@ class TxSimulation:
             broker.__init__(DATA_DIR, self.config, self.checks)  # type: ignore[misc]
         except PowerCut as cut:
             self.step(f"{cause}: cut short before {cut}")
-            _abandon(broker)
+            abandon(broker)
             return False
         except Exception as exc:
             self.step(f"{cause}: the broker refuses to open")
@@ -955,24 +956,12 @@ class TxSimulation:
     def close(self) -> None:
         """End the schedule: stop the broker as a killed process, drop the database."""
         if self.broker is not None:
-            _abandon(self.broker)
+            abandon(self.broker)
             self.broker = None
         for tx in self.txs.values():
             if tx.connection is not None:
                 tx.connection.close()
         self.database.close()
-
-
-def _abandon(broker: EmbeddedBroker) -> None:
-    """Drop a broker (or one whose open was cut) as a killed process would: its threads stop
-    without a flush, snapshot or checkpoint; nothing is closed."""
-    if hasattr(broker, "_service"):
-        broker._closed.set()
-        broker._service.join()
-    store = getattr(broker, "store", None)
-    if store is not None and hasattr(store, "_background"):
-        store._stop.set()
-        store._background.join()
 
 
 #: How far the seeded driver moves the clock in one step (seconds).

@@ -36,6 +36,7 @@ from broker_embedded.store.losses import Loss
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import PROPERTY_MESSAGE_ID, StoredRecord
 from broker_embedded.store.repair import repair
+from tests.sim.crash import abandon
 from tests.sim.disk import Faults, PowerCut, SimulatedDisk
 
 #: The fault profiles a seed runs with.
@@ -189,7 +190,7 @@ class Simulation:
             except (PowerCut, OSError, BrokerError) as exc:
                 self.step(f"close: cut short ({type(exc).__name__}: {exc})")
             self.disk.crash_after(None)
-        _abandon(self.store)
+        abandon(self.store)
         self.store = None
         self.stop(power)
         self.open("power loss" if power else "process crash", power)
@@ -210,7 +211,7 @@ class Simulation:
             self.store.close()
         except (OSError, BrokerError) as exc:
             self.step(f"close: failed ({type(exc).__name__}: {exc})")
-            _abandon(self.store)
+            abandon(self.store)
             self.disk.process_crash()
         self.store = None
         self.open("clean restart")
@@ -218,7 +219,7 @@ class Simulation:
     def abandon(self) -> None:
         """Stop the open store, if any, as a killed process (the end of a schedule)."""
         if self.store is not None:
-            _abandon(self.store)
+            abandon(self.store)
             self.store = None
 
     def unprovable(self, damage: list[tuple[Path, int, int]]) -> None:
@@ -371,13 +372,6 @@ def _read_all(store: MessageStore, topic: str, queue_id: int) -> list[StoredReco
         records.extend(batch)
         offset = batch[-1].queue_offset + 1
     return records
-
-
-def _abandon(store: MessageStore) -> None:
-    """Drop a store as a killed process would: its background thread stops without a
-    flush or checkpoint, nothing is closed (the disk forgets the descriptors)."""
-    store._stop.set()
-    store._background.join()
 
 
 class _SeededSchedule:
