@@ -33,8 +33,9 @@ idempotent consumer absorbs it. Dead-lettered messages themselves are written du
 An ack, a dead-lettering (a call's or the last attempt's) or a ChangeInvisibleDuration
 whose event the store refuses (a full disk, an I/O error) changes nothing: the message
 stays in flight with the receipt and time its consumer holds (an acked or dead-lettered
-one also in a snapshot taken while the refused write was under way: ``_store``); a receive
-refused so spends no attempt and hides nothing (``_Gathering.undo``).
+one also in a snapshot taken while the refused write was under way: ``_store``), a FIFO
+group's head still ahead of the rest of its group (``QueueProgress.pending`` stays in
+queue order); a receive refused so spends no attempt and hides nothing (``_Gathering.undo``).
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ class QueueProgress:
 
     floor: int = 0
     next_offset: int = 0
+    #: The messages read and not done, in queue order (a message group's head is its first).
     pending: dict[int, Delivery] = field(default_factory=dict)
     done_above: set[int] = field(default_factory=set)
     attempts: dict[int, int] = field(default_factory=dict)
@@ -216,7 +218,16 @@ class QueueProgress:
             self.floor = offset
         else:
             self.done_above.discard(offset)
+        self._pend(offset, delivery)
+
+    def _pend(self, offset: int, delivery: Delivery) -> None:
+        """``delivery`` pending at ``offset`` (not pending yet), ``pending`` kept in queue
+        order: one read out of order, or put back, would otherwise let the next message of
+        its group go first. Only the messages above ``offset`` move (behind it)."""
+        above = list(itertools.takewhile(lambda later: later > offset, reversed(self.pending)))
         self.pending[offset] = delivery
+        for later in reversed(above):
+            self.pending[later] = self.pending.pop(later)
 
     def skip_to(self, offset: int) -> None:
         """Messages below ``offset`` are gone (retention deleted them): nothing to do there."""
@@ -247,7 +258,8 @@ class QueueProgress:
         if offset in self.pending:
             return
         read_ahead.keep(record)
-        delivery = self.pending[offset] = Delivery(record.without_body(), self.attempts.pop(offset, 0))
+        delivery = Delivery(record.without_body(), self.attempts.pop(offset, 0))
+        self._pend(offset, delivery)
         held = self.held.pop(offset, None)
         if held is not None:
             delivery.restore(held)
@@ -334,11 +346,11 @@ class _Gathering:
         return len(self.delivered) >= self.max_messages
 
 
-def _newest(pending: dict[int, Delivery], count: int) -> list[tuple[int, Delivery]]:
-    """The ``count`` messages taken last into ``pending``, in the order taken."""
-    newest = list(itertools.islice(reversed(pending.items()), count))
-    newest.reverse()
-    return newest
+def _from(pending: dict[int, Delivery], start: int) -> list[tuple[int, Delivery]]:
+    """The messages pending at ``start`` and above, in queue order (a tail of ``pending``)."""
+    tail = list(itertools.takewhile(lambda item: item[0] >= start, reversed(pending.items())))
+    tail.reverse()
+    return tail
 
 
 def _event(kind: str, group: str, topic: str, key: ProgressKey, d: Delivery, at_ms: int) -> Event:
@@ -548,6 +560,7 @@ class ConsumerGroups:
                 if gathering.full or not reading:
                     break
                 want = max(max_messages - len(gathering.delivered), READ_BATCH)
+                start = progress.next_offset
                 if filtered:
                     taken, stopped = self._top_up_filtered(key, progress, subscription, skipped, read_ahead, want)
                     gathering.unscanned |= stopped
@@ -556,7 +569,7 @@ class ConsumerGroups:
                 if not taken:
                     break
                 reading = not stopped
-                candidates = _newest(progress.pending, taken)
+                candidates = _from(progress.pending, start)
             if gathering.full:
                 break
         return gathering

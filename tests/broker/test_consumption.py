@@ -288,3 +288,21 @@ def test_a_fifo_group_behind_a_long_busy_group_is_delivered_in_the_same_receive(
     broker.send(Message("fifo", b"b0", message_group="bob"))
     assert [r.message.body for r in broker.receive("g", "fifo", max_messages=1)] == [b"a0"]
     assert [r.message.body for r in broker.receive("g", "fifo", max_messages=1)] == [b"b0"]
+
+
+def test_a_message_read_ahead_of_its_queue_for_a_receipt_from_before_a_restart_hides_none_behind_it(
+        broker_factory) -> None:
+    """A receipt from before a restart reads its message out of queue order (no receive
+    has read the queue yet); the messages below it, read by the next receive, are delivered
+    by that receive."""
+    broker = broker_factory()
+    broker.create_topic("orders", queues=1)
+    for body in (b"m0", b"m1"):
+        broker.send(Message("orders", body))
+    m0, m1 = broker.receive("g", "orders", max_messages=2, invisible_duration_s=0.5, wait_s=2)
+    broker.close()
+    broker = broker_factory()
+    broker.change_invisible_duration("g", m1.receipt_handle, 60.0)
+    time.sleep(0.6)  # m0's invisible time is over
+    [again] = broker.receive("g", "orders", max_messages=2, invisible_duration_s=30.0, wait_s=0)
+    assert (again.message.body, again.delivery_attempt) == (b"m0", 2)

@@ -207,3 +207,22 @@ def test_a_receive_refused_for_a_full_disk_spends_no_attempt_and_hides_nothing(s
     [message] = sim.broker.receive(GROUP, TOPIC, invisible_duration_s=5.0)  # at once: not invisible
     assert message.delivery_attempt == 1
     assert _dlq(sim.broker) == []
+
+
+@pytest.mark.parametrize("settle", ["ack", "dead_letter"])
+def test_a_fifo_message_whose_settlement_was_refused_still_holds_back_the_next_of_its_group(
+        sim: Broker, settle: str) -> None:
+    """Messages of one message group go one at a time, in order: a refused settlement puts
+    the first back in flight, ahead of the second (it was put back behind it, so the next
+    receive gave the second while the first was still held)."""
+    for body in (b"first", b"second"):
+        sim.broker.send(Message(TOPIC, body, message_group="alice"))
+    [first] = sim.broker.receive(GROUP, TOPIC, max_messages=2, invisible_duration_s=30.0)
+    assert first.message.body == b"first"
+    assert sim.broker.receive(GROUP, TOPIC, max_messages=2, invisible_duration_s=30.0) == []
+    settling = getattr(sim.broker, settle)
+    sim.refused_on_a_full_disk(lambda: settling(GROUP, first.receipt_handle))
+    assert sim.broker.receive(GROUP, TOPIC, max_messages=2, invisible_duration_s=30.0) == []
+    settling(GROUP, first.receipt_handle)
+    [second] = sim.broker.receive(GROUP, TOPIC, max_messages=2, invisible_duration_s=30.0)
+    assert second.message.body == b"second"
