@@ -224,7 +224,8 @@ class QueueProgress:
         """``delivery`` pending at ``offset`` (not pending yet), ``pending`` kept in queue
         order: one read out of order, or put back, would otherwise let the next message of
         its group go first. Only the messages above ``offset`` move (behind it)."""
-        above = list(itertools.takewhile(lambda later: later > offset, reversed(self.pending)))
+        behind = bool(self.pending) and offset < next(reversed(self.pending))
+        above = list(itertools.takewhile(lambda later: later > offset, reversed(self.pending))) if behind else []
         self.pending[offset] = delivery
         for later in reversed(above):
             self.pending[later] = self.pending.pop(later)
