@@ -218,6 +218,9 @@ TX_MUTATIONS: list[tuple[str, str, str, str]] = [
     ("a message delivered once more than max_delivery_attempts", "broker_embedded/broker/consumption.py",
      "            if delivery.attempt >= self.max_delivery_attempts:\n",
      "            if delivery.attempt > self.max_delivery_attempts:\n"),
+    ("a FIFO message put back after a refused settlement behind the next of its group",
+     "broker_embedded/broker/consumption.py",
+     "        for later in reversed(above):\n", "        for later in ():\n"),
 ]
 
 

@@ -29,7 +29,8 @@ one after, before or after they are due); which follows from their numbers, not 
 schedule's random draws. In the ``CONSUMING`` profile the consumer group keeps receipts past
 its receives and settles them at later steps: a late ack, a dead-lettering, or a
 ChangeInvisibleDuration (keeping the receipt or not); messages left alone run out of their
-three attempts into the group's DLQ.
+three attempts into the group's DLQ. The ``FIFO`` profile is ``CONSUMING`` with the half
+messages in message groups.
 
 After every recovery the checker holds the broker to a reference model:
 
@@ -52,6 +53,10 @@ After every recovery the checker holds the broker to a reference model:
   delivery before a change's invisible time ended, none once a dead-lettering returned,
   none past the last attempt; the group's DLQ holds every message whose dead-lettering
   returned, each once, and none whose ack returned;
+* (``FIFO``) every group gets a message group's messages one at a time: the schedule's
+  group never receives a message while an earlier one of its message group in its queue
+  is not done for it (acked, dead-lettered, or in its DLQ; an ack the broker refused
+  leaves it in flight);
 * a delayed message is never delivered before it is due; a fresh group reads it at most
   once, and once a run of the timers at or after its due time has returned, exactly once;
 * a delayed half message is never delivered before its transaction's first END or check
@@ -97,6 +102,7 @@ from broker_embedded.message import (
     DELAY_LEVELS_S,
     CheckRequest,
     Message,
+    ReceivedMessage,
     Resolution,
     TransactionState,
 )
@@ -115,6 +121,7 @@ PROFILES: dict[str, Faults] = {
     "clock": Faults(),
     "delays": Faults(),
     "consume": Faults(write_error=0.02, fsync_error=0.02),
+    "fifo": Faults(write_error=0.02, fsync_error=0.02),
 }
 #: Profiles whose clients also send delayed messages, whose clock also jumps by up to hours
 #: and whose broker runs retention (``RETENTION_HOURS``; the others keep it off, so their
@@ -126,7 +133,11 @@ DELAYS = frozenset({"delays"})
 #: Profiles whose consumer group also keeps messages past their receive: acks them later
 #: (maybe too late), changes their invisible time (keeping the receipt or not), dead-letters
 #: them, or lets them come back until the DLQ takes them; with ``CONSUMING_ATTEMPTS`` and ``CONSUMING_BACKOFF_S``.
-CONSUMING = frozenset({"consume"})
+CONSUMING = frozenset({"consume", "fifo"})
+#: Profiles whose half messages belong to ``FIFO_GROUPS`` message groups (by their number),
+#: so every consumer group gets each message group's messages one at a time, in queue order.
+FIFO = frozenset({"fifo"})
+FIFO_GROUPS = 3
 #: Their broker's retries: a message goes to the DLQ after its third delivery, and comes
 #: back a second or four after its invisible time.
 CONSUMING_ATTEMPTS = 3
@@ -303,7 +314,7 @@ class TxSimulation:
     inside a recovery); the steps' arguments are the driver's."""
 
     def __init__(self, rng: random.Random, disk: SimulatedDisk, timed: bool = False, delays: bool = False,
-                 consuming: bool = False) -> None:
+                 consuming: bool = False, fifo: bool = False) -> None:
         self.rng = rng
         self.disk = disk
         self.clock = SimClock()
@@ -355,6 +366,18 @@ class TxSimulation:
         self.worker_dead: set[str] = set()
         #: Messages an ack that failed or was cut may have settled.
         self.worker_maybe_acked: set[str] = set()
+        #: Half messages in message groups (the ``FIFO`` profiles); the broker's opens so
+        #: far; per message, its queue and offset once a delivery told them; the messages of
+        #: each message group whose place is known; the messages whose ack failed (not cut)
+        #: in which open: the broker refused it, so it stays in flight until a restart.
+        self.fifo = fifo
+        self.opens = 0
+        self.places: dict[str, tuple[int, int]] = {}
+        self.placed: dict[str, set[str]] = {}
+        self.refused_acks: dict[str, int] = {}
+        #: How many deliveries to the schedule's group came after an earlier message of
+        #: their message group in their queue (what the FIFO check had to look at).
+        self.fifo_followers = 0
         self.broker: EmbeddedBroker | None = None
 
     def step(self, text: str) -> None:
@@ -379,7 +402,8 @@ class TxSimulation:
         self.tx_of[number] = tx
         tx.maybe[number] = size
         level = _half_delay_level(number) if self.delays else 0
-        message = Message(TOPIC, body_of(number, size), message_id=f"m{number}", delay_level=level)
+        message = Message(TOPIC, body_of(number, size), message_id=f"m{number}", delay_level=level,
+                          message_group=_message_group(number) if self.fifo else None)
         what = f"{tx.transaction_id}: half m{number} ({size} bytes)"
         if level:
             tx.delays[number] = DELAY_LEVELS_S[level - 1] * 1000
@@ -614,12 +638,15 @@ class TxSimulation:
             self._delivered(message.message.message_id, message.transaction_id, f"{WORKERS} received")
             self._delivered_to_workers(message.message.message_id, message.delivery_attempt)
             self.worker_receipts[message.message.message_id] = (message.receipt_handle, expires)
+        self._in_fifo_order(received)
         if received and ack:
             handles = [m.receipt_handle for m in received]
+            opens = self.opens
             outcomes = self.attempt(f"{WORKERS}: ack {len(handles)}", lambda: broker.ack_many(WORKERS, handles), None)
             for message in received:
                 self.worker_receipts.pop(message.message.message_id, None)
                 self.worker_maybe_acked.add(message.message.message_id)
+                self._refused_ack(message.message.message_id, outcomes, opens)
             if isinstance(outcomes, list):  # else the call failed or was cut: the acks may not be kept
                 for message, outcome in zip(received, outcomes, strict=True):
                     if outcome is not None:
@@ -642,8 +669,10 @@ class TxSimulation:
         verb, _, how = action.partition(" ")
         if verb == "ack":
             self.worker_maybe_acked.add(message_id)
+            opens = self.opens
             outcome = self.attempt(f"{WORKERS}: late ack of {message_id}", lambda: broker.ack(WORKERS, handle),
                                    crash_at)
+            self._refused_ack(message_id, outcome, opens)
         elif verb == "dead-letter":
             outcome = self.attempt(f"{WORKERS}: dead-letter {message_id}", lambda: broker.dead_letter(WORKERS, handle),
                                    crash_at)
@@ -678,8 +707,9 @@ class TxSimulation:
 
     def drain_workers(self) -> None:
         """The end of a ``CONSUMING`` schedule: an hour later (every invisible time and
-        back-off over), the consumer group receives until nothing comes, acking all (after a
-        clean restart if the broker refuses writes since an fsync failed). Every message of a
+        back-off over), the consumer group receives until nothing comes, acking all (on after a
+        clean restart if the broker refuses writes since an fsync, or the undo of a failed
+        append, failed). Every message of a
         committed transaction must then have been received, or be in the group's DLQ, or
         have had an ack (maybe cut) sent: nothing is stuck between them, not even after a
         settling call that failed."""
@@ -687,27 +717,77 @@ class TxSimulation:
         self.disk.faults_on = False
         broker = self.broker
         assert broker is not None
+        drained: set[str] = set()
         try:
             broker.flush()
-        except BrokerClosedError:
+            self._drain_into(broker, drained)
+        except BrokerClosedError:  # it refuses writes since an fsync, or the undo of an append, failed
             self.restart()
             self.disk.faults_on = False
             broker = self.broker
             assert broker is not None
-        drained: set[str] = set()
+            self._drain_into(broker, drained)
+        settled = drained | set(self._dead_letters()) | self.worker_maybe_acked
+        stuck = sorted(f"m{number}" for tx in self.txs.values() if tx.decided is TransactionState.COMMITTED
+                       for number in tx.halves if self.due_and_kept(tx, number) and f"m{number}" not in settled)
+        if stuck:
+            self.fail(f"{WORKERS} never gets {stuck} again, nor does its DLQ hold them, though no ack of them was sent")
+        followers = f"; {self.fifo_followers} deliveries after an earlier message of their group" if self.fifo else ""
+        self.step(f"{WORKERS}: drained {sorted(drained)}{followers}")
+
+    def _drain_into(self, broker: EmbeddedBroker, drained: set[str]) -> None:
+        """Receive as the schedule's consumer group until nothing comes, acking all; what it
+        got into ``drained``."""
         while received := broker.receive(WORKERS, TOPIC, max_messages=64, invisible_duration_s=3600.0):
             for message in received:
                 message_id = message.message.message_id
                 self._delivered(message_id, message.transaction_id, f"{WORKERS} drained")
                 self._delivered_to_workers(message_id, message.delivery_attempt)
                 drained.add(message_id)
-            broker.ack_many(WORKERS, [message.receipt_handle for message in received])
-        settled = drained | set(self._dead_letters()) | self.worker_maybe_acked
-        stuck = sorted(f"m{number}" for tx in self.txs.values() if tx.decided is TransactionState.COMMITTED
-                       for number in tx.halves if self.due_and_kept(tx, number) and f"m{number}" not in settled)
-        if stuck:
-            self.fail(f"{WORKERS} never gets {stuck} again, nor does its DLQ hold them, though no ack of them was sent")
-        self.step(f"{WORKERS}: drained {sorted(drained)}")
+            self._in_fifo_order(received)
+            outcomes = broker.ack_many(WORKERS, [message.receipt_handle for message in received])
+            self.worker_acked.update(message.message.message_id
+                                     for message, outcome in zip(received, outcomes, strict=True) if outcome is None)
+
+    def _refused_ack(self, message_id: str, outcome: object, opens: int) -> None:
+        """An ack of ``message_id`` made in open ``opens`` failed without a crash since:
+        the broker refused it, and keeps the message in flight until a restart."""
+        if isinstance(outcome, OSError | BrokerError) and not isinstance(outcome, UnknownReceiptError) \
+                and self.opens == opens:
+            self.refused_acks[message_id] = opens
+
+    def _in_fifo_order(self, received: list[ReceivedMessage]) -> None:
+        """(``FIFO``) Hold the messages a receive of the schedule's consumer group gave to
+        their message groups' order: every message of the group earlier in its queue (as
+        far as the model knows their places) is done for the group: its ack or
+        dead-lettering returned, an ack that may have been applied was sent (none the
+        broker refused since it last opened), or it is in the group's DLQ."""
+        if not self.fifo:
+            return
+        self._place(received)
+        dead: set[str] | None = None
+        for message in received:
+            message_id = message.message.message_id
+            queue, offset = self.places[message_id]
+            earlier = [other for other in sorted(self.placed[_message_group(int(message_id[1:]))])
+                       if self.places[other][0] == queue and self.places[other][1] < offset]
+            self.fifo_followers += bool(earlier)
+            for other in earlier:
+                if other in self.worker_acked or other in self.worker_dead or (
+                        other in self.worker_maybe_acked and self.refused_acks.get(other) != self.opens):
+                    continue
+                dead = set(self._dead_letters()) if dead is None else dead
+                if other not in dead:
+                    self.fail(f"{WORKERS} received {message_id} of message group "
+                              f"{_message_group(int(message_id[1:]))} while {other}, earlier in its queue, "
+                              "was not done for it")
+
+    def _place(self, received: list[ReceivedMessage]) -> None:
+        """Learn the queue and offset of each message ``received`` (``FIFO``)."""
+        for message in received:
+            message_id = message.message.message_id
+            self.places[message_id] = (message.queue_id, message.queue_offset)
+            self.placed.setdefault(_message_group(int(message_id[1:])), set()).add(message_id)
 
     def _dead_letters(self) -> list[str]:
         """The message ids in the consumer group's DLQ, in order."""
@@ -846,6 +926,7 @@ class TxSimulation:
         """Open the broker and check it (both without injected faults); False when the
         armed crash fell inside the open."""
         self.disk.faults_on = False
+        self.opens += 1
         broker = EmbeddedBroker.__new__(EmbeddedBroker)
         self.disk.crash_after(crash_at)
         try:
@@ -898,6 +979,9 @@ class TxSimulation:
                 seen[number] = seen.get(number, 0) + 1
                 if message.message.body != body_of(number, size):
                     self.fail(f"{group} read m{number} with a damaged body")
+            if self.fifo:  # a message group's next message comes once its head is acked
+                self._place(received)
+                broker.ack_many(group, [message.receipt_handle for message in received])
         twice = sorted(number for number, count in seen.items() if count > 1)
         if twice:
             self.fail(f"after a {cause} a fresh group reads {[f'm{n}' for n in twice]} more than once")
@@ -979,6 +1063,11 @@ def _half_delay_level(number: int) -> int:
     return LEVELS[digest // 3 % len(LEVELS)] if digest % 3 == 0 else 0
 
 
+def _message_group(number: int) -> str:
+    """The message group of half message ``m{number}`` in the ``FIFO`` profiles."""
+    return f"g{number % FIFO_GROUPS}"
+
+
 def _recall_in(number: int) -> int:
     """In how many moves of the clock a client recalls delayed ``m{number}`` (a third of
     them, at the next move or the one after; 0: never), from its number."""
@@ -994,7 +1083,7 @@ class _SeededSchedule:
         disk = SimulatedDisk(random.Random(self.rng.getrandbits(64)), PROFILES[profile])
         self.timed = profile in TIMED
         self.consuming = profile in CONSUMING
-        self.simulation = TxSimulation(self.rng, disk, self.timed, profile in DELAYS, self.consuming)
+        self.simulation = TxSimulation(self.rng, disk, self.timed, profile in DELAYS, self.consuming, profile in FIFO)
 
     def run(self, steps: int) -> None:
         sim, rng = self.simulation, self.rng
