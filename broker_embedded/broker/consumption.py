@@ -354,6 +354,13 @@ def _from(pending: dict[int, Delivery], start: int) -> list[tuple[int, Delivery]
     return tail
 
 
+def _taken(pending: dict[int, Delivery], start: int, ahead: set[int]) -> list[tuple[int, Delivery]]:
+    """The messages a top-up reading from ``start`` took into ``pending``, in queue order:
+    those at ``start`` and above but the ones pending there before it (``ahead``: read
+    ahead for a receipt from before a restart, and picked from already)."""
+    return [item for item in _from(pending, start) if item[0] not in ahead]
+
+
 def _event(kind: str, group: str, topic: str, key: ProgressKey, d: Delivery, at_ms: int) -> Event:
     """The event ``kind`` of delivery ``d`` at ``at_ms`` (epoch ms); a delivery's with its receipt and times."""
     message_id = d.record.properties.get(PROPERTY_MESSAGE_ID, "")
@@ -562,6 +569,7 @@ class ConsumerGroups:
                     break
                 want = max(max_messages - len(gathering.delivered), READ_BATCH)
                 start = progress.next_offset
+                ahead = {offset for offset, _ in _from(progress.pending, start)}
                 if filtered:
                     taken, stopped = self._top_up_filtered(key, progress, subscription, skipped, read_ahead, want)
                     gathering.unscanned |= stopped
@@ -570,7 +578,7 @@ class ConsumerGroups:
                 if not taken:
                     break
                 reading = not stopped
-                candidates = _from(progress.pending, start)
+                candidates = _taken(progress.pending, start, ahead)
             if gathering.full:
                 break
         return gathering

@@ -306,3 +306,20 @@ def test_a_message_read_ahead_of_its_queue_for_a_receipt_from_before_a_restart_h
     time.sleep(0.6)  # m0's invisible time is over
     [again] = broker.receive("g", "orders", max_messages=2, invisible_duration_s=30.0, wait_s=0)
     assert (again.message.body, again.delivery_attempt) == (b"m0", 2)
+
+
+def test_a_receive_gives_a_message_read_ahead_for_an_old_receipt_once(broker_factory) -> None:
+    """A message read ahead of its queue for a receipt from before a restart is picked
+    from before the receive reads the queue on, and not again after (with no invisible
+    time left and no back-off, it would go out twice in one answer)."""
+    broker = broker_factory(retry_backoff_s=(0.0,))
+    broker.create_topic("orders", queues=1)
+    for body in (b"m0", b"m1"):
+        broker.send(Message("orders", body))
+    m0, m1 = broker.receive("g", "orders", max_messages=2, invisible_duration_s=0.5, wait_s=2)
+    broker.close()
+    broker = broker_factory(retry_backoff_s=(0.0,))
+    broker.change_invisible_duration("g", m1.receipt_handle, 0.0001)  # visible again at once
+    time.sleep(0.6)  # m0's invisible time is over
+    received = broker.receive("g", "orders", max_messages=4, invisible_duration_s=0.0001, wait_s=0)
+    assert sorted(r.message.body for r in received) == [b"m0", b"m1"]
