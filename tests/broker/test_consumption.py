@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from broker_embedded import Message, Resolution
+from broker_embedded import EmbeddedBroker, Message, ReceivedMessage, Resolution
 from broker_embedded.errors import BrokerClosedError, InvalidMessageError, UnknownReceiptError
 
 from .conftest import eventually
@@ -290,18 +290,24 @@ def test_a_fifo_group_behind_a_long_busy_group_is_delivered_in_the_same_receive(
     assert [r.message.body for r in broker.receive("g", "fifo", max_messages=1)] == [b"b0"]
 
 
+def _two_received_before_a_restart(broker_factory, **config: object) -> tuple[EmbeddedBroker, ReceivedMessage]:
+    """m0 and m1 sent to a one-queue topic, both received (invisible 0.5 s), the broker
+    restarted: the new broker and m1 as received (its receipt from before the restart)."""
+    broker = broker_factory(**config)
+    broker.create_topic("orders", queues=1)
+    for body in (b"m0", b"m1"):
+        broker.send(Message("orders", body))
+    _, m1 = broker.receive("g", "orders", max_messages=2, invisible_duration_s=0.5, wait_s=2)
+    broker.close()
+    return broker_factory(**config), m1
+
+
 def test_a_message_read_ahead_of_its_queue_for_a_receipt_from_before_a_restart_hides_none_behind_it(
         broker_factory) -> None:
     """A receipt from before a restart reads its message out of queue order (no receive
     has read the queue yet); the messages below it, read by the next receive, are delivered
     by that receive."""
-    broker = broker_factory()
-    broker.create_topic("orders", queues=1)
-    for body in (b"m0", b"m1"):
-        broker.send(Message("orders", body))
-    m0, m1 = broker.receive("g", "orders", max_messages=2, invisible_duration_s=0.5, wait_s=2)
-    broker.close()
-    broker = broker_factory()
+    broker, m1 = _two_received_before_a_restart(broker_factory)
     broker.change_invisible_duration("g", m1.receipt_handle, 60.0)
     time.sleep(0.6)  # m0's invisible time is over
     [again] = broker.receive("g", "orders", max_messages=2, invisible_duration_s=30.0, wait_s=0)
@@ -312,13 +318,7 @@ def test_a_receive_gives_a_message_read_ahead_for_an_old_receipt_once(broker_fac
     """A message read ahead of its queue for a receipt from before a restart is picked
     from before the receive reads the queue on, and not again after (with no invisible
     time left and no back-off, it would go out twice in one answer)."""
-    broker = broker_factory(retry_backoff_s=(0.0,))
-    broker.create_topic("orders", queues=1)
-    for body in (b"m0", b"m1"):
-        broker.send(Message("orders", body))
-    m0, m1 = broker.receive("g", "orders", max_messages=2, invisible_duration_s=0.5, wait_s=2)
-    broker.close()
-    broker = broker_factory(retry_backoff_s=(0.0,))
+    broker, m1 = _two_received_before_a_restart(broker_factory, retry_backoff_s=(0.0,))
     broker.change_invisible_duration("g", m1.receipt_handle, 0.0001)  # visible again at once
     time.sleep(0.6)  # m0's invisible time is over
     received = broker.receive("g", "orders", max_messages=4, invisible_duration_s=0.0001, wait_s=0)

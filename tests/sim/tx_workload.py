@@ -707,9 +707,9 @@ class TxSimulation:
 
     def drain_workers(self) -> None:
         """The end of a ``CONSUMING`` schedule: an hour later (every invisible time and
-        back-off over), the consumer group receives until nothing comes, acking all (on after a
-        clean restart if the broker refuses writes since an fsync, or the undo of a failed
-        append, failed). Every message of a
+        back-off over), the consumer group receives until nothing comes, acking all (going on
+        after a clean restart if the broker refuses writes since an fsync, or the undo of a
+        failed append, failed). Every message of a
         committed transaction must then have been received, or be in the group's DLQ, or
         have had an ack (maybe cut) sent: nothing is stuck between them, not even after a
         settling call that failed."""
@@ -768,8 +768,9 @@ class TxSimulation:
         dead: set[str] | None = None
         for message in received:
             message_id = message.message.message_id
+            message_group = _message_group(int(message_id[1:]))
             queue, offset = self.places[message_id]
-            earlier = [other for other in sorted(self.placed[_message_group(int(message_id[1:]))])
+            earlier = [other for other in sorted(self.placed[message_group])
                        if self.places[other][0] == queue and self.places[other][1] < offset]
             self.fifo_followers += bool(earlier)
             for other in earlier:
@@ -778,9 +779,8 @@ class TxSimulation:
                     continue
                 dead = set(self._dead_letters()) if dead is None else dead
                 if other not in dead:
-                    self.fail(f"{WORKERS} received {message_id} of message group "
-                              f"{_message_group(int(message_id[1:]))} while {other}, earlier in its queue, "
-                              "was not done for it")
+                    self.fail(f"{WORKERS} received {message_id} of message group {message_group} while {other}, "
+                              "earlier in its queue, was not done for it")
 
     def _place(self, received: list[ReceivedMessage]) -> None:
         """Learn the queue and offset of each message ``received`` (``FIFO``)."""
