@@ -122,13 +122,14 @@ MAX_DURATION_S = 86_400.0
 
 
 def duration_ms(name: str, seconds: float, zero_allowed: bool = False) -> int:
-    """``seconds`` in milliseconds; ``InvalidMessageError`` unless it is a finite number in
-    (0, ``MAX_DURATION_S``] (``[0, ...]`` when ``zero_allowed``)."""
+    """``seconds`` in whole milliseconds, at least 1 unless it is 0 (a positive duration
+    under a millisecond is not "at once"); ``InvalidMessageError`` unless it is a finite
+    number in (0, ``MAX_DURATION_S``] (``[0, ...]`` when ``zero_allowed``)."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
             or not (0 <= seconds if zero_allowed else 0 < seconds) or seconds > MAX_DURATION_S:
         low = "[0" if zero_allowed else "(0"
         raise InvalidMessageError(f"{name} must be a number of seconds in {low}, {MAX_DURATION_S:g}], not {seconds!r}")
-    return int(seconds * 1000)
+    return max(int(seconds * 1000), 1) if seconds else 0
 
 
 def validate_receive(max_messages: int, invisible_duration_s: float, wait_s: float) -> int:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
 from broker_embedded import EmbeddedBroker, Message, ReceivedMessage, Resolution
 from broker_embedded.errors import BrokerClosedError, InvalidMessageError, UnknownReceiptError
 
-from .conftest import eventually
+from ..sim.clock import SimClock
+from .conftest import FAST, eventually
 
 
 def test_each_group_gets_every_message_once_when_it_acks(broker_factory) -> None:
@@ -290,9 +292,11 @@ def test_a_fifo_group_behind_a_long_busy_group_is_delivered_in_the_same_receive(
     assert [r.message.body for r in broker.receive("g", "fifo", max_messages=1)] == [b"b0"]
 
 
-def _two_received_before_a_restart(broker_factory, **config: object) -> tuple[EmbeddedBroker, ReceivedMessage]:
-    """m0 and m1 sent to a one-queue topic, both received (invisible 0.5 s), the broker
-    restarted: the new broker and m1 as received (its receipt from before the restart)."""
+def _two_received_before_a_restart(broker_factory, clock: SimClock, **config: object) \
+        -> tuple[EmbeddedBroker, ReceivedMessage]:
+    """m0 and m1 sent to a one-queue topic, both received (invisible 0.5 s on ``clock``), the
+    broker restarted: the new broker and m1 as received (its receipt from before the restart)."""
+    config["store"] = replace(FAST.store, clock=clock)
     broker = broker_factory(**config)
     broker.create_topic("orders", queues=1)
     for body in (b"m0", b"m1"):
@@ -307,19 +311,35 @@ def test_a_message_read_ahead_of_its_queue_for_a_receipt_from_before_a_restart_h
     """A receipt from before a restart reads its message out of queue order (no receive
     has read the queue yet); the messages below it, read by the next receive, are delivered
     by that receive."""
-    broker, m1 = _two_received_before_a_restart(broker_factory)
+    clock = SimClock()
+    broker, m1 = _two_received_before_a_restart(broker_factory, clock)
     broker.change_invisible_duration("g", m1.receipt_handle, 60.0)
-    time.sleep(0.6)  # m0's invisible time is over
+    clock.advance(0.6)  # m0's invisible time is over
     [again] = broker.receive("g", "orders", max_messages=2, invisible_duration_s=30.0, wait_s=0)
     assert (again.message.body, again.delivery_attempt) == (b"m0", 2)
 
 
 def test_a_receive_gives_a_message_read_ahead_for_an_old_receipt_once(broker_factory) -> None:
     """A message read ahead of its queue for a receipt from before a restart is picked
-    from before the receive reads the queue on, and not again after (with no invisible
-    time left and no back-off, it would go out twice in one answer)."""
-    broker, m1 = _two_received_before_a_restart(broker_factory, retry_backoff_s=(0.0,))
-    broker.change_invisible_duration("g", m1.receipt_handle, 0.0001)  # visible again at once
-    time.sleep(0.6)  # m0's invisible time is over
-    received = broker.receive("g", "orders", max_messages=4, invisible_duration_s=0.0001, wait_s=0)
+    from before the receive reads the queue on, and not again after."""
+    clock = SimClock()
+    broker, m1 = _two_received_before_a_restart(broker_factory, clock, retry_backoff_s=(0.0,))
+    broker.change_invisible_duration("g", m1.receipt_handle, 0.001)
+    clock.advance(0.6)  # both invisible times are over
+    received = broker.receive("g", "orders", max_messages=4, invisible_duration_s=0.001, wait_s=0)
     assert sorted(r.message.body for r in received) == [b"m0", b"m1"]
+
+
+def test_a_positive_invisible_duration_under_a_millisecond_is_one_not_none(broker_factory) -> None:
+    """The range checked is (0, MAX]: 0.4 ms hides a message for a millisecond, not for no
+    time at all (it would come back to the very next receive)."""
+    clock = SimClock()
+    broker = broker_factory(store=replace(FAST.store, clock=clock))
+    broker.send(Message("orders", b"m"))
+    [first] = broker.receive("g", "orders", invisible_duration_s=0.0004, wait_s=2)
+    assert broker.receive("g", "orders", wait_s=0) == []
+    broker.change_invisible_duration("g", first.receipt_handle, 0.0004)
+    assert broker.receive("g", "orders", wait_s=0) == []
+    clock.advance(0.001)
+    [again] = broker.receive("g", "orders", wait_s=0)
+    assert (again.message.body, again.delivery_attempt) == (b"m", 2)
