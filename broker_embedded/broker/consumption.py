@@ -19,7 +19,7 @@ retry queue is not filtered (as RocketMQ subscribes it ``*``).
 
 Durability: every delivery, ack and dead-lettering is an event record in
 ``RMQ_SYS_CONSUMER_STATE``; replaying them on start restores floors, done sets, attempt
-counts and delivery statistics. A delivery event carries its receipt and its invisible
+counts and the receipts of messages in flight. A delivery event carries its receipt and its invisible
 time (so does a ChangeInvisibleDuration, stored as a delivery of the same attempt), so a
 message in flight at a restart stays invisible until its time and the receipt its consumer
 holds still acks it, as RocketMQ's pop checkpoints keep them. Those times are wall-clock
