@@ -15,6 +15,7 @@ Data directory layout::
                               ``commitlog_min``, ``commitlog_flushed``,
                               ``consumequeue_dispatched``, ``index_dispatched``,
                               ``last_store_ms``, ``written_ms``
+    scrub.json                where the scrub's pass resumes after a restart (``scrub.py``)
 
 Writes: ``put``/``put_batch`` encode, then append under the write lock with one ``pwrite``
 per segment touched (all or nothing: a full disk rolls the batch back). The record given

@@ -6,7 +6,10 @@ re-reads the commit log, every segment from the oldest to the end of the durable
 and verifies each record's CRC, as ``fsck`` does, but in a running broker:
 
 * **when**: a pass starts as the store opens and again ``scrub_interval_s`` after the last
-  one ended (``StoreConfig``; ``scrub_bytes_per_s=0`` runs no scrub thread);
+  one ended (``StoreConfig``; ``scrub_bytes_per_s=0`` runs no scrub thread); a pass a stop
+  or a crash interrupted resumes after the restart at the first segment it had not finished
+  (``STATE_FILE``), so a broker restarted more often than a pass takes still has its newest
+  segments checked;
 * **cost**: its own read-only descriptors and ``pread`` in chunks of ``CHUNK`` bytes (a
   record or filler bigger than that in one read of its size), throttled to
   ``scrub_bytes_per_s``; it takes no store lock while it reads, so writers never wait for it,
@@ -28,6 +31,7 @@ below the checkpoint passes through ``record_gap`` too (``found_by="recovery"``)
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from . import codec
 from .commitlog import Gap, Segment, damage_kind
+from .files import write_atomically
 from .filesystem import read_salvaging
 from .index import salvaged_id
 from .losses import FoundBy, Loss
@@ -51,6 +56,10 @@ log = logging.getLogger(__name__)
 CHUNK = 1024 * 1024
 #: A progress line at INFO after every this many bytes checked (besides a pass's start and end).
 PROGRESS_BYTES = 256 * 1024 * 1024
+#: In the store's directory while a background pass is under way: ``{"resume_at": offset}``,
+#: the commit log offset up to which it has checked whole segments (rewritten atomically
+#: after each one); removed when the pass ends.
+STATE_FILE = "scrub.json"
 
 
 class _Stopped(Exception):
@@ -208,28 +217,37 @@ class Scrub:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        resume_at = self._resume_at()
         while not self._stop.is_set():
             try:
-                self.run_pass()
+                self._pass(resume_at, saved=True)
             except _Stopped:
                 return
             except Exception:
                 log.exception("the scrub pass failed")
+            resume_at = 0
             if self._stop.wait(self.store.config.scrub_interval_s):
                 return
 
     def run_pass(self) -> list[Loss]:
         """Verify every record of the commit log up to the durable end; record each damaged
         range not in the ledger yet and return those losses."""
+        return self._pass(0, saved=False)
+
+    def _pass(self, resume_at: int, saved: bool) -> list[Loss]:
+        """``run_pass`` from the first segment not wholly below ``resume_at``; ``saved``: its
+        progress kept in ``STATE_FILE`` (the background passes)."""
         throttle = _Throttle(self.store.config.scrub_bytes_per_s, self._stop)
         end = self.store.dispatched_end
-        segments = [s for s in list(self.store.commitlog.segments) if s.base_offset < end]
+        segments = [s for s in list(self.store.commitlog.segments)
+                    if s.base_offset < end and min(s.end_offset, end) > resume_at]
         total = sum(min(s.end_offset, end) - s.base_offset for s in segments)
         started, checked, records = time.monotonic(), 0, 0
         reported = PROGRESS_BYTES
         found: list[Loss] = []
-        log.info("scrub: checking %d commit log segments (%.1f MiB) from offset %d", len(segments),
-                 total / 2**20, segments[0].base_offset if segments else end)
+        log.info("scrub: checking %d commit log segments (%.1f MiB) from offset %d%s", len(segments),
+                 total / 2**20, segments[0].base_offset if segments else end,
+                 ", resuming the pass a restart interrupted" if resume_at else "")
         try:
             for segment in segments:
                 if segment.base_offset < self.store.commitlog.min_offset:
@@ -248,6 +266,8 @@ class Scrub:
                     reader.close()
                     checked += reader.read_bytes
                     self.stats.checked_bytes += reader.read_bytes
+                if saved:
+                    self._save(min(segment.end_offset, end))
                 if checked >= reported:
                     log.info("scrub: %.1f of %.1f MiB checked, %d records, %d damaged ranges so far",
                              checked / 2**20, total / 2**20, records, len(found))
@@ -256,12 +276,42 @@ class Scrub:
             self.stats.error = f"the scrub could not read the commit log: {exc}"
             log.error("%s", self.stats.error)
             return found
+        if saved:
+            self._save(None)
         self.stats.passes += 1
         self.stats.last_pass_end = time.time()
         self.stats.error = None
         log.info("scrub: pass done in %.1f s: %.1f MiB, %d records, %d new damaged ranges",
                  time.monotonic() - started, checked / 2**20, records, len(found))
         return found
+
+    def _resume_at(self) -> int:
+        """Where the background pass a restart interrupted resumes (``STATE_FILE``); 0, from
+        the oldest segment, when none was under way or the file cannot be read."""
+        path, fs = self.store.data_dir / STATE_FILE, self.store.fs
+        try:
+            if not fs.exists(path):
+                return 0
+            resume_at = json.loads(fs.read_bytes(path))["resume_at"]
+            if isinstance(resume_at, bool) or not isinstance(resume_at, int) or resume_at < 0:
+                raise ValueError(f"resume_at {resume_at!r} is not a commit log offset")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("scrub: %s is unreadable (%s); the pass starts from the oldest segment", path, exc)
+            return 0
+        return resume_at
+
+    def _save(self, resume_at: int | None) -> None:
+        """Keep where the background pass resumes after a restart (None: the pass ended).
+        Best effort: a failed write only means a restart checks some segments again."""
+        path, fs = self.store.data_dir / STATE_FILE, self.store.fs
+        try:
+            if resume_at is None:
+                fs.unlink(path, missing_ok=True)
+            else:
+                write_atomically(path, json.dumps({"resume_at": resume_at}).encode(), fs)
+        except OSError as exc:
+            log.warning("scrub: could not record its progress in %s (%s); a restart checks those segments again",
+                        path, exc)
 
     def damaged_record(self, offset: int, size: int, problem: str) -> None:
         """A reader skips the unreadable record at ``offset`` (``problem``: why): record the

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -250,3 +252,88 @@ def test_recovery_counts_a_damaged_record_whose_header_names_another_message(tmp
         [loss] = store.losses.all()
         assert loss.found_by == "recovery" and loss.message_ids == () and loss.records == 1, loss
         assert [r.commit_log_offset for r in store.read_queue("orders", 0, 0, 100)] == [intact.commit_log_offset]
+
+
+#: A scrub that checks one of ``STORE``'s segments a second, and one that checks them all at once.
+SLOW_SCRUB = replace(STORE, scrub_bytes_per_s=STORE.segment_size)
+FAST_SCRUB = replace(STORE, scrub_bytes_per_s=64 * 1024 * 1024)
+
+#: Opens the store of ``sys.argv[1]`` with a slow scrub and prints the bytes it has checked
+#: until it is killed.
+CHECKING = """
+import sys, time
+from dataclasses import replace
+from broker_embedded.store.config import StoreConfig
+from broker_embedded.store.message_store import MessageStore
+config = StoreConfig(segment_size=64 * 1024, checkpoint_interval_s=3600, index_slots=1024, index_entries=4096,
+                     scrub_bytes_per_s=64 * 1024)
+with MessageStore(sys.argv[1], config) as store:
+    while True:
+        print(store.scrub.stats.checked_bytes, flush=True)
+        time.sleep(0.01)
+"""
+
+
+def _first_pass(store: MessageStore) -> None:
+    deadline = time.monotonic() + 30
+    while store.scrub.stats.passes == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.scrub.stats.passes == 1
+
+
+def _scrub_two_segments_then_stop(data: Path, how: str) -> None:
+    """The background scrub checks the first two segments of ``data`` and is stopped
+    before the third: by closing the store, or by a SIGKILL of its process."""
+    two = 2 * STORE.segment_size
+    if how == "close":
+        with MessageStore(data, SLOW_SCRUB) as store:
+            deadline = time.monotonic() + 30
+            while store.scrub.stats.checked_bytes < two and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return
+    child = subprocess.Popen([sys.executable, "-c", CHECKING, str(data)], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if int(line) >= two:
+                break
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("how", ["close", "sigkill"])
+def test_a_pass_a_restart_interrupted_resumes_where_it_was(tmp_path: Path, how: str,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A restart does not begin the pass again from the oldest segment: a broker restarted
+    more often than a pass takes would otherwise never have its newest segments checked."""
+    records = written(tmp_path, 1500)
+    assert len(segments(tmp_path)) >= 4
+    _scrub_two_segments_then_stop(tmp_path, how)
+    checked_before = zero_page(tmp_path, records, segment=0)
+    not_yet = zero_page(tmp_path, records, segment=3)
+    with caplog.at_level(logging.INFO, logger="broker_embedded.store.scrub"), \
+            MessageStore(tmp_path, FAST_SCRUB) as store:
+        _first_pass(store)
+        assert [loss.records for loss in store.losses.open_losses()] == [len(not_yet)]
+        assert "resuming the pass a restart interrupted" in caplog.text
+        assert not (tmp_path / scrub.STATE_FILE).exists()  # the pass ended
+        assert [loss.records for loss in store.scrub.run_pass()] == [len(checked_before)]
+    with MessageStore(tmp_path, FAST_SCRUB) as store:
+        _first_pass(store)  # a new pass, from the oldest segment
+        assert store.scrub.stats.checked_bytes >= sum(path.stat().st_size for path in segments(tmp_path)[:3])
+
+
+@pytest.mark.parametrize("state", [b'{"resume_at": ', b"[]", b"{}", b'{"resume_at": -5}', b'{"resume_at": true}',
+                                   b"\xff\xfe", b""])
+def test_an_unreadable_scrub_state_starts_the_pass_from_the_oldest_segment(
+        tmp_path: Path, state: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    destroyed = zero_page(tmp_path, written(tmp_path), segment=0)
+    (tmp_path / scrub.STATE_FILE).write_bytes(state)
+    with caplog.at_level(logging.WARNING, logger="broker_embedded.store.scrub"), \
+            MessageStore(tmp_path, FAST_SCRUB) as store:
+        _first_pass(store)
+        assert [loss.records for loss in store.losses.open_losses()] == [len(destroyed)]
+    assert "unreadable" in caplog.text
+    assert not (tmp_path / scrub.STATE_FILE).exists()
