@@ -55,8 +55,8 @@ def xdist_worker_index() -> int:
 def redis_database(first: int) -> int:
     """A Redis database number of this worker's own: ``first`` for worker 0, then one up per worker.
 
-    The suite's databases start at 9 (``redis_url``) and 13 (the Celery tests'), so up to four
-    workers keep apart; more would share, which this refuses.
+    The suite's databases start at 8 (``redis_url``) and 12 (the Celery tests'), so up to four
+    workers keep apart within Redis's 16 (0-15); more would share, which this refuses.
     """
     index = xdist_worker_index()
     if index > 3:
@@ -125,7 +125,7 @@ def redis_url() -> Iterator[str]:
         unavailable("Redis is not answering on 127.0.0.1:6379")
     import redis
 
-    url = REDIS_URL.rsplit("/", 1)[0] + f"/{redis_database(9)}"
+    url = REDIS_URL.rsplit("/", 1)[0] + f"/{redis_database(8)}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:

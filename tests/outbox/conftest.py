@@ -48,7 +48,7 @@ def celery_url(redis_url: str) -> Iterator[str]:
     """A Redis database of the Celery tests' own (``redis_url``'s is shared with other tests)."""
     import redis
 
-    url = redis_url.rsplit("/", 1)[0] + f"/{redis_database(13)}"
+    url = redis_url.rsplit("/", 1)[0] + f"/{redis_database(12)}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url
