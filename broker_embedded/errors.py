@@ -98,6 +98,12 @@ class CorruptLogError(BrokerError):
     code = "CORRUPT_LOG"
 
 
+class CorruptStateError(BrokerError):
+    """A state file of a data directory (the loss ledger ``losses.json``) cannot be read."""
+
+    code = "CORRUPT_STATE"
+
+
 class DataDirLockedError(BrokerError):
     """Another broker holds the lock on this data directory."""
 

@@ -375,7 +375,7 @@ def store_tool(args: argparse.Namespace) -> int:
         if args.acknowledge is not None:
             acknowledge_losses(data_dir, args.acknowledge or None)
         ledger = list_losses(data_dir)
-        lines, as_json, code = ledger.lines(), ledger.to_json(), 1 if ledger.open else 0
+        lines, as_json, code = ledger.lines(), ledger.to_json(), 1 if ledger.open or ledger.unreadable else 0
     else:
         repaired = repair(data_dir, TransactionNames())
         lines, as_json, code = repaired.lines(), repaired.to_json(), 1 if repaired.lost_records else 0

@@ -8,6 +8,11 @@ book) names it and as an exact count where none does. ``fsck``, the console, ``/
 ``/healthz`` read the ledger, so a loss stays visible across restarts until ``halfmoon-broker
 losses --acknowledge`` says someone has looked. The file is small: it grows with damage found,
 never with messages stored.
+
+A ledger that cannot be read (damage on the disk that lost the records, most likely) does not
+keep the store from opening: the store moves it aside to ``losses.json.unreadable``, starts a
+new one that says so (``LossLedger.unreadable``) and is degraded until an operator
+acknowledges it, as for a loss. ``fsck`` reports it and changes nothing.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ..errors import CorruptStateError
 from .files import write_atomically
 from .filesystem import REAL, FileSystem
 from .record import StoredRecord
@@ -28,6 +34,8 @@ from .record import StoredRecord
 log = logging.getLogger(__name__)
 
 LEDGER_FILE = "losses.json"
+#: Where an unreadable ledger is moved when a store opens (``LossLedger(set_aside=True)``).
+SET_ASIDE_FILE = LEDGER_FILE + ".unreadable"
 
 FoundBy = Literal["recovery", "repair", "scrub"]
 
@@ -101,18 +109,43 @@ class Loss:
 @dataclass
 class LossLedger:
     """The ledger of ``data_dir`` (``losses.json``): read at open, rewritten atomically (fsync'd)
-    on every change. Thread-safe."""
+    on every change. Thread-safe. A ledger that cannot be read raises ``CorruptStateError``,
+    unless ``set_aside`` (an opening store, ``repair``): then it is moved to ``SET_ASIDE_FILE``
+    and this one starts empty, saying so in ``unreadable`` until acknowledged. ``read=False``:
+    an empty ledger that leaves the file alone (``fsck`` of a directory whose ledger cannot
+    be read)."""
 
     data_dir: Path
     fs: FileSystem = field(default=REAL, compare=False, repr=False)
+    set_aside: bool = False
+    read: InitVar[bool] = True
     _losses: list[Loss] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Why an earlier ledger was set aside (and where), until acknowledged; None: it was not.
+    unreadable: str | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, read: bool) -> None:
         self.data_dir = Path(self.data_dir)
         path = self.data_dir / LEDGER_FILE
-        if self.fs.exists(path):
-            self._losses = [_loss_from_json(item) for item in json.loads(self.fs.read_bytes(path))["losses"]]
+        if not read or not self.fs.exists(path):
+            return
+        try:
+            body = json.loads(self.fs.read_bytes(path))
+            self._losses = [_loss_from_json(item) for item in body["losses"]]
+            unreadable = body.get("unreadable")
+            if unreadable is not None and not isinstance(unreadable, str):
+                raise TypeError(f"unreadable is {unreadable!r}, not a text")
+            self.unreadable = unreadable
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            problem = f"the loss ledger {path} cannot be read ({type(exc).__name__}: {exc})"
+            if not self.set_aside:
+                raise CorruptStateError(f"{problem}; the broker sets it aside as {SET_ASIDE_FILE} when it opens") from exc
+            self._losses = []
+            self.fs.replace(path, self.data_dir / SET_ASIDE_FILE)
+            self.unreadable = (f"{problem}: kept as {SET_ASIDE_FILE}; the losses it held are not shown until "
+                               "someone has looked at it")
+            self._write()
+            log.error("%s", self.unreadable)
 
     def record(
         self, found_by: FoundBy, start: int, end: int, message_ids: Iterable[str], unnamed: int,
@@ -171,20 +204,26 @@ class LossLedger:
             return list(self._losses)
 
     def acknowledge(self, loss_ids: Iterable[int] | None = None) -> list[Loss]:
-        """Mark the given losses (all open ones for None) as seen; returns those marked."""
+        """Mark the given losses (all open ones, and an unreadable ledger set aside, for
+        None) as seen; returns the losses marked."""
         wanted = None if loss_ids is None else set(loss_ids)
         with self._lock:
             marked = [loss for loss in self._losses
                       if not loss.acknowledged and (wanted is None or loss.loss_id in wanted)]
-            if marked:
+            seen_aside = wanted is None and self.unreadable is not None
+            if marked or seen_aside:
                 ids = {loss.loss_id for loss in marked}
                 self._losses = [_acknowledged(loss) if loss.loss_id in ids else loss
                                 for loss in self._losses]
+                if seen_aside:
+                    self.unreadable = None
                 self._write()
         return marked
 
     def _write(self) -> None:
-        body = {"losses": [loss.to_json() for loss in self._losses]}
+        body: dict[str, Any] = {"losses": [loss.to_json() for loss in self._losses]}
+        if self.unreadable is not None:
+            body["unreadable"] = self.unreadable
         write_atomically(self.data_dir / LEDGER_FILE, json.dumps(body, indent=1).encode(), self.fs)
 
 

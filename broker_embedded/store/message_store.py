@@ -184,7 +184,7 @@ class MessageStore:
         started = time.monotonic()
         #: Every acknowledged record found destroyed (recovery, repair, the scrub).
         try:
-            self.losses = LossLedger(self.data_dir, self.fs)
+            self.losses = LossLedger(self.data_dir, self.fs, set_aside=True)
             self.config = self._pin_layout(config)
             self.commitlog = CommitLog(self.data_dir / "commitlog", self.config.segment_size, self.fs)
             self.index = MessageIndex(

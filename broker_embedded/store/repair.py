@@ -86,7 +86,7 @@ def repair(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL,
         # before any byte that names them is moved or deleted: after a crash from here on
         # the store may open, and nothing would be left to find these losses by (also when
         # none is counted: a range whose records nothing counts is a loss of its own)
-        _record_losses(LossLedger(data_dir, fs), check)
+        _record_losses(LossLedger(data_dir, fs, set_aside=True), check)
         aside = [gap for gap in [*check.gaps, check.torn_tail] if gap and gap.kind != "missing"]
         moved_to = _move_aside(data_dir, config.segment_size, aside, check, fs) if aside else None
         for derived in ("consumequeue", "index"):

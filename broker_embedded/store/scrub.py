@@ -400,7 +400,8 @@ class Scrub:
 
 def damage_reasons(store: MessageStore) -> list[str]:
     """What makes ``store`` degraded, one line each: the open (unacknowledged) losses of its
-    ledger, and a scrub that could not read the log; empty when nothing does."""
+    ledger, an unreadable ledger it set aside, and a scrub that could not read the log; empty
+    when nothing does."""
     reasons: list[str] = []
     losses = store.losses.open_losses()
     if losses:
@@ -408,6 +409,8 @@ def damage_reasons(store: MessageStore) -> list[str]:
         finders = ", ".join(sorted({loss.found_by for loss in losses}))
         reasons.append(f"{lost} messages lost in {len(losses)} damaged or missing commit log "
                        f"range{'s' if len(losses) > 1 else ''} (found by {finders}), not acknowledged")
+    if store.losses.unreadable:
+        reasons.append(store.losses.unreadable)
     if store.scrub.stats.error:
         reasons.append(store.scrub.stats.error)
     return reasons

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import CorruptStateError
 from . import codec
 from .commitlog import (
     Gap,
@@ -241,6 +242,8 @@ class Ledger:
 
     data_dir: Path
     losses: list[Loss]
+    #: ``LossLedger.unreadable``: an earlier ledger set aside, not acknowledged yet.
+    unreadable: str | None = None
 
     @property
     def open(self) -> list[Loss]:
@@ -248,7 +251,8 @@ class Ledger:
 
     def to_json(self) -> dict[str, Any]:
         return {"data_dir": str(self.data_dir), "open": [loss.to_json() for loss in self.open],
-                "acknowledged": [loss.to_json() for loss in self.losses if loss.acknowledged]}
+                "acknowledged": [loss.to_json() for loss in self.losses if loss.acknowledged],
+                "unreadable": self.unreadable}
 
     def lines(self) -> list[str]:
         """The ledger for a terminal: open losses with their ids, then a count of the rest."""
@@ -257,15 +261,19 @@ class Ledger:
         for loss in self.open:
             lines.append(f"  {loss.describe()}")
             lines += [f"    {message_id}" for message_id in loss.message_ids]
-        if self.open:
-            lines.append(f"once dealt with: `halfmoon-broker losses --data-dir {self.data_dir} --acknowledge ID ...`")
+        if self.unreadable:
+            lines.append(f"  {self.unreadable}")
+        if self.open or self.unreadable:
+            lines.append(f"once dealt with: `halfmoon-broker losses --data-dir {self.data_dir} --acknowledge [ID ...]` "
+                         "(no ID: every open loss and a ledger set aside)")
         return lines
 
 
 def list_losses(data_dir: Path, fs: FileSystem = REAL) -> Ledger:
     """The ledger of a stopped store's directory (read only)."""
     with locked(data_dir, shared=True, fs=fs):
-        return Ledger(data_dir, LossLedger(data_dir, fs).all())
+        ledger = LossLedger(data_dir, fs)
+        return Ledger(data_dir, ledger.all(), ledger.unreadable)
 
 
 def acknowledge_losses(data_dir: Path, loss_ids: list[int] | None, fs: FileSystem = REAL) -> list[Loss]:
@@ -294,7 +302,11 @@ def inspect(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -
     for topic, by_id in (checkpoint.get("queues") or {}).items():
         report.queue_counts.update({(topic, int(queue_id)): count for queue_id, count in by_id.items()})
     files = _Files(fs)
-    ledger = LossLedger(data_dir, fs)
+    try:
+        ledger = LossLedger(data_dir, fs)
+    except CorruptStateError as exc:
+        report.problems.append(str(exc))
+        ledger = LossLedger(data_dir, fs, read=False)
     try:
         _Inspection(data_dir, config, report, files, namer, ledger).run()
     finally:
@@ -302,6 +314,8 @@ def inspect(data_dir: Path, namer: Namer | None = None, fs: FileSystem = REAL) -
     report.open_losses = ledger.open_losses()
     report.problems += [f"open {loss.describe()} (`halfmoon-broker losses --acknowledge {loss.loss_id}` "
                         "once dealt with)" for loss in report.open_losses]
+    if ledger.unreadable:
+        report.problems.append(f"{ledger.unreadable} (`halfmoon-broker losses --acknowledge` once dealt with)")
     return report
 
 
