@@ -92,7 +92,7 @@ class EmbeddedBroker:
         if checker is not None:
             self.set_checker(checker)
         self.topics = TopicRegistry(self.data_dir / "topics.json", self.config.auto_create_topics,
-                                    self.config.default_queues, self.store.fs)
+                                    self.config.default_queues, self.store.fs, self.store.queues)
         self.transactions = TransactionService(
             self.store, self.config, lambda: self._checker,
             functools.partial(route_record, clock=self.config.store.clock), self.data_dir / "transactions.snapshot")
