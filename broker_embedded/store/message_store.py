@@ -76,6 +76,7 @@ import msgspec
 from ..errors import (
     BrokerClosedError,
     CorruptLogError,
+    CorruptStateError,
     DataDirLockedError,
     MessageTooLargeError,
     StoreFullError,
@@ -141,17 +142,24 @@ def read_checkpoint(data_dir: Path, fs: FileSystem = REAL) -> dict[str, Any]:
 
 def pinned_layout(data_dir: Path, config: StoreConfig) -> StoreConfig:
     """``config`` with the segment size and consume queue file entries that ``store.json``
-    pins for ``data_dir`` (read only)."""
+    pins for ``data_dir`` (read only); ``CorruptStateError`` if it cannot be read (the
+    layout is not guessed: a wrong segment size would misread every segment)."""
     meta = data_dir / "store.json"
     fs = config.filesystem
-    pinned = json.loads(fs.read_bytes(meta)) if fs.exists(meta) else {}
-    return dataclasses.replace(
-        config,
-        segment_size=int(pinned.get("segment_size", config.segment_size)),
-        consume_queue_file_entries=int(
-            pinned.get("consume_queue_file_entries", config.consume_queue_file_entries)
-        ),
-    )
+    try:
+        pinned = json.loads(fs.read_bytes(meta)) if fs.exists(meta) else {}
+        sizes = [pinned.get(name, getattr(config, name)) for name in ("segment_size", "consume_queue_file_entries")]
+        if not all(type(size) is int and size > 0 for size in sizes):
+            raise ValueError(f"sizes {sizes!r} are not positive whole numbers")
+    except (ValueError, AttributeError) as exc:
+        bases = sorted(int(name) for name in fs.listdir(data_dir / "commitlog") if name.isdigit()) \
+            if fs.exists(data_dir / "commitlog") else []
+        hint = f" (its commit log's segments lie {bases[1] - bases[0]} bytes apart)" if len(bases) > 1 else ""
+        raise CorruptStateError(
+            f"{meta} cannot be read ({type(exc).__name__}: {exc}): it pins the segment size{hint} and the consume "
+            'queue file entries this directory was written with; restore it, or write {"segment_size": N, '
+            '"consume_queue_file_entries": M} with the sizes it was created with') from exc
+    return dataclasses.replace(config, segment_size=sizes[0], consume_queue_file_entries=sizes[1])
 
 
 class MessageStore:

@@ -1,12 +1,17 @@
-"""A loss ledger (``losses.json``) that cannot be read keeps no store from opening.
+"""State files of a data directory that cannot be read.
 
-The ledger is written when the disk is known to be failing (it has lost records), so it is
-the state file most likely to be damaged itself. Before, a damaged one made every open fail
-with a bare ``JSONDecodeError`` (or ``KeyError``, ``TypeError``): the broker could not restart.
+A loss ledger (``losses.json``) that cannot be read keeps no store from opening. It is
+written when the disk is known to be failing (it has lost records), so it is the state file
+most likely to be damaged itself. Before, a damaged one made every open fail with a bare
+``JSONDecodeError`` (or ``KeyError``, ``TypeError``): the broker could not restart.
+
+``store.json`` pins the directory's layout: guessing it could misread every segment, so an
+unreadable one refuses the open, but with a typed error that says what to write back.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -76,3 +81,21 @@ def test_acknowledging_some_losses_by_id_leaves_an_unreadable_ledger_open(tmp_pa
         store.losses.acknowledge([loss.loss_id])
         [reason] = damage_reasons(store)
         assert "cannot be read" in reason
+
+
+@pytest.mark.parametrize("garbage", [b"{", b"", b"\xff", b"[]", b'{"segment_size": "65536"}', b'{"segment_size": 0}',
+                                     b'{"segment_size": 65536, "consume_queue_file_entries": null}'])
+def test_an_unreadable_store_json_refuses_the_open_with_a_typed_error_saying_what_to_write(
+        tmp_path: Path, garbage: bytes) -> None:
+    with MessageStore(tmp_path, STORE) as store:
+        stored = store.put_batch([StoredRecord("orders", n % 4, b"body" * 40, {"UNIQ_KEY": f"id{n}"})
+                                  for n in range(1000)])
+    assert len({r.commit_log_offset // STORE.segment_size for r in stored}) > 1
+    (tmp_path / "store.json").write_bytes(garbage)
+    with pytest.raises(CorruptStateError, match=f"segments lie {STORE.segment_size} bytes apart"):
+        MessageStore(tmp_path, STORE)
+    assert main(["fsck", "--data-dir", str(tmp_path)]) == 2
+    layout = {"segment_size": STORE.segment_size, "consume_queue_file_entries": STORE.consume_queue_file_entries}
+    (tmp_path / "store.json").write_text(json.dumps(layout))  # as the error says
+    with MessageStore(tmp_path, STORE) as store:  # the refused open left the directory free
+        assert sum(len(store.read_queue("orders", q, 0, 1000)) for q in range(4)) == 1000
