@@ -122,7 +122,7 @@ class LossLedger:
     _losses: list[Loss] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     #: Why an earlier ledger was set aside (and where), until acknowledged; None: it was not.
-    unreadable: str | None = None
+    unreadable: str | None = field(default=None, init=False)
 
     def __post_init__(self, read: bool) -> None:
         self.data_dir = Path(self.data_dir)
