@@ -226,17 +226,23 @@ class Simulation:
         """Damage to the last acknowledged records of the log (a misdirected write may
         take a whole batch) reads to recovery as a torn append (a bad CRC, or zeros, with
         nothing intact after it), which it truncates: no byte the store keeps says they
-        were acknowledged, so the model lets them go (they may be there). Any other damaged
-        acknowledged record must be named or counted."""
-        hit = [(int(path.name) + first, int(path.name) + after) for path, first, after in damage
-               if path.parent.name == "commitlog"]
+        were acknowledged, so the model lets them go (they may be there). The records after
+        them that earlier damage took (to be named or counted) are not intact either, so
+        they do not end the log. Any other damaged acknowledged record must be named or
+        counted."""
+        def hits(events: list[tuple[Path, int, int]]) -> list[tuple[int, int]]:
+            return [(int(path.name) + first, int(path.name) + after) for path, first, after in events
+                    if path.parent.name == "commitlog"]
+
+        new, every = hits(damage), hits(self.disk.damaged)
         for number in sorted(self.placed, key=lambda number: self.placed[number][0], reverse=True):
             start, end = self.placed[number]
-            if not any(first < end and after > start for first, after in hit):
-                return
-            self.step(f"damage in m{number}, at the end of the log: it may be lost unreported")
-            self.maybe[number] = self.acked.pop(number)
-            del self.placed[number]
+            if any(first < end and after > start for first, after in new):
+                self.step(f"damage in m{number}, at the end of the log: it may be lost unreported")
+                self.maybe[number] = self.acked.pop(number)
+                del self.placed[number]
+            elif not any(first < end and after > start for first, after in every):
+                return  # an intact record ends the log
 
     # -- recovery and the check -----------------------------------------------------------
     def open(self, cause: str, durable: bool = False) -> None:
