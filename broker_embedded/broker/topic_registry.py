@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import InvalidMessageError, InvalidTopicError, UnknownTopicError
 from ..message import Message, validate_topic_once
-from ..store.files import write_atomically
+from ..store.files import set_aside, write_atomically
 from ..store.filesystem import REAL, FileSystem
 from ..topics import MAX_QUEUES, validate_user_topic
 
@@ -28,8 +28,6 @@ log = logging.getLogger(__name__)
 
 #: The registry's file before its last change, next to it.
 BACKUP_SUFFIX = ".bak"
-#: Where a registry file that cannot be read is moved.
-UNREADABLE_SUFFIX = ".unreadable"
 
 
 class TopicRegistry:
@@ -103,8 +101,7 @@ class TopicRegistry:
         added = {topic: max(queues, self.default_queues) for topic, queues in stored.items()
                  if _is_user_topic(topic) and topic not in self.queues}
         self.queues.update(added)
-        aside = self.path.with_name(self.path.name + UNREADABLE_SUFFIX)
-        self.fs.replace(self.path, aside)
+        aside = set_aside(self.path, self.fs)
         self._save()
         log.error("%s cannot be read (%s): moved to %s; the topics are taken from %s, and %s from the records "
                   "stored: check their queue counts", self.path, problem, aside.name, source,

@@ -39,3 +39,15 @@ def write_atomically(path: Path, data: bytes, fs: FileSystem = REAL) -> None:
             fs.unlink(tmp, missing_ok=True)
         raise
     fs.fsync_directory(path.parent)
+
+
+def set_aside(path: Path, fs: FileSystem = REAL) -> Path:
+    """Move a state file that cannot be read out of the way, to ``<name>.unreadable`` (or
+    ``<name>.unreadable.N``: one set aside before, nobody looked at yet, is kept); the new path."""
+    aside = path.with_name(path.name + ".unreadable")
+    number = 0
+    while fs.exists(aside):
+        number += 1
+        aside = path.with_name(f"{path.name}.unreadable.{number}")
+    fs.replace(path, aside)
+    return aside

@@ -27,15 +27,13 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..errors import CorruptStateError
-from .files import write_atomically
+from .files import set_aside, write_atomically
 from .filesystem import REAL, FileSystem
 from .record import StoredRecord
 
 log = logging.getLogger(__name__)
 
 LEDGER_FILE = "losses.json"
-#: Where an unreadable ledger is moved when a store opens (``LossLedger(set_aside=True)``).
-SET_ASIDE_FILE = LEDGER_FILE + ".unreadable"
 
 FoundBy = Literal["recovery", "repair", "scrub"]
 
@@ -110,8 +108,8 @@ class Loss:
 class LossLedger:
     """The ledger of ``data_dir`` (``losses.json``): read at open, rewritten atomically (fsync'd)
     on every change. Thread-safe. A ledger that cannot be read raises ``CorruptStateError``,
-    unless ``set_aside`` (an opening store, ``repair``): then it is moved to ``SET_ASIDE_FILE``
-    and this one starts empty, saying so in ``unreadable`` until acknowledged. ``read=False``:
+    unless ``set_aside`` (an opening store, ``repair``): then it is moved to
+    ``losses.json.unreadable`` (``files.set_aside``) and this one starts empty, saying so in ``unreadable`` until acknowledged. ``read=False``:
     an empty ledger that leaves the file alone (``fsck`` of a directory whose ledger cannot
     be read)."""
 
@@ -139,10 +137,10 @@ class LossLedger:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             problem = f"the loss ledger {path} cannot be read ({type(exc).__name__}: {exc})"
             if not self.set_aside:
-                raise CorruptStateError(f"{problem}; the broker sets it aside as {SET_ASIDE_FILE} when it opens") from exc
+                raise CorruptStateError(f"{problem}; the broker sets it aside when it opens") from exc
             self._losses = []
-            self.fs.replace(path, self.data_dir / SET_ASIDE_FILE)
-            self.unreadable = (f"{problem}: kept as {SET_ASIDE_FILE}; the losses it held are not shown until "
+            aside = set_aside(path, self.fs)
+            self.unreadable = (f"{problem}: kept as {aside.name}; the losses it held are not shown until "
                                "someone has looked at it")
             self._write()
             log.error("%s", self.unreadable)

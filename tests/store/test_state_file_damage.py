@@ -21,7 +21,7 @@ from broker_embedded.cli.main import main
 from broker_embedded.errors import CorruptStateError
 from broker_embedded.store import verify
 from broker_embedded.store.config import StoreConfig
-from broker_embedded.store.losses import LEDGER_FILE, SET_ASIDE_FILE, LossLedger
+from broker_embedded.store.losses import LEDGER_FILE, LossLedger
 from broker_embedded.store.message_store import MessageStore
 from broker_embedded.store.record import StoredRecord
 from broker_embedded.store.scrub import damage_reasons
@@ -55,10 +55,10 @@ def test_an_unreadable_ledger_is_set_aside_and_the_store_opens_degraded_until_ac
     with caplog.at_level(logging.ERROR, logger="broker_embedded.store.losses"), \
             MessageStore(tmp_path, STORE) as store:
         [reason] = damage_reasons(store)
-        assert "cannot be read" in reason and SET_ASIDE_FILE in reason
+        assert "cannot be read" in reason and "losses.json.unreadable" in reason
         _put(store, 1)  # it serves
     assert "cannot be read" in caplog.text
-    assert (tmp_path / SET_ASIDE_FILE).read_bytes() == garbage  # kept for whoever looks at it
+    assert (tmp_path / "losses.json.unreadable").read_bytes() == garbage  # kept for whoever looks at it
 
     with MessageStore(tmp_path, STORE) as store:  # still degraded after a restart
         assert damage_reasons(store) == [reason]
@@ -70,6 +70,17 @@ def test_an_unreadable_ledger_is_set_aside_and_the_store_opens_degraded_until_ac
         assert damage_reasons(store) == []
         assert store.losses.all() == []
     assert verify.check(tmp_path).ok
+
+
+def test_a_second_unreadable_ledger_keeps_the_first_one_set_aside(tmp_path: Path) -> None:
+    with MessageStore(tmp_path, STORE) as store:
+        _put(store, 0)
+    for garbage in (b"first", b"second"):
+        (tmp_path / LEDGER_FILE).write_bytes(garbage)
+        with MessageStore(tmp_path, STORE):
+            pass
+    assert (tmp_path / "losses.json.unreadable").read_bytes() == b"first"
+    assert (tmp_path / "losses.json.unreadable.1").read_bytes() == b"second"
 
 
 def test_acknowledging_some_losses_by_id_leaves_an_unreadable_ledger_open(tmp_path: Path) -> None:
