@@ -99,7 +99,9 @@ class CorruptLogError(BrokerError):
 
 
 class CorruptStateError(BrokerError):
-    """A state file of a data directory (the loss ledger ``losses.json``) cannot be read."""
+    """A state file of a data directory cannot be read: ``store.json`` (its layout, which is
+    not guessed), or the loss ledger ``losses.json`` where nothing may set it aside (``fsck``,
+    ``losses``)."""
 
     code = "CORRUPT_STATE"
 

@@ -479,10 +479,15 @@ class LogDamageError(CorruptLogError):
         )
 
 
+def segment_bases(directory: Path, fs: FileSystem = REAL) -> list[int]:
+    """The start offsets of the segment files in ``directory``, ascending (none if it is missing)."""
+    return sorted(int(name) for name in fs.listdir(directory) if name.isdigit()) if fs.exists(directory) else []
+
+
 def segment_base(offset: int, directory: Path, fs: FileSystem = REAL) -> int:
     """The start offset of the segment file in ``directory`` holding ``offset`` (that of
     the first segment if it lies before all of them)."""
-    bases = sorted(int(name) for name in fs.listdir(directory) if name.isdigit())
+    bases = segment_bases(directory, fs)
     return max((base for base in bases if base <= offset), default=bases[0] if bases else 0)
 
 

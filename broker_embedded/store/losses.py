@@ -109,9 +109,9 @@ class LossLedger:
     """The ledger of ``data_dir`` (``losses.json``): read at open, rewritten atomically (fsync'd)
     on every change. Thread-safe. A ledger that cannot be read raises ``CorruptStateError``,
     unless ``set_aside`` (an opening store, ``repair``): then it is moved to
-    ``losses.json.unreadable`` (``files.set_aside``) and this one starts empty, saying so in ``unreadable`` until acknowledged. ``read=False``:
-    an empty ledger that leaves the file alone (``fsck`` of a directory whose ledger cannot
-    be read)."""
+    ``losses.json.unreadable`` (``files.set_aside``) and this one starts empty, saying so in
+    ``unreadable`` until acknowledged. ``read=False``: an empty ledger that leaves the file
+    alone (``fsck`` of a directory whose ledger cannot be read)."""
 
     data_dir: Path
     fs: FileSystem = field(default=REAL, compare=False, repr=False)

@@ -82,7 +82,7 @@ from ..errors import (
     StoreFullError,
 )
 from . import codec
-from .commitlog import CommitLog, Gap
+from .commitlog import CommitLog, Gap, segment_bases
 from .config import StoreConfig
 from .consume_queue import ConsumeQueue
 from .files import make_directories, write_atomically
@@ -152,8 +152,7 @@ def pinned_layout(data_dir: Path, config: StoreConfig) -> StoreConfig:
         if not all(type(size) is int and size > 0 for size in sizes):
             raise ValueError(f"sizes {sizes!r} are not positive whole numbers")
     except (ValueError, AttributeError) as exc:
-        bases = sorted(int(name) for name in fs.listdir(data_dir / "commitlog") if name.isdigit()) \
-            if fs.exists(data_dir / "commitlog") else []
+        bases = segment_bases(data_dir / "commitlog", fs)
         hint = f" (its commit log's segments lie {bases[1] - bases[0]} bytes apart)" if len(bases) > 1 else ""
         raise CorruptStateError(
             f"{meta} cannot be read ({type(exc).__name__}: {exc}): it pins the segment size{hint} and the consume "
