@@ -77,6 +77,16 @@ class ConsumerQueue:
 
 
 @dataclass(frozen=True, slots=True)
+class DeletedGroup:
+    """What deleting a consumer group forgot: the stored queues it had progress in, and the
+    dead letters of its DLQ no longer listed or counted."""
+
+    group: str
+    queues: int
+    dead_letters: int
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerStats:
     """A snapshot for the admin CLI: depths, backlogs, and the transaction counters.
 
@@ -353,6 +363,16 @@ class BrokerAPI(Protocol):
 
     def resend_dlq(self, group: str, message_id: str) -> SendResult:
         """Send a dead-lettered message to its original topic again, for that group only."""
+        ...
+
+    def delete_group(self, group: str) -> DeletedGroup:
+        """Delete a consumer group that is no longer used (RocketMQ's deleteSubGroup): its lag,
+        its messages in flight and its DLQ depth are no longer reported (stats, metrics,
+        console), its progress is no longer held, and the dead letters it had are no longer
+        listed. Should its consumers come back, they resume where the group stopped: what it
+        had done is not delivered again, except messages it acked out of order past one it
+        had not. ``GroupInUseError`` while a receive of the group runs or messages it received
+        are in flight; ``UnknownGroupError`` for a group the broker has nothing of."""
         ...
 
     def stats(self) -> BrokerStats:

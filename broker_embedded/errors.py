@@ -62,6 +62,21 @@ class CheckUnansweredError(BrokerError):
     code = "CHECK_UNANSWERED"
 
 
+class UnknownGroupError(BrokerError):
+    """The consumer group has no progress and no dead letters on this broker (never used,
+    or deleted already)."""
+
+    code = "UNKNOWN_GROUP"
+
+
+class GroupInUseError(BrokerError):
+    """The consumer group cannot be deleted now: a receive of it is running, or messages it
+    received are still in flight. Stop its consumers (and let their messages be acked or
+    their invisible time end), then delete it."""
+
+    code = "GROUP_IN_USE"
+
+
 class UnknownReceiptError(BrokerError):
     """ACK or CHANGE_INVISIBLE_DURATION with a receipt handle that is unknown or expired."""
 

@@ -26,6 +26,11 @@ holds still acks it, as RocketMQ's pop checkpoints keep them. Those times are wa
 times: a clock that went back while the broker was down leaves a message invisible for no
 longer than it was given. A periodic snapshot (``snapshot``/``restore``) bounds the replay
 to the events after it.
+Deleting a group (``delete_group``) is an event too (``EVENT_DELETED``), one per stored
+queue it had progress in, carrying the floor there, and one for its DLQ, carrying the DLQ's
+end: the group's progress is dropped and those floors kept (``resume_at``, ``dlq_floors``,
+in the snapshot as well), so consumers of the group that come back resume where it stopped
+and only later dead letters are listed and counted.
 Like RocketMQ's periodic consumer-offset persistence, these events are written without
 waiting for their fsync (they are durable within the store's flush interval): a crash
 can forget the last acks, which only means one more delivery of those messages, and the
@@ -52,9 +57,16 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ..api import ConsumerQueue
+from ..api import ConsumerQueue, DeletedGroup
 from ..clock import WALL, Clock
-from ..errors import BrokerClosedError, InvalidTopicError, UnknownReceiptError, UnknownTopicError
+from ..errors import (
+    BrokerClosedError,
+    GroupInUseError,
+    InvalidTopicError,
+    UnknownGroupError,
+    UnknownReceiptError,
+    UnknownTopicError,
+)
 from ..filters import EVERY_MESSAGE, Subscription
 from ..message import ReceivedMessage
 from ..store.index import consecutive_runs
@@ -69,6 +81,9 @@ EVENT_DELIVERED = "d"
 EVENT_ACKED = "a"
 EVENT_DEAD = "x"
 EVENT_SKIPPED = "s"  # ``count`` messages from ``queue_offset`` on, which the group's filter passed over
+#: The group was deleted: its progress in ``stored_topic``'s queue (its floor there is
+#: ``queue_offset``), or, with no ``topic``, its DLQ (which ended at ``queue_offset``).
+EVENT_DELETED = "f"
 
 #: Consume queue entries a tag filter reads at once (20 bytes each), and at most per queue
 #: under the lock: a receive scanning a long run of messages its filter passes over lets
@@ -133,11 +148,15 @@ class _SavedProgress(msgspec.Struct, array_like=True):
     held: dict[int, Held] = {}  # absent from snapshots written before receipts were kept
 
 
-class Snapshot(msgspec.Struct):
-    """All groups' progress as of the first ``upto`` records of ``RMQ_SYS_CONSUMER_STATE``."""
+class Snapshot(msgspec.Struct, omit_defaults=True):
+    """All groups' progress as of the first ``upto`` records of ``RMQ_SYS_CONSUMER_STATE``,
+    and what deleted groups left (written only when there is some: a snapshot without
+    deleted groups has the bytes it had before groups could be deleted)."""
 
     upto: int
     progress: list[_SavedProgress]
+    resume_at: list[tuple[tuple[str, str, str, int], int]] = []
+    dlq_floors: dict[str, int] = {}
 
 
 encode_snapshot = msgspec.msgpack.Encoder().encode
@@ -380,6 +399,12 @@ def _saved(key: ProgressKey, progress: QueueProgress, unstored: list[Delivery]) 
                           progress.held_so_far())
 
 
+def _in_flight(progress: QueueProgress, now_ms: int) -> int:
+    """The messages of ``progress`` received and within their invisible duration at ``now_ms``."""
+    return (sum(1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now_ms)
+            + sum(1 for h in progress.held.values() if h.expires_at_ms > now_ms))
+
+
 def _add_skip(skipped: Skipped, key: ProgressKey, start: int, end: int) -> None:
     """Record offsets ``start`` to ``end`` as skipped, joined to the previous range if adjacent."""
     if skipped and skipped[-1][0] == key and skipped[-1][2] == start:
@@ -414,6 +439,14 @@ class ConsumerGroups:
         self.arrived = threading.Condition(self.lock)
         self.closed = False
         self.progress: dict[ProgressKey, QueueProgress] = {}
+        #: Where a deleted group resumes in each queue it had progress in, should it come back.
+        self.resume_at: dict[ProgressKey, int] = {}
+        #: Per deleted group, the end of its DLQ when it was deleted: the dead letters below
+        #: it are no longer listed or counted.
+        self.dlq_floors: dict[str, int] = {}
+        #: The receives running now, per group, and the groups being deleted (``delete_group``).
+        self._receiving: dict[str, int] = {}
+        self._deleting: set[str] = set()
         #: Deliveries marked done whose settling events are being stored (``_store``): a
         #: snapshot taken meanwhile keeps them in flight, since the store may refuse them.
         self._unstored: list[tuple[ProgressKey, Delivery]] = []
@@ -426,6 +459,9 @@ class ConsumerGroups:
         with self.lock:
             for record in records:
                 for event in events_of(record):
+                    if event.kind == EVENT_DELETED:
+                        self._apply_deleted(event)
+                        continue
                     progress = self._progress((event.group, event.topic, event.stored_topic, event.queue_id))
                     if event.kind == EVENT_DELIVERED:
                         offset = event.queue_offset
@@ -469,6 +505,8 @@ class ConsumerGroups:
             return encode_snapshot(Snapshot(
                 upto=events_stored(),
                 progress=[_saved(key, p, unstored.get(key, [])) for key, p in self.progress.items()],
+                resume_at=list(self.resume_at.items()),
+                dlq_floors=self.dlq_floors,
             ))
 
     def restore(self, data: bytes) -> int:
@@ -481,12 +519,15 @@ class ConsumerGroups:
                 progress.done_above = set(saved.done_above)
                 progress.attempts = dict(saved.attempts)
                 progress.held = dict(saved.held)
+            self.resume_at.update(snapshot.resume_at)
+            self.dlq_floors.update(snapshot.dlq_floors)
         return snapshot.upto
 
     def _progress(self, key: ProgressKey) -> QueueProgress:
         progress = self.progress.get(key)
         if progress is None:
-            progress = self.progress[key] = QueueProgress()
+            floor = self.resume_at.pop(key, 0)  # a deleted group come back: where it stopped
+            progress = self.progress[key] = QueueProgress(floor, floor)
         return progress
 
     # -- receiving ------------------------------------------------------------------------
@@ -508,6 +549,21 @@ class ConsumerGroups:
         """Up to ``max_messages`` deliverable messages that ``subscription`` matches,
         long-polling up to ``wait_s``; as many as fit in ``max_bytes`` of record size (at
         least one). The messages it passes over are done for the group."""
+        with self.lock:
+            if group in self._deleting:
+                raise GroupInUseError(f"consumer group {group!r} is being deleted")
+            self._receiving[group] = self._receiving.get(group, 0) + 1
+        try:
+            return self._receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes, subscription)
+        finally:
+            with self.lock:
+                if self._receiving[group] == 1:
+                    del self._receiving[group]
+                else:
+                    self._receiving[group] -= 1
+
+    def _receive(self, group: str, topic: str, max_messages: int, invisible_ms: int, wait_s: float,
+                 max_bytes: int | None, subscription: Subscription) -> list[ReceivedMessage]:
         deadline = time.monotonic() + wait_s
         while True:
             skipped: Skipped = []
@@ -750,10 +806,13 @@ class ConsumerGroups:
             for key, delivery in settled:
                 self.progress[key].reopen(delivery.record.queue_offset, delivery)
 
-    def _persist(self, events: list[Event], dead_letter_copies: list[StoredRecord] | None = None) -> None:
+    def _persist(self, events: list[Event], dead_letter_copies: list[StoredRecord] | None = None,
+                 durable: bool = False) -> None:
+        """Store ``events`` (and the DLQ copies they made), waiting for their fsync if there
+        are copies, if ``durable`` or with ``sync_progress``."""
         records = [StoredRecord(topic=CONSUMER_STATE_TOPIC, queue_id=0, body=encode_events(events))]
         self.store.put_batch(records + (dead_letter_copies or []),
-                             wait_for_flush=self.sync_progress or bool(dead_letter_copies))
+                             wait_for_flush=self.sync_progress or durable or bool(dead_letter_copies))
         for copy in dead_letter_copies or []:
             log.warning("message %s dead-lettered after %s deliveries",
                         copy.properties.get(PROPERTY_MESSAGE_ID), copy.properties[codec.DELIVERY_ATTEMPTS])
@@ -770,7 +829,7 @@ class ConsumerGroups:
         record size (at least one), oldest first."""
         topic = dlq_topic(group)
         end = self.store.queue_max_offset(topic, 0)
-        start = max(self.store.queue_min_offset(topic, 0), end - max_messages)
+        start = max(self.store.queue_min_offset(topic, 0), self.dlq_floors.get(group, 0), end - max_messages)
         newest_first = (record for offset in range(end - 1, start - 1, -1)
                         for record in self.store.read_queue(topic, 0, offset, 1))
         return fitting(newest_first, lambda record: record.size, max_bytes)[::-1]
@@ -780,7 +839,7 @@ class ConsumerGroups:
         topic = dlq_topic(group)
         for offset in reversed(self.store.lookup_message_id(message_id)):
             record = self.store.get(offset)
-            if record.topic == topic:
+            if record.topic == topic and record.queue_offset >= self.dlq_floors.get(group, 0):
                 props = codec.without(record.properties, codec.DELIVERY_ATTEMPTS)
                 stored = self.store.put(StoredRecord(retry_topic(group), 0, record.body, props))
                 log.info("message %s re-sent from the DLQ to group %s", message_id, group)
@@ -907,6 +966,50 @@ class ConsumerGroups:
         return renewed
 
     # -- admin ----------------------------------------------------------------------------
+    def delete_group(self, group: str) -> DeletedGroup:
+        """Forget ``group`` (``BrokerAPI.delete_group``): its deletion events stored durably,
+        then its progress dropped and the floors kept. Receives of the group are refused
+        while the events are written, so none of its events can land on either side of them."""
+        dlq = dlq_topic(group)
+        with self.lock:
+            keys = [key for key in self.progress if key[0] == group]
+            dlq_end, dlq_floor = self.store.queue_max_offset(dlq, 0), self.dlq_floors.get(group, 0)
+            if not keys and dlq_end <= dlq_floor:
+                raise UnknownGroupError(f"consumer group {group!r} has no progress and no dead letters here")
+            if self._receiving.get(group):
+                raise GroupInUseError(f"consumer group {group!r} has a receive running: stop its consumers first")
+            now = self.clock.time_ms()
+            in_flight = sum(_in_flight(self.progress[key], now) for key in keys)
+            in_flight += sum(1 for key, _ in self._unstored if key[0] == group)
+            if in_flight:
+                raise GroupInUseError(f"consumer group {group!r} has {in_flight} message(s) in flight: stop its "
+                                      "consumers and let them be acked or their invisible duration end first")
+            events = [Event(EVENT_DELETED, group, key[1], key[2], key[3], self.progress[key].floor, 0, "", now)
+                      for key in keys]
+            events.append(Event(EVENT_DELETED, group, "", dlq, 0, max(dlq_end, dlq_floor), 0, "", now))
+            self._deleting.add(group)
+        try:
+            self._persist(events, durable=True)
+            with self.lock:
+                for event in events:
+                    self._apply_deleted(event)
+        finally:
+            with self.lock:
+                self._deleting.discard(group)
+        deleted = DeletedGroup(group, len(keys), max(dlq_end - dlq_floor, 0))
+        log.info("consumer group %s deleted: progress in %d queue(s) and %d dead letter(s) forgotten",
+                 group, deleted.queues, deleted.dead_letters)
+        return deleted
+
+    def _apply_deleted(self, event: Event) -> None:
+        """Under the lock: what an ``EVENT_DELETED`` says, stored or replayed."""
+        if not event.topic:
+            self.dlq_floors[event.group] = event.queue_offset
+            return
+        key = (event.group, event.topic, event.stored_topic, event.queue_id)
+        self.progress.pop(key, None)
+        self.resume_at[key] = event.queue_offset
+
     def _queue_lags(self) -> Iterator[tuple[ProgressKey, int, QueueProgress | None]]:
         """Under the lock: every stored queue of each (group, topic) that has progress, with
         its lag; a queue the group has not read yet counts from its start."""
@@ -925,12 +1028,8 @@ class ConsumerGroups:
         costs O(groups' queues + the deliveries they hold)."""
         now = self.clock.time_ms()
         with self.lock:
-            return [
-                ConsumerQueue(*key, lag, 0 if progress is None else (
-                    sum(1 for d in progress.pending.values() if d.receipt and d.expires_at_ms > now)
-                    + sum(1 for h in progress.held.values() if h.expires_at_ms > now)))
-                for key, lag, progress in self._queue_lags()
-            ]
+            return [ConsumerQueue(*key, lag, 0 if progress is None else _in_flight(progress, now))
+                    for key, lag, progress in self._queue_lags()]
 
     def summary(self) -> dict[tuple[str, str], tuple[int, int]]:
         """Per (group, subscribed topic): messages not yet done (lag) and those received

@@ -25,6 +25,7 @@ from ..api import (
     BrokerStats,
     CheckCallback,
     ConsumerQueue,
+    DeletedGroup,
     OpenTransaction,
     ParkedTransaction,
     TopicInfo,
@@ -443,6 +444,10 @@ class EmbeddedBroker:
         return SendResult(message_id, stored.properties.get(codec.REAL_TOPIC, ""), 0, stored.queue_offset,
                           stored.commit_log_offset)
 
+    def delete_group(self, group: str) -> DeletedGroup:
+        validate_group(group)
+        return self.consumers.delete_group(group)
+
     def stats(self) -> BrokerStats:
         book = self.book
         return BrokerStats(
@@ -463,11 +468,13 @@ class EmbeddedBroker:
         )
 
     def dlq_depth(self) -> dict[str, int]:
-        """Messages dead-lettered per consumer group (each DLQ's length)."""
-        return {
-            topic[len(DLQ_PREFIX):]: self.store.queue_max_offset(topic, 0)
-            for topic in self.store.queues() if topic.startswith(DLQ_PREFIX)
-        }
+        """Messages dead-lettered per consumer group (each DLQ's length; of a deleted group,
+        those dead-lettered since, if any)."""
+        floors = self.consumers.dlq_floors
+        depths = {topic[len(DLQ_PREFIX):]: self.store.queue_max_offset(topic, 0)
+                  for topic in self.store.queues() if topic.startswith(DLQ_PREFIX)}
+        return {group: depth - floors.get(group, 0) for group, depth in depths.items()
+                if depth > floors.get(group, 0)}
 
     # -- services -------------------------------------------------------------------------
     def _on_dispatch(self, records: list[StoredRecord]) -> None:

@@ -65,7 +65,7 @@ from ..cli_tools import (
     quiet_on_broken_pipe,
     table,
 )
-from ..errors import BrokerError, UnknownTopicError, UnknownTransactionError
+from ..errors import BrokerError, UnknownGroupError, UnknownTopicError, UnknownTransactionError
 from ..filters import SQL92, TAG
 from ..http.readiness import Readiness
 from ..message import Message, Resolution, StoredMessage
@@ -83,8 +83,8 @@ if TYPE_CHECKING:  # prometheus_client comes with the [server] extra, needed for
 #: The exit statuses, as --help shows them.
 EXIT_STATUS = """exit status:
   0    done (an empty list from topics/parked/dlq list or receive is not an error)
-  1    not found: the message, key, transaction or topic named does not exist
-       (query, tx state, parked resolve/recheck, dlq resend); one line "not found: ..." on stderr.
+  1    not found: the message, key, transaction, topic or group named does not exist
+       (query, tx state, parked resolve/recheck, dlq resend, groups delete); one line "not found: ..." on stderr.
        fsck: problems found; repair: records were lost; losses: open losses remain
   2    usage, configuration or broker error; one line "error: Type: reason" on stderr
   141  the output pipe closed early (halfmoon-broker stats | head): nothing more is written
@@ -100,7 +100,7 @@ class NotFoundError(LookupError):
 
 
 #: Broker errors that mean the same: what was named does not exist.
-NOT_FOUND_ERRORS = (NotFoundError, UnknownTransactionError, UnknownTopicError)
+NOT_FOUND_ERRORS = (NotFoundError, UnknownTransactionError, UnknownTopicError, UnknownGroupError)
 
 
 def tune_gc_for_server() -> None:
@@ -348,6 +348,10 @@ def admin(args: argparse.Namespace) -> int:
             else:
                 broker.recheck_parked(args.id)
                 print(f"transaction {args.id} is under check again")
+        elif command == "groups":
+            deleted = broker.delete_group(args.group)
+            print(f"consumer group {deleted.group} deleted: its progress in {deleted.queues} queue(s) and "
+                  f"{deleted.dead_letters} dead letter(s) forgotten")
         elif command == "dlq":
             _print(broker.list_dlq(args.group) if args.action == "list" else broker.resend_dlq(args.group, args.id))
         elif command == "export":
@@ -506,6 +510,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("group", help="the consumer group")
     d.add_argument("id", nargs="?", help="the message id to resend")
     client_options(d)
+    g = sub.add_parser("groups", help="delete a consumer group no longer used")
+    g.add_argument("action", choices=["delete"],
+                   help="forget the group's progress, lag and dead letters (refused while it consumes)")
+    g.add_argument("group", help="the consumer group")
+    client_options(g)
     e = sub.add_parser("export", help="export messages and deliveries for reconciliation")
     e.add_argument("--out", required=True, help="with --url: relative to the server's export root, "
                    "or an absolute path inside it")

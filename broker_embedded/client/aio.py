@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..api import BrokerStats, ParkedTransaction, TopicInfo
+from ..api import BrokerStats, DeletedGroup, ParkedTransaction, TopicInfo
 from ..errors import BrokerError, BrokerUnavailableError, MalformedFrameError
 from ..message import (
     CheckRequest,
@@ -234,6 +234,9 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
 
     async def resend_dlq(self, group: str, message_id: str) -> SendResult:
         return await self._do(self._session.resend_dlq(group, message_id))
+
+    async def delete_group(self, group: str) -> DeletedGroup:
+        return await self._do(self._session.delete_group(group))
 
     async def stats(self) -> BrokerStats:
         return await self._do(self._session.stats())

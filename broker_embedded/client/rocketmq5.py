@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, urlparse
 from ..api import (
     BrokerStats,
     CheckCallback,
+    DeletedGroup,
     ParkedTransaction,
     TopicInfo,
     ack_each,
@@ -463,6 +464,9 @@ class RocketMQ5Broker:
 
     def resend_dlq(self, group: str, message_id: str) -> SendResult:
         self._unsupported("resending dead letters")
+
+    def delete_group(self, group: str) -> DeletedGroup:
+        self._unsupported("deleting consumer groups")
 
     def stats(self) -> BrokerStats:
         self._unsupported("broker statistics")

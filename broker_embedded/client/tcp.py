@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Generic, TypeVar
 
-from ..api import BrokerStats, CheckCallback, ParkedTransaction, TopicInfo
+from ..api import BrokerStats, CheckCallback, DeletedGroup, ParkedTransaction, TopicInfo
 from ..errors import BrokerError, BrokerUnavailableError, MalformedFrameError
 from ..message import (
     CheckRequest,
@@ -584,6 +584,9 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
 
     def resend_dlq(self, group: str, message_id: str) -> SendResult:
         return self._do(self._session.resend_dlq(group, message_id))
+
+    def delete_group(self, group: str) -> DeletedGroup:
+        return self._do(self._session.delete_group(group))
 
     def stats(self) -> BrokerStats:
         return self._do(self._session.stats())

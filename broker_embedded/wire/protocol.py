@@ -49,6 +49,7 @@ class RequestCode(enum.IntEnum):
     PULL_MESSAGE = 11
     QUERY_MESSAGE = 12
     UPDATE_AND_CREATE_TOPIC = 17
+    DELETE_SUBSCRIPTIONGROUP = 207
     GET_ALL_TOPIC_CONFIG = 21
     GET_BROKER_RUNTIME_INFO = 28
     SEARCH_OFFSET_BY_TIMESTAMP = 29
@@ -103,6 +104,7 @@ METHODS: dict[RequestCode, str] = {
     RequestCode.RECHECK_PARKED_TRANSACTION: "recheck_parked",
     RequestCode.LIST_DLQ_MESSAGES: "list_dlq",
     RequestCode.RESEND_DLQ_MESSAGE: "resend_dlq",
+    RequestCode.DELETE_SUBSCRIPTIONGROUP: "delete_group",
 }
 CODES: dict[str, RequestCode] = {method: code for code, method in METHODS.items()}
 

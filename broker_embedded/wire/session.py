@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from ..api import BrokerStats, ParkedTransaction, TopicInfo
+from ..api import BrokerStats, DeletedGroup, ParkedTransaction, TopicInfo
 from ..errors import (
     BrokerClosedError,
     BrokerError,
@@ -358,6 +358,9 @@ class ClientSession(Generic[C]):
 
     def resend_dlq(self, group: str, message_id: str) -> Call[SendResult]:
         return _method("resend_dlq", group=group, message_id=message_id)
+
+    def delete_group(self, group: str) -> Call[DeletedGroup]:
+        return _method("delete_group", group=group)
 
     def stats(self) -> Call[BrokerStats]:
         return _method("stats")

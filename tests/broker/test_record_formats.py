@@ -71,6 +71,27 @@ def test_a_consumer_snapshot_from_before_receipts_were_kept_still_loads() -> Non
     assert decode_snapshot(SNAPSHOT_BYTES) == with_receipts
 
 
+# A deleted group's events: per queue its floor there, and its DLQ's end (no subscribed topic).
+DELETED = [Event(kind="f", group="shop", topic="orders", stored_topic="orders", queue_id=3, queue_offset=40,
+                 attempt=0, message_id="", timestamp_ms=1_700_000_000_000),
+           Event(kind="f", group="shop", topic="", stored_topic="%DLQ%shop", queue_id=0, queue_offset=5,
+                 attempt=0, message_id="", timestamp_ms=1_700_000_000_000)]
+DELETED_BYTES = (b"\x92\x89\xa1e\xa1f\xa1g\xa4shop\xa1s\xa6orders\xa1t\xa6orders\xa1q\x03\xa1o(\xa1n\x00\xa1m\xa0"
+                 b"\xa2ts\xcf\x00\x00\x01\x8b\xcf\xe5h\x00\x89\xa1e\xa1f\xa1g\xa4shop\xa1s\xa0\xa1t\xa9%DLQ%shop"
+                 b"\xa1q\x00\xa1o\x05\xa1n\x00\xa1m\xa0\xa2ts\xcf\x00\x00\x01\x8b\xcf\xe5h\x00")
+# A snapshot since groups can be deleted, with what a deleted one left.
+SNAPSHOT_WITH_DELETED_BYTES = (b"\x84\xa4upto\x07\xa8progress\x90\xa9resume_at\x91\x92\x94\xa4shop\xa6orders"
+                               b"\xa6orders\x03(\xaadlq_floors\x81\xa4shop\x05")
+
+
+def test_a_deleted_groups_events_and_snapshot_keep_their_bytes() -> None:
+    assert encode_events(DELETED) == DELETED_BYTES
+    assert decode_events(DELETED_BYTES) == DELETED
+    with_deleted = Snapshot(7, [], resume_at=[(("shop", "orders", "orders", 3), 40)], dlq_floors={"shop": 5})
+    assert encode_snapshot(with_deleted) == SNAPSHOT_WITH_DELETED_BYTES
+    assert decode_snapshot(SNAPSHOT_WITH_DELETED_BYTES) == with_deleted
+
+
 # The store's commit log record, in its two formats: data directories written before a record
 # carried its own commit log offset are read by every later version.
 RECORD_FIELDS = ("orders", 3, 42, 1, 1_700_000_000_000, 1_700_000_000_001, {"UNIQ_KEY": "m1"}, b"hello")

@@ -19,6 +19,7 @@ LOOKUPS = [
     (("parked", "resolve", "nope"), "no parked transaction 'nope'"),
     (("parked", "recheck", "nope"), "no parked transaction 'nope'"),
     (("dlq", "resend", "points", "nope"), "'nope'"),
+    (("groups", "delete", "nope"), "consumer group 'nope'"),
 ]
 
 
@@ -63,3 +64,19 @@ def test_usage_and_broker_errors_exit_2_and_help_documents_the_statuses(tmp_path
         checker.stderr)
     help_text = run("halfmoon-broker", "--help").stdout
     assert "exit status:" in help_text and "not found" in help_text and "141" in help_text
+
+
+def test_groups_delete_forgets_a_group_and_refuses_one_with_messages_in_flight(data_dir: str) -> None:
+    broker = EmbeddedBroker(data_dir)
+    broker.send(Message("orders", b"more"))
+    received = broker.receive("retired", "orders", max_messages=1, wait_s=1)
+    broker.ack("retired", received[0].receipt_handle)
+    broker.receive("busy", "orders", max_messages=1, invisible_duration_s=3600, wait_s=1)
+    broker.close()
+    refused = run("halfmoon-broker", "groups", "delete", "busy", "--data-dir", data_dir)
+    assert refused.returncode == 2 and one_line(refused.stderr).startswith("error: GroupInUseError: ")
+    deleted = run("halfmoon-broker", "groups", "delete", "retired", "--data-dir", data_dir)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.startswith("consumer group retired deleted: ")
+    stats = run("halfmoon-broker", "stats", "--json", "--data-dir", data_dir)
+    assert set(json.loads(stats.stdout)["consumer_lag"]) == {"busy"}

@@ -15,11 +15,13 @@ import pytest
 from broker_embedded import Message, Resolution, TransactionState
 from broker_embedded.errors import (
     BrokerError,
+    GroupInUseError,
     InvalidMessageError,
     InvalidTopicError,
     MessageTooLargeError,
     ReservedTopicError,
     TransactionConflictError,
+    UnknownGroupError,
     UnknownReceiptError,
     UnknownTransactionError,
     UnsupportedError,
@@ -252,6 +254,7 @@ ADMIN_CALLS: dict[str, Callable[[Driver, str], Any]] = {
     "recheck_parked": lambda d, t: d.api.recheck_parked(_id()),
     "list_dlq": lambda d, t: d.api.list_dlq(GROUP),
     "resend_dlq": lambda d, t: d.api.resend_dlq(GROUP, _id()),
+    "delete_group": lambda d, t: d.api.delete_group(GROUP),
     "stats": lambda d, t: d.api.stats(),
 }
 
@@ -289,6 +292,25 @@ def test_admin_calls(driver: Driver) -> None:
     stats = api.stats()
     assert topic in [t.name for t in stats.topics]
     assert stats.pending_half >= 0 and stats.parked >= 0
+
+
+def test_a_group_no_longer_used_is_deleted_and_one_in_use_is_refused(driver: Driver) -> None:
+    if driver.proxy:
+        return  # test_admin_calls: UnsupportedError
+    api, topic, group = driver.api, driver.topic(), f"retired-{_id()[:8]}"
+    for body in (b"a", b"b"):
+        api.send(Message(topic, body))
+    held = _drain(driver, topic, 1, group=group) and api.receive(group, topic, wait_s=2)
+    assert len(held) == 1
+    with pytest.raises(GroupInUseError):
+        api.delete_group(group)
+    assert group in api.stats().consumer_lag
+    api.ack(group, held[0].receipt_handle)
+    deleted = api.delete_group(group)
+    assert (deleted.group, deleted.dead_letters) == (group, 0) and deleted.queues >= 1
+    assert group not in api.stats().consumer_lag
+    with pytest.raises(UnknownGroupError):
+        api.delete_group(group)
 
 
 @pytest.mark.parametrize("mistake", ["no queues", "too many queues", "bad topic", "reserved topic"])

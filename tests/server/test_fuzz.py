@@ -70,6 +70,7 @@ SAMPLES: dict[RequestCode, dict[str, Any]] = {
     RequestCode.RECHECK_PARKED_TRANSACTION: {"transaction_id": "t"},
     RequestCode.LIST_DLQ_MESSAGES: {"group": "fg", "max_messages": 4},
     RequestCode.RESEND_DLQ_MESSAGE: {"group": "fg", "message_id": "m"},
+    RequestCode.DELETE_SUBSCRIPTIONGROUP: {"group": "fg"},
     RequestCode.AUTHENTICATE: {"access_key": "a", "signature": "s"},
     RequestCode.EXPORT_MESSAGES: {"out_dir": 0},
 }
