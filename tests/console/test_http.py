@@ -301,6 +301,27 @@ def test_resend_a_dead_letter(client: httpx.Client, broker: EmbeddedBroker) -> N
     assert message_id in again
 
 
+def test_delete_a_group_no_longer_used(client: httpx.Client, broker: EmbeddedBroker) -> None:
+    for group in ("retired-http", "busy-http"):
+        broker.send(Message("retirements", group.encode()))
+    received = broker.receive("retired-http", "retirements", max_messages=8, wait_s=2)
+    for item in received:
+        broker.ack("retired-http", item.receipt_handle)
+    broker.receive("busy-http", "retirements", max_messages=1, invisible_duration_s=3600, wait_s=2)
+    csrf = sign_in(client)
+    groups = client.get("/groups").text
+    assert "Delete group" in groups and "retired-http" in groups
+    busy = follow(client, client.post("/groups/delete", data={"csrf": csrf, "group": "busy-http"}))
+    assert "Nothing changed: consumer group &#x27;busy-http&#x27; has 1 message(s) in flight" in busy
+    assert "busy-http" in broker.stats().consumer_lag
+    done = follow(client, client.post("/groups/delete", data={"csrf": csrf, "group": "retired-http"}))
+    assert "Consumer group retired-http deleted" in done
+    assert "retired-http" not in broker.stats().consumer_lag and "retired-http" not in client.get("/groups").text
+    assert no_fault(client.post("/groups/delete", data={"csrf": csrf, "group": "retired-http"})).status_code == 404
+    assert no_fault(client.post("/groups/delete", data={"csrf": csrf, "group": "bad group"})).status_code == 400
+    assert no_fault(client.post("/groups/delete", data={"group": "busy-http"})).status_code == 403, "no CSRF token"
+
+
 def test_mounted_under_a_prefix_links_stay_under_it(broker: EmbeddedBroker, shop: Shop) -> None:
     app = make_console_app(broker, access_key=None, secret_key=None)
 

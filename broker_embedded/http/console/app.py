@@ -21,9 +21,11 @@ from ...errors import (
     BrokerClosedError,
     BrokerError,
     CheckUnansweredError,
+    GroupInUseError,
     InvalidMessageError,
     InvalidTopicError,
     TransactionConflictError,
+    UnknownGroupError,
     UnknownTopicError,
     UnknownTransactionError,
 )
@@ -58,6 +60,7 @@ CONTENT_SECURITY_POLICY = (
 _STATUS_OF_ERROR: tuple[tuple[type[BrokerError], HTTPStatus], ...] = (
     (UnknownTransactionError, HTTPStatus.NOT_FOUND),
     (UnknownTopicError, HTTPStatus.NOT_FOUND),
+    (UnknownGroupError, HTTPStatus.NOT_FOUND),
     (InvalidTopicError, HTTPStatus.BAD_REQUEST),
     (InvalidMessageError, HTTPStatus.BAD_REQUEST),
     (TransactionConflictError, HTTPStatus.CONFLICT),
@@ -95,6 +98,7 @@ class ConsoleApp:
             ("POST", "/transactions/resolve"): self._action(self._resolve),
             ("POST", "/transactions/force"): self._action(self._force),
             ("POST", "/dead-letters/resend"): self._action(self._resend),
+            ("POST", "/groups/delete"): self._action(self._delete_group),
         }
 
     # -- WSGI -----------------------------------------------------------------------------
@@ -345,6 +349,19 @@ class ConsoleApp:
         self.broker.resend_dlq(group, message_id)
         return self._redirect(request, "/dead-letters?" + urlencode({"group": group}), "ok",
                               f"Message {message_id} was sent to group {group} again.")
+
+
+    def _delete_group(self, request: Request) -> Response:
+        group = request.field("group")
+        _refused(validate_group, group)
+        try:
+            deleted = self.broker.delete_group(group)
+        except GroupInUseError as exc:
+            return self._redirect(request, "/groups", "error", f"Nothing changed: {exc}")
+        log.warning("console: consumer group %s deleted", group)
+        return self._redirect(request, "/groups", "ok",
+                              f"Consumer group {group} deleted: its progress in {deleted.queues} queue(s) and "
+                              f"{deleted.dead_letters} dead letter(s) forgotten.")
 
 
 def _signed_out(environ: dict[str, Any], method: str) -> Response:

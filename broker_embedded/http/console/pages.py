@@ -183,9 +183,16 @@ def groups(broker: EmbeddedBroker, view: View) -> Page:
         total = totals.setdefault((q.group, q.topic), [0, 0])
         total[0] += q.lag
         total[1] += q.in_flight
+    rows: list[list[object]] = []
+    for (group, topic), (lag, in_flight) in totals.items():
+        row: list[object] = [group, topic, number(lag), number(in_flight)]
+        if view.signed_in:  # one button per group, on its first row
+            first = not rows or rows[-1][0] != group
+            row.append(view.action("/groups/delete", "Delete group", "danger", group=group) if first else "")
+        rows.append(row)
     summary = table(
-        "Lag per group and topic", ("Group", "Topic", "Lag", "In flight"),
-        [(group, topic, number(lag), number(in_flight)) for (group, topic), (lag, in_flight) in totals.items()],
+        "Lag per group and topic", ("Group", "Topic", "Lag", "In flight", *(("Action",) if view.signed_in else ())),
+        rows,
         "No consumer group has received yet. A group appears here after its first receive "
         "(it starts at the beginning of the topic).",
         numeric=(2, 3),
@@ -199,8 +206,12 @@ def groups(broker: EmbeddedBroker, view: View) -> Page:
         numeric=(3, 4),
     )
     note = tag("p", "Lag: messages the group has not acknowledged yet. In flight: received and invisible "
-                    "to the group until acknowledged or their invisible duration ends.", class_="note")
-    return Page("Consumer groups", note + summary + tag("h2", "Per queue") + detail, section="/groups")
+                    "to the group until acknowledged or their invisible duration ends. Delete group retires a "
+                    "group no longer used: its lag and dead letters are no longer shown or counted (refused "
+                    "while it consumes; should its consumers come back, they resume where it stopped).",
+               class_="note")
+    return Page("Consumer groups", note + action_hint(view) + summary + tag("h2", "Per queue") + detail,
+                section="/groups")
 
 
 # -- transactions ---------------------------------------------------------------------------
