@@ -124,15 +124,19 @@ def check(args: argparse.Namespace, settings: OutboxSettings) -> int:
 
 
 def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
-    from .integrations.alembic import upgrade
+    from .integrations.alembic import current_revision, upgrade
 
     url = args.database_url or settings.database_url
     if not args.database_url and not os.environ.get("OUTBOX_DATABASE_URL"):
         print(f"outbox migrate: neither --database-url nor OUTBOX_DATABASE_URL given: migrating the default {url}",
               file=sys.stderr, flush=True)
         data_home().mkdir(parents=True, exist_ok=True)
+    before = current_revision(url)
     upgrade(url)
-    print(f"outbox migrate: the framework tables of {_shown(url)} are up to date")
+    after = current_revision(url)
+    done = ("created, at revision " if before is None else f"upgraded from revision {before} to ") + str(after) \
+        if before != after else f"already at the newest revision, {after}"
+    print(f"outbox migrate: the framework tables of {_shown(url)}: {done}")
     return 0
 
 

@@ -40,10 +40,25 @@ def upgrade(database_url: str, revision: str = "head") -> None:
     command.upgrade(config(database_url), revision)
 
 
+def current_revision(database_url: str) -> str | None:
+    """Our revision the database on ``database_url`` is at; None before ``upgrade`` created
+    the tables."""
+    from sqlalchemy import column, create_engine, inspect, select, table
+
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            if not inspect(connection).has_table(VERSION_TABLE):
+                return None
+            return connection.execute(select(column("version_num")).select_from(table(VERSION_TABLE))).scalar()
+    finally:
+        engine.dispose()
+
+
 def downgrade(database_url: str, revision: str) -> None:
     """Take the framework tables on ``database_url`` back to ``revision`` ("base" drops them)."""
     command.downgrade(config(database_url), revision)
 
 
-__all__ = ["BRANCH", "SCRIPT_LOCATION", "VERSION_LOCATION", "VERSION_TABLE", "config", "downgrade",
-           "upgrade"]
+__all__ = ["BRANCH", "SCRIPT_LOCATION", "VERSION_LOCATION", "VERSION_TABLE", "config", "current_revision",
+           "downgrade", "upgrade"]

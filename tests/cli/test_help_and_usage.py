@@ -109,7 +109,12 @@ def test_migrate_without_a_url_says_which_database_and_never_uses_the_working_di
     database = tmp_path / "data" / "halfmoon" / "outbox.sqlite3"
     assert database.is_file() and list((tmp_path / "work").iterdir()) == []
     assert f"migrating the default sqlite:///{database}" in result.stderr
-    assert result.stdout.strip() == f"outbox migrate: the framework tables of sqlite:///{database} are up to date"
+    newest = sorted(path.name[:4] for path in (ROOT / "migrations" / "alembic" / "versions").glob("0*.py"))[-1]
+    assert result.stdout.strip() == f"outbox migrate: the framework tables of sqlite:///{database}: created, at " \
+                                    f"revision {newest}"
+    again = subprocess.run([sys.executable, "-m", "outbox", "migrate"], cwd=tmp_path / "work", env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.stdout.strip().endswith(f": already at the newest revision, {newest}"), again.stdout
 
 
 def test_stats_and_query_print_tables_or_json_and_the_old_spellings_still_work(tmp_path: Path) -> None:
