@@ -59,8 +59,9 @@ def check_migrations(app_configs: Sequence[AppConfig] | None, databases: Iterabl
         unapplied = [migration.name for migration, _ in executor.migration_plan(targets)]
         if unapplied:
             found.append(Warning(
-                f"database {alias!r} lacks the outbox migrations {unapplied}: sending a transactional "
-                "message there fails", hint=f"manage.py migrate {APP_LABEL} --database {alias}",
+                f"database {alias!r} lacks the outbox migrations {unapplied}: a transactional message sent "
+                "there fails until they are applied (manage.py migrate, which prints this before it applies "
+                "them)", hint=f"manage.py migrate {APP_LABEL} --database {alias}",
                 id=f"{APP_LABEL}.W001",
             ))
     return found
