@@ -56,3 +56,13 @@ def test_the_checkers_app_uses_it_for_a_folder_queue(tmp_path: Path) -> None:
     settings = OutboxSettings(celery_broker_url="filesystem://", celery_data_dir=tmp_path)
     with make_app(settings).connection_for_write() as connection:
         assert isinstance(connection.default_channel, Channel)
+
+
+def test_a_filesystem_url_needs_no_host_and_logs_no_warning(tmp_path: Path, caplog) -> None:
+    """kombu's default host for a transport is ``localhost``; a folder needs none, and every
+    connection to ``filesystem://`` logged "No hostname was supplied" (the broker's checker
+    and each worker, at start)."""
+    with caplog.at_level("WARNING"), _connection(tmp_path) as connection:
+        connection.default_channel._put("checks", {"number": 1})
+        assert connection.as_uri().startswith(TRANSPORT)  # what Celery logs as it connects
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []

@@ -49,3 +49,9 @@ class Transport(filesystem.Transport):
     """kombu's ``filesystem`` transport over ``Channel``."""
 
     Channel = Channel
+
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        """No host: a folder needs none (kombu's default host, ``localhost``, makes every
+        connection to a ``filesystem://`` URL log "No hostname was supplied")."""
+        return {"port": self.default_port}
