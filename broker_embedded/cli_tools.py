@@ -96,6 +96,16 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def seconds_in(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds from ``low`` to ``high``."""
+    def parse(text: str) -> float:
+        value = _number(text, float, "a number of seconds")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from {low:g} to {high:g}")
+        return float(value)
+    return parse
+
+
 def _number(text: str, kind: Callable[[str], Any], what: str) -> Any:
     try:
         return kind(text)

@@ -7,7 +7,8 @@
             [--metrics-token T] [--http-trusted-proxy ADDR] [--http-insecure]]
             [--grpc-port P [--grpc-host H] [--grpc-advertise HOST:PORT[,HOST:PORT...]]
              [--grpc-tls-cert PEM --grpc-tls-key PEM] [--grpc-client-utc-offsets +HH:MM[,...]]
-             [--grpc-fifo-groups GROUP[,GROUP...]]]
+             [--grpc-fifo-groups GROUP[,GROUP...]] [--grpc-push-invisible-s S]
+             [--grpc-client-gone-after-s S]]
     topics  create NAME [--queues N] | list
     stats   [--json]
     send    TOPIC BODY [--key K] [--tag T] [--delay-level N]
@@ -63,6 +64,7 @@ from ..cli_tools import (
     port_number,
     positive_int,
     quiet_on_broken_pipe,
+    seconds_in,
     table,
 )
 from ..errors import BrokerError, UnknownGroupError, UnknownTopicError, UnknownTransactionError
@@ -209,11 +211,13 @@ def _check_grpc_options(args: argparse.Namespace) -> None:
     """``ValueError`` before the broker opens if ``--grpc-port`` cannot be served: grpcio
     or protobuf missing, or a malformed ``--grpc-advertise``."""
     grpc_only = (args.grpc_advertise, args.grpc_host, args.grpc_tls_cert, args.grpc_tls_key,
-                 args.grpc_client_utc_offsets, args.grpc_fifo_groups)
+                 args.grpc_client_utc_offsets, args.grpc_fifo_groups, args.grpc_push_invisible_s,
+                 args.grpc_client_gone_after_s)
     if args.grpc_port is None:
         if any(option is not None for option in grpc_only):
             raise ValueError("--grpc-host, --grpc-advertise, --grpc-tls-* and the other gRPC options "
-                             "(--grpc-client-utc-offsets, --grpc-fifo-groups) need --grpc-port")
+                             "(--grpc-client-utc-offsets, --grpc-fifo-groups, --grpc-push-invisible-s, "
+                             "--grpc-client-gone-after-s) need --grpc-port")
         return
     try:
         from ..server.grpc.front import parse_advertised
@@ -233,6 +237,8 @@ def _grpc_front(args: argparse.Namespace, broker: EmbeddedBroker) -> GrpcFront |
     if args.grpc_port is None:
         return None
     from ..server.grpc.front import GrpcFront, parse_advertised
+    from ..server.grpc.renewal import GONE_AFTER_S
+    from ..server.grpc.service import DEFAULT_INVISIBLE_S
     from ..server.grpc.signature import UTC_OFFSETS_MIN, parse_utc_offsets
 
     advertise = parse_advertised(args.grpc_advertise) if args.grpc_advertise else ()
@@ -240,7 +246,9 @@ def _grpc_front(args: argparse.Namespace, broker: EmbeddedBroker) -> GrpcFront |
     return GrpcFront(broker, args.grpc_host or args.host, args.grpc_port, advertise=advertise,
                      access_key=args.access_key, secret_key=args.secret_key, utc_offsets=offsets,
                      tls_cert=args.grpc_tls_cert, tls_key=args.grpc_tls_key,
-                     fifo_groups=[group.strip() for group in (args.grpc_fifo_groups or "").split(",") if group.strip()])
+                     fifo_groups=[group.strip() for group in (args.grpc_fifo_groups or "").split(",") if group.strip()],
+                     push_invisible_s=args.grpc_push_invisible_s or DEFAULT_INVISIBLE_S,
+                     client_gone_after_s=args.grpc_client_gone_after_s or GONE_AFTER_S)
 
 
 def _broker(args: argparse.Namespace) -> BrokerAPI:
@@ -440,6 +448,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-fifo-groups", metavar="GROUP[,GROUP...]", help="consumer groups whose push consumers "
                    "consume as FIFO groups (RocketMQ's consumeMessageOrderly): the client retries a failed message "
                    "itself, then forwards it to the DLQ")
+    s.add_argument("--grpc-push-invisible-s", type=seconds_in(1, 3600), metavar="S",
+                   help="seconds a message a push consumer holds stays invisible between the broker's renewals, "
+                        "and how soon it comes back after the broker stops renewing it (default: 30)")
+    s.add_argument("--grpc-client-gone-after-s", type=seconds_in(1, 3600), metavar="S",
+                   help="seconds a push consumer whose stream closed may give no sign of life before the messages "
+                        "it holds are released to the group (default: 30; keep it above the clients' 10 s "
+                        "heartbeat)")
     s.add_argument("--checker", help="module:factory called with the broker, returning a TransactionChecker "
                    "(e.g. outbox.integrations.celery.checker:make_checker); none: connected producers only")
     s.add_argument("--access-key", help="clients must sign with this key pair (docs/security.md); none: no keys")

@@ -23,7 +23,15 @@ from broker_embedded.server.grpc._proto import definition_pb2 as pb
 from broker_embedded.server.grpc._proto import service_pb2 as spb
 from broker_embedded.server.grpc.service import SERVICE_NAME
 
-from .conftest import GrpcBroker, InProcess, eventually, in_process_grpc, rocketmq
+from .conftest import (
+    GrpcBroker,
+    InProcess,
+    eventually,
+    in_process_grpc,
+    rocketmq,
+    start_grpc_broker,
+    wait_for_port,
+)
 
 #: Attempts and back-off of the in-process broker: a failing message is delivered three times,
 #: one second apart (the Python client reads whole seconds), then dead-lettered.
@@ -347,3 +355,43 @@ def test_a_held_message_is_acked_with_its_first_handle_after_the_broker_restarte
         time.sleep(1.5)  # the front's stop released nothing: still invisible, its receipt still good
         assert _ack(endpoint, group, held, "client-1") == pb.OK
         assert _receive(endpoint, group, topic, "client-2", auto_renew=False, wait_s=int(RENEWED_INVISIBLE_S) + 1) == []
+
+
+def test_serve_sets_when_a_silent_client_counts_as_gone(tmp_path: Path) -> None:
+    """``serve --grpc-client-gone-after-s 1``: a client whose Telemetry stream closed and that
+    gives no sign of life for a second has its held messages released (the default, 30 s,
+    would keep them past this test's 10 s wait)."""
+    broker = start_grpc_broker(tmp_path / "broker", "--grpc-client-gone-after-s", "1")
+    try:
+        topic, group = _name("gone"), _name("group")
+        with broker.native() as native:
+            native.send(Message(topic=topic, body=b"held"))
+        [held] = _receive(broker.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+        quiet = threading.Event()
+        telemetry = _telemetry(broker.endpoint, "client-1", quiet)
+        time.sleep(0.5)  # the stream is open
+        quiet.set()
+        telemetry.join(timeout=10)
+        [again] = _receive(broker.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
+        assert again.system_properties.message_id == held.system_properties.message_id
+    finally:
+        broker.process.stop()
+
+
+def test_serve_sets_how_soon_a_held_message_comes_back_once_no_broker_renews_it(tmp_path: Path) -> None:
+    """``serve --grpc-push-invisible-s 2``: a message a push consumer held when the broker's
+    process was killed comes back about 2 s later, once nothing renews it (the default, 30 s,
+    would keep it past this test's 10 s wait)."""
+    broker = start_grpc_broker(tmp_path / "broker", "--grpc-push-invisible-s", "2")
+    try:
+        topic, group = _name("restart"), _name("group")
+        with broker.native() as native:
+            native.send(Message(topic=topic, body=b"held"))
+        [held] = _receive(broker.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+        broker.process.kill()
+        broker.process.start()
+        wait_for_port(broker.grpc_port, process=broker.process)
+        [again] = _receive(broker.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
+        assert again.system_properties.message_id == held.system_properties.message_id
+    finally:
+        broker.process.stop()

@@ -13,6 +13,7 @@ import grpc
 
 from ...api import BrokerAPI
 from ...broker.config import BrokerConfig
+from .renewal import GONE_AFTER_S
 from .service import DEFAULT_INVISIBLE_S, MessagingService
 from .signature import UTC_OFFSETS_MIN, SignatureFirst, SignatureVerifier
 
@@ -33,7 +34,8 @@ class GrpcFront:
     call must be signed with them (``MQv2-HMAC-SHA1``) at a time that is now in one of
     ``utc_offsets`` (minutes; default: every zone in use). With ``tls_cert`` and ``tls_key``
     (PEM files) the port speaks TLS only. A message a push consumer receives is invisible for
-    ``push_invisible_s``, renewed until the consumer acks it (RocketMQ's ``auto_renew``). Push
+    ``push_invisible_s``, renewed until the consumer acks it (RocketMQ's ``auto_renew``) or its
+    client gives no sign of life for ``client_gone_after_s`` (then released). Push
     consumers of ``fifo_groups`` are told their group is FIFO (RocketMQ's
     ``consumeMessageOrderly``): they retry a failed message themselves, then forward it to the DLQ."""
 
@@ -41,7 +43,8 @@ class GrpcFront:
                  advertise: Sequence[str] = (), access_key: str | None = None, secret_key: str | None = None,
                  utc_offsets: Sequence[int] = UTC_OFFSETS_MIN, tls_cert: Path | None = None,
                  tls_key: Path | None = None, max_workers: int = 64,
-                 push_invisible_s: float = DEFAULT_INVISIBLE_S, fifo_groups: Collection[str] = ()) -> None:
+                 push_invisible_s: float = DEFAULT_INVISIBLE_S, fifo_groups: Collection[str] = (),
+                 client_gone_after_s: float = GONE_AFTER_S) -> None:
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key, or neither")
         if (tls_cert is None) != (tls_key is None):
@@ -61,7 +64,7 @@ class GrpcFront:
         self.interceptors = [SignatureFirst(SignatureVerifier(access_key, secret_key, utc_offsets=utc_offsets))] \
             if access_key is not None and secret_key is not None else []
         self.service = MessagingService(broker, self.executor, self.poll_executor, advertise, push_invisible_s,
-                                        fifo_groups)
+                                        fifo_groups, client_gone_after_s)
         self._server: grpc.aio.Server | None = None
         self._renewing: asyncio.Task[None] | None = None
 

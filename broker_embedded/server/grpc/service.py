@@ -48,7 +48,7 @@ from ..batching import Batcher, ack_batcher, write_batcher
 from ._proto import definition_pb2 as pb
 from ._proto import service_pb2 as spb
 from .convert import from_proto, priority_of, received_to_proto
-from .renewal import Renewals
+from .renewal import GONE_AFTER_S, Renewals
 from .sessions import CheckRouter, TelemetrySession
 from .status import ok, status_of
 
@@ -90,13 +90,14 @@ class MessagingService:
     of a static route (each serving its own store, the same list given to each); without it a
     route names the address the client used. Signatures are checked before the service is
     reached (``signature.SignatureFirst``). A message a push consumer receives is invisible for
-    ``push_invisible_s``, renewed while the consumer holds it (``renewals``). Push consumers of
+    ``push_invisible_s``, renewed while the consumer holds it (``renewals``), and released
+    once its client gave no sign of life for ``client_gone_after_s``. Push consumers of
     ``fifo_groups`` consume as FIFO groups (one message of a message group at a time, failures
     retried by the client, then forwarded to the DLQ)."""
 
     def __init__(self, broker: BrokerAPI, executor: ThreadPoolExecutor, poll_executor: Executor,
                  advertise: Sequence[str] = (), push_invisible_s: float = DEFAULT_INVISIBLE_S,
-                 fifo_groups: Collection[str] = ()) -> None:
+                 fifo_groups: Collection[str] = (), client_gone_after_s: float = GONE_AFTER_S) -> None:
         self.broker = broker
         self.fifo_groups = frozenset(fifo_groups)
         self.executor = executor
@@ -107,7 +108,7 @@ class MessagingService:
         config = getattr(broker, "config", None)
         self.config = config if isinstance(config, BrokerConfig) else BrokerConfig()
         self.stopping = False
-        self.renewals = Renewals(self._renew, push_invisible_s)
+        self.renewals = Renewals(self._renew, push_invisible_s, client_gone_after_s)
         #: Concurrent writes share one append and one fsync (group commit), as on the native port.
         self._tasks: set[asyncio.Future[None]] = set()
         self._writes = write_batcher(broker, executor, self._track)
