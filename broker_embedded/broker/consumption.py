@@ -1012,14 +1012,16 @@ class ConsumerGroups:
 
     def _queue_lags(self) -> Iterator[tuple[ProgressKey, int, QueueProgress | None]]:
         """Under the lock: every stored queue of each (group, topic) that has progress, with
-        its lag; a queue the group has not read yet counts from its start."""
+        its lag; a queue the group has not read yet counts from its start, or, the group
+        deleted and back, from where it stopped there."""
         for group, topic in sorted({(key[0], key[1]) for key in self.progress}):
             for stored_topic, queue_id in self._sources(group, topic):
                 key = (group, topic, stored_topic, queue_id)
                 progress = self.progress.get(key)
                 end = self.store.queue_max_offset(stored_topic, queue_id)
                 if progress is None:
-                    yield key, end - self.store.queue_min_offset(stored_topic, queue_id), None
+                    start = max(self.store.queue_min_offset(stored_topic, queue_id), self.resume_at.get(key, 0))
+                    yield key, max(end - start, 0), None
                 else:
                     yield key, max(end - progress.floor - len(progress.done_above), 0), progress
 

@@ -201,3 +201,22 @@ def test_deletions_in_a_seeded_mix_never_bring_back_what_the_group_had_done(brok
                 broker._consumer_snapshot_path.unlink(missing_ok=True)
             broker = broker_factory(max_delivery_attempts=1000)
         assert {d.message.message_id for d in broker.list_dlq("g", max_messages=1000)} == dead_since, where
+
+
+def test_the_lag_of_a_group_come_back_counts_from_where_it_stopped_in_every_queue(broker_factory) -> None:
+    broker = broker_factory()
+    broker.create_topic("orders", 2)
+    for n in range(6):
+        broker.send(Message("orders", f"old{n}".encode()))
+    for _ in range(2):
+        for item in broker.receive("g", "orders", max_messages=16, wait_s=1):
+            broker.ack("g", item.receipt_handle)
+    assert broker.stats().consumer_lag == {"g": {"orders": 0}}
+    broker.delete_group("g")
+    new_in_queue_1 = 0
+    while broker.send(Message("orders", b"new")).queue_id != 0:
+        new_in_queue_1 += 1
+    # one message, from queue 0 (read first): queue 1 is not read again by this receive
+    [item] = broker.receive("g", "orders", max_messages=1, wait_s=1)
+    broker.ack("g", item.receipt_handle)
+    assert broker.stats().consumer_lag == {"g": {"orders": new_in_queue_1}}
