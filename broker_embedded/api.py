@@ -87,6 +87,17 @@ class DeletedGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupReset:
+    """A consumer group moved on a topic: in how many of the topic's queues, and how many
+    messages it is to receive there from its new positions (what it skipped is done)."""
+
+    group: str
+    topic: str
+    queues: int
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerStats:
     """A snapshot for the admin CLI: depths, backlogs, and the transaction counters.
 
@@ -373,6 +384,16 @@ class BrokerAPI(Protocol):
         had done is not delivered again, except messages it acked out of order past one it
         had not. ``GroupInUseError`` while a receive of the group runs or messages it received
         are in flight; ``UnknownGroupError`` for a group the broker has nothing of."""
+        ...
+
+    def reset_group(self, group: str, topic: str, timestamp_ms: int | None = None) -> GroupReset:
+        """Move a consumer group on ``topic`` (RocketMQ's resetOffsetByTime): in each of the
+        topic's queues to the first message stored at or after ``timestamp_ms`` (epoch ms;
+        0: the oldest kept), every message from there delivered again, acked or not; with
+        None past the last message stored, so the group skips its backlog. Its retry queue
+        and DLQ are left as they are. ``GroupInUseError`` while a receive of the group runs or
+        messages it received are in flight; ``UnknownTopicError`` for a topic that does not
+        exist."""
         ...
 
     def stats(self) -> BrokerStats:

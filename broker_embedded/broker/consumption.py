@@ -30,7 +30,10 @@ Deleting a group (``delete_group``) is an event too (``EVENT_DELETED``), one per
 queue it had progress in, carrying the floor there, and one for its DLQ, carrying the DLQ's
 end: the group's progress is dropped and those floors kept (``resume_at``, ``dlq_floors``,
 in the snapshot as well), so consumers of the group that come back resume where it stopped
-and only later dead letters are listed and counted.
+and only later dead letters are listed and counted. Resetting a group on a topic
+(``reset_group``, RocketMQ's resetOffsetByTime) stores one ``EVENT_RESET`` per queue of the
+topic, carrying its new floor. Both are refused while the group consumes, and its receives
+while they are stored.
 Like RocketMQ's periodic consumer-offset persistence, these events are written without
 waiting for their fsync (they are durable within the store's flush interval): a crash
 can forget the last acks, which only means one more delivery of those messages, and the
@@ -57,7 +60,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ..api import ConsumerQueue, DeletedGroup
+from ..api import ConsumerQueue, DeletedGroup, GroupReset
 from ..clock import WALL, Clock
 from ..errors import (
     BrokerClosedError,
@@ -84,6 +87,9 @@ EVENT_SKIPPED = "s"  # ``count`` messages from ``queue_offset`` on, which the gr
 #: The group was deleted: its progress in ``stored_topic``'s queue (its floor there is
 #: ``queue_offset``), or, with no ``topic``, its DLQ (which ended at ``queue_offset``).
 EVENT_DELETED = "f"
+#: The group was reset (``reset_group``): its progress in ``stored_topic``'s queue starts
+#: again at ``queue_offset``, every message from there on to be delivered.
+EVENT_RESET = "r"
 
 #: Consume queue entries a tag filter reads at once (20 bytes each), and at most per queue
 #: under the lock: a receive scanning a long run of messages its filter passes over lets
@@ -444,9 +450,10 @@ class ConsumerGroups:
         #: Per deleted group, the end of its DLQ when it was deleted: the dead letters below
         #: it are no longer listed or counted.
         self.dlq_floors: dict[str, int] = {}
-        #: The receives running now, per group, and the groups being deleted (``delete_group``).
+        #: The receives running now, per group, and the groups whose deletion or reset is
+        #: being stored (``_store_change``).
         self._receiving: dict[str, int] = {}
-        self._deleting: set[str] = set()
+        self._changing: set[str] = set()
         #: Deliveries marked done whose settling events are being stored (``_store``): a
         #: snapshot taken meanwhile keeps them in flight, since the store may refuse them.
         self._unstored: list[tuple[ProgressKey, Delivery]] = []
@@ -459,8 +466,8 @@ class ConsumerGroups:
         with self.lock:
             for record in records:
                 for event in events_of(record):
-                    if event.kind == EVENT_DELETED:
-                        self._apply_deleted(event)
+                    if event.kind in (EVENT_DELETED, EVENT_RESET):
+                        self._apply_change(event)
                         continue
                     progress = self._progress((event.group, event.topic, event.stored_topic, event.queue_id))
                     if event.kind == EVENT_DELIVERED:
@@ -550,8 +557,8 @@ class ConsumerGroups:
         long-polling up to ``wait_s``; as many as fit in ``max_bytes`` of record size (at
         least one). The messages it passes over are done for the group."""
         with self.lock:
-            if group in self._deleting:
-                raise GroupInUseError(f"consumer group {group!r} is being deleted")
+            if group in self._changing:
+                raise GroupInUseError(f"consumer group {group!r} is being deleted or reset")
             self._receiving[group] = self._receiving.get(group, 0) + 1
         try:
             return self._receive(group, topic, max_messages, invisible_ms, wait_s, max_bytes, subscription)
@@ -967,48 +974,84 @@ class ConsumerGroups:
 
     # -- admin ----------------------------------------------------------------------------
     def delete_group(self, group: str) -> DeletedGroup:
-        """Forget ``group`` (``BrokerAPI.delete_group``): its deletion events stored durably,
-        then its progress dropped and the floors kept. Receives of the group are refused
-        while the events are written, so none of its events can land on either side of them."""
+        """Forget ``group`` (``BrokerAPI.delete_group``): its progress dropped and its floors
+        kept, by ``EVENT_DELETED`` events."""
         dlq = dlq_topic(group)
         with self.lock:
             keys = [key for key in self.progress if key[0] == group]
             dlq_end, dlq_floor = self.store.queue_max_offset(dlq, 0), self.dlq_floors.get(group, 0)
             if not keys and dlq_end <= dlq_floor:
                 raise UnknownGroupError(f"consumer group {group!r} has no progress and no dead letters here")
-            if self._receiving.get(group):
-                raise GroupInUseError(f"consumer group {group!r} has a receive running: stop its consumers first")
             now = self.clock.time_ms()
-            in_flight = sum(_in_flight(self.progress[key], now) for key in keys)
-            in_flight += sum(1 for key, _ in self._unstored if key[0] == group)
-            if in_flight:
-                raise GroupInUseError(f"consumer group {group!r} has {in_flight} message(s) in flight: stop its "
-                                      "consumers and let them be acked or their invisible duration end first")
             events = [Event(EVENT_DELETED, group, key[1], key[2], key[3], self.progress[key].floor, 0, "", now)
                       for key in keys]
             events.append(Event(EVENT_DELETED, group, "", dlq, 0, max(dlq_end, dlq_floor), 0, "", now))
-            self._deleting.add(group)
-        try:
-            self._persist(events, durable=True)
-            with self.lock:
-                for event in events:
-                    self._apply_deleted(event)
-        finally:
-            with self.lock:
-                self._deleting.discard(group)
+            self._claim(group)
+        self._commit(group, events)
         deleted = DeletedGroup(group, len(keys), max(dlq_end - dlq_floor, 0))
         log.info("consumer group %s deleted: progress in %d queue(s) and %d dead letter(s) forgotten",
                  group, deleted.queues, deleted.dead_letters)
         return deleted
 
-    def _apply_deleted(self, event: Event) -> None:
-        """Under the lock: what an ``EVENT_DELETED`` says, stored or replayed."""
-        if not event.topic:
+    def reset_group(self, group: str, topic: str, timestamp_ms: int | None) -> GroupReset:
+        """Move ``group`` in each queue of ``topic`` to the first message stored at or after
+        ``timestamp_ms`` (None: past the last one stored) (``BrokerAPI.reset_group``), by
+        ``EVENT_RESET`` events; its retry queue is left as it is."""
+        queues = range(self._queue_count(topic))
+        with self.lock:
+            floors = [self.store.queue_max_offset(topic, q) if timestamp_ms is None
+                      else self.store.offset_for_timestamp(topic, q, timestamp_ms) for q in queues]
+            now = self.clock.time_ms()
+            events = [Event(EVENT_RESET, group, topic, topic, q, floor, 0, "", now)
+                      for q, floor in zip(queues, floors, strict=True)]
+            self._claim(group)
+        self._commit(group, events)
+        reset = GroupReset(group, topic, len(floors), sum(
+            max(self.store.queue_max_offset(topic, q) - floor, 0) for q, floor in zip(queues, floors, strict=True)))
+        log.info("consumer group %s reset on topic %s to %s: %d message(s) to deliver", group, topic,
+                 "the end" if timestamp_ms is None else f"{timestamp_ms} ms", reset.lag)
+        return reset
+
+    def _claim(self, group: str) -> None:
+        """Under the lock, the last step before a deletion or a reset of ``group`` is stored
+        (``_commit``, which must follow): ``GroupInUseError``
+        while a receive of the group runs or a message it received is in flight; else its
+        receives are refused until ``_commit`` applied the change, so none of its events can
+        land on either side of the change's."""
+        if self._receiving.get(group):
+            raise GroupInUseError(f"consumer group {group!r} has a receive running: stop its consumers first")
+        now = self.clock.time_ms()
+        in_flight = sum(_in_flight(progress, now) for key, progress in self.progress.items() if key[0] == group)
+        in_flight += sum(1 for key, _ in self._unstored if key[0] == group)
+        if in_flight:
+            raise GroupInUseError(f"consumer group {group!r} has {in_flight} message(s) in flight: stop its "
+                                  "consumers and let them be acked or their invisible duration end first")
+        self._changing.add(group)
+
+    def _commit(self, group: str, events: list[Event]) -> None:
+        """Store the change ``_claim`` let through (``events``) durably, then apply it; the
+        group's receives are taken again after, whatever happened."""
+        try:
+            self._persist(events, durable=True)
+            with self.lock:
+                for event in events:
+                    self._apply_change(event)
+        finally:
+            with self.lock:
+                self._changing.discard(group)
+
+    def _apply_change(self, event: Event) -> None:
+        """Under the lock: what an ``EVENT_DELETED`` or ``EVENT_RESET`` says, stored or replayed."""
+        if not event.topic:  # a deletion's DLQ floor
             self.dlq_floors[event.group] = event.queue_offset
             return
         key = (event.group, event.topic, event.stored_topic, event.queue_id)
-        self.progress.pop(key, None)
-        self.resume_at[key] = event.queue_offset
+        if event.kind == EVENT_RESET:
+            self.resume_at.pop(key, None)
+            self.progress[key] = QueueProgress(event.queue_offset, event.queue_offset)
+        else:
+            self.progress.pop(key, None)
+            self.resume_at[key] = event.queue_offset
 
     def _queue_lags(self) -> Iterator[tuple[ProgressKey, int, QueueProgress | None]]:
         """Under the lock: every stored queue of each (group, topic) that has progress, with

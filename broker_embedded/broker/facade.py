@@ -26,6 +26,7 @@ from ..api import (
     CheckCallback,
     ConsumerQueue,
     DeletedGroup,
+    GroupReset,
     OpenTransaction,
     ParkedTransaction,
     TopicInfo,
@@ -34,7 +35,7 @@ from ..api import (
     validate_receive,
 )
 from ..checkers import ProducerCallbackChecker, ProducersFirst
-from ..errors import BrokerClosedError, BrokerError, InvalidMessageError
+from ..errors import BrokerClosedError, BrokerError, InvalidMessageError, UnknownTopicError
 from ..filters import EVERY, TAG, parse_filter
 from ..message import (
     EndTransactionResult,
@@ -447,6 +448,13 @@ class EmbeddedBroker:
     def delete_group(self, group: str) -> DeletedGroup:
         validate_group(group)
         return self.consumers.delete_group(group)
+
+    def reset_group(self, group: str, topic: str, timestamp_ms: int | None = None) -> GroupReset:
+        validate_group(group)
+        validate_user_topic(topic)
+        if not self._queue_count(topic):
+            raise UnknownTopicError(f"topic {topic!r} does not exist")
+        return self.consumers.reset_group(group, topic, timestamp_ms)
 
     def stats(self) -> BrokerStats:
         book = self.book

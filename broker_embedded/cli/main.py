@@ -86,7 +86,7 @@ if TYPE_CHECKING:  # prometheus_client comes with the [server] extra, needed for
 EXIT_STATUS = """exit status:
   0    done (an empty list from topics/parked/dlq list or receive is not an error)
   1    not found: the message, key, transaction, topic or group named does not exist
-       (query, tx state, parked resolve/recheck, dlq resend, groups delete); one line "not found: ..." on stderr.
+       (query, tx state, parked resolve/recheck, dlq resend, groups delete/reset); one line "not found: ..." on stderr.
        fsck: problems found; repair: records were lost; losses: open losses remain
   2    usage, configuration or broker error; one line "error: Type: reason" on stderr
   141  the output pipe closed early (halfmoon-broker stats | head): nothing more is written
@@ -356,10 +356,14 @@ def admin(args: argparse.Namespace) -> int:
             else:
                 broker.recheck_parked(args.id)
                 print(f"transaction {args.id} is under check again")
-        elif command == "groups":
+        elif command == "groups" and args.action == "delete":
             deleted = broker.delete_group(args.group)
             print(f"consumer group {deleted.group} deleted: its progress in {deleted.queues} queue(s) and "
                   f"{deleted.dead_letters} dead letter(s) forgotten")
+        elif command == "groups":
+            reset = broker.reset_group(args.group, args.topic, None if args.to == "end" else args.to)
+            print(f"consumer group {reset.group} reset on topic {reset.topic}: {reset.lag} message(s) to "
+                  f"receive from its {reset.queues} queue(s)")
         elif command == "dlq":
             _print(broker.list_dlq(args.group) if args.action == "list" else broker.resend_dlq(args.group, args.id))
         elif command == "export":
@@ -525,10 +529,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("group", help="the consumer group")
     d.add_argument("id", nargs="?", help="the message id to resend")
     client_options(d)
-    g = sub.add_parser("groups", help="delete a consumer group no longer used")
-    g.add_argument("action", choices=["delete"],
-                   help="forget the group's progress, lag and dead letters (refused while it consumes)")
+    g = sub.add_parser("groups", help="delete a consumer group no longer used, or move it on a topic")
+    g.add_argument("action", choices=["delete", "reset"],
+                   help="delete: forget the group's progress, lag and dead letters; reset: move it on TOPIC "
+                        "(--to); both refused while it consumes")
     g.add_argument("group", help="the consumer group")
+    g.add_argument("topic", nargs="?", help="reset: the topic to move the group on")
+    g.add_argument("--to", type=reset_point, metavar="end|start|TIME",
+                   help="reset: end skips every message stored so far; start delivers again every one kept; an "
+                        "ISO 8601 time (2026-11-30T12:00:00Z) those stored since")
     client_options(g)
     e = sub.add_parser("export", help="export messages and deliveries for reconciliation")
     e.add_argument("--out", required=True, help="with --url: relative to the server's export root, "
@@ -548,6 +557,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def reset_point(text: str) -> int | str:
+    """An argparse type: where ``groups reset`` moves a group: ``end``, ``start`` (0) or an
+    ISO 8601 time (UTC unless it names its offset) as epoch milliseconds."""
+    if text in ("end", "start"):
+        return 0 if text == "start" else text
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not end, start or an ISO 8601 time") from None
+    return round((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
 def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The argument combinations argparse cannot express."""
     command, action = args.command, getattr(args, "action", None)
@@ -562,6 +583,10 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                      "without it, give both the resolution and --force")
     if command == "dlq" and action == "resend" and not args.id:
         parser.error("dlq resend needs a message ID")
+    if command == "groups" and action == "reset" and (not args.topic or args.to is None):
+        parser.error("groups reset needs a TOPIC and --to end|start|TIME")
+    if command == "groups" and action == "delete" and (args.topic or args.to is not None):
+        parser.error("groups delete takes the group alone")
 
 
 @quiet_on_broken_pipe

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..api import BrokerStats, DeletedGroup, ParkedTransaction, TopicInfo
+from ..api import BrokerStats, DeletedGroup, GroupReset, ParkedTransaction, TopicInfo
 from ..errors import BrokerError, BrokerUnavailableError, MalformedFrameError
 from ..message import (
     CheckRequest,
@@ -237,6 +237,9 @@ class AsyncBrokerClient(SessionClient[AsyncCheckCallback, _AsyncLink]):
 
     async def delete_group(self, group: str) -> DeletedGroup:
         return await self._do(self._session.delete_group(group))
+
+    async def reset_group(self, group: str, topic: str, timestamp_ms: int | None = None) -> GroupReset:
+        return await self._do(self._session.reset_group(group, topic, timestamp_ms))
 
     async def stats(self) -> BrokerStats:
         return await self._do(self._session.stats())

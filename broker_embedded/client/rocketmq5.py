@@ -37,6 +37,7 @@ from ..api import (
     BrokerStats,
     CheckCallback,
     DeletedGroup,
+    GroupReset,
     ParkedTransaction,
     TopicInfo,
     ack_each,
@@ -467,6 +468,9 @@ class RocketMQ5Broker:
 
     def delete_group(self, group: str) -> DeletedGroup:
         self._unsupported("deleting consumer groups")
+
+    def reset_group(self, group: str, topic: str, timestamp_ms: int | None = None) -> GroupReset:
+        self._unsupported("resetting consumer groups")
 
     def stats(self) -> BrokerStats:
         self._unsupported("broker statistics")

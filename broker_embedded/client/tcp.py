@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Generic, TypeVar
 
-from ..api import BrokerStats, CheckCallback, DeletedGroup, ParkedTransaction, TopicInfo
+from ..api import BrokerStats, CheckCallback, DeletedGroup, GroupReset, ParkedTransaction, TopicInfo
 from ..errors import BrokerError, BrokerUnavailableError, MalformedFrameError
 from ..message import (
     CheckRequest,
@@ -587,6 +587,9 @@ class BrokerClient(SessionClient[CheckCallback, _Link]):
 
     def delete_group(self, group: str) -> DeletedGroup:
         return self._do(self._session.delete_group(group))
+
+    def reset_group(self, group: str, topic: str, timestamp_ms: int | None = None) -> GroupReset:
+        return self._do(self._session.reset_group(group, topic, timestamp_ms))
 
     def stats(self) -> BrokerStats:
         return self._do(self._session.stats())

@@ -50,6 +50,7 @@ class RequestCode(enum.IntEnum):
     QUERY_MESSAGE = 12
     UPDATE_AND_CREATE_TOPIC = 17
     DELETE_SUBSCRIPTIONGROUP = 207
+    INVOKE_BROKER_TO_RESET_OFFSET = 222
     GET_ALL_TOPIC_CONFIG = 21
     GET_BROKER_RUNTIME_INFO = 28
     SEARCH_OFFSET_BY_TIMESTAMP = 29
@@ -105,6 +106,7 @@ METHODS: dict[RequestCode, str] = {
     RequestCode.LIST_DLQ_MESSAGES: "list_dlq",
     RequestCode.RESEND_DLQ_MESSAGE: "resend_dlq",
     RequestCode.DELETE_SUBSCRIPTIONGROUP: "delete_group",
+    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: "reset_group",
 }
 CODES: dict[str, RequestCode] = {method: code for code, method in METHODS.items()}
 

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from ..api import BrokerStats, DeletedGroup, ParkedTransaction, TopicInfo
+from ..api import BrokerStats, DeletedGroup, GroupReset, ParkedTransaction, TopicInfo
 from ..errors import (
     BrokerClosedError,
     BrokerError,
@@ -361,6 +361,9 @@ class ClientSession(Generic[C]):
 
     def delete_group(self, group: str) -> Call[DeletedGroup]:
         return _method("delete_group", group=group)
+
+    def reset_group(self, group: str, topic: str, timestamp_ms: int | None = None) -> Call[GroupReset]:
+        return _method("reset_group", group=group, topic=topic, timestamp_ms=timestamp_ms)
 
     def stats(self) -> Call[BrokerStats]:
         return _method("stats")

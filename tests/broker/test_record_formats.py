@@ -84,9 +84,18 @@ SNAPSHOT_WITH_DELETED_BYTES = (b"\x84\xa4upto\x07\xa8progress\x90\xa9resume_at\x
                                b"\xa6orders\x03(\xaadlq_floors\x81\xa4shop\x05")
 
 
-def test_a_deleted_groups_events_and_snapshot_keep_their_bytes() -> None:
+# A reset group's event: its new floor in one queue.
+RESET = Event(kind="r", group="shop", topic="orders", stored_topic="orders", queue_id=3, queue_offset=40,
+              attempt=0, message_id="", timestamp_ms=1_700_000_000_000)
+RESET_BYTES = (b"\x91\x89\xa1e\xa1r\xa1g\xa4shop\xa1s\xa6orders\xa1t\xa6orders\xa1q\x03\xa1o(\xa1n\x00\xa1m\xa0"
+               b"\xa2ts\xcf\x00\x00\x01\x8b\xcf\xe5h\x00")
+
+
+def test_a_deleted_or_reset_groups_events_and_snapshot_keep_their_bytes() -> None:
     assert encode_events(DELETED) == DELETED_BYTES
     assert decode_events(DELETED_BYTES) == DELETED
+    assert encode_events([RESET]) == RESET_BYTES
+    assert decode_events(RESET_BYTES) == [RESET]
     with_deleted = Snapshot(7, [], resume_at=[(("shop", "orders", "orders", 3), 40)], dlq_floors={"shop": 5})
     assert encode_snapshot(with_deleted) == SNAPSHOT_WITH_DELETED_BYTES
     assert decode_snapshot(SNAPSHOT_WITH_DELETED_BYTES) == with_deleted

@@ -80,3 +80,17 @@ def test_groups_delete_forgets_a_group_and_refuses_one_with_messages_in_flight(d
     assert deleted.stdout.startswith("consumer group retired deleted: ")
     stats = run("halfmoon-broker", "stats", "--json", "--data-dir", data_dir)
     assert set(json.loads(stats.stdout)["consumer_lag"]) == {"busy"}
+
+
+def test_groups_reset_moves_a_group_to_the_end_or_the_start(data_dir: str) -> None:
+    to_end = run("halfmoon-broker", "groups", "reset", "late", "orders", "--to", "end", "--data-dir", data_dir)
+    assert to_end.returncode == 0, to_end.stderr
+    assert to_end.stdout.startswith("consumer group late reset on topic orders: 0 message(s) to receive")
+    to_start = run("halfmoon-broker", "groups", "reset", "late", "orders", "--to", "2000-01-01T00:00:00Z",
+                   "--data-dir", data_dir)
+    assert to_start.returncode == 0 and "reset on topic orders: 1 message(s) to receive" in to_start.stdout
+    missing = run("halfmoon-broker", "groups", "reset", "late", "nope", "--to", "end", "--data-dir", data_dir)
+    assert missing.returncode == 1 and one_line(missing.stderr).startswith("not found: ")
+    for usage in (("late", "orders"), ("late", "orders", "--to", "yesterday"), ("late", "--to", "end")):
+        refused = run("halfmoon-broker", "groups", "reset", *usage, "--data-dir", data_dir)
+        assert refused.returncode == 2 and refused.stdout == "", usage

@@ -23,6 +23,7 @@ from broker_embedded.errors import (
     TransactionConflictError,
     UnknownGroupError,
     UnknownReceiptError,
+    UnknownTopicError,
     UnknownTransactionError,
     UnsupportedError,
 )
@@ -255,6 +256,7 @@ ADMIN_CALLS: dict[str, Callable[[Driver, str], Any]] = {
     "list_dlq": lambda d, t: d.api.list_dlq(GROUP),
     "resend_dlq": lambda d, t: d.api.resend_dlq(GROUP, _id()),
     "delete_group": lambda d, t: d.api.delete_group(GROUP),
+    "reset_group": lambda d, t: d.api.reset_group(GROUP, t),
     "stats": lambda d, t: d.api.stats(),
 }
 
@@ -311,6 +313,21 @@ def test_a_group_no_longer_used_is_deleted_and_one_in_use_is_refused(driver: Dri
     assert group not in api.stats().consumer_lag
     with pytest.raises(UnknownGroupError):
         api.delete_group(group)
+
+
+def test_a_group_reset_to_the_end_skips_its_backlog(driver: Driver) -> None:
+    if driver.proxy:
+        return  # test_admin_calls: UnsupportedError
+    api, topic, group = driver.api, driver.topic(2), f"late-{_id()[:8]}"
+    for body in (b"a", b"b", b"c"):
+        api.send(Message(topic, body))
+    reset = api.reset_group(group, topic)
+    assert (reset.group, reset.topic, reset.queues, reset.lag) == (group, topic, 2, 0)
+    api.send(Message(topic, b"new"))
+    assert [m.message.body for m in _drain(driver, topic, 1, group=group)] == [b"new"]
+    assert api.reset_group(group, topic, 0).lag == 4  # every message kept, again
+    with pytest.raises(UnknownTopicError):
+        api.reset_group(group, f"missing-{_id()[:8]}")
 
 
 @pytest.mark.parametrize("mistake", ["no queues", "too many queues", "bad topic", "reserved topic"])

@@ -71,6 +71,7 @@ SAMPLES: dict[RequestCode, dict[str, Any]] = {
     RequestCode.LIST_DLQ_MESSAGES: {"group": "fg", "max_messages": 4},
     RequestCode.RESEND_DLQ_MESSAGE: {"group": "fg", "message_id": "m"},
     RequestCode.DELETE_SUBSCRIPTIONGROUP: {"group": "fg"},
+    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: {"group": "fg", "topic": "fuzz", "timestamp_ms": 0},
     RequestCode.AUTHENTICATE: {"access_key": "a", "signature": "s"},
     RequestCode.EXPORT_MESSAGES: {"out_dir": 0},
 }
