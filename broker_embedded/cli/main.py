@@ -17,6 +17,7 @@
     tx      state ID
     parked  list | resolve ID [--wait S] | resolve ID commit|rollback --force | recheck ID
     dlq     list GROUP | resend GROUP ID
+    groups  delete GROUP | reset GROUP TOPIC --to end|start|TIME
     export  --out DIR [--format parquet|jsonl]   (over TCP: DIR under the server's export root)
     fsck    --data-dir DIR [--json]      check a stopped broker's files (exit 1: problems)
     repair  --data-dir DIR [--json]      salvage them (exit 1: records were lost)
@@ -30,7 +31,8 @@ transaction_log, with a warning.
 
 Admin commands talk to a running server (``--broker-url tcp://127.0.0.1:9876``, or the
 ``HALFMOON_BROKER_URL`` environment variable) or open a stopped broker's ``--data-dir``.
-``stats`` and ``query`` print a table, or JSON with ``--json``; the other commands print JSON.
+``stats`` and ``query`` print a table, or JSON with ``--json``; ``groups`` a sentence; the
+other commands print JSON.
 Former spellings still work, unlisted: ``--url`` (``--broker-url``), ``--max`` (``--batch-size``).
 """
 
