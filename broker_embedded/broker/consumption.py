@@ -75,7 +75,7 @@ from ..message import ReceivedMessage
 from ..store.index import consecutive_runs
 from ..store.message_store import MessageStore, fitting
 from ..store.record import PROPERTY_MESSAGE_ID, StoredRecord
-from ..topics import CONSUMER_STATE_TOPIC, dlq_topic, retry_topic, validate_group
+from ..topics import CONSUMER_STATE_TOPIC, DLQ_PREFIX, dlq_topic, retry_topic, validate_group
 from . import codec
 
 log = logging.getLogger(__name__)
@@ -451,7 +451,7 @@ class ConsumerGroups:
         #: it are no longer listed or counted.
         self.dlq_floors: dict[str, int] = {}
         #: The receives running now, per group, and the groups whose deletion or reset is
-        #: being stored (``_store_change``).
+        #: being stored (``_claim`` to ``_commit``).
         self._receiving: dict[str, int] = {}
         self._changing: set[str] = set()
         #: Deliveries marked done whose settling events are being stored (``_store``): a
@@ -830,6 +830,15 @@ class ConsumerGroups:
         props = {**record.properties, codec.DELIVERY_ATTEMPTS: str(attempts)}
         props.setdefault(codec.REAL_TOPIC, record.topic)
         return StoredRecord(dlq_topic(group), 0, record.body, props)
+
+    def dlq_depth(self) -> dict[str, int]:
+        """Messages dead-lettered per consumer group (each DLQ's length; of a deleted group,
+        those dead-lettered since, if any)."""
+        depths = {topic[len(DLQ_PREFIX):]: self.store.queue_max_offset(topic, 0)
+                  for topic in self.store.queues() if topic.startswith(DLQ_PREFIX)}
+        floors = self.dlq_floors
+        return {group: depth - floors.get(group, 0) for group, depth in depths.items()
+                if depth > floors.get(group, 0)}
 
     def list_dlq(self, group: str, max_messages: int, max_bytes: int | None = None) -> list[StoredRecord]:
         """The newest ``max_messages`` dead letters of a group that fit in ``max_bytes`` of

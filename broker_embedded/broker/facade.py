@@ -52,7 +52,6 @@ from ..store.message_store import MessageStore, fitting
 from ..store.record import StoredRecord
 from ..topics import (
     CONSUMER_STATE_TOPIC,
-    DLQ_PREFIX,
     HALF_TOPIC,
     RETRY_PREFIX,
     validate_group,
@@ -476,13 +475,8 @@ class EmbeddedBroker:
         )
 
     def dlq_depth(self) -> dict[str, int]:
-        """Messages dead-lettered per consumer group (each DLQ's length; of a deleted group,
-        those dead-lettered since, if any)."""
-        floors = self.consumers.dlq_floors
-        depths = {topic[len(DLQ_PREFIX):]: self.store.queue_max_offset(topic, 0)
-                  for topic in self.store.queues() if topic.startswith(DLQ_PREFIX)}
-        return {group: depth - floors.get(group, 0) for group, depth in depths.items()
-                if depth > floors.get(group, 0)}
+        """Messages dead-lettered per consumer group (``ConsumerGroups.dlq_depth``)."""
+        return self.consumers.dlq_depth()
 
     # -- services -------------------------------------------------------------------------
     def _on_dispatch(self, records: list[StoredRecord]) -> None:
