@@ -72,3 +72,14 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedBroker]]:
     yield open_broker
     for broker in opened:
         broker.close()
+
+
+def reopened(broker: EmbeddedBroker, open_broker: Callable[..., EmbeddedBroker], *, replay_every_event: bool,
+             **overrides: object) -> EmbeddedBroker:
+    """``broker`` closed (which writes its snapshots) and opened again by ``open_broker``;
+    with ``replay_every_event``, its consumer snapshot removed first, as after a crash before
+    any snapshot: every consumer progress event is replayed."""
+    broker.close()
+    if replay_every_event:
+        broker._consumer_snapshot_path.unlink(missing_ok=True)
+    return open_broker(**overrides)

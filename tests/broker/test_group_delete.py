@@ -19,6 +19,8 @@ from broker_embedded.errors import (
     UnknownTopicError,
 )
 
+from .conftest import reopened
+
 
 def _consume(broker, group: str, topic: str, count: int, dead: int = 0) -> list[str]:
     """Receive ``count`` messages for ``group``; dead-letter the first ``dead``, ack the rest;
@@ -55,10 +57,7 @@ def test_a_retired_group_is_no_longer_reported_and_a_restart_keeps_it_so(broker_
     only_kept_is_reported()
     with pytest.raises(UnknownGroupError):
         broker.delete_group("retired")  # deleted already
-    broker.close()  # writes the snapshots
-    if restart == "replayed":  # as after a crash before any snapshot: every event replayed
-        broker._consumer_snapshot_path.unlink()
-    broker = broker_factory()
+    broker = reopened(broker, broker_factory, replay_every_event=restart == "replayed")
     only_kept_is_reported()
     with pytest.raises(UnknownGroupError):
         broker.delete_group("retired")
@@ -196,10 +195,8 @@ def test_deletions_in_a_seeded_mix_never_bring_back_what_the_group_had_done(brok
         else:
             if rng.random() < 0.5:
                 broker.write_snapshots()
-            broker.close()
-            if rng.random() < 0.5:  # as after a crash before any snapshot: every event replayed
-                broker._consumer_snapshot_path.unlink(missing_ok=True)
-            broker = broker_factory(max_delivery_attempts=1000)
+            broker = reopened(broker, broker_factory, replay_every_event=rng.random() < 0.5,
+                              max_delivery_attempts=1000)
         assert {d.message.message_id for d in broker.list_dlq("g", max_messages=1000)} == dead_since, where
 
 

@@ -12,7 +12,7 @@ from broker_embedded import Message
 from broker_embedded.errors import GroupInUseError, InvalidTopicError, UnknownTopicError
 
 from ..sim.clock import SimClock
-from .conftest import FAST
+from .conftest import FAST, reopened
 
 
 def _drain(broker, group: str, topic: str) -> list[bytes]:
@@ -36,10 +36,7 @@ def test_a_reset_to_the_end_skips_the_backlog_and_a_restart_keeps_it(broker_fact
     assert (reset.group, reset.topic, reset.queues, reset.lag) == ("late", "orders", 2, 0)
     assert broker.stats().consumer_lag == {"late": {"orders": 0}}
     broker.send(Message("orders", b"new"))
-    broker.close()
-    if restart == "replayed":  # as after a crash before any snapshot: every event replayed
-        broker._consumer_snapshot_path.unlink()
-    broker = broker_factory()
+    broker = reopened(broker, broker_factory, replay_every_event=restart == "replayed")
     assert _drain(broker, "late", "orders") == [b"new"]
 
 
