@@ -357,41 +357,45 @@ def test_a_held_message_is_acked_with_its_first_handle_after_the_broker_restarte
         assert _receive(endpoint, group, topic, "client-2", auto_renew=False, wait_s=int(RENEWED_INVISIBLE_S) + 1) == []
 
 
-def test_serve_sets_when_a_silent_client_counts_as_gone(tmp_path: Path) -> None:
-    """``serve --grpc-client-gone-after-s 1``: a client whose Telemetry stream closed and that
-    gives no sign of life for a second has its held messages released (the default, 30 s,
-    would keep them past this test's 10 s wait)."""
-    broker = start_grpc_broker(tmp_path / "broker", "--grpc-client-gone-after-s", "1")
+def _held_comes_back_within_10_s(tmp_path: Path, option: str, value: str,
+                                 meanwhile: Callable[[GrpcBroker], None]) -> None:
+    """``serve OPTION VALUE``: a message client-1 holds (``auto_renew``) is received by
+    client-2 within 10 s once ``meanwhile`` happened (the option's default, 30 s, would keep it
+    longer)."""
+    broker = start_grpc_broker(tmp_path / "broker", option, value)
     try:
-        topic, group = _name("gone"), _name("group")
+        topic, group = _name("back"), _name("group")
         with broker.native() as native:
             native.send(Message(topic=topic, body=b"held"))
         [held] = _receive(broker.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+        meanwhile(broker)
+        [again] = _receive(broker.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
+        assert again.system_properties.message_id == held.system_properties.message_id
+    finally:
+        broker.process.stop()
+
+
+def test_serve_sets_when_a_silent_client_counts_as_gone(tmp_path: Path) -> None:
+    """``serve --grpc-client-gone-after-s 1``: a client whose Telemetry stream closed and that
+    gives no sign of life for a second has its held messages released."""
+
+    def stream_closes(broker: GrpcBroker) -> None:
         quiet = threading.Event()
         telemetry = _telemetry(broker.endpoint, "client-1", quiet)
         time.sleep(0.5)  # the stream is open
         quiet.set()
         telemetry.join(timeout=10)
-        [again] = _receive(broker.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
-        assert again.system_properties.message_id == held.system_properties.message_id
-    finally:
-        broker.process.stop()
+
+    _held_comes_back_within_10_s(tmp_path, "--grpc-client-gone-after-s", "1", stream_closes)
 
 
 def test_serve_sets_how_soon_a_held_message_comes_back_once_no_broker_renews_it(tmp_path: Path) -> None:
     """``serve --grpc-push-invisible-s 2``: a message a push consumer held when the broker's
-    process was killed comes back about 2 s later, once nothing renews it (the default, 30 s,
-    would keep it past this test's 10 s wait)."""
-    broker = start_grpc_broker(tmp_path / "broker", "--grpc-push-invisible-s", "2")
-    try:
-        topic, group = _name("restart"), _name("group")
-        with broker.native() as native:
-            native.send(Message(topic=topic, body=b"held"))
-        [held] = _receive(broker.endpoint, group, topic, "client-1", auto_renew=True, wait_s=5)
+    process was killed comes back about 2 s later, once nothing renews it."""
+
+    def killed_and_started(broker: GrpcBroker) -> None:
         broker.process.kill()
         broker.process.start()
         wait_for_port(broker.grpc_port, process=broker.process)
-        [again] = _receive(broker.endpoint, group, topic, "client-2", auto_renew=False, wait_s=10)
-        assert again.system_properties.message_id == held.system_properties.message_id
-    finally:
-        broker.process.stop()
+
+    _held_comes_back_within_10_s(tmp_path, "--grpc-push-invisible-s", "2", killed_and_started)
