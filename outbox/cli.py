@@ -134,8 +134,12 @@ def migrate(args: argparse.Namespace, settings: OutboxSettings) -> int:
     before = current_revision(url)
     upgrade(url)
     after = current_revision(url)
-    done = ("created, at revision " if before is None else f"upgraded from revision {before} to ") + str(after) \
-        if before != after else f"already at the newest revision, {after}"
+    if before == after:
+        done = f"already at the newest revision, {after}"
+    elif before is None:
+        done = f"created, at revision {after}"
+    else:
+        done = f"upgraded from revision {before} to {after}"
     print(f"outbox migrate: the framework tables of {_shown(url)}: {done}")
     return 0
 

@@ -99,6 +99,11 @@ def test_a_database_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
     assert one_line(result.stderr) == "outbox migrate: (sqlite3.OperationalError) unable to open database file"
 
 
+def _newest_revision() -> str:
+    """The number of our newest Alembic revision (its file name's first four characters)."""
+    return sorted(path.name[:4] for path in (ROOT / "migrations" / "alembic" / "versions").glob("0*.py"))[-1]
+
+
 def test_migrate_without_a_url_says_which_database_and_never_uses_the_working_directory(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "OUTBOX_DATABASE_URL"}
     env["XDG_DATA_HOME"] = str(tmp_path / "data")
@@ -109,7 +114,7 @@ def test_migrate_without_a_url_says_which_database_and_never_uses_the_working_di
     database = tmp_path / "data" / "halfmoon" / "outbox.sqlite3"
     assert database.is_file() and list((tmp_path / "work").iterdir()) == []
     assert f"migrating the default sqlite:///{database}" in result.stderr
-    newest = sorted(path.name[:4] for path in (ROOT / "migrations" / "alembic" / "versions").glob("0*.py"))[-1]
+    newest = _newest_revision()
     assert result.stdout.strip() == f"outbox migrate: the framework tables of sqlite:///{database}: created, at " \
                                     f"revision {newest}"
     again = subprocess.run([sys.executable, "-m", "outbox", "migrate"], cwd=tmp_path / "work", env=env,
@@ -181,3 +186,15 @@ def test_dev_bench_lists_the_benchmarks() -> None:
     unknown = subprocess.run(["bash", str(ROOT / "dev"), "bench", "nope"], capture_output=True, text=True,
                              timeout=30)
     assert unknown.returncode == 2 and "no benchmark 'nope'" in unknown.stderr
+
+
+def test_migrate_says_from_which_revision_it_upgraded(tmp_path: Path) -> None:
+    from outbox.integrations.alembic import upgrade
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    upgrade(url, "0002")
+    result = subprocess.run([sys.executable, "-m", "outbox", "migrate", "--database-url", url],
+                            capture_output=True, text=True, timeout=120)
+    newest = _newest_revision()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(f": upgraded from revision 0002 to {newest}"), result.stdout

@@ -350,7 +350,6 @@ class ConsoleApp:
         return self._redirect(request, "/dead-letters?" + urlencode({"group": group}), "ok",
                               f"Message {message_id} was sent to group {group} again.")
 
-
     def _delete_group(self, request: Request) -> Response:
         group = request.field("group")
         _refused(validate_group, group)
