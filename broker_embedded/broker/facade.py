@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,7 @@ class EmbeddedBroker:
     # -- start-up -------------------------------------------------------------------------
     def iter_queue(self, topic: str, queue_id: int = 0, start: int = 0) -> Iterator[StoredRecord]:
         """Every record of a queue (system topics included) from ``start``, oldest first."""
+        self.store.settle()
         offset = max(start, self.store.queue_min_offset(topic, queue_id))
         while batch := self.store.read_queue(topic, queue_id, offset, 256):
             yield from batch
@@ -201,7 +203,14 @@ class EmbeddedBroker:
         observer.written(len(calls), time.perf_counter() - started)
         return outcomes
 
+    def answering_first(self) -> AbstractContextManager[None]:
+        """A block in which this thread's writes are answered before they are dispatched
+        (``MessageStore.answering_first``): a front's run of a few writes on its event loop.
+        Every call of this broker from another thread waits for that dispatch first."""
+        return self.store.answering_first()
+
     def _produce(self, calls: Sequence[AnyWriteCall]) -> list[Any]:
+        self.store.settle()
         self._check_open()
         staged: list[Staged | Exception] = []
         for call in calls:
@@ -301,11 +310,13 @@ class EmbeddedBroker:
         return self._one(RelayCall(messages, producer_group, transaction_id))  # type: ignore[no-any-return]
 
     def recall(self, topic: str, recall_handle: str) -> str:
+        self.store.settle()
         self._check_open()
         validate_user_topic(topic)
         return self.delays.recall(topic, recall_handle)
 
     def transaction_state(self, transaction_id: str) -> TransactionState:
+        self.store.settle()
         return self.transactions.state(transaction_id)
 
     def set_checker(self, checker: TransactionChecker) -> None:
@@ -325,6 +336,7 @@ class EmbeddedBroker:
         invisible_duration_s: float = 30.0, wait_s: float = 0.0, max_bytes: int | None = None,
         filter_expression: str = EVERY, filter_type: str = TAG,
     ) -> list[ReceivedMessage]:
+        self.store.settle()
         self._check_open()
         validate_group(group)
         subscription = parse_filter(filter_expression, filter_type)
@@ -358,15 +370,18 @@ class EmbeddedBroker:
     # -- reading, admin -------------------------------------------------------------------
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
              max_bytes: int | None = None) -> list[StoredMessage]:
+        self.store.settle()
         validate_user_topic(topic)
         records = self.store.read_queue(topic, queue_id, offset, max_messages, max_bytes)
         return [codec.stored_message_of(r) for r in records]
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        self.store.settle()
         validate_user_topic(topic)
         return self.store.offset_for_timestamp(topic, queue_id, timestamp_ms)
 
     def query_by_id(self, message_id: str) -> StoredMessage | None:
+        self.store.settle()
         for offset in reversed(self.store.lookup_message_id(message_id)):
             record = self.store.get(offset)
             if record.topic in self.topics:
@@ -375,6 +390,7 @@ class EmbeddedBroker:
 
     def query_by_key(self, topic: str, key: str, max_messages: int = 64,
                      max_bytes: int | None = None) -> list[StoredMessage]:
+        self.store.settle()
         offsets = self.store.lookup_key(topic, key)[-max_messages:]
         newest_first = (self.store.get(o) for o in reversed(offsets))
         return [codec.stored_message_of(r) for r in reversed(fitting(newest_first, lambda r: r.size, max_bytes))]
@@ -382,6 +398,7 @@ class EmbeddedBroker:
     def query_half_by_id(self, message_id: str) -> StoredMessage | None:
         """Find a half message (not visible before its transaction commits) by its id, as
         bound for its real topic; None when there is none."""
+        self.store.settle()
         for offset in reversed(self.store.lookup_message_id(message_id)):
             record = self.store.get(offset)
             if record.topic == HALF_TOPIC:
@@ -392,24 +409,29 @@ class EmbeddedBroker:
     def oldest_transactions(self, state: TransactionState, limit: int) -> tuple[list[OpenTransaction], int]:
         """The ``limit`` oldest open transactions in ``state`` (PENDING or PARKED), and how
         many are in that state in all."""
+        self.store.settle()
         with self.book.lock:
             shown, total = self.book.oldest(state, limit)
             return [_open_transaction(tx) for tx in shown], total
 
     def open_transaction(self, transaction_id: str) -> OpenTransaction | None:
         """A pending or parked transaction by id; None when it is not open."""
+        self.store.settle()
         with self.book.lock:
             tx = self.book.get(transaction_id)
             return None if tx is None else _open_transaction(tx)
 
     def consumer_queues(self) -> list[ConsumerQueue]:
         """Every consumer group's lag and messages in flight, per stored queue."""
+        self.store.settle()
         return self.consumers.queues()
 
     def list_parked(self) -> list[ParkedTransaction]:
+        self.store.settle()
         return self.transactions.list_parked()
 
     def open_transactions(self, producer_group: str | None = None) -> list[str]:
+        self.store.settle()
         if producer_group is not None:
             validate_group(producer_group)
         return self.book.open_ids(producer_group)
@@ -417,6 +439,7 @@ class EmbeddedBroker:
     def resolve_parked(
         self, transaction_id: str, *, force: Resolution | None = None, wait_s: float = 10.0,
     ) -> EndTransactionResult:
+        self.store.settle()
         if force is not None:
             return self._one(ForcedResolveCall(transaction_id, force))  # type: ignore[no-any-return]
         if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 < wait_s <= MAX_RESOLVE_WAIT_S:
@@ -426,9 +449,11 @@ class EmbeddedBroker:
         return self.end_transaction(transaction_id, resolution, producer_group=producer_group)
 
     def recheck_parked(self, transaction_id: str) -> None:
+        self.store.settle()
         self.transactions.recheck(transaction_id)
 
     def list_dlq(self, group: str, max_messages: int = 64, max_bytes: int | None = None) -> list[StoredMessage]:
+        self.store.settle()
         validate_group(group)
         return [
             codec.stored_message_of(StoredRecord(
@@ -439,16 +464,19 @@ class EmbeddedBroker:
         ]
 
     def resend_dlq(self, group: str, message_id: str) -> SendResult:
+        self.store.settle()
         validate_group(group)
         stored = self.consumers.resend_dlq(group, message_id)
         return SendResult(message_id, stored.properties.get(codec.REAL_TOPIC, ""), 0, stored.queue_offset,
                           stored.commit_log_offset)
 
     def delete_group(self, group: str) -> DeletedGroup:
+        self.store.settle()
         validate_group(group)
         return self.consumers.delete_group(group)
 
     def reset_group(self, group: str, topic: str, timestamp_ms: int | None = None) -> GroupReset:
+        self.store.settle()
         validate_group(group)
         validate_user_topic(topic)
         if not self._queue_count(topic):
@@ -456,6 +484,7 @@ class EmbeddedBroker:
         return self.consumers.reset_group(group, topic, timestamp_ms)
 
     def stats(self) -> BrokerStats:
+        self.store.settle()
         book = self.book
         return BrokerStats(
             topics=tuple(self.list_topics()),
@@ -476,6 +505,7 @@ class EmbeddedBroker:
 
     def dlq_depth(self) -> dict[str, int]:
         """Messages dead-lettered per consumer group (``ConsumerGroups.dlq_depth``)."""
+        self.store.settle()
         return self.consumers.dlq_depth()
 
     # -- services -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from ..api import BrokerAPI
@@ -51,13 +52,17 @@ class Batcher:
     call's half message) then costs no thread hand-off in and none back (the executor's
     wake-up, the GIL passed twice, the loop's self-pipe), at the price of the loop waiting
     for that batch's fsync. More items, or a heavy one, go to a drain as before, so a busy
-    broker keeps reading requests while a batch syncs."""
+    broker keeps reading requests while a batch syncs. A run on the loop happens inside
+    ``answering_first()`` (for writes, the broker's): its answers go out as soon as its fsync
+    returns, and the records are dispatched after, while the clients read them."""
 
     def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], executor: Executor,
                  track: Callable[[asyncio.Future[None]], None], max_batches: int = 1,
                  weigh: Callable[[Any], int] = lambda item: 0, max_batch_weight: int = 0,
-                 on_loop_up_to: int = 0) -> None:
+                 on_loop_up_to: int = 0,
+                 answering_first: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
         self.run_batch = run_batch
+        self.answering_first = answering_first
         self.executor = executor
         self.track = track
         self.max_batches = max_batches
@@ -119,10 +124,11 @@ class Batcher:
         if not few:
             self._start_drain(loop)
             return
-        outcomes = self._run(batch)
-        with self._lock:
-            self.running -= 1
-        self._deliver(batch, outcomes, None)
+        with self.answering_first():
+            outcomes = self._run(batch)
+            with self._lock:
+                self.running -= 1
+            self._deliver(batch, outcomes, None)
 
     def _drain(self, loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
         """On a thread of ``executor``: run batches until none waits; the last batch's
@@ -235,10 +241,12 @@ def write_batcher(broker: BrokerAPI, executor: Executor,
                   track: Callable[[asyncio.Future[None]], None]) -> Batcher:
     """The batcher of a front's writes: ``broker.produce`` when it has one (one append and
     one fsync per batch), two batches at a time, big bodies capped per batch, up to
-    ``FEW_ON_LOOP`` light writes that arrive together at an idle broker on the loop."""
+    ``FEW_ON_LOOP`` light writes that arrive together at an idle broker on the loop, answered
+    before their dispatch where the broker can (``EmbeddedBroker.answering_first``)."""
     produce = getattr(broker, "produce", None)
     return Batcher(produce or write_one_by_one(broker), executor, track, max_batches=2, weigh=body_bytes,
-                   max_batch_weight=MAX_WRITE_BATCH_BYTES, on_loop_up_to=FEW_ON_LOOP)
+                   max_batch_weight=MAX_WRITE_BATCH_BYTES, on_loop_up_to=FEW_ON_LOOP,
+                   answering_first=getattr(broker, "answering_first", nullcontext))
 
 
 def ack_by_group(broker: BrokerAPI, items: list[dict[str, str]]) -> list[BrokerError | None]:

@@ -24,7 +24,10 @@ copied). In ``sync`` flush mode the caller then waits until an fdatasync (see
 ``commitlog.py`` for why that suffices) covers its records: the first waiter syncs
 everything appended so far while later ones queue behind it (group commit). Records are
 dispatched to their consume queues and the index, and listeners are told, only once
-durable, so a consumer can never read a record that a crash could take back. In ``async``
+durable, so a consumer can never read a record that a crash could take back; within
+``answering_first`` (a server's writes on its event loop) the putter is answered between
+the fsync and the dispatch, and every other thread's reads wait for that dispatch
+(``settle``). In ``async``
 mode records are dispatched at once and a background thread syncs every
 ``async_flush_interval_s``. Records made durable together are dispatched together: their
 consume queue entries go to memory and are written at checkpoints (every
@@ -68,8 +71,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -96,6 +100,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: A ``when_durable`` callback: the commit log offset it waits for, the callback, its ``lost``.
 _Waiter = tuple[int, Callable[[], None], Callable[[Exception], None] | None]
+
+
+class _UnfinishedSync(NamedTuple):
+    """An fsync whose dispatch waits for the end of its thread's ``answering_first`` block."""
+
+    pending: list[StoredRecord]
+    target: int
+    thread: int
+
 
 #: Told of the records made durable together, once per batch, in commit log order, after
 #: they are dispatched to their consume queues (not of records replayed during recovery).
@@ -212,6 +225,11 @@ class MessageStore:
         #: ``when_durable`` callbacks, oldest first (under ``_flush_state``).
         self._durable_waiters: list[_Waiter] = []
         self._flush_error: BrokerClosedError | None = None
+        #: Whether this thread is in ``answering_first``, and the fsync whose dispatch waits
+        #: for the end of such a block (under ``_flush_state``; the leader's turn lasts until
+        #: it is dispatched).
+        self._answering = threading.local()
+        self._unfinished: _UnfinishedSync | None = None
         self._background = threading.Thread(
             target=self._run_background, name="store-flush-checkpoint", daemon=True
         )
@@ -654,8 +672,10 @@ class MessageStore:
         Group commit, leader and followers: the first caller to find no fsync under way
         fsyncs everything appended so far; callers arriving meanwhile append theirs and
         wait, and the next leader's fsync covers all of them at once. A lone putter pays
-        no thread handoff.
+        no thread handoff. Within ``answering_first`` the leader's dispatch waits for the
+        end of that block (``_finish_sync``).
         """
+        self._finish_own_sync()  # this thread's deferred dispatch first: waiting for it would never end
         with self._flush_state:
             while self._flushed < end:
                 if self._flush_error is not None:
@@ -666,8 +686,8 @@ class MessageStore:
                 self._flush_state.wait()
             else:
                 return
+        pending: list[StoredRecord] = []
         target = self._flushed
-        synced = False
         try:
             with self._flush_lock:
                 with self._write_lock:
@@ -680,22 +700,80 @@ class MessageStore:
                     self.fs.fdatasync(segment.fd)
                 if on_fsync is not None and dirty:
                     on_fsync(time.perf_counter() - started)
-                self._dispatch_all(pending)
-            synced = True
         except OSError as exc:
-            log.exception("fsync of the commit log failed; the store refuses further writes")
-            with self._flush_state:
-                self._flush_error = BrokerClosedError(f"commit log fsync failed: {exc}")
-            raise self._flush_error from exc
+            error = self._failed_sync(exc)
+            self._end_sync(None)
+            raise error from exc
+        except BaseException:  # the process dies here
+            self._end_sync(None)
+            raise
+        if getattr(self._answering, "first", False):
+            self._unfinished = _UnfinishedSync(pending, target, threading.get_ident())
+            return
+        self._finish_sync(pending, target)
+
+    def _finish_sync(self, pending: list[StoredRecord], target: int) -> None:
+        """Dispatch the records an fsync made durable, then let its waiters go: the putters
+        it covered, ``when_durable`` callbacks, the next leader."""
+        synced: int | None = None
+        try:
+            with self._flush_lock:
+                self._dispatch_all(pending)
+            synced = target
+        except OSError as exc:
+            raise self._failed_sync(exc) from exc
         finally:
-            with self._flush_state:
-                if synced:  # not if cut short (the process dies), or failed (writes are refused)
-                    self._flushed = max(self._flushed, target)
-                self._flushing = False
-                self._flush_state.notify_all()
-                durable = self._take_durable_waiters() if synced else []
-            for callback in durable:
-                self._call_waiter(callback)
+            self._end_sync(synced)
+
+    def _failed_sync(self, exc: OSError) -> BrokerClosedError:
+        """Refuse every write from now on: the fsync (or the dispatch after it) failed."""
+        log.exception("fsync of the commit log failed; the store refuses further writes")
+        with self._flush_state:
+            self._flush_error = BrokerClosedError(f"commit log fsync failed: {exc}")
+            return self._flush_error
+
+    def _end_sync(self, synced: int | None) -> None:
+        """The end of a leader's turn: ``synced`` is how far its fsync and dispatch got
+        (None: cut short, the process dies, or failed, writes are refused)."""
+        with self._flush_state:
+            if synced is not None:
+                self._flushed = max(self._flushed, synced)
+            self._flushing = False
+            self._unfinished = None
+            self._flush_state.notify_all()
+            durable = self._take_durable_waiters() if synced is not None else []
+        for callback in durable:
+            self._call_waiter(callback)
+
+    @contextmanager
+    def answering_first(self) -> Iterator[None]:
+        """A block in which this thread's fsyncs leave their dispatch (consume queues, index,
+        listeners) and what waits for it to the block's end: a server answers the writes
+        an fsync made durable, then dispatches them while the clients read their answers
+        (RocketMQ's broker answers a put once flushed; its ReputMessageService dispatches
+        after). Other threads wait for that dispatch in ``settle`` before they read what
+        it builds, so an answer's follow-up from anywhere finds its records."""
+        self._answering.first = True
+        try:
+            yield
+        finally:
+            self._answering.first = False
+            self._finish_own_sync()
+
+    def _finish_own_sync(self) -> None:
+        """Dispatch what this thread's fsync left undispatched (``answering_first``)."""
+        unfinished = self._unfinished
+        if unfinished is not None and unfinished.thread == threading.get_ident():
+            self._finish_sync(unfinished.pending, unfinished.target)
+
+    def settle(self) -> None:
+        """Return once no other thread's fsync waits to dispatch (``answering_first``)."""
+        if self._unfinished is None:
+            return
+        me = threading.get_ident()
+        with self._flush_state:
+            while (unfinished := self._unfinished) is not None and unfinished.thread != me:
+                self._flush_state.wait()
 
     def when_durable(self, callback: Callable[[], None],
                      lost: Callable[[Exception], None] | None = None) -> None:
