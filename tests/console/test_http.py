@@ -322,6 +322,28 @@ def test_delete_a_group_no_longer_used(client: httpx.Client, broker: EmbeddedBro
     assert no_fault(client.post("/groups/delete", data={"group": "busy-http"})).status_code == 403, "no CSRF token"
 
 
+
+def test_skip_a_groups_backlog(client: httpx.Client, broker: EmbeddedBroker) -> None:
+    for number in range(3):
+        broker.send(Message("backlogged", f"old-{number}".encode()))
+    broker.receive("busy-skip", "backlogged", max_messages=1, invisible_duration_s=3600, wait_s=2)
+    for item in broker.receive("behind-http", "backlogged", max_messages=1, wait_s=2):
+        broker.ack("behind-http", item.receipt_handle)  # two messages behind, none in flight
+    csrf = sign_in(client)
+    assert "Skip backlog" in client.get("/groups").text
+    form = {"csrf": csrf, "group": "behind-http", "topic": "backlogged"}
+    busy = follow(client, client.post("/groups/skip", data={**form, "group": "busy-skip"}))
+    assert "Nothing changed: consumer group &#x27;busy-skip&#x27; has 1 message(s) in flight" in busy
+    done = follow(client, client.post("/groups/skip", data=form))
+    assert "Consumer group behind-http skipped its backlog on topic backlogged" in done
+    assert broker.stats().consumer_lag["behind-http"] == {"backlogged": 0}
+    broker.send(Message("backlogged", b"new"))
+    assert [m.message.body for m in broker.receive("behind-http", "backlogged", max_messages=8, wait_s=2)] == [b"new"]
+    assert no_fault(client.post("/groups/skip", data={**form, "topic": "no-such-topic"})).status_code == 404
+    assert no_fault(client.post("/groups/skip", data={**form, "topic": "bad topic"})).status_code == 400
+    assert no_fault(client.post("/groups/skip", data={"group": "behind-http", "topic": "backlogged"})).status_code == 403
+
+
 def test_mounted_under_a_prefix_links_stay_under_it(broker: EmbeddedBroker, shop: Shop) -> None:
     app = make_console_app(broker, access_key=None, secret_key=None)
 

@@ -99,6 +99,7 @@ class ConsoleApp:
             ("POST", "/transactions/force"): self._action(self._force),
             ("POST", "/dead-letters/resend"): self._action(self._resend),
             ("POST", "/groups/delete"): self._action(self._delete_group),
+            ("POST", "/groups/skip"): self._action(self._skip_backlog),
         }
 
     # -- WSGI -----------------------------------------------------------------------------
@@ -361,6 +362,19 @@ class ConsoleApp:
         return self._redirect(request, "/groups", "ok",
                               f"Consumer group {group} deleted: its progress in {deleted.queues} queue(s) and "
                               f"{deleted.dead_letters} dead letter(s) forgotten.")
+
+    def _skip_backlog(self, request: Request) -> Response:
+        group, topic = request.field("group"), request.field("topic")
+        _refused(validate_group, group)
+        _refused(validate_user_topic, topic)
+        try:
+            reset = self.broker.reset_group(group, topic)
+        except GroupInUseError as exc:
+            return self._redirect(request, "/groups", "error", f"Nothing changed: {exc}")
+        log.warning("console: consumer group %s moved to the end of topic %s", group, topic)
+        return self._redirect(request, "/groups", "ok",
+                              f"Consumer group {group} skipped its backlog on topic {topic}: it goes on with "
+                              f"the messages stored from now on ({reset.queues} queue(s)).")
 
 
 def _signed_out(environ: dict[str, Any], method: str) -> Response:

@@ -186,9 +186,11 @@ def groups(broker: EmbeddedBroker, view: View) -> Page:
     rows: list[list[object]] = []
     for (group, topic), (lag, in_flight) in totals.items():
         row: list[object] = [group, topic, number(lag), number(in_flight)]
-        if view.signed_in:  # one button per group, on its first row
+        if view.signed_in:  # a skip per group and topic; one delete per group, on its first row
             first = not rows or rows[-1][0] != group
-            row.append(view.action("/groups/delete", "Delete group", "danger", group=group) if first else "")
+            skip = view.action("/groups/skip", "Skip backlog", "danger", group=group, topic=topic) if lag else ""
+            row.append(join([skip, view.action("/groups/delete", "Delete group", "danger", group=group)])
+                       if first else skip)
         rows.append(row)
     summary = table(
         "Lag per group and topic", ("Group", "Topic", "Lag", "In flight", *(("Action",) if view.signed_in else ())),
@@ -206,9 +208,12 @@ def groups(broker: EmbeddedBroker, view: View) -> Page:
         numeric=(3, 4),
     )
     note = tag("p", "Lag: messages the group has not acknowledged yet. In flight: received and invisible "
-                    "to the group until acknowledged or their invisible duration ends. Delete group retires a "
-                    "group no longer used: its lag and dead letters are no longer shown or counted (refused "
-                    "while it consumes; should its consumers come back, they resume where it stopped).",
+                    "to the group until acknowledged or their invisible duration ends. Skip backlog moves the "
+                    "group past every message of the topic stored so far (they are not delivered to it; "
+                    "halfmoon-broker groups reset also moves it back to a time). Delete group retires a "
+                    "group no longer used: its lag and dead letters are no longer shown or counted. Both are "
+                    "refused while the group consumes; should its consumers come back after a deletion, they "
+                    "resume where it stopped.",
                class_="note")
     return Page("Consumer groups", note + action_hint(view) + summary + tag("h2", "Per queue") + detail,
                 section="/groups")
