@@ -87,9 +87,12 @@ def pytest_configure(config: pytest.Config) -> None:
     atexit.register(shutil.rmtree, conf_dir, True)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``), run the tests of the shared SparkSession on
-    one worker: one JVM (those that start Spark in a process of their own go anywhere)."""
+    one worker: one JVM (those that start Spark in a process of their own go anywhere).
+    First among the hooks: xdist's own reads the group marks into the test ids, so a mark
+    added after it groups nothing (each worker started a SparkSession of its own)."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
