@@ -74,11 +74,13 @@ SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 def pytest_configure(config: pytest.Config) -> None:
     """Let the tests' pip installs into fresh venvs skip byte-compiling every installed
     module (``PIP_COMPILE=false``: 4-10 s of CPU per install here; Python compiles what a
-    test imports as it imports it). Give every JVM the tests start ``SHORT_LIVED_JVM``: as
-    an installation's ``spark-defaults.conf`` (which spark-submit and the reconcile job read
-    like any other)
-    and ``SPARK_DAEMON_JAVA_OPTS``; a ``SPARK_CONF_DIR`` set already is left as it is. Set
-    before pytest-xdist starts its workers, so they inherit it."""
+    test imports as it imports it).
+
+    Give every JVM the tests start ``SHORT_LIVED_JVM``: as an installation's
+    ``spark-defaults.conf`` (which spark-submit and the reconcile job read like any other)
+    and ``SPARK_DAEMON_JAVA_OPTS``; a ``SPARK_CONF_DIR`` set already is left as it is.
+
+    Both are set before pytest-xdist starts its workers, so they inherit them."""
     os.environ.setdefault("PIP_COMPILE", "false")
     if "SPARK_CONF_DIR" in os.environ:
         return
