@@ -23,6 +23,7 @@ from broker_embedded.errors import (
     UnknownRequestCodeError,
 )
 from broker_embedded.wire.protocol import Kind, encode_frame
+from tests.server.conftest import free_port, wait_for_port
 from tests.server.wire import decode_frame
 
 
@@ -198,16 +199,31 @@ def test_cli_admin_commands(server_factory, tmp_path) -> None:
 
 
 def test_serve_reports_a_locked_data_dir_and_a_busy_port(server_factory, tmp_path) -> None:
-    server = server_factory()
+    """A second broker is refused a running broker's data directory and each of its ports
+    (native, HTTP, gRPC): it stops with an error rather than share a port, which would split
+    the clients' connections between two brokers (gRPC's SO_REUSEPORT allowed that)."""
+    http_port, grpc_port = free_port(), free_port()
+    server = server_factory("--http-port", str(http_port), "--grpc-port", str(grpc_port))
+    wait_for_port(grpc_port, process=server)
 
-    def serve(data_dir: str, port: int) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "broker_embedded", "serve", "--data-dir", data_dir,
-                               "--port", str(port)], capture_output=True, text=True, timeout=60)
+    def serve(data_dir: str, *ports: str) -> tuple[int, str]:
+        options = ports if "--port" in ports else ("--port", "0", *ports)
+        second = subprocess.Popen([sys.executable, "-m", "broker_embedded", "serve", "--data-dir", data_dir,
+                                   *options], stderr=subprocess.PIPE, text=True)
+        try:
+            _, stderr = second.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            second.communicate()
+            raise AssertionError(f"a second broker started on {ports} of a running one") from None
+        return second.returncode, stderr
 
-    locked = serve(str(server.data_dir), 0)
-    assert locked.returncode == 2 and "DataDirLockedError" in locked.stderr
-    busy = serve(str(tmp_path / "other"), server.port)
-    assert busy.returncode == 2 and "address already in use" in busy.stderr.lower()
+    code, stderr = serve(str(server.data_dir))
+    assert code == 2 and "DataDirLockedError" in stderr
+    for option, port in (("--port", server.port), ("--http-port", http_port), ("--grpc-port", grpc_port)):
+        code, stderr = serve(str(tmp_path / f"other{option}"), option, str(port))
+        assert code == 2 and stderr.strip().splitlines()[-1].startswith("error: OSError: "), (option, stderr)
+    assert server.proc is not None and server.proc.poll() is None
 
 
 CLIENT_LOAD = r"""

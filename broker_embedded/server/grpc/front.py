@@ -76,7 +76,11 @@ class GrpcFront:
             # a connection must finish its (TLS and) HTTP/2 handshake within the native port's
             # deadline to authenticate, and one without a call open is closed when idle
             ("grpc.server_handshake_timeout_ms", int(limits.auth_timeout_s * 1000)),
-            ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000))])
+            ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
+            # a port another process listens on is refused, as the native and HTTP ports do:
+            # grpcio's default (SO_REUSEPORT) let a second broker share it, and the kernel
+            # spread the clients' connections over both
+            ("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((self.service.handler(),))
         address = f"{self.host}:{self.port}"
         try:
