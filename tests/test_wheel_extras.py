@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, inspect
 
 from tests.outbox.alembic_user_project import APP_REVISION_ID, write_user_project
-from tests.server.conftest import free_port
+from tests.ports import free_port
 from tests.wheelhouse import NOT_SOURCES, ROOT, built_wheel
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,9 +28,3 @@ def built_wheel() -> Path:
     assert "Warning" not in built.stderr, built.stderr
     (path,) = (folder / "dist").glob("halfmoon-*.whl")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -29,7 +29,8 @@ from broker_embedded import BrokerClient, EmbeddedBroker
 from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.server.grpc.front import GrpcFront
 from tests.conftest import services_required, unavailable
-from tests.server.conftest import ServerProcess, free_port, wait_for_port
+from tests.ports import free_port
+from tests.server.conftest import ServerProcess, wait_for_port
 
 #: The broker's transaction settings for these tests: quick first check, quick re-checks,
 #: parked after three unanswered checks.

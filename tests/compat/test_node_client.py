@@ -24,7 +24,7 @@ from broker_embedded.broker.config import BrokerConfig
 from broker_embedded.errors import UnknownTransactionError
 from broker_embedded.message import TransactionState
 from broker_embedded.server.grpc._proto import definition_pb2 as pb
-from tests.server.conftest import free_port
+from tests.ports import free_port
 
 from .conftest import GrpcBroker, InProcess, NodeClient, eventually, start_grpc_broker
 

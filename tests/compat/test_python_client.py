@@ -26,7 +26,7 @@ from broker_embedded.server.grpc._proto import definition_pb2 as pb
 from broker_embedded.server.grpc._proto import service_pb2 as spb
 from broker_embedded.server.grpc.convert import deliver_at_ms, from_proto, to_proto
 from broker_embedded.server.grpc.signature import DATE_HEADER, sign
-from tests.server.conftest import free_port
+from tests.ports import free_port
 
 from .conftest import GrpcBroker, eventually, rocketmq, start_grpc_broker
 

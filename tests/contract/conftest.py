@@ -88,7 +88,7 @@ def _served(data_dir: Path, client: Callable[[str], Any]) -> Iterator[Driver]:
 def _rocketmq5(data_dir: Path) -> Iterator[Driver]:
     from broker_embedded.client.rocketmq5 import RocketMQ5Broker
     from tests.compat.conftest import start_grpc_broker
-    from tests.server.conftest import free_port
+    from tests.ports import free_port
 
     grpc_port = free_port()
     served = start_grpc_broker(data_dir, "--grpc-advertise", f"127.0.0.1:{grpc_port}", grpc_port=grpc_port)

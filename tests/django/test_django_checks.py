@@ -5,7 +5,6 @@ migrations and an unreachable broker; and the one broker URL name, ``HALFMOON_BR
 from __future__ import annotations
 
 import io
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from django.test import override_settings
 
 from broker_embedded import BrokerConfig
 from outbox.integrations.django.conf import outbox_settings
+from tests.ports import free_port
 from tests.server.conftest import ThreadServer
 
 SHOP = {"PRODUCER_GROUP": "shop"}
@@ -113,9 +113,7 @@ def test_no_url_at_all_is_the_default_broker() -> None:
 
 
 def test_an_unreachable_broker_is_a_warning() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed_port = sock.getsockname()[1]
+    closed_port = free_port()
     with override_settings(OUTBOX={**SHOP, "BROKER_URL": f"tcp://127.0.0.1:{closed_port}"}):
         assert _ids() == ["halfmoon_outbox.W002"]
         call_command("check", stdout=io.StringIO(), stderr=io.StringIO())  # a warning does not fail

@@ -7,7 +7,6 @@ import io
 import logging
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -37,18 +36,13 @@ from outbox.integrations.django.recorder import fenced_answer
 from outbox.integrations.django.transactional import current_transaction_id, transactional_message
 from tests.django.shop.models import Account
 from tests.django.support import PENDING_URL, admin_client, eventually, park
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_broker_down_at_half_means_the_function_does_not_run(alias) -> None:
-    down = Producer(BrokerClient(f"tcp://127.0.0.1:{_closed_port()}", connect_timeout_s=1), "shop")
+    down = Producer(BrokerClient(f"tcp://127.0.0.1:{free_port()}", connect_timeout_s=1), "shop")
     ran: list[str] = []
 
     @transactional_message(topic="order.paid", using=alias, producer=down)

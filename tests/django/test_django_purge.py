@@ -5,7 +5,6 @@ leaves transaction_log alone and fails the command."""
 from __future__ import annotations
 
 import io
-import socket
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -30,12 +29,7 @@ from outbox.retention import PurgeOptions
 from outbox.schema import COMMITTED
 from outbox.transaction_log import row_params
 from tests.django.support import park
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 @pytest.fixture
@@ -92,7 +86,7 @@ def test_outbox_purge_keeps_open_transactions(rows: dict[str, str], alias: str) 
 
 def test_outbox_purge_without_the_broker_fails_and_keeps_the_transaction_log(rows: dict[str, str],
                                                                           alias: str) -> None:
-    down = {"BROKER_URL": f"tcp://127.0.0.1:{_closed_port()}", "PRODUCER_GROUP": "shop",
+    down = {"BROKER_URL": f"tcp://127.0.0.1:{free_port()}", "PRODUCER_GROUP": "shop",
             "PRODUCER_GROUPS": {"shop": alias}}
     with override_settings(OUTBOX=down):
         out = io.StringIO()

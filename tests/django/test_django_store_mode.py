@@ -43,7 +43,8 @@ from outbox.schema import STORED_MESSAGE, TRANSACTION_LOG
 from outbox.stored import decode, encode
 from tests.django.shop.models import Account
 from tests.django.support import PENDING_URL, admin_client, eventually
-from tests.server.conftest import ServerProcess, free_port
+from tests.ports import free_port
+from tests.server.conftest import ServerProcess
 
 STORED_URL = "/admin/halfmoon_outbox/storedmessage/"
 ROOT = Path(__file__).resolve().parents[2]

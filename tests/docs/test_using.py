@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.docs.walkthrough import Walkthrough
-from tests.wheelhouse import NOT_SOURCES, ROOT, free_port
+from tests.ports import free_port
+from tests.wheelhouse import NOT_SOURCES, ROOT
 
 PAGE = ROOT / "docs" / "using.md"
 

@@ -20,7 +20,8 @@ from example_shop import fastapi_points
 from example_shop.fastapi_orders import TOPIC, create_app
 from outbox import message_json
 from tests.outbox.async_support import async_url, tcp_broker
-from tests.server.conftest import ThreadServer, free_port
+from tests.ports import free_port
+from tests.server.conftest import ThreadServer
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ from outbox import (
 )
 from outbox.integrations.sqlalchemy.recorder import record_committed
 from outbox.producer import TRANSACTION_ID_PROPERTY
-from tests.server.conftest import ThreadServer, free_port
+from tests.ports import free_port
+from tests.server.conftest import ThreadServer
 
 from .async_support import bodies, tcp_broker, wait_for_state
 

@@ -36,7 +36,8 @@ from outbox import (
 from outbox.integrations.sqlalchemy.engine import create_async_engine
 from outbox.integrations.sqlalchemy.tables import metadata
 from outbox.schema import TRANSACTION_LOG
-from tests.server.conftest import ThreadServer, free_port
+from tests.ports import free_port
+from tests.server.conftest import ThreadServer
 
 from .async_support import bodies, run_with_sessions, states, tcp_broker
 

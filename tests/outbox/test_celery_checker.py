@@ -5,7 +5,6 @@ for long, tasks carry their expiry, and the task registered in any app answers b
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +17,7 @@ from outbox.integrations.celery.app import make_app
 from outbox.integrations.celery.check_back import broker_client
 from outbox.integrations.celery.checker import MIN_EXPIRY_S, CeleryChecker, make_checker
 from outbox.settings import OutboxSettings
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 def _request(transaction_id: str = "tx-1") -> CheckRequest:
@@ -58,7 +52,7 @@ def test_a_non_positive_expiry_is_refused() -> None:
 
 
 def test_unreachable_transport_answers_false_instead_of_hanging() -> None:
-    app = make_app(OutboxSettings(celery_broker_url=f"redis://127.0.0.1:{_closed_port()}/0"))
+    app = make_app(OutboxSettings(celery_broker_url=f"redis://127.0.0.1:{free_port()}/0"))
     assert CeleryChecker(app).request_check(_request()) is False
 
 
@@ -73,7 +67,7 @@ def broker_url(tmp_path: Path) -> Iterator[str]:
 
 
 def test_task_answers_unknown_while_the_database_is_down(broker_url: str) -> None:
-    down = f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/shop"
+    down = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/shop"
     task = register(Celery("user"), settings=OutboxSettings(database_url=down, broker_url=broker_url))
     broker = broker_client(broker_url)
     broker.send_half(Message("order.paid", b"{}"), producer_group="shop", transaction_id="tx-down")

@@ -27,8 +27,8 @@ from outbox.integrations.sqlalchemy.engine import create_engine
 from outbox.integrations.sqlalchemy.recorder import check_transaction, record_committed
 from outbox.integrations.sqlalchemy.tables import metadata
 from outbox.settings import OutboxSettings
+from tests.ports import free_port
 
-from ..server.conftest import free_port
 from .celery_workers import CeleryWorker, wait_until
 
 THREADS = 4

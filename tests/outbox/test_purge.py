@@ -27,8 +27,7 @@ from outbox.integrations.sqlalchemy.tables import consumed_message, transaction_
 from outbox.retention import PurgeOptions, RetentionPolicy, TablePurge, parse_duration
 from outbox.schema import COMMITTED, CONSUMED_MESSAGE, ROLLED_BACK, STORED_MESSAGE, TRANSACTION_LOG
 from outbox.settings import OutboxSettings
-
-from ..server.conftest import free_port
+from tests.ports import free_port
 
 NOW = datetime.now(UTC)
 POLICY = RetentionPolicy()  # the broker's defaults, a week's margin and dedup window

@@ -31,8 +31,9 @@ from outbox.integrations.sqlalchemy.relay import backlog, relay
 from outbox.integrations.sqlalchemy.tables import stored_message
 from outbox.relay import relay_task, run_relays
 from outbox.stored import store_messages
+from tests.ports import free_port
 
-from ..server.conftest import ServerProcess, free_port
+from ..server.conftest import ServerProcess
 
 pytestmark = pytest.mark.skipif(not hasattr(BrokerClient, "relay_committed"), reason="needs relay_committed")
 

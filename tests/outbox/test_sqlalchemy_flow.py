@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, select
@@ -25,6 +24,7 @@ from outbox import (
     transactional_message,
 )
 from outbox.integrations.sqlalchemy.tables import transaction_log
+from tests.ports import free_port
 
 shop = MetaData()
 orders = Table("orders", shop, Column("id", String(32), primary_key=True), Column("amount", Integer))
@@ -100,14 +100,8 @@ def test_unserialisable_body_fails_before_anything_is_sent(factory, broker) -> N
     assert ran == [] and _states(broker) == {}
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_broker_down_at_half_send_means_the_function_does_not_run(factory) -> None:
-    producer = Producer(BrokerClient(f"tcp://127.0.0.1:{_closed_port()}", connect_timeout_s=1), "shop")
+    producer = Producer(BrokerClient(f"tcp://127.0.0.1:{free_port()}", connect_timeout_s=1), "shop")
     ran = []
 
     @transactional_message(producer, factory, topic="order.paid")
@@ -236,7 +230,7 @@ def test_oneway_end_returns_after_the_commit_and_flush_settles_it(factory, broke
 def test_database_unreachable_after_the_half_message_sends_rollback(broker) -> None:
     from sqlalchemy import create_engine
 
-    unreachable = sessionmaker(create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/x"))
+    unreachable = sessionmaker(create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"))
     ran = []
 
     @transactional_message(Producer(broker, "shop"), unreachable, topic="order.paid")

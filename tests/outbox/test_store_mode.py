@@ -31,8 +31,9 @@ from outbox import (
 )
 from outbox.integrations.sqlalchemy.tables import stored_message, transaction_log
 from outbox.stored import BrokerDown, decode
+from tests.ports import free_port
 
-from ..server.conftest import ServerProcess, free_port
+from ..server.conftest import ServerProcess
 from .async_support import run_with_sessions
 
 GROUP = "shop"

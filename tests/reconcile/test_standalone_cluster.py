@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,18 +27,13 @@ import outbox.reconcile
 from outbox.reconcile.job import ReconcileInputs, ReconcileOptions, reconcile
 from outbox.reconcile.session import postgres_jdbc_jar
 from outbox.reconcile.synthetic import generate, write_export, write_sqlite
+from tests.ports import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 #: The spark-submit entry file, found as the docs find it.
 ENTRY = Path(outbox.reconcile.__file__).parent / "__main__.py"
 #: Long enough that the synthetic in-flight transaction stays in flight across three runs.
 GRACE_MS = 3_600_000
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _master_state(ui_port: int) -> dict[str, Any]:
@@ -87,7 +81,7 @@ def _daemon(command: list[str], env: dict[str, str], log: Path) -> Iterator[None
 def _standalone_cluster(env: dict[str, str], folder: Path, workers: int) -> Iterator[tuple[str, int]]:
     """A master and ``workers`` workers (1 core, 1 GB each): the master's URL and UI port."""
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    port, ui_port = _free_port(), _free_port()
+    port, ui_port = free_port(), free_port()
     with ExitStack() as stack:
         stack.enter_context(_daemon(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
@@ -97,7 +91,7 @@ def _standalone_cluster(env: dict[str, str], folder: Path, workers: int) -> Iter
         for index in range(workers):
             stack.enter_context(_daemon(
                 [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                 "--webui-port", str(_free_port()), "--cores", "1", "--memory", "1g",
+                 "--webui-port", str(free_port()), "--cores", "1", "--memory", "1g",
                  "--work-dir", str(folder / f"work-{index}")], env, folder / f"worker-{index}.log"))
         _wait_for(f"{workers} alive workers", lambda: _master_state(ui_port)["aliveworkers"] == workers)
         yield url, ui_port

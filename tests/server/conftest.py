@@ -16,12 +16,7 @@ import pytest
 
 from broker_embedded import BrokerConfig, EmbeddedBroker
 from broker_embedded.server.tcp import BrokerServer
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 def wait_for_port(port: int, timeout_s: float = 60.0, process: ServerProcess | None = None) -> None:

@@ -14,8 +14,9 @@ import httpx
 
 from broker_embedded import EmbeddedBroker, Message
 from tests.console.conftest import sign_in
+from tests.ports import free_port
 
-from .conftest import ServerProcess, free_port
+from .conftest import ServerProcess
 from .test_http_port import wait_for
 
 ACCESS_KEY, SECRET_KEY = "http-access", "http-secret-0123456789"

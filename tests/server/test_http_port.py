@@ -23,8 +23,9 @@ from broker_embedded.http.metrics import register_broker_metrics
 from broker_embedded.http.port import HttpPort
 from broker_embedded.http.readiness import Readiness
 from broker_embedded.message import CheckRequest
+from tests.ports import free_port
 
-from .conftest import ServerProcess, free_port
+from .conftest import ServerProcess
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -23,7 +23,8 @@ from broker_embedded.errors import (
     UnknownRequestCodeError,
 )
 from broker_embedded.wire.protocol import Kind, encode_frame
-from tests.server.conftest import free_port, wait_for_port
+from tests.ports import free_port
+from tests.server.conftest import wait_for_port
 from tests.server.wire import decode_frame
 
 

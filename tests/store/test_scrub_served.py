@@ -16,7 +16,8 @@ import pytest
 
 from broker_embedded import BrokerClient, BrokerConfig, EmbeddedBroker, Message
 from broker_embedded.store.config import StoreConfig
-from tests.server.conftest import ServerProcess, free_port
+from tests.ports import free_port
+from tests.server.conftest import ServerProcess
 from tests.server.test_http_port import get, scrape, value, wait_for
 from tests.store.damage import crash_image, segments, zero
 
