@@ -9,8 +9,9 @@ workers, whose brokers then shared it."""
 from __future__ import annotations
 
 import itertools
-import os
 import socket
+
+from tests.conftest import xdist_worker_index
 
 #: Blocks of ``BLOCK_SIZE`` ports from ``FIRST_PORT``, one per worker (modulo ``BLOCKS``),
 #: all below Linux's ephemeral range (32768 and up by default).
@@ -21,16 +22,10 @@ BLOCKS = 12
 _handed_out = itertools.count()
 
 
-def _block_start() -> int:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw3" under pytest-xdist
-    number = int(worker[2:]) if worker[2:].isdigit() else os.getpid()
-    return FIRST_PORT + (number % BLOCKS) * BLOCK_SIZE
-
-
 def free_port() -> int:
     """A port of this worker's block that nothing listens on, not handed out before by this
     process (the block is walked round; a port in use is passed over)."""
-    start = _block_start()
+    start = FIRST_PORT + xdist_worker_index() % BLOCKS * BLOCK_SIZE
     for _ in range(BLOCK_SIZE):
         port = start + next(_handed_out) % BLOCK_SIZE
         with socket.socket() as probe:
