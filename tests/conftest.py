@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-#: The run fails if a test leaves a process running (tests/leftover_processes.py).
-pytest_plugins = ("tests.leftover_processes",)
+#: The run fails if a test leaves a process running (tests/leftover_processes.py); a failed
+#: test's report shows the end of its brokers' logs (tests/broker_logs.py).
+pytest_plugins = ("tests.leftover_processes", "tests.broker_logs")
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "HALFMOON_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"

@@ -16,6 +16,7 @@ import pytest
 
 from broker_embedded import BrokerConfig, EmbeddedBroker
 from broker_embedded.server.tcp import BrokerServer
+from tests.broker_logs import watch
 from tests.ports import free_port
 
 
@@ -50,6 +51,7 @@ class ServerProcess:
         return f"tcp://127.0.0.1:{self.port}"
 
     def start(self) -> ServerProcess:
+        watch(self.log)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "broker_embedded", "serve", "--data-dir", str(self.data_dir),
