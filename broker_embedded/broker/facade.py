@@ -174,6 +174,7 @@ class EmbeddedBroker:
         return TopicInfo(topic, queues, tuple(self.store.queue_max_offset(topic, q) for q in range(queues)))
 
     def list_topics(self) -> list[TopicInfo]:
+        self.store.settle()
         return [self._topic_info(topic) for topic in self.topics.names()]
 
     def _queue_count(self, topic: str) -> int:
@@ -298,7 +299,9 @@ class EmbeddedBroker:
     @property
     def unsynced(self) -> bool:
         """Whether records were held (oneway ENDs) or written (consumer progress) that no
-        fsync covers yet (``flush`` does)."""
+        fsync covers yet (``flush`` does). From another thread than a front's event loop, after
+        the dispatch of a write run the loop answered first (``settle``), as every reader."""
+        self.store.settle()
         return self.store.unsynced
 
     def flush(self) -> None:

@@ -117,3 +117,14 @@ def test_the_same_connections_next_request_finds_the_dispatched_records(
     ended = client.end_transaction("tx-2", Resolution.COMMIT, producer_group="shop")
     assert ended.state is TransactionState.COMMITTED
     assert [m.message.body for m in client.receive("billing", "orders", wait_s=5)] == [b"paid"]
+
+
+def test_whether_a_write_is_synced_and_the_queues_ends_wait_for_the_dispatch_too(held: Held) -> None:
+    """``unsynced`` and ``list_topics`` read what the end of the sync and the dispatch set:
+    from another thread they wait for them (before, a lone oneway END answered as durable
+    could still read as unsynced)."""
+    server, holder, client = held
+    client.send(Message(topic="orders", body=b"paid"))
+    unsynced, topics = waiting_for_the_dispatch(holder, lambda: server.broker.unsynced, server.broker.list_topics)
+    assert unsynced is False
+    assert [(topic.name, topic.depth) for topic in topics if topic.name == "orders"] == [("orders", (1,))]
