@@ -17,9 +17,19 @@ from broker_embedded.store.record import StoredRecord
 
 
 def crash_image(source: Path, target: Path) -> Path:
-    """Copy ``source`` as a crash would leave it (call while nothing writes to it)."""
-    shutil.copytree(source, target)
+    """Copy ``source`` as a crash would leave it (call while the store writes no records).
+    The store's background scrub may still replace its progress file (a temporary file
+    renamed over it): a file gone between the listing and its copy is left out, as a crash
+    at that moment would leave it."""
+    shutil.copytree(source, target, copy_function=_copy_if_there)
     return target
+
+
+def _copy_if_there(source: str, target: str) -> None:
+    try:
+        shutil.copy2(source, target)
+    except FileNotFoundError:
+        pass
 
 
 def segments(data_dir: Path) -> list[Path]:
