@@ -30,12 +30,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                                                                                          pytest.TestReport]:
     report = yield
     if report.failed and call.when == "call":
-        for log in list(_logs):
+        for log in _logs:
             try:
-                if log.stat().st_mtime < call.start:
+                written = log.stat()
+                if written.st_mtime < call.start:
                     continue
                 with log.open("rb") as file:
-                    file.seek(max(0, log.stat().st_size - TAIL_BYTES))
+                    file.seek(max(0, written.st_size - TAIL_BYTES))
                     tail = file.read().decode(errors="replace")
             except OSError:  # the test's folder is gone
                 continue
