@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import django
 import pytest
 
+from broker_embedded import EmbeddedBroker, Resolution
 from tests.conftest import POSTGRES_ADMIN_URL, unavailable
 
 PG_NAME = f"hm_django_{uuid.uuid4().hex[:10]}"
@@ -81,3 +82,23 @@ def alias(request: pytest.FixtureRequest, django_project: bool) -> Iterator[str]
         model.objects.using(request.param).all().delete()
     Account.objects.using(request.param).create(name="alice", balance=500)
     yield request.param
+
+
+@pytest.fixture(autouse=True)
+def no_transaction_left_open() -> Iterator[None]:
+    """A test leaves no transaction open in the project's broker (``OUTBOX`` as the settings
+    module has it, shared by the worker's tests): its check-back would come due during a later
+    test and write a fence into that test's database."""
+    yield
+    from outbox.integrations.django.conf import _producer
+
+    if _producer.cache_info().currsize == 0:
+        return
+    broker = _producer().broker
+    if isinstance(broker, EmbeddedBroker) and not broker.closed:
+        left = broker.open_transactions()
+        for transaction_id in left:  # rolled back here, so that only the test that left them fails
+            opened = broker.open_transaction(transaction_id)
+            if opened is not None:
+                broker.end_transaction(transaction_id, Resolution.ROLLBACK, producer_group=opened.producer_group)
+        assert not left, f"transactions left open in the project's broker (end them): {left}"
