@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.inner_pytest import run_pytest
 from tests.leftover_processes import leftovers, live_processes
 
 from .celery_workers import CeleryWorker, wait_until
@@ -88,10 +89,6 @@ def test_a_run_that_leaves_a_process_fails(tmp_path: Path) -> None:
         def test_forgets_its_process():
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     """))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    env.pop("HALFMOON_TEST_SESSION")
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.leftover_processes", "-p",
-                          "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    run = run_pytest(tmp_path, "-p", "tests.leftover_processes")
     assert run.returncode == 1 and "1 passed" in run.stdout, run.stdout[-3000:]
     assert "tests left 1 process(es) running" in run.stdout and "time.sleep(120)" in run.stdout
