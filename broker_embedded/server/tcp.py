@@ -1,7 +1,9 @@
 """The asyncio TCP server: serves any ``BrokerAPI`` (normally an ``EmbeddedBroker``).
 
 Each connection reads frames in a loop and runs every request as its own task, so requests
-are pipelined and answered as they finish; broker calls run in a thread pool, which lets
+are pipelined and answered as they finish; a chunk of whole small requests that arrives
+while the loop waits for bytes is served where it arrives, without waking it
+(``serve_inline``). Broker calls run in a thread pool, which lets
 concurrent sync-flush sends from many connections share fsyncs (group commit) and keeps
 long-polling receives from blocking anything else. A producer connection that sends
 HEART_BEAT for a group gets that group's check-backs pushed to it as
@@ -64,6 +66,7 @@ from ..wire.protocol import (
     outcome_to_wire,
     read_frame,
     to_wire,
+    whole_frames,
 )
 from ..wire.requests import Request, decode_request, request_arguments
 from .batching import Batcher, ack_batcher, write_batcher
@@ -111,6 +114,12 @@ class _Connection:
         #: been arriving (None: none is, or it waits for the budget).
         self.last_active = now()
         self.frame_started: float | None = None
+        #: The bytes of the frame arriving, cut into payloads; whether the connection's task
+        #: waits for bytes now (``_Front`` may then serve a chunk itself).
+        self.frames = FrameBuffer()
+        self.waiting = False
+        #: The connection's protocol, when it is a ``_Front``.
+        self.front: _Front | None = None
         self._answered = asyncio.Event()
         self._work: set[asyncio.Task[Any]] = set()
         reading = asyncio.current_task()
@@ -155,15 +164,15 @@ class _Connection:
         frame = encode_frame(RequestCode.CHECK_TRANSACTION_STATE, 0, Kind.PUSH, to_wire(request))
         self.loop.call_soon_threadsafe(self._queue, frame)
 
-    def admit_now(self) -> bool:
-        """Count one more request in flight if ``admit`` would not wait (fewer than
-        ``max_requests_in_flight`` are, no answer is unwritten, the connection is open);
-        False, counting nothing, when it would."""
+    def admit_now(self, count: int = 1) -> bool:
+        """Count ``count`` more requests in flight if ``admit`` would not wait for any of
+        them (``max_requests_in_flight`` leaves room, no answer is unwritten, the connection
+        is open); False, counting nothing, when it would."""
         transport = self.transport
-        if self.in_flight >= self.limits.max_requests_in_flight or transport.is_closing() \
+        if self.in_flight + count > self.limits.max_requests_in_flight or transport.is_closing() \
                 or transport.get_write_buffer_size():
             return False
-        self.in_flight += 1
+        self.in_flight += count
         self.last_active = self.now()
         return True
 
@@ -398,7 +407,8 @@ class BrokerServer:
         self._loop = asyncio.get_running_loop()
         if self.clock is WALL:
             self.now = self._loop.time
-        self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
+        loop = self._loop
+        self._server = await loop.create_server(lambda: _Front(self, loop), self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.create_task(self._sweep())
         log.info("broker server listening on %s:%d", self.host, self.port)
@@ -452,7 +462,10 @@ class BrokerServer:
         if not connection.authenticated:
             self._wait_for_authentication(connection)
         log.debug("connection from %s", connection.peer)
-        frames = FrameBuffer()
+        front = writer.transport.get_protocol()
+        if isinstance(front, _Front):
+            connection.front, front.connection = front, connection
+        frames = connection.frames
         try:
             while data := await self._read(connection, reader, frames):
                 for payload in frames.feed(data):
@@ -494,7 +507,14 @@ class BrokerServer:
             await self._frame_budget.take(expected)
             connection.reserved = expected
             connection.frame_started = self.now()
-        return await reader.read(READ_CHUNK)
+        connection.waiting = True
+        try:
+            data = await reader.read(READ_CHUNK)
+        finally:
+            connection.waiting = False
+        if connection.front is not None:
+            connection.front.unread -= len(data)
+        return data
 
     def _wait_for_authentication(self, connection: _Connection) -> None:
         """Count ``connection`` among those still to authenticate; past the cap the oldest
@@ -545,6 +565,25 @@ class BrokerServer:
                 connection.drop()
                 closed += 1
         return closed
+
+    def serve_inline(self, connection: _Connection, data: bytes) -> bool:
+        """Serve a chunk of bytes as the connection's task would, without waking it, if it
+        is whole light requests (each at most ``READ_CHUNK``) of an authenticated connection
+        with no frame arriving, for which ``max_requests_in_flight`` has room: a sequential
+        client's request then costs no read wake-up and no task step. False, having done
+        nothing, for any other chunk (the task reads it). A request that ends the connection
+        ends it as the task would: the requests after it are not served."""
+        if connection.frames.buffered or not connection.authenticated or connection.dropped:
+            return False
+        payloads = whole_frames(data, READ_CHUNK)
+        if not payloads or not connection.admit_now(len(payloads)):
+            return False
+        for payload in payloads:
+            if not self._on_frame(connection, payload):
+                assert connection.front is not None
+                connection.front.end()
+                break
+        return True
 
     def _on_frame(self, connection: _Connection, payload: bytes) -> bool:
         """Handle one frame; False when the connection must be closed. Every frame gets an
@@ -851,3 +890,35 @@ async def run_server(server: BrokerServer, stop: asyncio.Event,
     if listening is not None:
         listening(False)
     await server.stop()
+
+
+class _Front(asyncio.StreamReaderProtocol):
+    """A connection's protocol: what ``asyncio.start_server`` gives each connection (its
+    task reads the bytes through a ``StreamReader``), with a short path. A chunk that arrives
+    while the task waits for bytes, with none unread, goes to ``BrokerServer.serve_inline``
+    first; only what that does not serve is fed to the reader."""
+
+    def __init__(self, server: BrokerServer, loop: asyncio.AbstractEventLoop) -> None:
+        self.reader = asyncio.StreamReader(loop=loop)
+        super().__init__(self.reader, server._serve_connection, loop=loop)
+        self.server = server
+        #: The connection once its task made it; bytes fed to the reader and not read yet.
+        self.connection: _Connection | None = None
+        self.unread = 0
+        self._ended = False
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended:
+            return  # the connection is ending: nothing more is read
+        connection = self.connection
+        if connection is not None and connection.waiting and not self.unread \
+                and self.server.serve_inline(connection, data):
+            return
+        self.unread += len(data)
+        super().data_received(data)
+
+    def end(self) -> None:
+        """End the connection after an inline request said so: its task reads the end of
+        the stream and closes it as after any other (its answers written first)."""
+        self._ended = True
+        self.reader.feed_eof()

@@ -240,6 +240,24 @@ class FrameBuffer:
             del self._data[:position]
 
 
+def whole_frames(data: bytes, max_payload: int) -> list[bytes] | None:
+    """The payloads of ``data`` if it holds nothing but whole frames of at most
+    ``max_payload`` bytes each; None if it holds anything else (part of a frame, a bigger
+    one): ``FrameBuffer`` then takes it as it comes."""
+    payloads: list[bytes] = []
+    position, size = 0, len(data)
+    while position < size:
+        if size - position < LENGTH.size:
+            return None
+        (length,) = LENGTH.unpack_from(data, position)
+        end = position + LENGTH.size + length
+        if length > max_payload or end > size:
+            return None
+        payloads.append(data[position + LENGTH.size:end])
+        position = end
+    return payloads
+
+
 def read_frame(payload: bytes) -> Frame:
     """The envelope of a frame payload; ``FrameError`` if it is not one. The body is only
     skipped over, which costs milliseconds for 8 MiB of anything and stops at msgspec's
