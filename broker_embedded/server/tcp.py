@@ -575,7 +575,8 @@ class BrokerServer:
         ends it as the task would: the requests after it are not served."""
         if connection.frames.buffered or not connection.authenticated or connection.dropped:
             return False
-        payloads = whole_frames(data, READ_CHUNK)
+        room = connection.limits.max_requests_in_flight - connection.in_flight
+        payloads = whole_frames(data, READ_CHUNK, room)  # stops at the first frame past the room
         if not payloads or not connection.admit_now(len(payloads)):
             return False
         for payload in payloads:

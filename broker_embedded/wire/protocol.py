@@ -240,14 +240,15 @@ class FrameBuffer:
             del self._data[:position]
 
 
-def whole_frames(data: bytes, max_payload: int) -> list[bytes] | None:
-    """The payloads of ``data`` if it holds nothing but whole frames of at most
-    ``max_payload`` bytes each; None if it holds anything else (part of a frame, a bigger
-    one): ``FrameBuffer`` then takes it as it comes."""
+def whole_frames(data: bytes, max_payload: int, max_count: int) -> list[bytes] | None:
+    """The payloads of ``data`` if it holds nothing but whole frames, at most ``max_count``
+    of them and of at most ``max_payload`` bytes each; None, as soon as that is clear, if it
+    holds anything else (part of a frame, a bigger one, more frames): ``FrameBuffer`` then
+    takes it as it comes."""
     payloads: list[bytes] = []
     position, size = 0, len(data)
     while position < size:
-        if size - position < LENGTH.size:
+        if size - position < LENGTH.size or len(payloads) == max_count:
             return None
         (length,) = LENGTH.unpack_from(data, position)
         end = position + LENGTH.size + length

@@ -6,6 +6,7 @@ requests after it unserved."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import pytest
 
@@ -13,8 +14,8 @@ from broker_embedded.errors import AuthenticationError
 from broker_embedded.wire.auth import credentials
 from broker_embedded.wire.protocol import Kind, RequestCode, encode_frame, unwrap_response
 from tests.server.test_limits import answers, raw, requests
+from tests.server.test_unauthenticated import KEYS
 
-KEYS = {"access_key": "ak", "secret_key": "sk"}
 STATS = RequestCode.GET_BROKER_RUNTIME_INFO
 
 
@@ -54,11 +55,12 @@ def test_requests_in_one_chunk_are_each_answered_once(thread_server, count: int)
     assert sorted(request_id for request_id, _ in got) == list(range(1, count + 1))
 
 
-def answers_of(sock: socket.socket, data: bytes, *, expect: int = 1, until_closed: bool = False):
+def answers_of(sock: socket.socket, data: bytes, *, expect: int = 1,
+               until_closed: bool = False) -> list[tuple[int, Any]]:
     """Send ``data`` at once; the ``(request_id, body)`` answers: ``expect`` of them, or every
     one until the server closes the connection (a timeout fails the test)."""
     sock.sendall(data)
-    got = []
+    got: list[tuple[int, Any]] = []
     for answer in answers(sock):
         got.append(answer)
         if not until_closed and len(got) == expect:
